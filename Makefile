@@ -1,0 +1,44 @@
+# llama3.cu build. `make train_llama3`, `make test_llama3`, `make dev`, `make test`.
+# Builds for H100/H200 (sm_90a) and A100 (sm_80) by default; GENCODE=... overrides.
+# NVTX=0 compiles the NVTX ranges out.
+
+NVCC ?= nvcc
+CC ?= gcc
+GENCODE ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80
+NVTX ?= 1
+NVCC_FLAGS = -O3 -std=c++17 $(GENCODE) -DLLAMA3_NVTX=$(NVTX) -Xcompiler -Wall -Xcompiler -Wno-unused-function
+LIBS = -lcublasLt
+CFLAGS = -std=gnu11 -O2 -Wall -Wextra
+
+DEV_SOURCES = $(wildcard dev/*.cu)
+DEV_BINARIES = $(DEV_SOURCES:.cu=)
+
+.PHONY: all dev test clean bench
+all: train_llama3 test_llama3 test_llama3_host dev
+
+# The default data set is linked into the trainer as a binary blob (symbols
+# _binary_data_tiny_shakespeare_train_bin_start/_end), so ./train_llama3 needs no files.
+build/default_data.o: data/tiny_shakespeare_train.bin
+	@mkdir -p build
+	ld -r -b binary -z noexecstack -o $@ $<
+
+train_llama3: train_llama3.cu kernels.cuh llama3.h build/default_data.o
+	$(NVCC) $(NVCC_FLAGS) train_llama3.cu build/default_data.o $(LIBS) -o $@
+
+test_llama3: test_llama3.cu train_llama3.cu kernels.cuh llama3.h
+	$(NVCC) $(NVCC_FLAGS) test_llama3.cu $(LIBS) -o $@
+
+test_llama3_host: test_llama3_host.c llama3.h
+	$(CC) $(CFLAGS) test_llama3_host.c -lm -o $@
+
+dev: $(DEV_BINARIES)
+dev/%: dev/%.cu kernels.cuh
+	$(NVCC) $(NVCC_FLAGS) $< $(LIBS) -o $@
+
+# Builds everything, runs the host tests, and on a GPU machine the reference comparison
+# and the dev/ kernel checks. Ends with "N passed, M failed".
+test: all
+	bash scripts/run_tests.sh
+
+clean:
+	rm -rf build train_llama3 test_llama3 test_llama3_host $(DEV_BINARIES)

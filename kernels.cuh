@@ -1,0 +1,762 @@
+// kernels.cuh: every CUDA kernel of the LLaMA 3 trainer and its launcher, in the order a
+// training step uses them. Activations are bf16 except the residual stream (fp32, as in PyTorch
+// autocast, where the embedding, the residual adds and RMSNorm stay fp32). Weights are read by
+// the GEMMs as bf16 shadow copies; norms, Adam and the embedding read the fp32 masters.
+// Each seed-report optimisation is tagged in brackets, e.g. [shadow weights], [sparse rows].
+#pragma once
+#include <cublasLt.h>
+#include <cub/device/device_radix_sort.cuh>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef __nv_bfloat16 bf16;
+
+// ---- error checks ----
+
+static void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
+    if (e == cudaSuccess) return;
+    fprintf(stderr, "CUDA error at %s:%d: %s\n  in %s\n", file, line, cudaGetErrorString(e), what);
+    exit(EXIT_FAILURE);
+}
+static void cublas_check(cublasStatus_t s, const char* what, const char* file, int line) {
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    fprintf(stderr, "cuBLAS error at %s:%d: status %d\n  in %s\n", file, line, (int)s, what);
+    exit(EXIT_FAILURE);
+}
+#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
+#define CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
+#define LAUNCH_CHECK() cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+static inline unsigned ceil_div(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
+static inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+
+// ---- device helpers ----
+
+__device__ inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ inline float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Sum over the block (blockDim.x a multiple of 32); every thread gets the result.
+__device__ inline float block_sum(float v) {
+    __shared__ float partial[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    v = warp_sum(v);
+    __syncthreads(); // a previous call may still be reading partial
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x / 32) ? partial[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// 16 bytes moved by one 128-bit load or store: 8 bf16 or 4 floats.
+template <typename T> struct alignas(16) Vec16 {
+    static constexpr int N = 16 / sizeof(T);
+    T v[N];
+};
+template <typename T> __device__ inline Vec16<T> load16(const T* p) {
+    Vec16<T> r;
+    *reinterpret_cast<int4*>(&r) = *reinterpret_cast<const int4*>(p);
+    return r;
+}
+template <typename T> __device__ inline void store16(T* p, const Vec16<T>& r) {
+    *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(&r);
+}
+// Streaming variants for data touched once per step (Adam state): no L2 residency wanted.
+template <typename T> __device__ inline Vec16<T> load16_stream(const T* p) {
+    Vec16<T> r;
+    *reinterpret_cast<int4*>(&r) = __ldcs(reinterpret_cast<const int4*>(p));
+    return r;
+}
+template <typename T> __device__ inline void store16_stream(T* p, const Vec16<T>& r) {
+    __stcs(reinterpret_cast<int4*>(p), *reinterpret_cast<const int4*>(&r));
+}
+// 4 bf16 (8 bytes) <-> 4 floats, for rows read as float4 alongside.
+__device__ inline float4 load_bf16x4(const bf16* p) {
+    uint2 u = *reinterpret_cast<const uint2*>(p);
+    __nv_bfloat162 a = *reinterpret_cast<__nv_bfloat162*>(&u.x), b = *reinterpret_cast<__nv_bfloat162*>(&u.y);
+    return make_float4(__low2float(a), __high2float(a), __low2float(b), __high2float(b));
+}
+__device__ inline void store_bf16x4(bf16* p, float4 f) {
+    __nv_bfloat162 a = __floats2bfloat162_rn(f.x, f.y), b = __floats2bfloat162_rn(f.z, f.w);
+    uint2 u = make_uint2(*reinterpret_cast<unsigned*>(&a), *reinterpret_cast<unsigned*>(&b));
+    *reinterpret_cast<uint2*>(p) = u;
+}
+__device__ inline float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+__device__ inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+// ---- init ----
+
+// Counter-based normal sample for element i of a seeded stream (splitmix64 hash + Box-Muller):
+// the same seed gives the same model on any grid shape.
+__device__ inline float normal_at(uint64_t seed, uint64_t i) {
+    uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    float u1 = ((uint32_t)z + 0.5f) * 2.3283064e-10f, u2 = ((uint32_t)(z >> 32) + 0.5f) * 2.3283064e-10f;
+    return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+}
+
+// params[i] = mean + std * N(0,1) over one tensor; used once at start (random init: std 0.02 for
+// matrices, mean 1 std 0 for norm weights), never inside a step.
+__global__ void init_params_kernel(float* params, size_t n, float mean, float std, uint64_t seed) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) params[i] = mean + (std > 0.0f ? std * normal_at(seed, i) : 0.0f);
+}
+static void init_params(float* params, size_t n, float mean, float std, uint64_t seed, cudaStream_t s) {
+    init_params_kernel<<<ceil_div(n, 256), 256, 0, s>>>(params, n, mean, std, seed);
+    LAUNCH_CHECK();
+}
+
+// bf16 copy of fp32 weights; used once after loading the masters (Adam keeps them in sync after).
+__global__ void cast_to_bf16_kernel(bf16* out, const float* in, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __float2bfloat16_rn(in[i]);
+}
+static void cast_to_bf16(bf16* out, const float* in, size_t n, cudaStream_t s) {
+    cast_to_bf16_kernel<<<ceil_div(n, 256), 256, 0, s>>>(out, in, n);
+    LAUNCH_CHECK();
+}
+
+// ---- embedding ----
+
+// resid[n, :] = wte[tokens[n], :] in fp32 (PyTorch's embedding is not autocast).
+// One thread moves 16 bytes; C % 4 == 0.
+__global__ void embedding_forward_kernel(float* resid, const int* tokens, const float* wte, int N, int C) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (i >= (size_t)N * C) return;
+    size_t n = i / C, c = i % C;
+    store16(resid + i, load16(wte + (size_t)tokens[n] * C + c));
+}
+static void embedding_forward(float* resid, const int* tokens, const float* wte, int N, int C, cudaStream_t s) {
+    embedding_forward_kernel<<<ceil_div((size_t)N * C / 4, 256), 256, 0, s>>>(resid, tokens, wte, N, C);
+    LAUNCH_CHECK();
+}
+
+// [sparse rows] Sorting the batch's token ids (stable, with their positions) puts equal ids next
+// to each other: the first of each run is that row's owner. This gives the deduplicated row list
+// on the device, in a fixed order, with no atomics, no count to read back, and no host sync.
+typedef struct {
+    int* sorted_tokens;    // (n) ids ascending
+    int* sorted_positions; // (n) where each came from, ascending within equal ids
+    const int* iota;       // (n) 0..n-1, the values being sorted
+    void* temp;
+    size_t temp_bytes;
+    int end_bit; // bits needed for vocab_size - 1
+} TokenSorter;
+
+static void token_sort(TokenSorter* ts, const int* tokens, int n, cudaStream_t s) {
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ts->temp, ts->temp_bytes, tokens, ts->sorted_tokens, ts->iota,
+                                               ts->sorted_positions, n, 0, ts->end_bit, s));
+}
+
+__device__ inline bool owns_row(const int* sorted_tokens, int j) {
+    return j == 0 || sorted_tokens[j - 1] != sorted_tokens[j];
+}
+
+// [sparse rows] dwte[row] += sum of dresid over the positions holding that row's token, in
+// position order (deterministic). dwte is persistent and zero outside the rows touched this
+// step; the sparse Adam zeroes those rows again. Block j handles sorted entry j if it owns it.
+__global__ void embedding_backward_kernel(float* dwte, const float* dresid, const int* sorted_tokens,
+                                          const int* sorted_positions, int N, int C) {
+    int j = blockIdx.x;
+    if (!owns_row(sorted_tokens, j)) return;
+    int tok = sorted_tokens[j];
+    for (int c = threadIdx.x * 4; c < C; c += blockDim.x * 4) {
+        Vec16<float> acc = load16(dwte + (size_t)tok * C + c);
+        for (int k = j; k < N && sorted_tokens[k] == tok; k++) {
+            Vec16<float> d = load16(dresid + (size_t)sorted_positions[k] * C + c);
+            for (int e = 0; e < 4; e++) acc.v[e] += d.v[e];
+        }
+        store16(dwte + (size_t)tok * C + c, acc);
+    }
+}
+static void embedding_backward(float* dwte, const float* dresid, const TokenSorter* ts, int N, int C, cudaStream_t s) {
+    embedding_backward_kernel<<<N, 128, 0, s>>>(dwte, dresid, ts->sorted_tokens, ts->sorted_positions, N, C);
+    LAUNCH_CHECK();
+}
+
+// ---- RMSNorm ----
+
+// [fused RMSNorm] One warp per row: (optionally) the residual add h = resid_in + branch, then
+// rstd = 1/sqrt(mean(h^2) + eps) and normed = bf16(w * (h * rstd)), the rounding PyTorch autocast
+// applies at the next matmul. Reads 4C (+2C) bytes, writes 2C (+4C): one pass instead of the
+// seed's pow, mean, add, rsqrt, mul, mul (six kernels) plus the residual add.
+template <bool ADD_BRANCH>
+__global__ void rmsnorm_forward_kernel(float* resid_out, bf16* normed, float* rstd_out, const float* resid_in,
+                                       const bf16* branch, const float* weight, int N, int C, float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    size_t base = (size_t)row * C;
+    float sum_sq = 0.0f;
+    for (int c = lane * 4; c < C; c += 128) {
+        float4 x = *reinterpret_cast<const float4*>(resid_in + base + c);
+        if (ADD_BRANCH) {
+            float4 b = load_bf16x4(branch + base + c);
+            x = make_float4(x.x + b.x, x.y + b.y, x.z + b.z, x.w + b.w);
+            *reinterpret_cast<float4*>(resid_out + base + c) = x;
+        }
+        sum_sq += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+    }
+    float rstd = rsqrtf(warp_sum(sum_sq) / C + eps);
+    const float* h = ADD_BRANCH ? resid_out : resid_in; // this thread's own writes, re-read
+    for (int c = lane * 4; c < C; c += 128) {
+        float4 x = *reinterpret_cast<const float4*>(h + base + c);
+        float4 w = *reinterpret_cast<const float4*>(weight + c);
+        store_bf16x4(normed + base + c, make_float4(w.x * (x.x * rstd), w.y * (x.y * rstd), w.z * (x.z * rstd),
+                                                    w.w * (x.w * rstd)));
+    }
+    if (lane == 0) rstd_out[row] = rstd;
+}
+// branch == NULL: plain RMSNorm of resid_in (resid_out unused).
+static void rmsnorm_forward(float* resid_out, bf16* normed, float* rstd, const float* resid_in, const bf16* branch,
+                            const float* weight, int N, int C, float eps, cudaStream_t s) {
+    const int warps = 8;
+    if (branch)
+        rmsnorm_forward_kernel<true><<<ceil_div(N, warps), warps * 32, 0, s>>>(resid_out, normed, rstd, resid_in,
+                                                                              branch, weight, N, C, eps);
+    else
+        rmsnorm_forward_kernel<false><<<ceil_div(N, warps), warps * 32, 0, s>>>(resid_out, normed, rstd, resid_in,
+                                                                               branch, weight, N, C, eps);
+    LAUNCH_CHECK();
+}
+
+// [fused RMSNorm] Backward of normed = w * x * rstd for a range of rows per block, the whole
+// block on one row at a time (each thread owns up to RMS_BWD_VEC float4 column groups):
+//   dn = dy * w,  dx = rstd * (dn - n * mean(dn * n)),  n = x * rstd,
+// added into the fp32 residual gradient (or written, for the final norm) and also stored as
+// bf16: the branch-output gradient the next GEMMs read. dw is summed over the block's rows in
+// registers and written once per block to dw_partial (gridDim x C); column_sum finishes it.
+#define RMS_BWD_THREADS 256
+#define RMS_BWD_VEC 4 // C <= 4 * 4 * 256 = 4096
+__global__ void __launch_bounds__(RMS_BWD_THREADS)
+    rmsnorm_backward_kernel(float* dresid, bf16* dresid_bf16, float* dw_partial, const bf16* dnormed, const float* x,
+                            const float* weight, const float* rstd, int N, int C, int rows_per_block, bool accumulate) {
+    float4 w[RMS_BWD_VEC], dw[RMS_BWD_VEC];
+#pragma unroll
+    for (int k = 0; k < RMS_BWD_VEC; k++) {
+        int c = (threadIdx.x + k * RMS_BWD_THREADS) * 4;
+        w[k] = c < C ? *reinterpret_cast<const float4*>(weight + c) : make_float4(0, 0, 0, 0);
+        dw[k] = make_float4(0, 0, 0, 0);
+    }
+    int row_end = min(N, (blockIdx.x + 1) * rows_per_block);
+    for (int row = blockIdx.x * rows_per_block; row < row_end; row++) {
+        size_t base = (size_t)row * C;
+        float r = rstd[row], dot = 0.0f;
+        float4 dn[RMS_BWD_VEC], n[RMS_BWD_VEC];
+#pragma unroll
+        for (int k = 0; k < RMS_BWD_VEC; k++) {
+            int c = (threadIdx.x + k * RMS_BWD_THREADS) * 4;
+            if (c >= C) continue;
+            float4 dy = load_bf16x4(dnormed + base + c), xv = *reinterpret_cast<const float4*>(x + base + c);
+            n[k] = make_float4(xv.x * r, xv.y * r, xv.z * r, xv.w * r);
+            dn[k] = make_float4(dy.x * w[k].x, dy.y * w[k].y, dy.z * w[k].z, dy.w * w[k].w);
+            dot += dn[k].x * n[k].x + dn[k].y * n[k].y + dn[k].z * n[k].z + dn[k].w * n[k].w;
+            dw[k].x += dy.x * n[k].x, dw[k].y += dy.y * n[k].y, dw[k].z += dy.z * n[k].z, dw[k].w += dy.w * n[k].w;
+        }
+        float mean_dot = block_sum(dot) / C;
+#pragma unroll
+        for (int k = 0; k < RMS_BWD_VEC; k++) {
+            int c = (threadIdx.x + k * RMS_BWD_THREADS) * 4;
+            if (c >= C) continue;
+            float4 d = make_float4(r * (dn[k].x - n[k].x * mean_dot), r * (dn[k].y - n[k].y * mean_dot),
+                                   r * (dn[k].z - n[k].z * mean_dot), r * (dn[k].w - n[k].w * mean_dot));
+            if (accumulate) {
+                float4 old = *reinterpret_cast<const float4*>(dresid + base + c);
+                d = make_float4(old.x + d.x, old.y + d.y, old.z + d.z, old.w + d.w);
+            }
+            *reinterpret_cast<float4*>(dresid + base + c) = d;
+            store_bf16x4(dresid_bf16 + base + c, d);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < RMS_BWD_VEC; k++) {
+        int c = (threadIdx.x + k * RMS_BWD_THREADS) * 4;
+        if (c < C) *reinterpret_cast<float4*>(dw_partial + (size_t)blockIdx.x * C + c) = dw[k];
+    }
+}
+
+// out[c] (+)= sum over rows of partial[row, c], rows summed in a fixed order (deterministic).
+// Block (32, 8): 32 columns, 8 row-slices reduced through shared memory.
+__global__ void column_sum_kernel(float* out, const float* partial, int rows, int C, bool accumulate) {
+    __shared__ float slice[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    float sum = 0.0f;
+    if (c < C)
+        for (int r = threadIdx.y; r < rows; r += 8) sum += partial[(size_t)r * C + c];
+    slice[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        for (int y = 1; y < 8; y++) sum += slice[y][threadIdx.x];
+        out[c] = accumulate ? out[c] + sum : sum;
+    }
+}
+
+// Rows per block so that about two blocks run per SM; dw_partial must hold rms_bwd_blocks x C.
+static int rms_bwd_blocks(int N, int sms) {
+    int rows = (N + 2 * sms - 1) / (2 * sms);
+    return (N + rows - 1) / rows;
+}
+static void rmsnorm_backward(float* dresid, bf16* dresid_bf16, float* dweight, float* dw_partial, const bf16* dnormed,
+                             const float* x, const float* weight, const float* rstd, int N, int C, bool accumulate_dx,
+                             bool accumulate_dw, int sms, cudaStream_t s) {
+    if (C > 4 * RMS_BWD_VEC * RMS_BWD_THREADS) {
+        fprintf(stderr, "rmsnorm_backward: C = %d is above the kernel's limit %d\n", C, 4 * RMS_BWD_VEC * RMS_BWD_THREADS);
+        exit(EXIT_FAILURE);
+    }
+    int blocks = rms_bwd_blocks(N, sms), rows = (N + blocks - 1) / blocks;
+    rmsnorm_backward_kernel<<<blocks, RMS_BWD_THREADS, 0, s>>>(dresid, dresid_bf16, dw_partial, dnormed, x, weight, rstd,
+                                                               N, C, rows, accumulate_dx);
+    LAUNCH_CHECK();
+    column_sum_kernel<<<ceil_div(C, 32), dim3(32, 8), 0, s>>>(dweight, dw_partial, blocks, C, accumulate_dw);
+    LAUNCH_CHECK();
+}
+
+// ---- RoPE and head layout ----
+
+// [by-value metadata] Shapes travel as a struct kernel argument (constant bank), never as
+// small host-to-device copies.
+typedef struct {
+    int B, T, NH, KVH, HD;
+} HeadShape;
+
+// [fused RoPE] Between the qkv GEMM's token-major layout (B*T, [Q | K | V]) and the head-major
+// layouts the attention GEMMs want: q (B, NH, T, HD), k and v (B, KVH, T, HD), with llama3 RoPE
+// on q and k (rotary pairs adjacent, Meta order). INVERSE runs the backward: rotate by -angle and
+// scatter back to token-major. One thread moves 8 bf16 (4 pairs); HD % 8 == 0 keeps them in a head.
+// Products are rounded before the add (__fmul_rn) as PyTorch's q*cos + rotate_half(q)*sin does.
+template <bool INVERSE>
+__global__ void rope_permute_kernel(bf16* token_major, bf16* q, bf16* k, bf16* v, const float* rope_cos,
+                                    const float* rope_sin, HeadShape sh) {
+    int C = sh.NH * sh.HD, KVD = sh.KVH * sh.HD, QKV = C + 2 * KVD;
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (i >= (size_t)sh.B * sh.T * QKV) return;
+    int n = i / QKV, e = i % QKV, b = n / sh.T, t = n % sh.T;
+    bf16* head_major;
+    int rotate = e < C + KVD;
+    if (e < C) head_major = q + (((size_t)b * sh.NH + e / sh.HD) * sh.T + t) * sh.HD + e % sh.HD;
+    else if (e < C + KVD) e -= C, head_major = k + (((size_t)b * sh.KVH + e / sh.HD) * sh.T + t) * sh.HD + e % sh.HD;
+    else e -= C + KVD, head_major = v + (((size_t)b * sh.KVH + e / sh.HD) * sh.T + t) * sh.HD + e % sh.HD;
+    Vec16<bf16> src = load16(INVERSE ? head_major : token_major + i), dst;
+    if (rotate) {
+        int pair = (e % sh.HD) / 2;
+        Vec16<float> cs = load16(rope_cos + t * (sh.HD / 2) + pair), sn = load16(rope_sin + t * (sh.HD / 2) + pair);
+        for (int p = 0; p < 4; p++) {
+            float x0 = __bfloat162float(src.v[2 * p]), x1 = __bfloat162float(src.v[2 * p + 1]);
+            float c = cs.v[p], s = INVERSE ? -sn.v[p] : sn.v[p];
+            dst.v[2 * p] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x0, c), __fmul_rn(-x1, s)));
+            dst.v[2 * p + 1] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
+        }
+    } else {
+        dst = src;
+    }
+    store16(INVERSE ? token_major + i : head_major, dst);
+}
+static void rope_permute(bool inverse, bf16* token_major, bf16* q, bf16* k, bf16* v, const float* rope_cos,
+                         const float* rope_sin, HeadShape sh, cudaStream_t s) {
+    size_t n = (size_t)sh.B * sh.T * (sh.NH + 2 * sh.KVH) * sh.HD / 8;
+    if (inverse) rope_permute_kernel<true><<<ceil_div(n, 256), 256, 0, s>>>(token_major, q, k, v, rope_cos, rope_sin, sh);
+    else rope_permute_kernel<false><<<ceil_div(n, 256), 256, 0, s>>>(token_major, q, k, v, rope_cos, rope_sin, sh);
+    LAUNCH_CHECK();
+}
+
+// Between (B, T, NH*HD) token-major and (B, NH, T, HD) head-major, 16 bytes per thread:
+// attention output into the out-projection GEMM, and its gradient back.
+template <bool TO_HEADS>
+__global__ void permute_heads_kernel(bf16* token_major, bf16* head_major, HeadShape sh) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    int C = sh.NH * sh.HD;
+    if (i >= (size_t)sh.B * sh.T * C) return;
+    int n = i / C, e = i % C, b = n / sh.T, t = n % sh.T;
+    size_t h = (((size_t)b * sh.NH + e / sh.HD) * sh.T + t) * sh.HD + e % sh.HD;
+    if (TO_HEADS) store16(head_major + h, load16(token_major + i));
+    else store16(token_major + i, load16(head_major + h));
+}
+static void permute_heads(bool to_heads, bf16* token_major, bf16* head_major, HeadShape sh, cudaStream_t s) {
+    size_t n = (size_t)sh.B * sh.T * sh.NH * sh.HD / 8;
+    if (to_heads) permute_heads_kernel<true><<<ceil_div(n, 256), 256, 0, s>>>(token_major, head_major, sh);
+    else permute_heads_kernel<false><<<ceil_div(n, 256), 256, 0, s>>>(token_major, head_major, sh);
+    LAUNCH_CHECK();
+}
+
+// ---- attention softmax ----
+// The attention GEMMs run per (batch, kv head) with the G = NH/KVH query heads that share it
+// stacked as G*T rows, so GQA needs no repeated K/V. Scores are fp32 (B*NH*T rows of T), already
+// scaled by 1/sqrt(HD) in the GEMM; row r is query position r % T.
+
+// Causal softmax, one warp per row: P = exp(s - max) / sum over keys <= t, zeros above the
+// diagonal, written as bf16 (the precision of P in the P @ V GEMM, as in flash attention).
+__global__ void attention_softmax_kernel(bf16* probs, const float* scores, int rows, int T) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    int t = row % T;
+    const float* s = scores + (size_t)row * T;
+    float mx = -INFINITY;
+    for (int c = lane; c <= t; c += 32) mx = fmaxf(mx, s[c]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int c = lane; c <= t; c += 32) sum += expf(s[c] - mx);
+    float inv = 1.0f / warp_sum(sum);
+    bf16* p = probs + (size_t)row * T;
+    for (int c = lane; c < T; c += 32) p[c] = __float2bfloat16_rn(c <= t ? expf(s[c] - mx) * inv : 0.0f);
+}
+
+// Softmax backward, one warp per row: dS = P * (dP - sum_c P*dP), written as bf16 over P
+// (P of this layer is not needed after it). Zeros above the diagonal.
+__global__ void attention_softmax_backward_kernel(bf16* probs_to_dscores, const float* dprobs, int rows, int T) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    int t = row % T;
+    bf16* p = probs_to_dscores + (size_t)row * T;
+    const float* dp = dprobs + (size_t)row * T;
+    float dot = 0.0f;
+    for (int c = lane; c <= t; c += 32) dot += __bfloat162float(p[c]) * dp[c];
+    dot = warp_sum(dot);
+    for (int c = lane; c < T; c += 32)
+        p[c] = __float2bfloat16_rn(c <= t ? __bfloat162float(p[c]) * (dp[c] - dot) : 0.0f);
+}
+
+static void attention_softmax(bool backward, bf16* probs, const float* scores_or_dprobs, int rows, int T,
+                              cudaStream_t s) {
+    const int warps = 8;
+    if (backward) attention_softmax_backward_kernel<<<ceil_div(rows, warps), warps * 32, 0, s>>>(probs, scores_or_dprobs, rows, T);
+    else attention_softmax_kernel<<<ceil_div(rows, warps), warps * 32, 0, s>>>(probs, scores_or_dprobs, rows, T);
+    LAUNCH_CHECK();
+}
+
+// ---- SwiGLU ----
+
+// [mixed dtypes in registers] act = bf16(bf16(silu(gate)) * up) from the gate_up GEMM's rows
+// [gate F | up F], rounding where PyTorch's bf16 silu and multiply do. 8 outputs per thread:
+// reads 4 bytes, writes 2 per output.
+__global__ void swiglu_forward_kernel(bf16* act, const bf16* gate_up, int N, int F) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (i >= (size_t)N * F) return;
+    size_t n = i / F, f = i % F;
+    Vec16<bf16> g = load16(gate_up + n * 2 * F + f), u = load16(gate_up + n * 2 * F + F + f), a;
+    for (int e = 0; e < 8; e++)
+        a.v[e] = __float2bfloat16_rn(round_bf16(silu(__bfloat162float(g.v[e]))) * __bfloat162float(u.v[e]));
+    store16(act + i, a);
+}
+
+// Backward of the above, with PyTorch's roundings: d_up = bf16(d_act * bf16(silu(g))),
+// d_silu = bf16(d_act * up), d_gate = bf16(d_silu * sig(g) * (1 + g * (1 - sig(g)))).
+__global__ void swiglu_backward_kernel(bf16* dgate_up, const bf16* dact, const bf16* gate_up, int N, int F) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (i >= (size_t)N * F) return;
+    size_t n = i / F, f = i % F;
+    Vec16<bf16> g = load16(gate_up + n * 2 * F + f), u = load16(gate_up + n * 2 * F + F + f), da = load16(dact + i);
+    Vec16<bf16> dg, du;
+    for (int e = 0; e < 8; e++) {
+        float gv = __bfloat162float(g.v[e]), dav = __bfloat162float(da.v[e]);
+        float sig = 1.0f / (1.0f + expf(-gv));
+        du.v[e] = __float2bfloat16_rn(dav * round_bf16(gv * sig));
+        float dsilu = round_bf16(dav * __bfloat162float(u.v[e]));
+        dg.v[e] = __float2bfloat16_rn(dsilu * (sig * (1.0f + gv * (1.0f - sig))));
+    }
+    store16(dgate_up + n * 2 * F + f, dg);
+    store16(dgate_up + n * 2 * F + F + f, du);
+}
+
+static void swiglu(bool backward, bf16* out, const bf16* dact, const bf16* gate_up, int N, int F, cudaStream_t s) {
+    unsigned grid = ceil_div((size_t)N * F / 8, 256);
+    if (backward) swiglu_backward_kernel<<<grid, 256, 0, s>>>(out, dact, gate_up, N, F);
+    else swiglu_forward_kernel<<<grid, 256, 0, s>>>(out, gate_up, N, F);
+    LAUNCH_CHECK();
+}
+
+// ---- classifier ----
+
+// Online softmax statistics: (max, sum of exp(x - max)) merged across threads.
+struct SoftmaxStat {
+    float max, sum;
+};
+__device__ inline SoftmaxStat softmax_merge(SoftmaxStat a, SoftmaxStat b) {
+    float m = fmaxf(a.max, b.max);
+    if (m == -INFINITY) return a;
+    return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
+}
+__device__ inline SoftmaxStat block_softmax_stat(SoftmaxStat st) {
+    __shared__ SoftmaxStat partial[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int o = 16; o > 0; o >>= 1)
+        st = softmax_merge(st, {__shfl_xor_sync(0xffffffffu, st.max, o), __shfl_xor_sync(0xffffffffu, st.sum, o)});
+    if (lane == 0) partial[warp] = st;
+    __syncthreads();
+    st = lane < (int)(blockDim.x / 32) ? partial[lane] : SoftmaxStat{-INFINITY, 0.0f};
+    for (int o = 16; o > 0; o >>= 1)
+        st = softmax_merge(st, {__shfl_xor_sync(0xffffffffu, st.max, o), __shfl_xor_sync(0xffffffffu, st.sum, o)});
+    return st;
+}
+
+// [fused classifier] One block per token row of bf16 logits (V wide): loss = logsumexp - logit
+// of the target, and dlogits = (softmax - onehot) * dloss written as bf16 over the logits in
+// place: no fp32 logits and no second V-wide buffer. Reads the row twice (the second mostly from
+// L2) and writes it once. V % 8 == 0.
+__global__ void cross_entropy_kernel(bf16* logits, float* losses, const int* targets, int V, float dloss) {
+    bf16* row = logits + (size_t)blockIdx.x * V;
+    int target = targets[blockIdx.x];
+    SoftmaxStat st = {-INFINITY, 0.0f};
+    for (int i = threadIdx.x * 8; i < V; i += blockDim.x * 8) {
+        Vec16<bf16> x = load16(row + i);
+        float m = st.max;
+        for (int e = 0; e < 8; e++) m = fmaxf(m, __bfloat162float(x.v[e]));
+        float sum = st.sum * expf(st.max - m);
+        for (int e = 0; e < 8; e++) sum += expf(__bfloat162float(x.v[e]) - m);
+        st = {m, sum};
+    }
+    float target_logit = __bfloat162float(row[target]); // read before any thread overwrites the row
+    st = block_softmax_stat(st);
+    float lse = st.max + logf(st.sum);
+    if (threadIdx.x == 0) losses[blockIdx.x] = lse - target_logit;
+    __syncthreads();
+    for (int i = threadIdx.x * 8; i < V; i += blockDim.x * 8) {
+        Vec16<bf16> x = load16(row + i);
+        for (int e = 0; e < 8; e++) {
+            float p = expf(__bfloat162float(x.v[e]) - lse);
+            x.v[e] = __float2bfloat16_rn((p - (i + e == target ? 1.0f : 0.0f)) * dloss);
+        }
+        store16(row + i, x);
+    }
+}
+static void cross_entropy(bf16* logits, float* losses, const int* targets, int N, int V, float dloss, cudaStream_t s) {
+    cross_entropy_kernel<<<N, 512, 0, s>>>(logits, losses, targets, V, dloss);
+    LAUNCH_CHECK();
+}
+
+// Mean of the per-token losses, summed in a fixed order by one block (deterministic).
+__global__ void mean_kernel(float* out, const float* values, int n) {
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += values[i];
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) *out = sum / n;
+}
+static void mean(float* out, const float* values, int n, cudaStream_t s) {
+    mean_kernel<<<1, 1024, 0, s>>>(out, values, n);
+    LAUNCH_CHECK();
+}
+
+// ---- AdamW ----
+
+// Hyperparameters of one step, by value [by-value metadata]; bias corrections from the host.
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    float step_size;       // lr / (1 - beta1^t)
+    float bias_corr2_sqrt; // sqrt(1 - beta2^t)
+} AdamWParams;
+
+// torch.optim.AdamW's update (the fused kernel's order of operations).
+__device__ inline void adamw_update(float& p, float& m, float& v, float g, const AdamWParams& h) {
+    p -= h.lr * h.weight_decay * p;
+    m = h.beta1 * m + (1.0f - h.beta1) * g;
+    v = h.beta2 * v + (1.0f - h.beta2) * g * g;
+    p -= h.step_size * m / (sqrtf(v) / h.bias_corr2_sqrt + h.eps);
+}
+
+// AdamW on 4 consecutive elements at i with 128-bit streaming loads and stores; returns the new
+// parameters (for the shadow copy).
+__device__ inline float4 adamw_update4(float* params, float* m, float* v, const float* grads, size_t i,
+                                       const AdamWParams& h) {
+    Vec16<float> p = load16_stream(params + i), m4 = load16_stream(m + i), v4 = load16_stream(v + i),
+                 g = load16_stream(grads + i);
+#pragma unroll
+    for (int e = 0; e < 4; e++) adamw_update(p.v[e], m4.v[e], v4.v[e], g.v[e], h);
+    store16_stream(params + i, p);
+    store16_stream(m + i, m4);
+    store16_stream(v + i, v4);
+    return make_float4(p.v[0], p.v[1], p.v[2], p.v[3]);
+}
+__device__ inline float adamw_update1(float* params, float* m, float* v, const float* grads, size_t i,
+                                      const AdamWParams& h) {
+    float p = params[i], mi = m[i], vi = v[i];
+    adamw_update(p, mi, vi, grads[i], h);
+    params[i] = p, m[i] = mi, v[i] = vi;
+    return p;
+}
+
+// [float4 Adam] [shadow weights] Dense AdamW, VEC elements per thread (4: 128-bit loads and
+// stores; 1: the scalar fallback), and with SHADOW the bf16 copy the GEMMs read is written in
+// the same pass: 30 bytes per element (g, p, m, v read; p, m, v, shadow written) and no cast
+// kernel before any GEMM. The last n % VEC elements are done by the first threads, scalar.
+template <int VEC, bool SHADOW>
+__global__ void adamw_kernel(float* params, float* m, float* v, const float* grads, bf16* shadow, size_t n,
+                             AdamWParams h) {
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, i = t * VEC;
+    if (i + VEC <= n) {
+        if constexpr (VEC == 4) {
+            float4 p = adamw_update4(params, m, v, grads, i, h);
+            if (SHADOW) store_bf16x4(shadow + i, p);
+        } else {
+            float p = adamw_update1(params, m, v, grads, i, h);
+            if (SHADOW) shadow[i] = __float2bfloat16_rn(p);
+        }
+    }
+    size_t tail = n % VEC;
+    if (t < tail) {
+        size_t j = n - tail + t;
+        float p = adamw_update1(params, m, v, grads, j, h);
+        if (SHADOW) shadow[j] = __float2bfloat16_rn(p);
+    }
+}
+
+// Guards [float4 Adam]: 128-bit access needs every pointer 16-byte aligned (the shadow 8-byte),
+// and a tensor smaller than one float4 per thread over all SMs runs scalar so that it still
+// spreads across the chip (the seed's minimum size, scaled by SM count).
+template <bool SHADOW>
+static void adamw_dense(float* params, float* m, float* v, const float* grads, bf16* shadow, size_t n,
+                        AdamWParams h, int sms, cudaStream_t s) {
+    const int threads = 256;
+    bool aligned = aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads) &&
+                   (!SHADOW || ((uintptr_t)shadow & 7) == 0);
+    bool large = n >= (size_t)sms * threads * 4;
+    if (aligned && large)
+        adamw_kernel<4, SHADOW><<<ceil_div(n / 4 + 1, threads), threads, 0, s>>>(params, m, v, grads, shadow, n, h);
+    else
+        adamw_kernel<1, SHADOW><<<ceil_div(n, threads), threads, 0, s>>>(params, m, v, grads, shadow, n, h);
+    LAUNCH_CHECK();
+}
+
+// [sparse rows] Lazy AdamW over the rows of wte this step touched (block j owns sorted entry j
+// when it is the first of its run): the dense kernel's update on those rows only, so untouched
+// rows keep their m and v, and the gradient row is zeroed in the same pass, which restores the
+// "zero outside touched rows" invariant without a fill. 128-bit when C % 4 == 0 and the
+// pointers are aligned (VEC 4), scalar otherwise.
+template <int VEC>
+__global__ void adamw_sparse_rows_kernel(float* params, float* m, float* v, float* grads, const int* sorted_tokens,
+                                         int C, AdamWParams h) {
+    int j = blockIdx.x;
+    if (!owns_row(sorted_tokens, j)) return;
+    size_t row = (size_t)sorted_tokens[j] * C;
+    for (int c = threadIdx.x * VEC; c < C; c += blockDim.x * VEC) {
+        if constexpr (VEC == 4) {
+            adamw_update4(params, m, v, grads, row + c, h);
+            store16(grads + row + c, Vec16<float>{});
+        } else {
+            adamw_update1(params, m, v, grads, row + c, h);
+            grads[row + c] = 0.0f;
+        }
+    }
+}
+static void adamw_sparse_rows(float* params, float* m, float* v, float* grads, const int* sorted_tokens, int n_sorted,
+                              int C, AdamWParams h, cudaStream_t s) {
+    bool vec4 = C % 4 == 0 && aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads);
+    if (vec4) adamw_sparse_rows_kernel<4><<<n_sorted, 128, 0, s>>>(params, m, v, grads, sorted_tokens, C, h);
+    else adamw_sparse_rows_kernel<1><<<n_sorted, 128, 0, s>>>(params, m, v, grads, sorted_tokens, C, h);
+    LAUNCH_CHECK();
+}
+
+// ---- matmul (cuBLASLt) ----
+// Row-major D[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * D, bf16 inputs, fp32 accumulate,
+// D bf16 or fp32, packed rows, optionally strided-batched. cuBLASLt is column-major, so we ask
+// it for D^T = op(B)^T @ op(A)^T: the row-major buffers are already those transposes.
+// A plan (descriptors + heuristic's algorithm) is built once per distinct call shape and reused:
+// the heuristic query costs far more host time than the launch.
+
+typedef struct {
+    int M, N, K, batch;
+    bool trans_a, trans_b, out_fp32;
+    long long stride_a, stride_b, stride_d;
+    int align_a, align_b, align_d; // pointer alignment in bytes, capped at 256
+} GemmKey;
+
+typedef struct {
+    GemmKey key;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+} GemmPlan;
+
+#define GEMM_MAX_PLANS 128
+typedef struct {
+    cublasLtHandle_t handle;
+    void* workspace;
+    size_t workspace_bytes;
+    GemmPlan plans[GEMM_MAX_PLANS];
+    int n_plans;
+} Gemm;
+
+static int pointer_alignment(const void* p) {
+    int a = 256;
+    while (a > 1 && ((uintptr_t)p % a) != 0) a /= 2;
+    return a;
+}
+
+static cublasLtMatrixLayout_t gemm_layout(cudaDataType t, int rows, int cols, int batch, long long stride) {
+    cublasLtMatrixLayout_t l;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, t, rows, cols, rows));
+    if (batch > 1) {
+        CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+        CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    }
+    return l;
+}
+
+static GemmPlan* gemm_plan(Gemm* g, const GemmKey* k) {
+    for (int i = 0; i < g->n_plans; i++)
+        if (!memcmp(&g->plans[i].key, k, sizeof(GemmKey))) return &g->plans[i];
+    if (g->n_plans == GEMM_MAX_PLANS) {
+        fprintf(stderr, "gemm: more than %d distinct GEMM shapes\n", GEMM_MAX_PLANS);
+        exit(EXIT_FAILURE);
+    }
+    GemmPlan* p = &g->plans[g->n_plans];
+    p->key = *k;
+    cublasOperation_t op_b = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    // cuBLAS's "A" is our B and its "B" is our A (see above).
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)));
+    p->a = gemm_layout(CUDA_R_16BF, k->trans_b ? k->K : k->N, k->trans_b ? k->N : k->K, k->batch, k->stride_b);
+    p->b = gemm_layout(CUDA_R_16BF, k->trans_a ? k->M : k->K, k->trans_a ? k->K : k->M, k->batch, k->stride_a);
+    p->d = gemm_layout(k->out_fp32 ? CUDA_R_32F : CUDA_R_16BF, k->N, k->M, k->batch, k->stride_d);
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint32_t al_a = k->align_b, al_b = k->align_a, al_d = k->align_d;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &g->workspace_bytes, sizeof(g->workspace_bytes)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, 4));
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(g->handle, p->op, p->a, p->b, p->d, p->d, pref, 1, &result, &found));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (found == 0) {
+        fprintf(stderr, "gemm: cuBLASLt has no algorithm for M=%d N=%d K=%d batch=%d trans_a=%d trans_b=%d\n", k->M,
+                k->N, k->K, k->batch, k->trans_a, k->trans_b);
+        exit(EXIT_FAILURE);
+    }
+    p->algo = result.algo;
+    g->n_plans++;
+    return p;
+}
+
+static void matmul(Gemm* g, cudaStream_t s, void* D, const bf16* A, const bf16* B, int M, int N, int K, bool trans_a,
+                   bool trans_b, bool out_fp32, float alpha = 1.0f, float beta = 0.0f, int batch = 1,
+                   long long stride_a = 0, long long stride_b = 0, long long stride_d = 0) {
+    GemmKey k;
+    memset(&k, 0, sizeof(k)); // padding bytes take part in the memcmp lookup
+    k.M = M, k.N = N, k.K = K, k.batch = batch, k.trans_a = trans_a, k.trans_b = trans_b, k.out_fp32 = out_fp32;
+    k.stride_a = stride_a, k.stride_b = stride_b, k.stride_d = stride_d;
+    k.align_a = pointer_alignment(A), k.align_b = pointer_alignment(B), k.align_d = pointer_alignment(D);
+    GemmPlan* p = gemm_plan(g, &k);
+    CUBLAS_CHECK(cublasLtMatmul(g->handle, p->op, &alpha, B, p->a, A, p->b, &beta, D, p->d, D, p->d, &p->algo,
+                                g->workspace, g->workspace_bytes, s));
+}
+
+static void gemm_destroy(Gemm* g) {
+    for (int i = 0; i < g->n_plans; i++) {
+        cublasLtMatmulDescDestroy(g->plans[i].op);
+        cublasLtMatrixLayoutDestroy(g->plans[i].a);
+        cublasLtMatrixLayoutDestroy(g->plans[i].b);
+        cublasLtMatrixLayoutDestroy(g->plans[i].d);
+    }
+    g->n_plans = 0;
+}

@@ -1,0 +1,258 @@
+// test_llama3.cu: checks the trainer's own code paths against the PyTorch reference
+// (scripts/ref_llama3.py, HF LlamaForCausalLM under bf16 autocast with fp32 master weights).
+//   ./test_llama3 MODEL.bin STATE.bin
+// MODEL.bin is the reference's random model in the seed format; STATE.bin holds its batches,
+// logits, per-step losses, step-1 gradients, and parameters after one and after n_steps AdamW
+// steps (layout: ref_state_read below). Errors are relative L2, ||ours - ref|| / ||ref||, per
+// tensor and layer. The output ends with "N passed, M failed"; the exit code is M > 0.
+//
+// Tolerances, fixed before measuring, and why:
+//   logits 2e-2, gradients 5e-2: both sides round every matmul operand and activation to bf16
+//     (2^-9 relative) in different orders (cuBLASLt vs PyTorch kernels, flash vs unfused
+//     attention); over 2L layers that compounds to about 1e-2.
+//   loss 1e-2 absolute (on ~11.8), later steps' losses 2e-2 absolute.
+//   one AdamW step from the reference's own gradients, 1e-3 on the update: the same fp32 formula,
+//     so only fp32 rounding of p (6e-8 of 1 for norm weights) against an update of ~lr = 1e-3.
+//   parameters after n_steps, 2.5e-1 on the update p_n - p_0: Adam divides by |g|, so elements
+//     whose gradient is near zero move by +-lr on a bf16-level difference in g (see README).
+#define TESTING
+#include "train_llama3.cu"
+
+#define STATE_MAGIC 20241129
+
+static int n_passed = 0, n_failed = 0;
+
+static void check(bool ok, const char* what, double err, double tol) {
+    printf("%s %-40s %.3e (tol %.1e)\n", ok ? "ok  " : "FAIL", what, err, tol);
+    ok ? n_passed++ : n_failed++;
+}
+
+static double rel_l2(const float* ours, const float* ref, size_t n) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)ours[i] - ref[i];
+        num += d * d, den += (double)ref[i] * ref[i];
+        if (ours[i] != ours[i]) return INFINITY; // NaN never passes
+    }
+    return den > 0.0 ? sqrt(num / den) : sqrt(num);
+}
+
+// rel L2 of the updates (ours - p0) vs (ref - p0): the part of the parameters a step changed.
+static double rel_l2_update(const float* ours, const float* ref, const float* p0, size_t n) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)ours[i] - ref[i], u = (double)ref[i] - p0[i];
+        num += d * d, den += u * u;
+        if (ours[i] != ours[i]) return INFINITY;
+    }
+    return den > 0.0 ? sqrt(num / den) : sqrt(num);
+}
+
+// ---- reference state file ----
+// Header: 256 int32: [0] magic 20241129, [1] version 1, [2] B, [3] T, [4] n_steps, [5] vocab_size;
+// float32 at [16] lr, [17] beta1, [18] beta2, [19] eps, [20] weight_decay. Then inputs and
+// targets (n_steps, B*T) int32 each, logits of step 1 (B*T, V) fp32, losses (n_steps) fp32, and
+// three parameter-sized fp32 blocks in the seed file's tensor order: step-1 gradients, parameters
+// after one AdamW step from those gradients, parameters after n_steps training steps.
+typedef struct {
+    int B, T, n_steps;
+    float lr, beta1, beta2, eps, weight_decay;
+    int32_t *inputs, *targets;
+    float *logits, *losses;
+    size_t grads_offset, params1_offset, params_n_offset; // byte offsets of the three blocks
+} RefState;
+
+static void read_exact(FILE* f, void* dst, size_t bytes, const char* path) {
+    if (fread(dst, 1, bytes, f) != bytes) {
+        fprintf(stderr, "%s: truncated\n", path);
+        exit(EXIT_FAILURE);
+    }
+}
+
+static void ref_state_read(RefState* r, const char* path, const Llama3Config* c, size_t n_params) {
+    FILE* f = fopen(path, "rb");
+    if (!f) { fprintf(stderr, "%s: cannot open\n", path); exit(EXIT_FAILURE); }
+    int32_t h[256];
+    read_exact(f, h, sizeof(h), path);
+    if (h[0] != STATE_MAGIC || h[1] != 1 || h[5] != c->vocab_size) {
+        fprintf(stderr, "%s: not a version-1 reference state for this model\n", path);
+        exit(EXIT_FAILURE);
+    }
+    r->B = h[2], r->T = h[3], r->n_steps = h[4];
+    memcpy(&r->lr, &h[16], 4), memcpy(&r->beta1, &h[17], 4), memcpy(&r->beta2, &h[18], 4);
+    memcpy(&r->eps, &h[19], 4), memcpy(&r->weight_decay, &h[20], 4);
+    size_t bt = (size_t)r->B * r->T, toks = r->n_steps * bt;
+    r->inputs = (int32_t*)malloc(toks * 4), r->targets = (int32_t*)malloc(toks * 4);
+    r->logits = (float*)malloc(bt * c->vocab_size * 4), r->losses = (float*)malloc(r->n_steps * 4);
+    read_exact(f, r->inputs, toks * 4, path);
+    read_exact(f, r->targets, toks * 4, path);
+    read_exact(f, r->logits, bt * c->vocab_size * 4, path);
+    read_exact(f, r->losses, r->n_steps * 4, path);
+    r->grads_offset = 1024 + 2 * toks * 4 + bt * c->vocab_size * 4 + r->n_steps * 4;
+    r->params1_offset = r->grads_offset + n_params * 4;
+    r->params_n_offset = r->params1_offset + n_params * 4;
+    fclose(f);
+    if (file_size_of(path) != (long long)(r->params_n_offset + n_params * 4)) {
+        fprintf(stderr, "%s: size does not match its header\n", path);
+        exit(EXIT_FAILURE);
+    }
+}
+
+static void host_sink(void* ctx, size_t offset, const float* src, size_t count) {
+    memcpy((float*)ctx + offset, src, count * sizeof(float));
+}
+
+// A parameter-sized block of the state file (seed order) into our layout on the host.
+static float* read_param_block(const char* path, const Llama3Config* c, size_t offset, size_t n_params) {
+    float* out = (float*)malloc(n_params * sizeof(float));
+    float* buf = (float*)malloc((16 << 20) * sizeof(float));
+    char err[L3_ERR_LEN];
+    SegmentList s = seed_file_segments(c, offset);
+    if (segments_load(path, &s, buf, 16 << 20, host_sink, out, err)) {
+        fprintf(stderr, "%s\n", err);
+        exit(EXIT_FAILURE);
+    }
+    free(s.seg), free(buf);
+    return out;
+}
+
+static float* to_host(const float* device, size_t n) {
+    float* h = (float*)malloc(n * sizeof(float));
+    CUDA_CHECK(cudaMemcpy(h, device, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+// Per-tensor, per-layer check of a parameter-sized block (gradients or updated parameters).
+static void check_blocks(Model* m, const char* what, const float* ours, const float* ref, const float* p0, double tol) {
+    const ParamLayout* p = &m->layout;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        int layers = (int)(p->size[t] / p->layer_size[t]);
+        for (int l = 0; l < layers; l++) {
+            size_t off = p->offset[t] + (size_t)l * p->layer_size[t], n = p->layer_size[t];
+            double e = p0 ? rel_l2_update(ours + off, ref + off, p0 + off, n) : rel_l2(ours + off, ref + off, n);
+            char name[96];
+            snprintf(name, sizeof(name), "%s %s[%d]", what, PARAM_NAMES[t], l);
+            check(e <= tol, name, e, tol);
+        }
+    }
+}
+
+static void stage_ref_batch(Model* m, const RefState* r, int step, int slot) {
+    size_t bt = (size_t)r->B * r->T;
+    int32_t* dst = m->tokens_host + (size_t)slot * 2 * bt;
+    memcpy(dst, r->inputs + step * bt, bt * 4);
+    memcpy(dst + bt, r->targets + step * bt, bt * 4);
+}
+
+static uint16_t bf16_bits_rne(float x) { // host round-to-nearest-even, as __float2bfloat16_rn
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Step 1 forward and backward: logits, loss, every gradient.
+static void test_forward_backward(Model* m, const RefState* r, const float* ref_grads) {
+    size_t bt = (size_t)r->B * r->T, V = m->cfg.vocab_size;
+    stage_ref_batch(m, r, 0, 0);
+    CUDA_CHECK(cudaMemcpy(m->tokens, m->tokens_host, 2 * bt * 4, cudaMemcpyHostToDevice));
+    forward(m, m->tokens);
+    bf16* logits_bf16 = (bf16*)malloc(bt * V * 2);
+    CUDA_CHECK(cudaMemcpy(logits_bf16, act_bf16(m, A_LOGITS), bt * V * 2, cudaMemcpyDeviceToHost));
+    float* logits = (float*)malloc(bt * V * 4);
+    for (size_t i = 0; i < bt * V; i++) logits[i] = __bfloat162float(logits_bf16[i]);
+    check(rel_l2(logits, r->logits, bt * V) <= 2e-2, "logits", rel_l2(logits, r->logits, bt * V), 2e-2);
+    free(logits_bf16), free(logits);
+
+    classifier(m, m->tokens + bt, 0);
+    mean(m->loss, act_f32(m, A_LOSSES), (int)bt, m->stream);
+    float loss;
+    CUDA_CHECK(cudaMemcpy(&loss, m->loss, 4, cudaMemcpyDeviceToHost));
+    printf("     loss ours %.6f ref %.6f\n", loss, r->losses[0]);
+    check(fabs(loss - r->losses[0]) <= 1e-2, "loss", fabs(loss - r->losses[0]), 1e-2);
+
+    backward(m, m->tokens, false);
+    float* grads = to_host(m->grads, m->layout.total);
+    check_blocks(m, "grad", grads, ref_grads, NULL, 5e-2);
+    free(grads);
+}
+
+// One AdamW step (t = 1) from the reference's gradients: updates, shadow = bf16(params) exactly,
+// and wte's gradient rows zeroed again by the sparse update.
+static void test_optimizer(Model* m, const RefState* r, const OptimConfig* o, const float* p0, const float* ref_grads,
+                           const char* state_path) {
+    size_t P = m->layout.total, n_shadow = m->layout.matmul_end - m->layout.matmul_begin;
+    CUDA_CHECK(cudaMemcpy(m->grads, ref_grads, P * 4, cudaMemcpyHostToDevice));
+    optimizer_step(m, o, 1); // the sorter still holds step 1's sorted inputs from backward
+    float* params = to_host(m->params, P);
+    float* ref = read_param_block(state_path, &m->cfg, r->params1_offset, P);
+    check_blocks(m, "adamw step", params, ref, p0, 1e-3);
+
+    uint16_t* shadow = (uint16_t*)malloc(n_shadow * 2);
+    CUDA_CHECK(cudaMemcpy(shadow, m->shadow, n_shadow * 2, cudaMemcpyDeviceToHost));
+    size_t mismatched = 0;
+    for (size_t i = 0; i < n_shadow; i++) mismatched += shadow[i] != bf16_bits_rne(params[m->layout.matmul_begin + i]);
+    check(mismatched == 0, "shadow == bf16(params) (mismatches)", (double)mismatched, 0);
+
+    float* grads = to_host(m->grads + m->layout.offset[P_WTE], m->layout.size[P_WTE]);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < m->layout.size[P_WTE]; i++) nonzero += grads[i] != 0.0f;
+    check(nonzero == 0, "wte grad zero after sparse AdamW (nonzero)", (double)nonzero, 0);
+    free(params), free(ref), free(shadow), free(grads);
+}
+
+// n_steps full training steps from the initial model on the reference's batches.
+static void test_training(Model* m, const RefState* r, const OptimConfig* o, const float* p0, const char* model_path,
+                          ModelFileFormat fmt, const char* state_path) {
+    char err[L3_ERR_LEN];
+    size_t P = m->layout.total;
+    if (model_load(m, model_path, fmt, err)) { fprintf(stderr, "%s\n", err); exit(EXIT_FAILURE); }
+    CUDA_CHECK(cudaMemset(m->adam_m, 0, P * 4));
+    CUDA_CHECK(cudaMemset(m->adam_v, 0, P * 4));
+    CUDA_CHECK(cudaMemset(m->grads, 0, P * 4));
+    for (int t = 1; t <= r->n_steps; t++) {
+        int slot = t % 2;
+        stage_ref_batch(m, r, t - 1, slot);
+        train_step(m, o, t, slot);
+        CUDA_CHECK(cudaStreamSynchronize(m->stream));
+        float loss = m->loss_host[slot], tol = t == 1 ? 1e-2f : 2e-2f;
+        char name[64];
+        snprintf(name, sizeof(name), "train step %d loss (ours %.5f ref %.5f)", t, loss, r->losses[t - 1]);
+        check(fabsf(loss - r->losses[t - 1]) <= tol, name, fabsf(loss - r->losses[t - 1]), tol);
+    }
+    float* params = to_host(m->params, P);
+    float* ref = read_param_block(state_path, &m->cfg, r->params_n_offset, P);
+    check_blocks(m, "after steps", params, ref, p0, 2.5e-1);
+    free(params), free(ref);
+}
+
+int main(int argc, char** argv) {
+    if (argc != 3) { fprintf(stderr, "usage: %s MODEL.bin STATE.bin\n", argv[0]); return EXIT_FAILURE; }
+    const char *model_path = argv[1], *state_path = argv[2];
+    char err[L3_ERR_LEN];
+    Llama3Config cfg;
+    ModelFileFormat fmt = MODEL_FILE_SEED;
+    if (model_header_read(model_path, &cfg, &fmt, err)) { fprintf(stderr, "%s\n", err); return EXIT_FAILURE; }
+    printf("model %s (%s)\n", model_path, model_format_name(fmt));
+    config_print(stdout, &cfg);
+    size_t P = param_layout(&cfg).total;
+    RefState r;
+    ref_state_read(&r, state_path, &cfg, P);
+    printf("reference: B %d T %d, %d steps, lr %g wd %g betas %g %g eps %g\n", r.B, r.T, r.n_steps, r.lr,
+           r.weight_decay, r.beta1, r.beta2, r.eps);
+
+    Model m;
+    model_create(&m, &cfg, r.B, r.T, 1);
+    if (model_load(&m, model_path, fmt, err)) { fprintf(stderr, "%s\n", err); return EXIT_FAILURE; }
+    float* p0 = to_host(m.params, P);
+    float* ref_grads = read_param_block(state_path, &cfg, r.grads_offset, P);
+    OptimConfig o = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay, 1};
+
+    test_forward_backward(&m, &r, ref_grads);
+    test_optimizer(&m, &r, &o, p0, ref_grads, state_path);
+    test_training(&m, &r, &o, p0, model_path, fmt, state_path);
+
+    free(p0), free(ref_grads);
+    model_free(&m);
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,604 @@
+// train_llama3.cu: LLaMA 3 training in bf16 mixed precision on one GPU, in one file.
+// Read top to bottom in the order a step happens: model and buffers, forward, backward,
+// optimizer, the step and its logging, main. Host-side C (config, formats, loader, CLI) is in
+// llama3.h; every kernel and its launcher is in kernels.cuh.
+//
+// Precision follows PyTorch autocast(bfloat16) with fp32 master weights: matmuls take bf16
+// operands (the Adam kernel's shadow copies of the weights) and accumulate in fp32; the residual
+// stream, RMSNorm, softmax statistics, the loss and AdamW are fp32; weight gradients are fp32.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels.cuh"
+#include "llama3.h"
+
+#ifndef LLAMA3_NVTX
+#define LLAMA3_NVTX 1
+#endif
+#if LLAMA3_NVTX
+#include <nvtx3/nvToolsExt.h>
+#define NVTX_PUSH(name) nvtxRangePushA(name)
+#define NVTX_POP() nvtxRangePop()
+#else
+#define NVTX_PUSH(name)
+#define NVTX_POP()
+#endif
+
+// ---- activations ----
+// Everything the backward pass reads is saved per layer; scratch is shared by all layers.
+// One allocation; each buffer starts on a 256-byte boundary (cuBLASLt's preferred alignment).
+enum {
+    A_RESID,        // fp32 (L+1, N, C)  input of each layer; [L] feeds the final norm
+    A_H,            // fp32 (L, N, C)    residual after attention
+    A_RSTD_ATTN,    // fp32 (L, N)
+    A_RSTD_FFN,     // fp32 (L, N)
+    A_RSTD_FINAL,   // fp32 (N)
+    A_NORMED_ATTN,  // bf16 (L, N, C)
+    A_QKV_HEADS,    // bf16 (L, N * QKV) q (B,NH,T,HD) after RoPE, then k, v (B,KVH,T,HD)
+    A_PROBS,        // bf16 (L, B, NH, T, T) causal softmax; overwritten by dS in backward
+    A_ATT_Y,        // bf16 (L, N, C)    attention output, token-major
+    A_NORMED_FFN,   // bf16 (L, N, C)
+    A_GATE_UP,      // bf16 (L, N, 2F)
+    A_ACT,          // bf16 (L, N, F)    silu(gate) * up
+    A_NORMED_FINAL, // bf16 (N, C)
+    A_LOGITS,       // bf16 (N, V)       becomes dlogits in place
+    // scratch
+    A_QKV,          // bf16 (N, QKV)     qkv GEMM output; dqkv in backward
+    A_BRANCH,       // bf16 (N, C)       o-proj / down output; gradients into norms in backward
+    A_HEADS_O,      // bf16 (N, C)       attention output head-major; dO in backward
+    A_SCORES,       // fp32 (B, NH, T, T) scores; dP in backward
+    A_DHEADS,       // bf16 (N * QKV)    dq, dk, dv head-major
+    A_DRESID,       // fp32 (N, C)       gradient of the residual stream
+    A_DRESID_BF16,  // bf16 (N, C)       the same, rounded: the branch gradient the GEMMs read
+    A_DACT,         // bf16 (N, F)
+    A_DGATE_UP,     // bf16 (N, 2F)
+    A_DW_PARTIAL,   // fp32 (blocks, C)  RMSNorm weight-gradient partial sums
+    A_LOSSES,       // fp32 (grad_accum * N) per-token losses of the step
+    NUM_ACTS
+};
+
+typedef struct {
+    size_t bytes[NUM_ACTS];
+    size_t offset[NUM_ACTS];
+    size_t total;
+} ActLayout;
+
+static ActLayout act_layout(const Llama3Config* c, int B, int T, int grad_accum, int sms) {
+    size_t N = (size_t)B * T, C = c->n_embd, L = c->n_layer, F = c->ffn_hidden, V = c->vocab_size;
+    size_t QKV = qkv_dim(c), ATT = (size_t)B * c->n_head * T * T;
+    size_t elems[NUM_ACTS] = {(L + 1) * N * C, L * N * C, L * N, L * N, N, L * N * C, L * N * QKV, L * ATT,
+                              L * N * C, L * N * C, L * N * 2 * F, L * N * F, N * C, N * V,
+                              N * QKV, N * C, N * C, ATT, N * QKV, N * C, N * C, N * F, N * 2 * F,
+                              (size_t)rms_bwd_blocks((int)N, sms) * C, grad_accum * N};
+    int fp32[NUM_ACTS] = {1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 1, 1};
+    ActLayout a;
+    a.total = 0;
+    for (int i = 0; i < NUM_ACTS; i++) {
+        a.bytes[i] = elems[i] * (fp32[i] ? 4 : 2);
+        a.offset[i] = a.total;
+        a.total += (a.bytes[i] + 255) / 256 * 256;
+    }
+    return a;
+}
+
+// ---- model ----
+
+typedef struct {
+    Llama3Config cfg;
+    ParamLayout layout;
+    int B, T, grad_accum, sms;
+    // one block each, parameter-sized (see llama3.h for the order)
+    float* params; // fp32 master weights
+    float* grads;  // fp32; wte's rows are zero except those touched this step [sparse rows]
+    float* adam_m;
+    float* adam_v;
+    bf16* shadow; // [shadow weights] bf16 copy of params[matmul_begin, matmul_end)
+    unsigned char* acts;
+    ActLayout act;
+    int* tokens;          // device: the step's inputs (grad_accum*N) then targets (grad_accum*N)
+    int32_t* tokens_host; // pinned staging, two steps' worth (double buffered)
+    float* rope_cos;      // (T, HD/2)
+    float* rope_sin;
+    TokenSorter sorter; // sized for grad_accum*N tokens
+    float* loss;        // device scalar: mean loss of the step
+    float* loss_host;   // pinned, two slots
+    Gemm gemm;
+    cudaStream_t stream;
+} Model;
+
+static float* param_ptr(Model* m, float* block, int tensor, int layer) {
+    return block + m->layout.offset[tensor] + (size_t)layer * m->layout.layer_size[tensor];
+}
+static const bf16* weight_bf16(Model* m, int tensor, int layer) {
+    return m->shadow + (m->layout.offset[tensor] - m->layout.matmul_begin) + (size_t)layer * m->layout.layer_size[tensor];
+}
+static float* act_f32(Model* m, int id, size_t index = 0) { return (float*)(m->acts + m->act.offset[id]) + index; }
+static bf16* act_bf16(Model* m, int id, size_t index = 0) { return (bf16*)(m->acts + m->act.offset[id]) + index; }
+
+// cudaMalloc with the amount named when the GPU is out of memory.
+static void* device_alloc(size_t bytes, const char* what) {
+    void* p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&free_b, &total_b);
+        fprintf(stderr, "out of GPU memory: %s needs %.2f GiB, %.2f GiB free of %.2f GiB (%s)\n", what,
+                bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0, cudaGetErrorString(e));
+        exit(EXIT_FAILURE);
+    }
+    return p;
+}
+
+static size_t model_bytes(const ParamLayout* p, const ActLayout* a) {
+    return p->total * 16 + (p->matmul_end - p->matmul_begin) * 2 + a->total;
+}
+
+static void model_create(Model* m, const Llama3Config* cfg, int B, int T, int grad_accum) {
+    memset(m, 0, sizeof(*m));
+    m->cfg = *cfg, m->B = B, m->T = T, m->grad_accum = grad_accum;
+    CUDA_CHECK(cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, 0));
+    m->layout = param_layout(cfg);
+    m->act = act_layout(cfg, B, T, grad_accum, m->sms);
+    size_t P = m->layout.total, N = (size_t)B * T, n_step = grad_accum * N, free_b, total_b;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    size_t need = model_bytes(&m->layout, &m->act);
+    if (need > free_b) {
+        fprintf(stderr, "out of GPU memory: the model needs %.2f GiB (weights, grads, AdamW state, shadow: %.2f; "
+                        "activations for B=%d T=%d: %.2f), %.2f GiB free\n",
+                need / 1073741824.0, (need - m->act.total) / 1073741824.0, B, T, m->act.total / 1073741824.0,
+                free_b / 1073741824.0);
+        exit(EXIT_FAILURE);
+    }
+    m->params = (float*)device_alloc(P * 4, "fp32 weights");
+    m->grads = (float*)device_alloc(P * 4, "fp32 gradients");
+    m->adam_m = (float*)device_alloc(P * 4, "AdamW m");
+    m->adam_v = (float*)device_alloc(P * 4, "AdamW v");
+    m->shadow = (bf16*)device_alloc((m->layout.matmul_end - m->layout.matmul_begin) * 2, "bf16 shadow weights");
+    m->acts = (unsigned char*)device_alloc(m->act.total, "activations");
+    m->tokens = (int*)device_alloc(2 * n_step * sizeof(int), "tokens");
+    CUDA_CHECK(cudaMallocHost(&m->tokens_host, 2 * 2 * n_step * sizeof(int32_t)));
+    CUDA_CHECK(cudaMallocHost(&m->loss_host, 2 * sizeof(float)));
+    m->loss = (float*)device_alloc(sizeof(float), "loss");
+    CUDA_CHECK(cudaStreamCreate(&m->stream));
+    // Zero once: Adam's state starts at zero and wte's gradient rows are kept zero [sparse rows].
+    CUDA_CHECK(cudaMemsetAsync(m->adam_m, 0, P * 4, m->stream));
+    CUDA_CHECK(cudaMemsetAsync(m->adam_v, 0, P * 4, m->stream));
+    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, P * 4, m->stream));
+
+    int half = cfg->n_embd / cfg->n_head / 2;
+    float* table = (float*)malloc(sizeof(float) * 2 * T * half);
+    rope_table(cfg, T, table, table + T * half);
+    m->rope_cos = (float*)device_alloc(sizeof(float) * 2 * T * half, "rope table");
+    m->rope_sin = m->rope_cos + T * half;
+    CUDA_CHECK(cudaMemcpy(m->rope_cos, table, sizeof(float) * 2 * T * half, cudaMemcpyHostToDevice));
+    free(table);
+
+    TokenSorter* ts = &m->sorter;
+    ts->sorted_tokens = (int*)device_alloc(n_step * 3 * sizeof(int), "token sort");
+    ts->sorted_positions = ts->sorted_tokens + n_step;
+    int* iota = ts->sorted_tokens + 2 * n_step;
+    int* iota_host = (int*)malloc(n_step * sizeof(int));
+    for (size_t i = 0; i < n_step; i++) iota_host[i] = (int)i;
+    CUDA_CHECK(cudaMemcpy(iota, iota_host, n_step * sizeof(int), cudaMemcpyHostToDevice));
+    free(iota_host);
+    ts->iota = iota;
+    for (ts->end_bit = 1; (1 << ts->end_bit) < cfg->vocab_size; ts->end_bit++) {}
+    ts->temp = NULL;
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, ts->temp_bytes, ts->sorted_tokens, ts->sorted_tokens, ts->iota,
+                                               ts->sorted_positions, (int)n_step, 0, ts->end_bit));
+    ts->temp = device_alloc(ts->temp_bytes, "token sort scratch");
+
+    CUBLAS_CHECK(cublasLtCreate(&m->gemm.handle));
+    m->gemm.workspace_bytes = 32 << 20;
+    m->gemm.workspace = device_alloc(m->gemm.workspace_bytes, "cuBLASLt workspace");
+}
+
+static void model_free(Model* m) {
+    gemm_destroy(&m->gemm);
+    cublasLtDestroy(m->gemm.handle);
+    void* device[] = {m->params, m->grads, m->adam_m, m->adam_v, m->shadow, m->acts, m->tokens, m->loss,
+                      m->rope_cos, m->sorter.sorted_tokens, m->sorter.temp, m->gemm.workspace};
+    for (size_t i = 0; i < sizeof(device) / sizeof(device[0]); i++) CUDA_CHECK(cudaFree(device[i]));
+    CUDA_CHECK(cudaFreeHost(m->tokens_host));
+    CUDA_CHECK(cudaFreeHost(m->loss_host));
+    CUDA_CHECK(cudaStreamDestroy(m->stream));
+}
+
+// The bf16 shadow of the matmul weights, made once after the masters are set; from then on the
+// Adam kernel rewrites it in the same pass as the masters [shadow weights].
+static void model_sync_shadow(Model* m) {
+    cast_to_bf16(m->shadow, m->params + m->layout.matmul_begin, m->layout.matmul_end - m->layout.matmul_begin, m->stream);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+}
+
+// Random init: N(0, 0.02) for wte and every matrix, 1 for the norm weights.
+static void model_init_random(Model* m, uint64_t seed) {
+    ParamLayout* p = &m->layout;
+    init_params(m->params, p->norm_begin, 0.0f, 0.02f, seed, m->stream);
+    init_params(m->params + p->norm_begin, p->total - p->norm_begin, 1.0f, 0.0f, seed, m->stream);
+    model_sync_shadow(m);
+}
+
+typedef struct {
+    float* device_params;
+} DeviceSink;
+static void device_sink(void* ctx, size_t offset, const float* src, size_t count) {
+    CUDA_CHECK(cudaMemcpy(((DeviceSink*)ctx)->device_params + offset, src, count * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+static int model_load(Model* m, const char* path, ModelFileFormat fmt, char* err) {
+    const size_t chunk = 16 << 20; // floats per read
+    float* buf;
+    CUDA_CHECK(cudaMallocHost(&buf, chunk * sizeof(float)));
+    DeviceSink sink = {m->params};
+    int rc = model_file_load(path, &m->cfg, fmt, buf, chunk, device_sink, &sink, err);
+    CUDA_CHECK(cudaFreeHost(buf));
+    if (rc == 0) model_sync_shadow(m);
+    return rc;
+}
+
+// ---- forward ----
+
+static HeadShape head_shape(Model* m) {
+    HeadShape sh = {m->B, m->T, m->cfg.n_head, m->cfg.n_kv_head, m->cfg.n_embd / m->cfg.n_head};
+    return sh;
+}
+
+// Causal GQA attention of one layer on head-major q, k, v: per (batch, kv head), the G query heads
+// sharing it form G*T rows. scores = q k^T / sqrt(HD) (fp32), P = softmax (bf16), o = P v.
+static void attention_forward(Model* m, int l) {
+    HeadShape sh = head_shape(m);
+    int G = sh.NH / sh.KVH, T = sh.T, HD = sh.HD, batch = sh.B * sh.KVH;
+    size_t N = (size_t)sh.B * T;
+    bf16* q = act_bf16(m, A_QKV_HEADS, l * N * qkv_dim(&m->cfg));
+    bf16 *k = q + N * m->cfg.n_embd, *v = k + N * sh.KVH * HD;
+    bf16* probs = act_bf16(m, A_PROBS, (size_t)l * sh.B * sh.NH * T * T);
+    float* scores = act_f32(m, A_SCORES);
+    long long sq = (long long)G * T * HD, skv = (long long)T * HD, sp = (long long)G * T * T;
+    matmul(&m->gemm, m->stream, scores, q, k, G * T, T, HD, false, true, true, 1.0f / sqrtf((float)HD), 0.0f, batch,
+           sq, skv, sp);
+    attention_softmax(false, probs, scores, sh.B * sh.NH * T, T, m->stream);
+    bf16* o = act_bf16(m, A_HEADS_O);
+    matmul(&m->gemm, m->stream, o, probs, v, G * T, HD, T, false, false, false, 1.0f, 0.0f, batch, sp, skv, sq);
+    permute_heads(false, act_bf16(m, A_ATT_Y, l * N * m->cfg.n_embd), o, sh, m->stream);
+}
+
+// One transformer block. Its first RMSNorm also adds the previous block's MLP output into the
+// residual stream (resid[l] = h[l-1] + branch) [fused RMSNorm].
+static void block_forward(Model* m, int l) {
+    const Llama3Config* c = &m->cfg;
+    int N = m->B * m->T, C = c->n_embd, F = c->ffn_hidden, QKV = qkv_dim(c);
+    size_t NC = (size_t)N * C;
+    float* resid = act_f32(m, A_RESID, l * NC);
+    float* h = act_f32(m, A_H, l * NC);
+    bf16* normed_attn = act_bf16(m, A_NORMED_ATTN, l * NC);
+    bf16* branch = act_bf16(m, A_BRANCH);
+    const float* prev_h = l > 0 ? act_f32(m, A_H, (l - 1) * NC) : resid;
+    rmsnorm_forward(resid, normed_attn, act_f32(m, A_RSTD_ATTN, (size_t)l * N), prev_h, l > 0 ? branch : NULL,
+                    param_ptr(m, m->params, P_ATTN_NORM, l), N, C, c->norm_eps, m->stream);
+    bf16* qkv = act_bf16(m, A_QKV);
+    matmul(&m->gemm, m->stream, qkv, normed_attn, weight_bf16(m, P_QKV, l), N, QKV, C, false, true, false);
+    bf16* q = act_bf16(m, A_QKV_HEADS, (size_t)l * N * QKV);
+    rope_permute(false, qkv, q, q + NC, q + NC + (size_t)N * (QKV - C) / 2, m->rope_cos, m->rope_sin, head_shape(m),
+                 m->stream);
+    attention_forward(m, l);
+    matmul(&m->gemm, m->stream, branch, act_bf16(m, A_ATT_Y, l * NC), weight_bf16(m, P_ATTN_OUT, l), N, C, C, false,
+           true, false);
+    bf16* normed_ffn = act_bf16(m, A_NORMED_FFN, l * NC);
+    rmsnorm_forward(h, normed_ffn, act_f32(m, A_RSTD_FFN, (size_t)l * N), resid, branch,
+                    param_ptr(m, m->params, P_FFN_NORM, l), N, C, c->norm_eps, m->stream);
+    bf16* gate_up = act_bf16(m, A_GATE_UP, (size_t)l * N * 2 * F);
+    matmul(&m->gemm, m->stream, gate_up, normed_ffn, weight_bf16(m, P_GATE_UP, l), N, 2 * F, C, false, true, false);
+    bf16* act = act_bf16(m, A_ACT, (size_t)l * N * F);
+    swiglu(false, act, NULL, gate_up, N, F, m->stream);
+    matmul(&m->gemm, m->stream, branch, act, weight_bf16(m, P_DOWN, l), N, C, F, false, true, false);
+}
+
+// inputs: (B*T) token ids on the device. Leaves bf16 logits (B*T, V) in A_LOGITS.
+static void forward(Model* m, const int* inputs) {
+    NVTX_PUSH("forward");
+    const Llama3Config* c = &m->cfg;
+    int N = m->B * m->T, C = c->n_embd, L = c->n_layer;
+    size_t NC = (size_t)N * C;
+    embedding_forward(act_f32(m, A_RESID), inputs, m->params + m->layout.offset[P_WTE], N, C, m->stream);
+    for (int l = 0; l < L; l++) block_forward(m, l);
+    rmsnorm_forward(act_f32(m, A_RESID, L * NC), act_bf16(m, A_NORMED_FINAL), act_f32(m, A_RSTD_FINAL),
+                    act_f32(m, A_H, (L - 1) * NC), act_bf16(m, A_BRANCH), m->params + m->layout.offset[P_FINAL_NORM],
+                    N, C, c->norm_eps, m->stream);
+    matmul(&m->gemm, m->stream, act_bf16(m, A_LOGITS), act_bf16(m, A_NORMED_FINAL), weight_bf16(m, P_LM_HEAD, 0), N,
+           c->vocab_size, C, false, true, false);
+    NVTX_POP();
+}
+
+// Per-token losses of micro-step `micro` and dlogits in place, scaled for the mean over the
+// whole step's tokens.
+static void classifier(Model* m, const int* targets, int micro) {
+    int N = m->B * m->T;
+    cross_entropy(act_bf16(m, A_LOGITS), act_f32(m, A_LOSSES, (size_t)micro * N), targets, N, m->cfg.vocab_size,
+                  1.0f / ((float)N * m->grad_accum), m->stream);
+}
+
+// ---- backward ----
+
+// Weight gradient of a linear layer y = x W^T: dW (out, in) (+)= dy^T x, fp32 into the grads
+// block. The first micro-step writes (beta 0), later ones accumulate: no zeroing of grads needed.
+static void weight_grad(Model* m, int tensor, int layer, const bf16* dy, const bf16* x, int out, int in, bool accumulate) {
+    matmul(&m->gemm, m->stream, param_ptr(m, m->grads, tensor, layer), dy, x, out, in, m->B * m->T, true, false, true,
+           1.0f, accumulate ? 1.0f : 0.0f);
+}
+// Input gradient of a linear layer: dx (N, in) = dy (N, out) @ W (out, in), bf16.
+static void input_grad(Model* m, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in) {
+    matmul(&m->gemm, m->stream, dx, dy, weight_bf16(m, tensor, layer), m->B * m->T, in, out, false, false, false);
+}
+
+// Backward of one RMSNorm: dresid (+)= its input gradient, dresid_bf16 = the same rounded, and
+// the weight gradient written or accumulated.
+static void norm_backward(Model* m, int tensor, int layer, const float* x, const float* rstd, bool accumulate_dx,
+                          bool accumulate) {
+    int N = m->B * m->T, C = m->cfg.n_embd;
+    rmsnorm_backward(act_f32(m, A_DRESID), act_bf16(m, A_DRESID_BF16), param_ptr(m, m->grads, tensor, layer),
+                     act_f32(m, A_DW_PARTIAL), act_bf16(m, A_BRANCH), x, param_ptr(m, m->params, tensor, layer), rstd, N,
+                     C, accumulate_dx, accumulate, m->sms, m->stream);
+}
+
+// Attention backward from dO (head-major, in A_HEADS_O) to dq, dk, dv (head-major, A_DHEADS):
+// dV = P^T dO, dP = dO V^T, dS = softmax'(P, dP) over P, dQ = dS K / sqrt(HD), dK = dS^T Q / sqrt(HD).
+// The G query heads of a kv head are G*T rows of one GEMM, so dK and dV sum over them as K = G*T.
+static void attention_backward(Model* m, int l) {
+    HeadShape sh = head_shape(m);
+    int G = sh.NH / sh.KVH, T = sh.T, HD = sh.HD, batch = sh.B * sh.KVH;
+    size_t N = (size_t)sh.B * T, C = m->cfg.n_embd, KVD = (size_t)sh.KVH * HD;
+    bf16* q = act_bf16(m, A_QKV_HEADS, l * N * qkv_dim(&m->cfg));
+    bf16 *k = q + N * C, *v = k + N * KVD;
+    bf16* probs = act_bf16(m, A_PROBS, (size_t)l * sh.B * sh.NH * T * T);
+    bf16 *dq = act_bf16(m, A_DHEADS), *dk = dq + N * C, *dv = dk + N * KVD, *dout = act_bf16(m, A_HEADS_O);
+    float* dprobs = act_f32(m, A_SCORES);
+    long long sq = (long long)G * T * HD, skv = (long long)T * HD, sp = (long long)G * T * T;
+    float scale = 1.0f / sqrtf((float)HD);
+    matmul(&m->gemm, m->stream, dv, probs, dout, T, HD, G * T, true, false, false, 1.0f, 0.0f, batch, sp, sq, skv);
+    matmul(&m->gemm, m->stream, dprobs, dout, v, G * T, T, HD, false, true, true, 1.0f, 0.0f, batch, sq, skv, sp);
+    attention_softmax(true, probs, dprobs, sh.B * sh.NH * T, T, m->stream);
+    matmul(&m->gemm, m->stream, dq, probs, k, G * T, HD, T, false, false, false, scale, 0.0f, batch, sp, skv, sq);
+    matmul(&m->gemm, m->stream, dk, probs, q, T, HD, G * T, true, false, false, scale, 0.0f, batch, sp, sq, skv);
+}
+
+// One block in reverse. On entry dresid holds the gradient of the block's output and
+// dresid_bf16 its rounded copy; on exit they hold the gradient of its input.
+static void block_backward(Model* m, int l, bool accumulate) {
+    const Llama3Config* c = &m->cfg;
+    int N = m->B * m->T, C = c->n_embd, F = c->ffn_hidden, QKV = qkv_dim(c);
+    size_t NC = (size_t)N * C;
+    bf16 *dresid_bf16 = act_bf16(m, A_DRESID_BF16), *dbranch = act_bf16(m, A_BRANCH);
+    // MLP: down, SwiGLU, gate_up, ffn norm
+    bf16 *dact = act_bf16(m, A_DACT), *dgate_up = act_bf16(m, A_DGATE_UP);
+    weight_grad(m, P_DOWN, l, dresid_bf16, act_bf16(m, A_ACT, (size_t)l * N * F), C, F, accumulate);
+    input_grad(m, P_DOWN, l, dact, dresid_bf16, C, F);
+    swiglu(true, dgate_up, dact, act_bf16(m, A_GATE_UP, (size_t)l * N * 2 * F), N, F, m->stream);
+    weight_grad(m, P_GATE_UP, l, dgate_up, act_bf16(m, A_NORMED_FFN, l * NC), 2 * F, C, accumulate);
+    input_grad(m, P_GATE_UP, l, dbranch, dgate_up, 2 * F, C);
+    norm_backward(m, P_FFN_NORM, l, act_f32(m, A_H, l * NC), act_f32(m, A_RSTD_FFN, (size_t)l * N), true, accumulate);
+    // attention: out projection, heads, RoPE, qkv, attention norm
+    weight_grad(m, P_ATTN_OUT, l, dresid_bf16, act_bf16(m, A_ATT_Y, l * NC), C, C, accumulate);
+    input_grad(m, P_ATTN_OUT, l, dbranch, dresid_bf16, C, C);
+    permute_heads(true, dbranch, act_bf16(m, A_HEADS_O), head_shape(m), m->stream);
+    attention_backward(m, l);
+    bf16 *dheads = act_bf16(m, A_DHEADS), *dqkv = act_bf16(m, A_QKV);
+    rope_permute(true, dqkv, dheads, dheads + NC, dheads + NC + (size_t)N * (QKV - C) / 2, m->rope_cos, m->rope_sin,
+                 head_shape(m), m->stream);
+    weight_grad(m, P_QKV, l, dqkv, act_bf16(m, A_NORMED_ATTN, l * NC), QKV, C, accumulate);
+    input_grad(m, P_QKV, l, dbranch, dqkv, QKV, C);
+    norm_backward(m, P_ATTN_NORM, l, act_f32(m, A_RESID, l * NC), act_f32(m, A_RSTD_ATTN, (size_t)l * N), true,
+                  accumulate);
+}
+
+// From dlogits (in A_LOGITS) to every weight gradient. accumulate: add to the gradients of
+// earlier micro-steps of this step instead of overwriting them.
+static void backward(Model* m, const int* inputs, bool accumulate) {
+    NVTX_PUSH("backward");
+    const Llama3Config* c = &m->cfg;
+    int N = m->B * m->T, C = c->n_embd, V = c->vocab_size, L = c->n_layer;
+    size_t NC = (size_t)N * C;
+    bf16* dlogits = act_bf16(m, A_LOGITS);
+    weight_grad(m, P_LM_HEAD, 0, dlogits, act_bf16(m, A_NORMED_FINAL), V, C, accumulate);
+    input_grad(m, P_LM_HEAD, 0, act_bf16(m, A_BRANCH), dlogits, V, C);
+    norm_backward(m, P_FINAL_NORM, 0, act_f32(m, A_RESID, L * NC), act_f32(m, A_RSTD_FINAL), false, accumulate);
+    for (int l = L - 1; l >= 0; l--) block_backward(m, l, accumulate);
+    token_sort(&m->sorter, inputs, N, m->stream);
+    embedding_backward(m->grads + m->layout.offset[P_WTE], act_f32(m, A_DRESID), &m->sorter, N, C, m->stream);
+    NVTX_POP();
+}
+
+// ---- optimizer ----
+
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    int sparse_embedding;
+} OptimConfig;
+
+// AdamW step t (1-based) over the three ranges of the parameter block: matmul weights (writing
+// their bf16 shadows), norm weights, and wte (touched rows only, or dense).
+static void optimizer_step(Model* m, const OptimConfig* o, int t) {
+    NVTX_PUSH("optimizer");
+    AdamWParams h = {o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
+                     (float)(o->lr / (1.0 - pow(o->beta1, t))), (float)sqrt(1.0 - pow(o->beta2, t))};
+    const ParamLayout* p = &m->layout;
+    size_t mm = p->matmul_begin, nb = p->norm_begin;
+    adamw_dense<true>(m->params + mm, m->adam_m + mm, m->adam_v + mm, m->grads + mm, m->shadow, p->matmul_end - mm, h,
+                      m->sms, m->stream);
+    adamw_dense<false>(m->params + nb, m->adam_m + nb, m->adam_v + nb, m->grads + nb, NULL, p->total - nb, h, m->sms,
+                       m->stream);
+    size_t wte = p->offset[P_WTE];
+    if (o->sparse_embedding) {
+        int n_step = m->grad_accum * m->B * m->T;
+        if (m->grad_accum > 1) token_sort(&m->sorter, m->tokens, n_step, m->stream); // all micro-steps' inputs
+        adamw_sparse_rows(m->params + wte, m->adam_m + wte, m->adam_v + wte, m->grads + wte, m->sorter.sorted_tokens,
+                          n_step, m->cfg.n_embd, h, m->stream);
+    } else {
+        adamw_dense<false>(m->params + wte, m->adam_m + wte, m->adam_v + wte, m->grads + wte, NULL, p->size[P_WTE], h,
+                           m->sms, m->stream);
+    }
+    NVTX_POP();
+}
+
+// ---- training step ----
+
+// One optimizer step on the batches already staged in tokens_host slot `slot`: one host-to-device
+// copy of the step's tokens, forward/backward per micro-step, the mean loss copied to pinned
+// memory (read a step later, never waited on here), and AdamW. No host sync inside.
+static void train_step(Model* m, const OptimConfig* o, int t, int slot) {
+    NVTX_PUSH("step");
+    int N = m->B * m->T, n_step = m->grad_accum * N;
+    CUDA_CHECK(cudaMemcpyAsync(m->tokens, m->tokens_host + (size_t)slot * 2 * n_step, 2 * n_step * sizeof(int),
+                               cudaMemcpyHostToDevice, m->stream));
+    if (!o->sparse_embedding) // dense wte gradient: the whole table is re-zeroed every step
+        CUDA_CHECK(cudaMemsetAsync(m->grads + m->layout.offset[P_WTE], 0, m->layout.size[P_WTE] * 4, m->stream));
+    for (int micro = 0; micro < m->grad_accum; micro++) {
+        const int* inputs = m->tokens + (size_t)micro * N;
+        forward(m, inputs);
+        classifier(m, m->tokens + n_step + (size_t)micro * N, micro);
+        backward(m, inputs, micro > 0);
+    }
+    mean(m->loss, act_f32(m, A_LOSSES), n_step, m->stream);
+    CUDA_CHECK(cudaMemcpyAsync(m->loss_host + slot, m->loss, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    optimizer_step(m, o, t);
+    NVTX_POP();
+}
+
+// Fills staging slot `slot` with the next grad_accum batches: inputs first, then targets.
+static void stage_batches(Model* m, DataLoader* loader, int slot) {
+    size_t N = (size_t)m->B * m->T, n_step = m->grad_accum * N;
+    int32_t* base = m->tokens_host + (size_t)slot * 2 * n_step;
+    for (int micro = 0; micro < m->grad_accum; micro++) loader_next(loader, base + micro * N, base + n_step + micro * N);
+}
+
+#ifndef TESTING
+// ---- main ----
+
+// The default data set, linked into the binary (see the Makefile): LLaMA-3 tokens of
+// tiny shakespeare, so that `./train_llama3` runs with no files at all.
+extern "C" const unsigned char _binary_data_tiny_shakespeare_train_bin_start[];
+extern "C" const unsigned char _binary_data_tiny_shakespeare_train_bin_end[];
+
+static void die(const char* msg, const char* prog, bool usage) {
+    fprintf(stderr, "error: %s\n", msg);
+    if (usage) print_usage(stderr, prog);
+    exit(EXIT_FAILURE);
+}
+
+static void load_tokens(TokenData* d, const TrainArgs* a, int vocab_size) {
+    char err[L3_ERR_LEN];
+    int rc;
+    if (a->input_bin) {
+        rc = tokens_load_file(d, a->input_bin, vocab_size, err);
+    } else {
+        const unsigned char* b = _binary_data_tiny_shakespeare_train_bin_start;
+        rc = tokens_parse(d, b, _binary_data_tiny_shakespeare_train_bin_end - b,
+                          "embedded data/tiny_shakespeare_train.bin", vocab_size, err);
+    }
+    if (rc) die(err, "", false);
+    printf("data: %s, %zu tokens\n", a->input_bin ? a->input_bin : "embedded tiny shakespeare (LLaMA-3 tokens)",
+           d->n_tokens);
+}
+
+static double median(double* v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) { double t = v[j]; v[j] = v[j - 1], v[j - 1] = t; }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef struct {
+    cudaEvent_t start[2], end[2];
+    double* ms;
+    FILE* json;
+    double mem_mib;
+} StepLog;
+
+// Waits for step t (staged in `slot`) to finish, then prints its line: loss, lr, time, tok/s, memory.
+static void log_step(Model* m, StepLog* lg, int t, int n_steps, int slot, float lr) {
+    CUDA_CHECK(cudaEventSynchronize(lg->end[slot]));
+    float ms;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, lg->start[slot], lg->end[slot]));
+    lg->ms[t - 1] = ms;
+    if (lg->mem_mib == 0.0) { // every buffer is allocated before step 1: this is the peak
+        size_t free_b, total_b;
+        CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        lg->mem_mib = (total_b - free_b) / 1048576.0;
+    }
+    double tok_s = (double)m->grad_accum * m->B * m->T / (ms / 1000.0);
+    float loss = m->loss_host[slot];
+    printf("step %4d/%d | loss %.6f | lr %.2e | %.2f ms | %.0f tok/s | peak %.0f MiB\n", t, n_steps, loss, lr, ms,
+           tok_s, lg->mem_mib);
+    if (lg->json)
+        fprintf(lg->json, "{\"step\": %d, \"loss\": %.6f, \"lr\": %g, \"ms\": %.3f, \"tok_per_s\": %.1f, \"peak_mib\": %.0f}\n",
+                t, loss, lr, ms, tok_s, lg->mem_mib);
+}
+
+static void train(Model* m, const TrainArgs* a, DataLoader* loader) {
+    OptimConfig o = {a->learning_rate, a->beta1, a->beta2, a->eps, a->weight_decay, a->sparse_embedding};
+    StepLog lg = {};
+    lg.ms = (double*)calloc(a->num_iteration, sizeof(double));
+    for (int s = 0; s < 2; s++) CUDA_CHECK(cudaEventCreate(&lg.start[s])), CUDA_CHECK(cudaEventCreate(&lg.end[s]));
+    if (a->log_file && !(lg.json = fopen(a->log_file, "w"))) die("cannot open --log_file for writing", "", false);
+    for (int t = 1; t <= a->num_iteration; t++) {
+        int slot = t % 2;
+        CUDA_CHECK(cudaEventSynchronize(lg.end[slot])); // step t-2 used this staging slot
+        stage_batches(m, loader, slot);
+        CUDA_CHECK(cudaEventRecord(lg.start[slot], m->stream));
+        train_step(m, &o, t, slot);
+        CUDA_CHECK(cudaEventRecord(lg.end[slot], m->stream));
+        if (t > 1) log_step(m, &lg, t - 1, a->num_iteration, 1 - slot, a->learning_rate);
+    }
+    log_step(m, &lg, a->num_iteration, a->num_iteration, a->num_iteration % 2, a->learning_rate);
+    if (a->num_iteration > 1) {
+        double med = median(lg.ms + 1, a->num_iteration - 1);
+        printf("steady state (steps 2..%d): median %.2f ms/step, %.0f tok/s, peak %.0f MiB\n", a->num_iteration, med,
+               (double)m->grad_accum * m->B * m->T / (med / 1000.0), lg.mem_mib);
+    }
+    if (lg.json) fclose(lg.json);
+    free(lg.ms);
+}
+
+int main(int argc, char** argv) {
+    char err[L3_ERR_LEN];
+    TrainArgs a;
+    if (train_args_parse(&a, argc, argv, err)) die(err, argv[0], true);
+
+    // Every input is checked before the GPU is touched.
+    Llama3Config cfg = llama3_2_1b_config();
+    ModelFileFormat fmt = MODEL_FILE_SEED;
+    if (a.llmc_filepath && model_header_read(a.llmc_filepath, &cfg, &fmt, err)) die(err, argv[0], false);
+    if (train_args_check(&a, &cfg, err)) die(err, argv[0], true);
+    if (a.llmc_filepath) printf("model: %s, %s format\n", a.llmc_filepath, model_format_name(fmt));
+    else printf("model: LLaMA3.2-1B shape, random init (seed %llu)\n", a.seed);
+    config_print(stdout, &cfg);
+
+    TokenData tokens;
+    load_tokens(&tokens, &a, cfg.vocab_size);
+    DataLoader loader;
+    if (loader_init(&loader, &tokens, a.batch_size, a.sequence_length, a.overfit_single_batch,
+                    a.input_bin ? a.input_bin : "embedded data", err))
+        die(err, argv[0], false);
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) die("no CUDA device found", argv[0], false);
+
+    int grad_accum = a.total_batch_size / (a.batch_size * a.sequence_length);
+    Model m;
+    model_create(&m, &cfg, a.batch_size, a.sequence_length, grad_accum);
+    printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g | sparse_embedding %d | memory %.2f GiB\n",
+           m.layout.total, a.batch_size, a.sequence_length, grad_accum, a.learning_rate, a.weight_decay,
+           a.sparse_embedding, model_bytes(&m.layout, &m.act) / 1073741824.0);
+    if (a.llmc_filepath) {
+        if (model_load(&m, a.llmc_filepath, fmt, err)) die(err, argv[0], false);
+    } else {
+        model_init_random(&m, a.seed);
+    }
+    train(&m, &a, &loader);
+    model_free(&m);
+    tokens_free(&tokens);
+    return 0;
+}
+#endif
