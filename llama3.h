@@ -454,7 +454,7 @@ typedef struct {
 } TrainArgs;
 
 static inline TrainArgs train_args_default(void) {
-    TrainArgs a = {NULL, NULL, NULL, 20, 4, 64, 256, 1e-5f, 0.0f, 0.9f, 0.999f, 1e-8f, 0, 1, 42};
+    TrainArgs a = {NULL, NULL, NULL, 100, 4, 64, 256, 1e-5f, 0.0f, 0.9f, 0.999f, 1e-8f, 0, 1, 42};
     return a;
 }
 
@@ -463,7 +463,7 @@ static inline void print_usage(FILE* f, const char* prog) {
             "usage: %s [flags]  (--flag value or --flag=value)\n"
             "  --input_bin PATH         llm.c token file (default: embedded tiny shakespeare)\n"
             "  --llmc_filepath PATH     model file, seed or llm.c format (default: random init)\n"
-            "  --num_iteration N        optimizer steps (20)\n"
+            "  --num_iteration N        optimizer steps (100)\n"
             "  --batch_size B           sequences per micro-batch (4)\n"
             "  --sequence_length T      tokens per sequence (64)\n"
             "  --total_batch_size N     tokens per optimizer step, a multiple of B*T (256)\n"

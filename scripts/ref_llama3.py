@@ -6,7 +6,7 @@ the same AdamW restricted to the touched rows ("lazy", as SparseAdam) on the tok
     python scripts/ref_llama3.py --shape 1b      # LLaMA3.2-1B shape, ~24 GB of files
 
 Writes OUT_DIR/{shape}_model.bin (the random model, seed/InfiniTrain format) and
-OUT_DIR/{shape}_state.bin (batches, step-1 logits, losses, step-1 gradients, parameters after one
+OUT_DIR/{shape}_state.bin (batches, step-1 logits in bf16 autocast and in fp32, losses, step-1 gradients, parameters after one
 step and after --steps steps). The state layout is documented in test_llama3.cu (ref_state_read).
 """
 import argparse
@@ -131,6 +131,8 @@ def main():
                             weight_decay=args.weight_decay, fused=dev.startswith("cuda"))
     emb_m, emb_v = torch.zeros_like(emb), torch.zeros_like(emb)
     x, y = batches(args.shape, cfg.vocab_size, B, T, args.steps, torch.Generator().manual_seed(args.seed))
+    with torch.no_grad():  # context for the bf16 errors: the same model's logits in plain fp32
+        logits_fp32 = model(input_ids=x[0].to(dev)).logits.float().cpu().numpy()
     losses = []
     for step in range(1, args.steps + 1):
         inputs, targets = x[step - 1].to(dev), y[step - 1].to(dev)
@@ -151,10 +153,10 @@ def main():
         print(f"step {step}: loss {losses[-1]:.6f}")
 
     header = np.zeros(256, dtype=np.int32)
-    header[:6] = [20241129, 1, B, T, args.steps, cfg.vocab_size]
+    header[:6] = [20241129, 2, B, T, args.steps, cfg.vocab_size]
     header[16:21] = np.array([args.lr, args.beta1, args.beta2, args.eps, args.weight_decay], np.float32).view(np.int32)
     with open(os.path.join(args.out_dir, f"{args.shape}_state.bin"), "wb") as f:
-        for arr in (header, x.numpy().astype(np.int32), y.numpy().astype(np.int32), logits1,
+        for arr in (header, x.numpy().astype(np.int32), y.numpy().astype(np.int32), logits1, logits_fp32,
                     np.array(losses, dtype=np.float32), grads1, params1, seed_order(model, cfg, lambda p: p)):
             f.write(np.ascontiguousarray(arr).tobytes())
     print(f"wrote {args.out_dir}/{args.shape}_model.bin and {args.out_dir}/{args.shape}_state.bin")

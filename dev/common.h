@@ -1,0 +1,210 @@
+// dev/common.h: what every dev/ microbenchmark shares: fresh random inputs, poisoned outputs,
+// checks against a CPU reference, CUDA-event timing (median after warm-up), the ceilings measured
+// in the same run, and the table row every benchmark prints.
+//
+// A benchmark binary: `dev/NAME` validates every version and then times them; `dev/NAME K` only
+// version K; `dev/NAME --check` validates only (what `make test` runs). Each prints rows
+//   | kernel | version | size | ms | rate | % of ceiling | check |
+// and ends with "N passed, M failed" (exit code 1 if any check failed).
+#pragma once
+#include <algorithm>
+#include <chrono>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include "../kernels.cuh"
+
+static int dev_passed = 0, dev_failed = 0;
+
+// ---- command line ----
+typedef struct {
+    bool check_only; // --check: validate, no timing
+    int version;     // 0: all versions
+} DevArgs;
+
+static DevArgs dev_args(int argc, char** argv, int n_versions) {
+    DevArgs a = {false, 0};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--check")) a.check_only = true;
+        else if (atoi(argv[i]) >= 1 && atoi(argv[i]) <= n_versions) a.version = atoi(argv[i]);
+        else {
+            fprintf(stderr, "usage: %s [--check] [version 1..%d]\n", argv[0], n_versions);
+            exit(EXIT_FAILURE);
+        }
+    }
+    return a;
+}
+static bool dev_selected(const DevArgs& a, int version) { return a.version == 0 || a.version == version; }
+
+// ---- random inputs: a new seed every run (printed), so each check sees fresh data ----
+static uint64_t dev_seed(void) {
+    static uint64_t seed = 0;
+    if (seed == 0) {
+        const char* env = getenv("DEV_SEED");
+        seed = env ? strtoull(env, NULL, 10)
+                   : (uint64_t)std::chrono::high_resolution_clock::now().time_since_epoch().count();
+        printf("random seed %llu (set DEV_SEED to repeat)\n", (unsigned long long)seed);
+    }
+    return seed;
+}
+static uint64_t rng_state = 0;
+static uint32_t rng_u32(void) { // xorshift64*, seeded from dev_seed()
+    if (rng_state == 0) rng_state = dev_seed() | 1;
+    rng_state ^= rng_state >> 12, rng_state ^= rng_state << 25, rng_state ^= rng_state >> 27;
+    return (uint32_t)((rng_state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+static float rng_uniform(float lo, float hi) { return lo + (hi - lo) * ((rng_u32() >> 8) * (1.0f / 16777216.0f)); }
+static float rng_normal(void) {
+    float u1 = (rng_u32() + 0.5f) * 2.3283064e-10f, u2 = (rng_u32() + 0.5f) * 2.3283064e-10f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+static std::vector<float> random_normal(size_t n, float std = 1.0f) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = std * rng_normal();
+    return v;
+}
+static std::vector<float> random_uniform(size_t n, float lo, float hi) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = rng_uniform(lo, hi);
+    return v;
+}
+// Host round-to-nearest-even to bf16 and back: what a bf16 tensor holds.
+static float bf16_round(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+static std::vector<bf16> to_bf16(const std::vector<float>& v) {
+    std::vector<bf16> out(v.size());
+    for (size_t i = 0; i < v.size(); i++) out[i] = __float2bfloat16_rn(v[i]);
+    return out;
+}
+static std::vector<float> from_bf16(const std::vector<bf16>& v) {
+    std::vector<float> out(v.size());
+    for (size_t i = 0; i < v.size(); i++) out[i] = __bfloat162float(v[i]);
+    return out;
+}
+
+// ---- device buffers ----
+template <typename T> static T* dev_alloc(size_t n) {
+    T* p;
+    CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
+    return p;
+}
+template <typename T> static T* dev_upload(const std::vector<T>& v) {
+    T* p = dev_alloc<T>(v.size());
+    CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
+}
+template <typename T> static std::vector<T> dev_download(const T* p, size_t n) {
+    std::vector<T> v(n);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+// All bytes 0xFF: NaN as fp32 and as bf16, so an output element the kernel skips fails the check.
+template <typename T> static void dev_poison(T* p, size_t n) { CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(T))); }
+
+// ---- checks ----
+// Every element: |got - ref| <= atol + rtol * |ref|, NaN never passes. Prints the worst element.
+static bool dev_check(const char* what, const float* got, const float* ref, size_t n, float atol, float rtol) {
+    size_t bad = 0, worst = 0;
+    double worst_excess = -1.0;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - ref[i]), lim = atol + rtol * fabs((double)ref[i]);
+        bool ok = err <= lim; // false for NaN
+        if (!ok) bad++;
+        double excess = ok ? err - lim : INFINITY;
+        if (excess > worst_excess) worst_excess = excess, worst = i;
+    }
+    printf("%s %-52s %zu/%zu elements within atol %.1e rtol %.1e (worst [%zu]: got %.6g ref %.6g)\n",
+           bad ? "FAIL" : "ok  ", what, n - bad, n, atol, rtol, worst, got[worst], ref[worst]);
+    bad ? dev_failed++ : dev_passed++;
+    return bad == 0;
+}
+static bool dev_check(const char* what, const std::vector<float>& got, const std::vector<float>& ref, float atol,
+                      float rtol) {
+    return dev_check(what, got.data(), ref.data(), std::min(got.size(), ref.size()), atol, rtol);
+}
+static int dev_finish(void) {
+    printf("%d passed, %d failed\n", dev_passed, dev_failed);
+    return dev_failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+// ---- timing ----
+// Median of `reps` timed calls after `warmup` untimed ones, each call between two events.
+template <typename F> static double median_ms(F fn, int warmup = 5, int reps = 30) {
+    cudaEvent_t a, b;
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
+    for (int i = 0; i < warmup; i++) fn();
+    std::vector<float> ms(reps);
+    for (int i = 0; i < reps; i++) {
+        CUDA_CHECK(cudaEventRecord(a));
+        fn();
+        CUDA_CHECK(cudaEventRecord(b));
+        CUDA_CHECK(cudaEventSynchronize(b));
+        CUDA_CHECK(cudaEventElapsedTime(&ms[i], a, b));
+    }
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaEventDestroy(a));
+    CUDA_CHECK(cudaEventDestroy(b));
+    std::sort(ms.begin(), ms.end());
+    return ms[reps / 2];
+}
+
+// ---- ceilings, measured in this run ----
+// Device-to-device copy of 2 GiB, bytes read + written: the bandwidth a streaming kernel can reach.
+static double copy_ceiling_gbs(void) {
+    static double gbs = 0.0;
+    if (gbs > 0.0) return gbs;
+    size_t bytes = (size_t)2 << 30;
+    char *src = dev_alloc<char>(bytes), *dst = dev_alloc<char>(bytes);
+    CUDA_CHECK(cudaMemset(src, 1, bytes));
+    double ms = median_ms([&] { CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 3, 10);
+    gbs = 2.0 * bytes / (ms * 1e6);
+    CUDA_CHECK(cudaFree(src));
+    CUDA_CHECK(cudaFree(dst));
+    printf("ceiling: device-to-device copy %.0f GB/s (read + write)\n", gbs);
+    return gbs;
+}
+// An 8192^3 bf16 GEMM on random data through the trainer's cuBLASLt path.
+static double gemm_ceiling_tflops(void) {
+    static double tflops = 0.0;
+    if (tflops > 0.0) return tflops;
+    const int n = 8192;
+    bf16 *a = dev_upload(to_bf16(random_normal((size_t)n * n))), *b = dev_upload(to_bf16(random_normal((size_t)n * n)));
+    bf16* d = dev_alloc<bf16>((size_t)n * n);
+    Gemm g = {};
+    CUBLAS_CHECK(cublasLtCreate(&g.handle));
+    g.workspace_bytes = 32 << 20;
+    g.workspace = dev_alloc<char>(g.workspace_bytes);
+    double ms = median_ms([&] { matmul(&g, 0, d, a, b, n, n, n, false, true, false); }, 3, 10);
+    tflops = 2.0 * n * n * (double)n / (ms * 1e9);
+    gemm_destroy(&g);
+    cublasLtDestroy(g.handle);
+    CUDA_CHECK(cudaFree(a));
+    CUDA_CHECK(cudaFree(b));
+    CUDA_CHECK(cudaFree(d));
+    CUDA_CHECK(cudaFree(g.workspace));
+    printf("ceiling: bf16 GEMM 8192^3 %.0f TFLOP/s (cuBLASLt, random data)\n", tflops);
+    return tflops;
+}
+
+// ---- the table ----
+static void print_header(void) {
+    printf("| kernel | version | size | ms (median) | rate | of ceiling | check |\n|---|---|---|---|---|---|---|\n");
+}
+// bytes > 0: a memory-bound row (GB/s against the copy ceiling); else flops (TFLOP/s against GEMM).
+static void print_row(const char* kernel, const char* version, const char* size, double ms, double bytes,
+                      double flops, bool checked_ok) {
+    double rate = bytes > 0 ? bytes / (ms * 1e6) : flops / (ms * 1e9);
+    double ceil = bytes > 0 ? copy_ceiling_gbs() : gemm_ceiling_tflops();
+    printf("| %s | %s | %s | %.4f | %.0f %s | %.0f%% | %s |\n", kernel, version, size, ms, rate,
+           bytes > 0 ? "GB/s" : "TFLOP/s", 100.0 * rate / ceil, checked_ok ? "ok" : "FAILED");
+}
