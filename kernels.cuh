@@ -125,6 +125,18 @@ static void cast_to_bf16(bf16* out, const float* in, size_t n, cudaStream_t s) {
     LAUNCH_CHECK();
 }
 
+// The seed's starting point for zeroing, kept for the ablation (--grad_zeroing fill) and
+// dev/zeroing.cu: one launch per buffer, writing zeros that a cudaMemsetAsync writes without a
+// kernel, and that the trainer normally never writes at all (its first gradient GEMM uses beta 0).
+__global__ void fill_kernel(float* out, size_t n, float value) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = value;
+}
+static void fill(float* out, size_t n, float value, cudaStream_t s) {
+    fill_kernel<<<ceil_div(n, 256), 256, 0, s>>>(out, n, value);
+    LAUNCH_CHECK();
+}
+
 // ---- embedding ----
 
 // resid[n, :] = wte[tokens[n], :] in fp32 (PyTorch's embedding is not autocast).
@@ -322,19 +334,27 @@ static void rmsnorm_backward(float* dresid, bf16* dresid_bf16, float* dweight, f
 // ---- RoPE and head layout ----
 
 // [by-value metadata] Shapes travel as a struct kernel argument (constant bank), never as
-// small host-to-device copies.
+// small host-to-device copies. SHAPE_IN_MEMORY reads them from device memory instead, written by a
+// pageable cudaMemcpyAsync before each launch: the seed's starting point, kept for the ablation.
 typedef struct {
     int B, T, NH, KVH, HD;
 } HeadShape;
+
+// The launchers' metadata path: by value (shape_in_memory NULL) or copied to shape_in_memory first.
+static void stage_shape(HeadShape* shape_in_memory, const HeadShape& sh, cudaStream_t s) {
+    if (shape_in_memory)
+        CUDA_CHECK(cudaMemcpyAsync(shape_in_memory, &sh, sizeof(sh), cudaMemcpyHostToDevice, s));
+}
 
 // [fused RoPE] Between the qkv GEMM's token-major layout (B*T, [Q | K | V]) and the head-major
 // layouts the attention GEMMs want: q (B, NH, T, HD), k and v (B, KVH, T, HD), with llama3 RoPE
 // on q and k (rotary pairs adjacent, Meta order). INVERSE runs the backward: rotate by -angle and
 // scatter back to token-major. One thread moves 8 bf16 (4 pairs); HD % 8 == 0 keeps them in a head.
 // Products are rounded before the add (__fmul_rn) as PyTorch's q*cos + rotate_half(q)*sin does.
-template <bool INVERSE>
+template <bool INVERSE, bool SHAPE_IN_MEMORY>
 __global__ void rope_permute_kernel(bf16* token_major, bf16* q, bf16* k, bf16* v, const float* rope_cos,
-                                    const float* rope_sin, HeadShape sh) {
+                                    const float* rope_sin, HeadShape shape, const HeadShape* shape_in_memory) {
+    const HeadShape sh = SHAPE_IN_MEMORY ? *shape_in_memory : shape;
     int C = sh.NH * sh.HD, KVD = sh.KVH * sh.HD, QKV = C + 2 * KVD;
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (i >= (size_t)sh.B * sh.T * QKV) return;
@@ -360,17 +380,21 @@ __global__ void rope_permute_kernel(bf16* token_major, bf16* q, bf16* k, bf16* v
     store16(INVERSE ? token_major + i : head_major, dst);
 }
 static void rope_permute(bool inverse, bf16* token_major, bf16* q, bf16* k, bf16* v, const float* rope_cos,
-                         const float* rope_sin, HeadShape sh, cudaStream_t s) {
-    size_t n = (size_t)sh.B * sh.T * (sh.NH + 2 * sh.KVH) * sh.HD / 8;
-    if (inverse) rope_permute_kernel<true><<<ceil_div(n, 256), 256, 0, s>>>(token_major, q, k, v, rope_cos, rope_sin, sh);
-    else rope_permute_kernel<false><<<ceil_div(n, 256), 256, 0, s>>>(token_major, q, k, v, rope_cos, rope_sin, sh);
+                         const float* rope_sin, HeadShape sh, cudaStream_t s, HeadShape* shape_in_memory = NULL) {
+    unsigned grid = ceil_div((size_t)sh.B * sh.T * (sh.NH + 2 * sh.KVH) * sh.HD / 8, 256);
+    stage_shape(shape_in_memory, sh, s);
+    auto kernel = inverse ? (shape_in_memory ? rope_permute_kernel<true, true> : rope_permute_kernel<true, false>)
+                          : (shape_in_memory ? rope_permute_kernel<false, true> : rope_permute_kernel<false, false>);
+    kernel<<<grid, 256, 0, s>>>(token_major, q, k, v, rope_cos, rope_sin, sh, shape_in_memory);
     LAUNCH_CHECK();
 }
 
 // Between (B, T, NH*HD) token-major and (B, NH, T, HD) head-major, 16 bytes per thread:
 // attention output into the out-projection GEMM, and its gradient back.
-template <bool TO_HEADS>
-__global__ void permute_heads_kernel(bf16* token_major, bf16* head_major, HeadShape sh) {
+template <bool TO_HEADS, bool SHAPE_IN_MEMORY>
+__global__ void permute_heads_kernel(bf16* token_major, bf16* head_major, HeadShape shape,
+                                     const HeadShape* shape_in_memory) {
+    const HeadShape sh = SHAPE_IN_MEMORY ? *shape_in_memory : shape;
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     int C = sh.NH * sh.HD;
     if (i >= (size_t)sh.B * sh.T * C) return;
@@ -379,10 +403,13 @@ __global__ void permute_heads_kernel(bf16* token_major, bf16* head_major, HeadSh
     if (TO_HEADS) store16(head_major + h, load16(token_major + i));
     else store16(token_major + i, load16(head_major + h));
 }
-static void permute_heads(bool to_heads, bf16* token_major, bf16* head_major, HeadShape sh, cudaStream_t s) {
-    size_t n = (size_t)sh.B * sh.T * sh.NH * sh.HD / 8;
-    if (to_heads) permute_heads_kernel<true><<<ceil_div(n, 256), 256, 0, s>>>(token_major, head_major, sh);
-    else permute_heads_kernel<false><<<ceil_div(n, 256), 256, 0, s>>>(token_major, head_major, sh);
+static void permute_heads(bool to_heads, bf16* token_major, bf16* head_major, HeadShape sh, cudaStream_t s,
+                          HeadShape* shape_in_memory = NULL) {
+    unsigned grid = ceil_div((size_t)sh.B * sh.T * sh.NH * sh.HD / 8, 256);
+    stage_shape(shape_in_memory, sh, s);
+    auto kernel = to_heads ? (shape_in_memory ? permute_heads_kernel<true, true> : permute_heads_kernel<true, false>)
+                           : (shape_in_memory ? permute_heads_kernel<false, true> : permute_heads_kernel<false, false>);
+    kernel<<<grid, 256, 0, s>>>(token_major, head_major, sh, shape_in_memory);
     LAUNCH_CHECK();
 }
 
@@ -608,15 +635,16 @@ __global__ void adamw_kernel(float* params, float* m, float* v, const float* gra
 
 // Guards [float4 Adam]: 128-bit access needs every pointer 16-byte aligned (the shadow 8-byte),
 // and a tensor smaller than one float4 per thread over all SMs runs scalar so that it still
-// spreads across the chip (the seed's minimum size, scaled by SM count).
+// spreads across the chip (the seed's minimum size, scaled by SM count). allow_vec4 = false
+// forces the scalar kernel (the ablation's "no vectorised Adam").
 template <bool SHADOW>
 static void adamw_dense(float* params, float* m, float* v, const float* grads, bf16* shadow, size_t n,
-                        AdamWParams h, int sms, cudaStream_t s) {
+                        AdamWParams h, int sms, cudaStream_t s, bool allow_vec4 = true) {
     const int threads = 256;
     bool aligned = aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads) &&
                    (!SHADOW || ((uintptr_t)shadow & 7) == 0);
     bool large = n >= (size_t)sms * threads * 4;
-    if (aligned && large)
+    if (allow_vec4 && aligned && large)
         adamw_kernel<4, SHADOW><<<ceil_div(n / 4 + 1, threads), threads, 0, s>>>(params, m, v, grads, shadow, n, h);
     else
         adamw_kernel<1, SHADOW><<<ceil_div(n, threads), threads, 0, s>>>(params, m, v, grads, shadow, n, h);
@@ -645,8 +673,8 @@ __global__ void adamw_sparse_rows_kernel(float* params, float* m, float* v, floa
     }
 }
 static void adamw_sparse_rows(float* params, float* m, float* v, float* grads, const int* sorted_tokens, int n_sorted,
-                              int C, AdamWParams h, cudaStream_t s) {
-    bool vec4 = C % 4 == 0 && aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads);
+                              int C, AdamWParams h, cudaStream_t s, bool allow_vec4 = true) {
+    bool vec4 = allow_vec4 && C % 4 == 0 && aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads);
     if (vec4) adamw_sparse_rows_kernel<4><<<n_sorted, 128, 0, s>>>(params, m, v, grads, sorted_tokens, C, h);
     else adamw_sparse_rows_kernel<1><<<n_sorted, 128, 0, s>>>(params, m, v, grads, sorted_tokens, C, h);
     LAUNCH_CHECK();

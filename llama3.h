@@ -443,18 +443,31 @@ static inline void rope_table(const Llama3Config* c, int T, float* cos_out, floa
 // ---- command line ----
 // The seed report's flags (gflags style: --flag value or --flag=value) plus our own.
 
+// Optimisations that can be switched off, one by one, for the ablation (scripts/bench.sh).
+enum { GRAD_ZERO_NONE, GRAD_ZERO_MEMSET, GRAD_ZERO_FILL };
+typedef struct {
+    int shadow_weights;    // 0: cast each fp32 weight to bf16 before every GEMM that reads it
+    int vector_adam;       // 0: scalar AdamW kernels
+    int grad_zeroing;      // NONE: first gradient GEMM writes; MEMSET/FILL: zero every tensor each step
+    int metadata_by_value; // 0: shapes copied host-to-device before each kernel that takes them
+    int sparse_embedding;  // 0: dense embedding gradient and AdamW
+    int overlap_optimizer; // 0: AdamW after the backward pass instead of on a second stream during it
+} Switches;
+
 typedef struct {
     const char* input_bin;     // NULL: the embedded default data set
     const char* llmc_filepath; // NULL: random init (LLaMA3.2-1B shape, std 0.02, norms 1)
     const char* log_file;      // NULL: no JSON log
     int num_iteration, batch_size, sequence_length, total_batch_size;
     float learning_rate, weight_decay, beta1, beta2, eps;
-    int overfit_single_batch, sparse_embedding;
+    int overfit_single_batch;
     unsigned long long seed;
+    Switches sw;
 } TrainArgs;
 
 static inline TrainArgs train_args_default(void) {
-    TrainArgs a = {NULL, NULL, NULL, 100, 4, 64, 256, 1e-5f, 0.0f, 0.9f, 0.999f, 1e-8f, 0, 1, 42};
+    TrainArgs a = {NULL, NULL, NULL, 100, 4, 64, 256, 1e-5f, 0.0f, 0.9f, 0.999f, 1e-8f, 0, 42,
+                   {1, 1, GRAD_ZERO_NONE, 1, 1, 1}};
     return a;
 }
 
@@ -473,10 +486,16 @@ static inline void print_usage(FILE* f, const char* prog) {
             "  --eps F                  AdamW eps (1e-8)\n"
             "  --seed N                 random init seed (42)\n"
             "  --overfit_single_batch B 1: train on the first batch only (0)\n"
-            "  --sparse_embedding B     1: lazy row-sparse AdamW on wte; 0: dense AdamW (1)\n"
             "  --log_file PATH          write one JSON line per step\n"
             "  --dtype bfloat16         the only precision (bf16 matmuls, fp32 master weights)\n"
-            "  --device cuda            the only device\n",
+            "  --device cuda            the only device\n"
+            "optimisations (all on by default; off for the ablation):\n"
+            "  --sparse_embedding B     1: lazy row-sparse AdamW on wte; 0: dense AdamW\n"
+            "  --overlap_optimizer B    1: AdamW of each layer on a second stream during the backward\n"
+            "  --shadow_weights B       1: AdamW writes bf16 copies; 0: cast before every GEMM\n"
+            "  --vector_adam B          1: 128-bit AdamW; 0: scalar\n"
+            "  --metadata_by_value B    1: shapes as kernel arguments; 0: copied host-to-device per launch\n"
+            "  --grad_zeroing MODE      none: first gradient GEMM writes; memset or fill: zero grads each step\n",
             prog);
 }
 
@@ -537,7 +556,18 @@ static inline int apply_flag(TrainArgs* a, const char* flag, const char* val, ch
         return 0;
     }
     if (!strcmp(flag, "--overfit_single_batch")) return parse_bool(flag, val, &a->overfit_single_batch, err);
-    if (!strcmp(flag, "--sparse_embedding")) return parse_bool(flag, val, &a->sparse_embedding, err);
+    if (!strcmp(flag, "--sparse_embedding")) return parse_bool(flag, val, &a->sw.sparse_embedding, err);
+    if (!strcmp(flag, "--overlap_optimizer")) return parse_bool(flag, val, &a->sw.overlap_optimizer, err);
+    if (!strcmp(flag, "--shadow_weights")) return parse_bool(flag, val, &a->sw.shadow_weights, err);
+    if (!strcmp(flag, "--vector_adam")) return parse_bool(flag, val, &a->sw.vector_adam, err);
+    if (!strcmp(flag, "--metadata_by_value")) return parse_bool(flag, val, &a->sw.metadata_by_value, err);
+    if (!strcmp(flag, "--grad_zeroing")) {
+        if (!strcmp(val, "none")) a->sw.grad_zeroing = GRAD_ZERO_NONE;
+        else if (!strcmp(val, "memset")) a->sw.grad_zeroing = GRAD_ZERO_MEMSET;
+        else if (!strcmp(val, "fill")) a->sw.grad_zeroing = GRAD_ZERO_FILL;
+        else return l3_fail(err, "--grad_zeroing: bad value '%s' (none, memset or fill)", val);
+        return 0;
+    }
     if (!strcmp(flag, "--dtype"))
         return strcmp(val, "bfloat16") ? l3_fail(err, "--dtype: '%s' is not supported (only bfloat16)", val) : 0;
     if (!strcmp(flag, "--device"))
@@ -548,7 +578,11 @@ static inline int apply_flag(TrainArgs* a, const char* flag, const char* val, ch
 }
 
 static inline int is_bool_flag(const char* flag) {
-    return !strcmp(flag, "--overfit_single_batch") || !strcmp(flag, "--sparse_embedding");
+    const char* bools[] = {"--overfit_single_batch", "--sparse_embedding", "--overlap_optimizer",
+                           "--shadow_weights", "--vector_adam", "--metadata_by_value"};
+    for (size_t i = 0; i < sizeof(bools) / sizeof(bools[0]); i++)
+        if (!strcmp(flag, bools[i])) return 1;
+    return 0;
 }
 
 static inline int train_args_parse(TrainArgs* a, int argc, char** argv, char* err) {

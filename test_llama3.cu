@@ -1,6 +1,6 @@
 // test_llama3.cu: checks the trainer's own code paths against the PyTorch reference
 // (scripts/ref_llama3.py, HF LlamaForCausalLM under bf16 autocast with fp32 master weights).
-//   ./test_llama3 MODEL.bin STATE.bin
+//   ./test_llama3 MODEL.bin STATE.bin [trainer switches, e.g. --shadow_weights 0]
 // MODEL.bin is the reference's random model in the seed format; STATE.bin holds its batches,
 // step-1 logits (bf16 autocast, and plain fp32 for context), per-step losses, step-1 gradients, and parameters after one and after n_steps AdamW
 // steps (layout: ref_state_read below). Errors are relative L2, ||ours - ref|| / ||ref||, per
@@ -51,14 +51,15 @@ static double rel_l2_update(const float* ours, const float* ref, const float* p0
 }
 
 // ---- reference state file ----
-// Header: 256 int32: [0] magic 20241129, [1] version 2, [2] B, [3] T, [4] n_steps, [5] vocab_size;
+// Header: 256 int32: [0] magic 20241129, [1] version 2, [2] B, [3] T, [4] n_steps, [5] vocab_size,
+// [6] 1 if the embedding was updated by lazy (row-sparse) AdamW, 0 if dense;
 // float32 at [16] lr, [17] beta1, [18] beta2, [19] eps, [20] weight_decay. Then inputs and
 // targets (n_steps, B*T) int32 each, logits of step 1 (B*T, V) fp32 under bf16 autocast and the
 // same logits computed in plain fp32, losses (n_steps) fp32, and
 // three parameter-sized fp32 blocks in the seed file's tensor order: step-1 gradients, parameters
 // after one AdamW step from those gradients, parameters after n_steps training steps.
 typedef struct {
-    int B, T, n_steps;
+    int B, T, n_steps, sparse_embedding;
     float lr, beta1, beta2, eps, weight_decay;
     int32_t *inputs, *targets;
     float *logits, *logits_fp32, *losses;
@@ -81,7 +82,7 @@ static void ref_state_read(RefState* r, const char* path, const Llama3Config* c,
         fprintf(stderr, "%s: not a version-2 reference state for this model (regenerate it)\n", path);
         exit(EXIT_FAILURE);
     }
-    r->B = h[2], r->T = h[3], r->n_steps = h[4];
+    r->B = h[2], r->T = h[3], r->n_steps = h[4], r->sparse_embedding = h[6];
     memcpy(&r->lr, &h[16], 4), memcpy(&r->beta1, &h[17], 4), memcpy(&r->beta2, &h[18], 4);
     memcpy(&r->eps, &h[19], 4), memcpy(&r->weight_decay, &h[20], 4);
     size_t bt = (size_t)r->B * r->T, toks = r->n_steps * bt;
@@ -187,31 +188,44 @@ static void test_forward_backward(Model* m, const RefState* r, const float* ref_
 
 // One AdamW step (t = 1) from the reference's gradients: updates, shadow = bf16(params) exactly,
 // and wte's gradient rows zeroed again by the sparse update.
-static void test_optimizer(Model* m, const RefState* r, const OptimConfig* o, const float* p0, const float* ref_grads,
-                           const char* state_path) {
-    size_t P = m->layout.total, n_shadow = m->layout.matmul_end - m->layout.matmul_begin;
+static void check_shadow(Model* m, const float* params);
+static void check_wte_grad_zero(Model* m);
+
+static void test_optimizer(Model* m, const RefState* r, const float* p0, const float* ref_grads, const char* state_path) {
+    size_t P = m->layout.total;
     CUDA_CHECK(cudaMemcpy(m->grads, ref_grads, P * 4, cudaMemcpyHostToDevice));
-    optimizer_step(m, o, 1); // the sorter still holds step 1's sorted inputs from backward
+    optimizer_step(m, 1); // the sorter still holds step 1's sorted inputs from backward
     float* params = to_host(m->params, P);
     float* ref = read_param_block(state_path, &m->cfg, r->params1_offset, P);
     check_blocks(m, "adamw step", params, ref, p0, 1e-3);
+    if (m->sw.shadow_weights) check_shadow(m, params);
+    if (m->sw.sparse_embedding) check_wte_grad_zero(m);
+    free(params), free(ref);
+}
 
+// [shadow weights] The shadow block is bf16(master) exactly after AdamW wrote both.
+static void check_shadow(Model* m, const float* params) {
+    size_t n_shadow = m->layout.matmul_end - m->layout.matmul_begin;
     uint16_t* shadow = (uint16_t*)malloc(n_shadow * 2);
     CUDA_CHECK(cudaMemcpy(shadow, m->shadow, n_shadow * 2, cudaMemcpyDeviceToHost));
     size_t mismatched = 0;
     for (size_t i = 0; i < n_shadow; i++) mismatched += shadow[i] != bf16_bits_rne(params[m->layout.matmul_begin + i]);
     check(mismatched == 0, "shadow == bf16(params) (mismatches)", (double)mismatched, 0);
+    free(shadow);
+}
 
+// [sparse rows] The sparse AdamW zeroes the gradient rows it used: wte's gradient is all zero.
+static void check_wte_grad_zero(Model* m) {
     float* grads = to_host(m->grads + m->layout.offset[P_WTE], m->layout.size[P_WTE]);
     size_t nonzero = 0;
     for (size_t i = 0; i < m->layout.size[P_WTE]; i++) nonzero += grads[i] != 0.0f;
     check(nonzero == 0, "wte grad zero after sparse AdamW (nonzero)", (double)nonzero, 0);
-    free(params), free(ref), free(shadow), free(grads);
+    free(grads);
 }
 
 // n_steps full training steps from the initial model on the reference's batches.
-static void test_training(Model* m, const RefState* r, const OptimConfig* o, const float* p0, const char* model_path,
-                          ModelFileFormat fmt, const char* state_path) {
+static void test_training(Model* m, const RefState* r, const float* p0, const char* model_path, ModelFileFormat fmt,
+                          const char* state_path) {
     char err[L3_ERR_LEN];
     size_t P = m->layout.total;
     if (model_load(m, model_path, fmt, err)) { fprintf(stderr, "%s\n", err); exit(EXIT_FAILURE); }
@@ -221,7 +235,7 @@ static void test_training(Model* m, const RefState* r, const OptimConfig* o, con
     for (int t = 1; t <= r->n_steps; t++) {
         int slot = t % 2;
         stage_ref_batch(m, r, t - 1, slot);
-        train_step(m, o, t, slot);
+        train_step(m, t, slot);
         CUDA_CHECK(cudaStreamSynchronize(m->stream));
         float loss = m->loss_host[slot], tol = t == 1 ? 1e-2f : 2e-2f;
         char name[64];
@@ -235,9 +249,11 @@ static void test_training(Model* m, const RefState* r, const OptimConfig* o, con
 }
 
 int main(int argc, char** argv) {
-    if (argc != 3) { fprintf(stderr, "usage: %s MODEL.bin STATE.bin\n", argv[0]); return EXIT_FAILURE; }
+    if (argc < 3) { fprintf(stderr, "usage: %s MODEL.bin STATE.bin [switches]\n", argv[0]); return EXIT_FAILURE; }
     const char *model_path = argv[1], *state_path = argv[2];
     char err[L3_ERR_LEN];
+    TrainArgs a; // only its optimisation switches are used; argv[2] stands in for the program name
+    if (train_args_parse(&a, argc - 2, argv + 2, err)) { fprintf(stderr, "%s\n", err); return EXIT_FAILURE; }
     Llama3Config cfg;
     ModelFileFormat fmt = MODEL_FILE_SEED;
     if (model_header_read(model_path, &cfg, &fmt, err)) { fprintf(stderr, "%s\n", err); return EXIT_FAILURE; }
@@ -246,19 +262,23 @@ int main(int argc, char** argv) {
     size_t P = param_layout(&cfg).total;
     RefState r;
     ref_state_read(&r, state_path, &cfg, P);
-    printf("reference: B %d T %d, %d steps, lr %g wd %g betas %g %g eps %g\n", r.B, r.T, r.n_steps, r.lr,
-           r.weight_decay, r.beta1, r.beta2, r.eps);
+    a.sw.sparse_embedding = r.sparse_embedding; // the reference decides how the embedding is updated
+    printf("reference: B %d T %d, %d steps, lr %g wd %g betas %g %g eps %g, %s embedding AdamW\n", r.B, r.T,
+           r.n_steps, r.lr, r.weight_decay, r.beta1, r.beta2, r.eps, r.sparse_embedding ? "lazy" : "dense");
+    printf("switches: sparse_embedding %d overlap_optimizer %d shadow_weights %d vector_adam %d metadata_by_value %d "
+           "grad_zeroing %d\n", a.sw.sparse_embedding, a.sw.overlap_optimizer, a.sw.shadow_weights, a.sw.vector_adam,
+           a.sw.metadata_by_value, a.sw.grad_zeroing);
 
     Model m;
-    model_create(&m, &cfg, r.B, r.T, 1);
+    OptimConfig o = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay};
+    model_create(&m, &cfg, &o, &a.sw, r.B, r.T, 1);
     if (model_load(&m, model_path, fmt, err)) { fprintf(stderr, "%s\n", err); return EXIT_FAILURE; }
     float* p0 = to_host(m.params, P);
     float* ref_grads = read_param_block(state_path, &cfg, r.grads_offset, P);
-    OptimConfig o = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay, 1};
 
     test_forward_backward(&m, &r, ref_grads);
-    test_optimizer(&m, &r, &o, p0, ref_grads, state_path);
-    test_training(&m, &r, &o, p0, model_path, fmt, state_path);
+    test_optimizer(&m, &r, p0, ref_grads, state_path);
+    test_training(&m, &r, p0, model_path, fmt, state_path);
 
     free(p0), free(ref_grads);
     model_free(&m);

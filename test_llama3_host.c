@@ -258,12 +258,23 @@ static void test_cli(void) {
               a.total_batch_size == 256 && !strcmp(a.llmc_filepath, "data/llama3/llama3.2_1B_fp32.bin"),
           "the seed report's command line parses (%s)", rc ? err : "ok");
     CHECK(a.learning_rate == 1e-5f && a.beta1 == 0.9f && a.beta2 == 0.999f && a.eps == 1e-8f &&
-              a.weight_decay == 0.0f && a.sparse_embedding == 1,
+              a.weight_decay == 0.0f,
           "defaults: lr 1e-5, betas 0.9/0.999, eps 1e-8, wd 0");
+    Switches d = a.sw;
+    CHECK(d.sparse_embedding && d.overlap_optimizer && d.shadow_weights && d.vector_adam && d.metadata_by_value &&
+              d.grad_zeroing == GRAD_ZERO_NONE,
+          "every optimisation on by default");
     rc = parse(&a, err, "--learning_rate=3e-4 --overfit_single_batch --seed 7 --weight_decay 0.1 --sparse_embedding 0");
     CHECK(rc == 0 && a.learning_rate == 3e-4f && a.overfit_single_batch == 1 && a.seed == 7 &&
-              a.weight_decay == 0.1f && a.sparse_embedding == 0,
+              a.weight_decay == 0.1f && a.sw.sparse_embedding == 0,
           "--flag=value, bare bool flag, our own flags (%s)", rc ? err : "ok");
+    rc = parse(&a, err, "--shadow_weights 0 --vector_adam=0 --metadata_by_value false --overlap_optimizer 0 "
+                        "--grad_zeroing fill");
+    CHECK(rc == 0 && !a.sw.shadow_weights && !a.sw.vector_adam && !a.sw.metadata_by_value && !a.sw.overlap_optimizer &&
+              a.sw.grad_zeroing == GRAD_ZERO_FILL,
+          "ablation switches parse (%s)", rc ? err : "ok");
+    expect_error(parse(&a, err, "--grad_zeroing zeros"), err, "bad --grad_zeroing", "--grad_zeroing: bad value 'zeros'",
+                 NULL);
     expect_error(parse(&a, err, "--batchsize 4"), err, "unknown flag", "unknown flag '--batchsize'", NULL);
     expect_error(parse(&a, err, "--batch_size four"), err, "non-numeric value", "--batch_size: bad value 'four'", NULL);
     expect_error(parse(&a, err, "--batch_size 0"), err, "zero batch size", "--batch_size: bad value '0'", NULL);

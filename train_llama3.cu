@@ -87,15 +87,22 @@ static ActLayout act_layout(const Llama3Config* c, int B, int T, int grad_accum,
 // ---- model ----
 
 typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+} OptimConfig;
+
+typedef struct {
     Llama3Config cfg;
     ParamLayout layout;
+    OptimConfig opt;
+    Switches sw; // which optimisations are on (all, except in the ablation)
     int B, T, grad_accum, sms;
     // one block each, parameter-sized (see llama3.h for the order)
     float* params; // fp32 master weights
     float* grads;  // fp32; wte's rows are zero except those touched this step [sparse rows]
     float* adam_m;
     float* adam_v;
-    bf16* shadow; // [shadow weights] bf16 copy of params[matmul_begin, matmul_end)
+    bf16* shadow;      // [shadow weights] bf16 copy of params[matmul_begin, matmul_end)
+    bf16* cast_weight; // with shadow_weights off: one weight cast to bf16 just before its GEMM
     unsigned char* acts;
     ActLayout act;
     int* tokens;          // device: the step's inputs (grad_accum*N) then targets (grad_accum*N)
@@ -107,13 +114,23 @@ typedef struct {
     float* loss_host;   // pinned, two slots
     Gemm gemm;
     cudaStream_t stream;
+    // [streams] the optimizer stream, and the events that order it against the main stream
+    cudaStream_t opt_stream;
+    cudaEvent_t grads_ready, opt_done;
+    AdamWParams adam;  // this step's hyperparameters
+    bool adam_overlap; // this backward pass runs AdamW as gradients become ready
+    HeadShape* shape_in_memory; // with metadata_by_value off: where shapes are copied before launches
 } Model;
 
 static float* param_ptr(Model* m, float* block, int tensor, int layer) {
     return block + m->layout.offset[tensor] + (size_t)layer * m->layout.layer_size[tensor];
 }
+// The bf16 weight a GEMM reads: the shadow copy, or (ablation) a cast of the fp32 master made now.
 static const bf16* weight_bf16(Model* m, int tensor, int layer) {
-    return m->shadow + (m->layout.offset[tensor] - m->layout.matmul_begin) + (size_t)layer * m->layout.layer_size[tensor];
+    size_t offset = m->layout.offset[tensor] + (size_t)layer * m->layout.layer_size[tensor];
+    if (m->sw.shadow_weights) return m->shadow + (offset - m->layout.matmul_begin);
+    cast_to_bf16(m->cast_weight, m->params + offset, m->layout.layer_size[tensor], m->stream);
+    return m->cast_weight;
 }
 static float* act_f32(Model* m, int id, size_t index = 0) { return (float*)(m->acts + m->act.offset[id]) + index; }
 static bf16* act_bf16(Model* m, int id, size_t index = 0) { return (bf16*)(m->acts + m->act.offset[id]) + index; }
@@ -133,19 +150,28 @@ static void* device_alloc(size_t bytes, const char* what) {
     return p;
 }
 
-static size_t model_bytes(const ParamLayout* p, const ActLayout* a) {
-    return p->total * 16 + (p->matmul_end - p->matmul_begin) * 2 + a->total;
+// Bytes of bf16 weights: the shadow block, or the largest single weight to cast into (ablation).
+static size_t bf16_weight_bytes(const ParamLayout* p, const Switches* sw) {
+    if (sw->shadow_weights) return (p->matmul_end - p->matmul_begin) * 2;
+    size_t largest = 0;
+    for (int t = P_LM_HEAD; t <= P_DOWN; t++) largest = p->layer_size[t] > largest ? p->layer_size[t] : largest;
+    return largest * 2;
 }
 
-static void model_create(Model* m, const Llama3Config* cfg, int B, int T, int grad_accum) {
+static size_t model_bytes(const ParamLayout* p, const ActLayout* a, const Switches* sw) {
+    return p->total * 16 + bf16_weight_bytes(p, sw) + a->total;
+}
+
+static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* opt, const Switches* sw, int B, int T,
+                         int grad_accum) {
     memset(m, 0, sizeof(*m));
-    m->cfg = *cfg, m->B = B, m->T = T, m->grad_accum = grad_accum;
+    m->cfg = *cfg, m->opt = *opt, m->sw = *sw, m->B = B, m->T = T, m->grad_accum = grad_accum;
     CUDA_CHECK(cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, 0));
     m->layout = param_layout(cfg);
     m->act = act_layout(cfg, B, T, grad_accum, m->sms);
     size_t P = m->layout.total, N = (size_t)B * T, n_step = grad_accum * N, free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    size_t need = model_bytes(&m->layout, &m->act);
+    size_t need = model_bytes(&m->layout, &m->act, sw);
     if (need > free_b) {
         fprintf(stderr, "out of GPU memory: the model needs %.2f GiB (weights, grads, AdamW state, shadow: %.2f; "
                         "activations for B=%d T=%d: %.2f), %.2f GiB free\n",
@@ -157,13 +183,18 @@ static void model_create(Model* m, const Llama3Config* cfg, int B, int T, int gr
     m->grads = (float*)device_alloc(P * 4, "fp32 gradients");
     m->adam_m = (float*)device_alloc(P * 4, "AdamW m");
     m->adam_v = (float*)device_alloc(P * 4, "AdamW v");
-    m->shadow = (bf16*)device_alloc((m->layout.matmul_end - m->layout.matmul_begin) * 2, "bf16 shadow weights");
+    if (sw->shadow_weights) m->shadow = (bf16*)device_alloc(bf16_weight_bytes(&m->layout, sw), "bf16 shadow weights");
+    else m->cast_weight = (bf16*)device_alloc(bf16_weight_bytes(&m->layout, sw), "bf16 weight cast buffer");
+    if (!sw->metadata_by_value) m->shape_in_memory = (HeadShape*)device_alloc(sizeof(HeadShape), "shape metadata");
     m->acts = (unsigned char*)device_alloc(m->act.total, "activations");
     m->tokens = (int*)device_alloc(2 * n_step * sizeof(int), "tokens");
     CUDA_CHECK(cudaMallocHost(&m->tokens_host, 2 * 2 * n_step * sizeof(int32_t)));
     CUDA_CHECK(cudaMallocHost(&m->loss_host, 2 * sizeof(float)));
     m->loss = (float*)device_alloc(sizeof(float), "loss");
     CUDA_CHECK(cudaStreamCreate(&m->stream));
+    CUDA_CHECK(cudaStreamCreate(&m->opt_stream));
+    CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&m->opt_done, cudaEventDisableTiming));
     // Zero once: Adam's state starts at zero and wte's gradient rows are kept zero [sparse rows].
     CUDA_CHECK(cudaMemsetAsync(m->adam_m, 0, P * 4, m->stream));
     CUDA_CHECK(cudaMemsetAsync(m->adam_v, 0, P * 4, m->stream));
@@ -200,17 +231,22 @@ static void model_create(Model* m, const Llama3Config* cfg, int B, int T, int gr
 static void model_free(Model* m) {
     gemm_destroy(&m->gemm);
     cublasLtDestroy(m->gemm.handle);
-    void* device[] = {m->params, m->grads, m->adam_m, m->adam_v, m->shadow, m->acts, m->tokens, m->loss,
-                      m->rope_cos, m->sorter.sorted_tokens, m->sorter.temp, m->gemm.workspace};
+    void* device[] = {m->params, m->grads, m->adam_m, m->adam_v, m->shadow, m->cast_weight, m->shape_in_memory,
+                      m->acts, m->tokens, m->loss, m->rope_cos, m->sorter.sorted_tokens, m->sorter.temp,
+                      m->gemm.workspace};
     for (size_t i = 0; i < sizeof(device) / sizeof(device[0]); i++) CUDA_CHECK(cudaFree(device[i]));
     CUDA_CHECK(cudaFreeHost(m->tokens_host));
     CUDA_CHECK(cudaFreeHost(m->loss_host));
     CUDA_CHECK(cudaStreamDestroy(m->stream));
+    CUDA_CHECK(cudaStreamDestroy(m->opt_stream));
+    CUDA_CHECK(cudaEventDestroy(m->grads_ready));
+    CUDA_CHECK(cudaEventDestroy(m->opt_done));
 }
 
 // The bf16 shadow of the matmul weights, made once after the masters are set; from then on the
 // Adam kernel rewrites it in the same pass as the masters [shadow weights].
 static void model_sync_shadow(Model* m) {
+    if (!m->sw.shadow_weights) return;
     cast_to_bf16(m->shadow, m->params + m->layout.matmul_begin, m->layout.matmul_end - m->layout.matmul_begin, m->stream);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }
@@ -264,7 +300,7 @@ static void attention_forward(Model* m, int l) {
     attention_softmax(false, probs, scores, sh.B * sh.NH * T, T, m->stream);
     bf16* o = act_bf16(m, A_HEADS_O);
     matmul(&m->gemm, m->stream, o, probs, v, G * T, HD, T, false, false, false, 1.0f, 0.0f, batch, sp, skv, sq);
-    permute_heads(false, act_bf16(m, A_ATT_Y, l * N * m->cfg.n_embd), o, sh, m->stream);
+    permute_heads(false, act_bf16(m, A_ATT_Y, l * N * m->cfg.n_embd), o, sh, m->stream, m->shape_in_memory);
 }
 
 // One transformer block. Its first RMSNorm also adds the previous block's MLP output into the
@@ -284,7 +320,7 @@ static void block_forward(Model* m, int l) {
     matmul(&m->gemm, m->stream, qkv, normed_attn, weight_bf16(m, P_QKV, l), N, QKV, C, false, true, false);
     bf16* q = act_bf16(m, A_QKV_HEADS, (size_t)l * N * QKV);
     rope_permute(false, qkv, q, q + NC, q + NC + (size_t)N * (QKV - C) / 2, m->rope_cos, m->rope_sin, head_shape(m),
-                 m->stream);
+                 m->stream, m->shape_in_memory);
     attention_forward(m, l);
     matmul(&m->gemm, m->stream, branch, act_bf16(m, A_ATT_Y, l * NC), weight_bf16(m, P_ATTN_OUT, l), N, C, C, false,
            true, false);
@@ -384,15 +420,27 @@ static void block_backward(Model* m, int l, bool accumulate) {
     // attention: out projection, heads, RoPE, qkv, attention norm
     weight_grad(m, P_ATTN_OUT, l, dresid_bf16, act_bf16(m, A_ATT_Y, l * NC), C, C, accumulate);
     input_grad(m, P_ATTN_OUT, l, dbranch, dresid_bf16, C, C);
-    permute_heads(true, dbranch, act_bf16(m, A_HEADS_O), head_shape(m), m->stream);
+    permute_heads(true, dbranch, act_bf16(m, A_HEADS_O), head_shape(m), m->stream, m->shape_in_memory);
     attention_backward(m, l);
     bf16 *dheads = act_bf16(m, A_DHEADS), *dqkv = act_bf16(m, A_QKV);
     rope_permute(true, dqkv, dheads, dheads + NC, dheads + NC + (size_t)N * (QKV - C) / 2, m->rope_cos, m->rope_sin,
-                 head_shape(m), m->stream);
+                 head_shape(m), m->stream, m->shape_in_memory);
     weight_grad(m, P_QKV, l, dqkv, act_bf16(m, A_NORMED_ATTN, l * NC), QKV, C, accumulate);
     input_grad(m, P_QKV, l, dbranch, dqkv, QKV, C);
     norm_backward(m, P_ATTN_NORM, l, act_f32(m, A_RESID, l * NC), act_f32(m, A_RSTD_ATTN, (size_t)l * N), true,
                   accumulate);
+}
+
+static void adamw_tensor(Model* m, int tensor, int layer, cudaStream_t s); // in the optimizer section
+static void adamw_embedding(Model* m, cudaStream_t s);
+
+// [streams] With adam_overlap, AdamW runs on the optimizer stream as soon as the backward pass
+// has written a group of gradients (lm_head first, then layer by layer): the streaming Adam
+// fills the gaps the backward's small kernels leave in memory bandwidth. This orders the
+// optimizer stream after everything the main stream has issued so far.
+static void optimizer_stream_waits(Model* m) {
+    CUDA_CHECK(cudaEventRecord(m->grads_ready, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->opt_stream, m->grads_ready));
 }
 
 // From dlogits (in A_LOGITS) to every weight gradient. accumulate: add to the gradients of
@@ -402,69 +450,118 @@ static void backward(Model* m, const int* inputs, bool accumulate) {
     const Llama3Config* c = &m->cfg;
     int N = m->B * m->T, C = c->n_embd, V = c->vocab_size, L = c->n_layer;
     size_t NC = (size_t)N * C;
+    static const int layer_tensors[] = {P_QKV, P_ATTN_OUT, P_GATE_UP, P_DOWN, P_ATTN_NORM, P_FFN_NORM};
     bf16* dlogits = act_bf16(m, A_LOGITS);
     weight_grad(m, P_LM_HEAD, 0, dlogits, act_bf16(m, A_NORMED_FINAL), V, C, accumulate);
-    input_grad(m, P_LM_HEAD, 0, act_bf16(m, A_BRANCH), dlogits, V, C);
+    input_grad(m, P_LM_HEAD, 0, act_bf16(m, A_BRANCH), dlogits, V, C); // reads lm_head's shadow: before its AdamW
+    if (m->adam_overlap) optimizer_stream_waits(m), adamw_tensor(m, P_LM_HEAD, 0, m->opt_stream);
     norm_backward(m, P_FINAL_NORM, 0, act_f32(m, A_RESID, L * NC), act_f32(m, A_RSTD_FINAL), false, accumulate);
-    for (int l = L - 1; l >= 0; l--) block_backward(m, l, accumulate);
+    if (m->adam_overlap) optimizer_stream_waits(m), adamw_tensor(m, P_FINAL_NORM, 0, m->opt_stream);
+    for (int l = L - 1; l >= 0; l--) {
+        block_backward(m, l, accumulate);
+        if (m->adam_overlap) {
+            optimizer_stream_waits(m);
+            for (int t : layer_tensors) adamw_tensor(m, t, l, m->opt_stream);
+        }
+    }
     token_sort(&m->sorter, inputs, N, m->stream);
     embedding_backward(m->grads + m->layout.offset[P_WTE], act_f32(m, A_DRESID), &m->sorter, N, C, m->stream);
+    if (m->adam_overlap) optimizer_stream_waits(m), adamw_embedding(m, m->opt_stream);
     NVTX_POP();
 }
 
 // ---- optimizer ----
 
-typedef struct {
-    float lr, beta1, beta2, eps, weight_decay;
-    int sparse_embedding;
-} OptimConfig;
-
-// AdamW step t (1-based) over the three ranges of the parameter block: matmul weights (writing
-// their bf16 shadows), norm weights, and wte (touched rows only, or dense).
-static void optimizer_step(Model* m, const OptimConfig* o, int t) {
-    NVTX_PUSH("optimizer");
+static AdamWParams adamw_params(const OptimConfig* o, int t) {
     AdamWParams h = {o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
                      (float)(o->lr / (1.0 - pow(o->beta1, t))), (float)sqrt(1.0 - pow(o->beta2, t))};
+    return h;
+}
+
+// AdamW over params[begin, end) with this step's m->adam, writing the bf16 shadow where the range
+// holds matmul weights.
+static void adamw_range(Model* m, size_t begin, size_t end, cudaStream_t s) {
     const ParamLayout* p = &m->layout;
-    size_t mm = p->matmul_begin, nb = p->norm_begin;
-    adamw_dense<true>(m->params + mm, m->adam_m + mm, m->adam_v + mm, m->grads + mm, m->shadow, p->matmul_end - mm, h,
-                      m->sms, m->stream);
-    adamw_dense<false>(m->params + nb, m->adam_m + nb, m->adam_v + nb, m->grads + nb, NULL, p->total - nb, h, m->sms,
-                       m->stream);
-    size_t wte = p->offset[P_WTE];
-    if (o->sparse_embedding) {
-        int n_step = m->grad_accum * m->B * m->T;
-        if (m->grad_accum > 1) token_sort(&m->sorter, m->tokens, n_step, m->stream); // all micro-steps' inputs
-        adamw_sparse_rows(m->params + wte, m->adam_m + wte, m->adam_v + wte, m->grads + wte, m->sorter.sorted_tokens,
-                          n_step, m->cfg.n_embd, h, m->stream);
-    } else {
-        adamw_dense<false>(m->params + wte, m->adam_m + wte, m->adam_v + wte, m->grads + wte, NULL, p->size[P_WTE], h,
-                           m->sms, m->stream);
+    if (m->sw.shadow_weights && begin >= p->matmul_begin && end <= p->matmul_end)
+        adamw_dense<true>(m->params + begin, m->adam_m + begin, m->adam_v + begin, m->grads + begin,
+                          m->shadow + (begin - p->matmul_begin), end - begin, m->adam, m->sms, s, m->sw.vector_adam);
+    else
+        adamw_dense<false>(m->params + begin, m->adam_m + begin, m->adam_v + begin, m->grads + begin, NULL,
+                           end - begin, m->adam, m->sms, s, m->sw.vector_adam);
+}
+
+static void adamw_tensor(Model* m, int tensor, int layer, cudaStream_t s) {
+    size_t begin = m->layout.offset[tensor] + (size_t)layer * m->layout.layer_size[tensor];
+    adamw_range(m, begin, begin + m->layout.layer_size[tensor], s);
+}
+
+// wte: lazy AdamW over the rows this step touched [sparse rows], or dense.
+static void adamw_embedding(Model* m, cudaStream_t s) {
+    size_t wte = m->layout.offset[P_WTE];
+    if (!m->sw.sparse_embedding) {
+        adamw_range(m, wte, wte + m->layout.size[P_WTE], s);
+        return;
     }
+    int n_step = m->grad_accum * m->B * m->T;
+    if (m->grad_accum > 1) token_sort(&m->sorter, m->tokens, n_step, s); // all micro-steps' inputs
+    adamw_sparse_rows(m->params + wte, m->adam_m + wte, m->adam_v + wte, m->grads + wte, m->sorter.sorted_tokens,
+                      n_step, m->cfg.n_embd, m->adam, s, m->sw.vector_adam);
+}
+
+// AdamW step t (1-based) after the backward pass, in three launches over the parameter block's
+// ranges: matmul weights (writing their shadows), norm weights, and wte.
+static void optimizer_step(Model* m, int t) {
+    NVTX_PUSH("optimizer");
+    const ParamLayout* p = &m->layout;
+    m->adam = adamw_params(&m->opt, t);
+    adamw_range(m, p->matmul_begin, p->matmul_end, m->stream);
+    adamw_range(m, p->norm_begin, p->total, m->stream);
+    adamw_embedding(m, m->stream);
     NVTX_POP();
 }
 
 // ---- training step ----
 
+// Ablation only (--grad_zeroing memset|fill): zero every gradient tensor, layer by layer, before
+// the step, as a framework that accumulates into .grad does; the trainer's own path writes the
+// first micro-step's gradients with beta 0 instead and zeroes nothing.
+static void zero_grads(Model* m) {
+    const ParamLayout* p = &m->layout;
+    for (int t = P_LM_HEAD; t < NUM_PARAM_TENSORS; t++)
+        for (size_t off = p->offset[t]; off < p->offset[t] + p->size[t]; off += p->layer_size[t]) {
+            if (m->sw.grad_zeroing == GRAD_ZERO_FILL) fill(m->grads + off, p->layer_size[t], 0.0f, m->stream);
+            else CUDA_CHECK(cudaMemsetAsync(m->grads + off, 0, p->layer_size[t] * 4, m->stream));
+        }
+}
+
 // One optimizer step on the batches already staged in tokens_host slot `slot`: one host-to-device
 // copy of the step's tokens, forward/backward per micro-step, the mean loss copied to pinned
 // memory (read a step later, never waited on here), and AdamW. No host sync inside.
-static void train_step(Model* m, const OptimConfig* o, int t, int slot) {
+static void train_step(Model* m, int t, int slot) {
     NVTX_PUSH("step");
     int N = m->B * m->T, n_step = m->grad_accum * N;
     CUDA_CHECK(cudaMemcpyAsync(m->tokens, m->tokens_host + (size_t)slot * 2 * n_step, 2 * n_step * sizeof(int),
                                cudaMemcpyHostToDevice, m->stream));
-    if (!o->sparse_embedding) // dense wte gradient: the whole table is re-zeroed every step
+    if (!m->sw.sparse_embedding) // dense wte gradient: the whole table is re-zeroed every step
         CUDA_CHECK(cudaMemsetAsync(m->grads + m->layout.offset[P_WTE], 0, m->layout.size[P_WTE] * 4, m->stream));
+    if (m->sw.grad_zeroing != GRAD_ZERO_NONE) zero_grads(m);
+    m->adam = adamw_params(&m->opt, t);
     for (int micro = 0; micro < m->grad_accum; micro++) {
         const int* inputs = m->tokens + (size_t)micro * N;
         forward(m, inputs);
         classifier(m, m->tokens + n_step + (size_t)micro * N, micro);
-        backward(m, inputs, micro > 0);
+        m->adam_overlap = m->sw.overlap_optimizer && micro == m->grad_accum - 1;
+        backward(m, inputs, micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE);
     }
     mean(m->loss, act_f32(m, A_LOSSES), n_step, m->stream);
     CUDA_CHECK(cudaMemcpyAsync(m->loss_host + slot, m->loss, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-    optimizer_step(m, o, t);
+    if (m->adam_overlap) { // the next step's forward needs every updated weight
+        CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream));
+        CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->opt_done));
+        m->adam_overlap = false;
+    } else {
+        optimizer_step(m, t);
+    }
     NVTX_POP();
 }
 
@@ -538,7 +635,6 @@ static void log_step(Model* m, StepLog* lg, int t, int n_steps, int slot, float 
 }
 
 static void train(Model* m, const TrainArgs* a, DataLoader* loader) {
-    OptimConfig o = {a->learning_rate, a->beta1, a->beta2, a->eps, a->weight_decay, a->sparse_embedding};
     StepLog lg = {};
     lg.ms = (double*)calloc(a->num_iteration, sizeof(double));
     for (int s = 0; s < 2; s++) CUDA_CHECK(cudaEventCreate(&lg.start[s])), CUDA_CHECK(cudaEventCreate(&lg.end[s]));
@@ -548,7 +644,7 @@ static void train(Model* m, const TrainArgs* a, DataLoader* loader) {
         CUDA_CHECK(cudaEventSynchronize(lg.end[slot])); // step t-2 used this staging slot
         stage_batches(m, loader, slot);
         CUDA_CHECK(cudaEventRecord(lg.start[slot], m->stream));
-        train_step(m, &o, t, slot);
+        train_step(m, t, slot);
         CUDA_CHECK(cudaEventRecord(lg.end[slot], m->stream));
         if (t > 1) log_step(m, &lg, t - 1, a->num_iteration, 1 - slot, a->learning_rate);
     }
@@ -587,10 +683,16 @@ int main(int argc, char** argv) {
 
     int grad_accum = a.total_batch_size / (a.batch_size * a.sequence_length);
     Model m;
-    model_create(&m, &cfg, a.batch_size, a.sequence_length, grad_accum);
-    printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g | sparse_embedding %d | memory %.2f GiB\n",
-           m.layout.total, a.batch_size, a.sequence_length, grad_accum, a.learning_rate, a.weight_decay,
-           a.sparse_embedding, model_bytes(&m.layout, &m.act) / 1073741824.0);
+    OptimConfig opt = {a.learning_rate, a.beta1, a.beta2, a.eps, a.weight_decay};
+    model_create(&m, &cfg, &opt, &a.sw, a.batch_size, a.sequence_length, grad_accum);
+    printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g | memory %.2f GiB\n", m.layout.total,
+           a.batch_size, a.sequence_length, grad_accum, a.learning_rate, a.weight_decay,
+           model_bytes(&m.layout, &m.act, &a.sw) / 1073741824.0);
+    const Switches* w = &a.sw;
+    printf("optimisations: sparse_embedding %d | overlap_optimizer %d | shadow_weights %d | vector_adam %d | "
+           "metadata_by_value %d | grad_zeroing %s\n", w->sparse_embedding, w->overlap_optimizer, w->shadow_weights,
+           w->vector_adam, w->metadata_by_value, w->grad_zeroing == GRAD_ZERO_NONE ? "none" :
+           w->grad_zeroing == GRAD_ZERO_MEMSET ? "memset" : "fill");
     if (a.llmc_filepath) {
         if (model_load(&m, a.llmc_filepath, fmt, err)) die(err, argv[0], false);
     } else {

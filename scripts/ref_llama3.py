@@ -4,6 +4,7 @@ the same AdamW restricted to the touched rows ("lazy", as SparseAdam) on the tok
 
     python scripts/ref_llama3.py --shape small   # 2 layers, seconds
     python scripts/ref_llama3.py --shape 1b      # LLaMA3.2-1B shape, ~24 GB of files
+    python scripts/ref_llama3.py --shape small --dense_embedding   # plain AdamW on the embedding too
 
 Writes OUT_DIR/{shape}_model.bin (the random model, seed/InfiniTrain format) and
 OUT_DIR/{shape}_state.bin (batches, step-1 logits in bf16 autocast and in fp32, losses, step-1 gradients, parameters after one
@@ -116,6 +117,7 @@ def main():
     ap.add_argument("--eps", type=float, default=1e-8)
     ap.add_argument("--weight_decay", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--dense_embedding", action="store_true", help="dense AdamW on the embedding (state file *_dense_state.bin)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     dev, B, T = args.device, args.batch_size, args.seq_len
@@ -126,7 +128,7 @@ def main():
         f.write(seed_order(model, cfg, lambda p: p).tobytes())
 
     emb = model.model.embed_tokens.weight
-    dense = [p for p in model.parameters() if p is not emb]
+    dense = [p for p in model.parameters() if p is not emb or args.dense_embedding]
     opt = torch.optim.AdamW(dense, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
                             weight_decay=args.weight_decay, fused=dev.startswith("cuda"))
     emb_m, emb_v = torch.zeros_like(emb), torch.zeros_like(emb)
@@ -146,20 +148,22 @@ def main():
             logits1 = logits.detach().float().cpu().numpy()
             grads1 = seed_order(model, cfg, lambda p: p.grad)
         opt.step()
-        lazy_adamw_(emb, emb_m, emb_v, torch.unique(inputs), step, args.lr, args.beta1, args.beta2, args.eps,
-                    args.weight_decay)
+        if not args.dense_embedding:
+            lazy_adamw_(emb, emb_m, emb_v, torch.unique(inputs), step, args.lr, args.beta1, args.beta2, args.eps,
+                        args.weight_decay)
         if step == 1:
             params1 = seed_order(model, cfg, lambda p: p)
         print(f"step {step}: loss {losses[-1]:.6f}")
 
     header = np.zeros(256, dtype=np.int32)
-    header[:6] = [20241129, 2, B, T, args.steps, cfg.vocab_size]
+    header[:7] = [20241129, 2, B, T, args.steps, cfg.vocab_size, 0 if args.dense_embedding else 1]
     header[16:21] = np.array([args.lr, args.beta1, args.beta2, args.eps, args.weight_decay], np.float32).view(np.int32)
-    with open(os.path.join(args.out_dir, f"{args.shape}_state.bin"), "wb") as f:
+    state_path = os.path.join(args.out_dir, f"{args.shape}{'_dense' if args.dense_embedding else ''}_state.bin")
+    with open(state_path, "wb") as f:
         for arr in (header, x.numpy().astype(np.int32), y.numpy().astype(np.int32), logits1, logits_fp32,
                     np.array(losses, dtype=np.float32), grads1, params1, seed_order(model, cfg, lambda p: p)):
             f.write(np.ascontiguousarray(arr).tobytes())
-    print(f"wrote {args.out_dir}/{args.shape}_model.bin and {args.out_dir}/{args.shape}_state.bin")
+    print(f"wrote {args.out_dir}/{args.shape}_model.bin and {state_path}")
 
 
 if __name__ == "__main__":

@@ -67,6 +67,15 @@ if nvidia-smi -L >/dev/null 2>&1; then
             fi
             run "test_llama3 $shape" ./test_llama3 "ref/${shape}_model.bin" "ref/${shape}_state.bin"
         done
+        # Each optimisation switched off alone (small shape); the dense embedding against a dense reference.
+        if [ -f ref/small_state.bin ]; then
+            for switch in "--shadow_weights 0" "--vector_adam 0" "--metadata_by_value 0" "--overlap_optimizer 0" \
+                "--grad_zeroing memset" "--grad_zeroing fill"; do
+                run "test_llama3 small $switch" ./test_llama3 ref/small_model.bin ref/small_state.bin $switch
+            done
+            [ -f ref/small_dense_state.bin ] || python3 scripts/ref_llama3.py --shape small --dense_embedding --out_dir ref
+            run "test_llama3 small, dense embedding AdamW" ./test_llama3 ref/small_model.bin ref/small_dense_state.bin
+        fi
     fi
     expect_error "out of GPU memory" "out of GPU memory" ./train_llama3 --batch_size 64 --sequence_length 8192 --total_batch_size 524288 --num_iteration 1
     run "training smoke run (10 steps, loss must fall)" bash scripts/check_loss_falls.sh

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Benchmark, one run on the current GPU: the trainer and its PyTorch peers (HF LlamaForCausalLM,
+# bf16 autocast, fused AdamW: eager, torch.compile, torch.compile CUDA graphs) at the same
+# configs, then one markdown table: ms/step median and spread, tok/s, MFU, peak memory, and the
+# peers' time over ours.
+#   scripts/bench.sh [--ablation] [--no-peers] [--configs "B:T ..."] [--write]
+# --ablation  also the seed report's configurations A..J (cumulative) and ours, at B=4,T=64
+# --write     append the tables to dev/PERF.md with the date and this command line
+# Steps: 30 trainer steps (median of steps 2..30), 20 PyTorch steps after 5 warm-up steps.
+set -u
+cd "$(dirname "$0")/.."
+configs="4:64 4:1024 16:1024"
+peers="eager compile cudagraphs"
+ablation=0
+write=0
+cmdline="scripts/bench.sh $*"
+while [ $# -gt 0 ]; do
+    case $1 in
+        --ablation) ablation=1 ;;
+        --no-peers) peers="" ;;
+        --write) write=1 ;;
+        --configs) configs=$2; shift ;;
+        *) echo "unknown option $1"; exit 1 ;;
+    esac
+    shift
+done
+make -s train_llama3 || exit 1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# FLOP per token: 6 * non-embedding parameters + 12 * L * C * T (attention), against 989 TFLOP/s.
+mfu() { awk -v tok_s="$1" -v T="$2" 'BEGIN { printf "%.1f%%", 100 * tok_s * (6 * 1235814400 + 12 * 16 * 2048 * T) / 989e12 }'; }
+
+# ours B T [flags...]: prints "ms ms_min ms_max tok_s peak_mib" from the JSON log (steps 2..30).
+ours() {
+    local B=$1 T=$2
+    shift 2
+    ./train_llama3 --batch_size "$B" --sequence_length "$T" --total_batch_size $((B * T)) --num_iteration 30 \
+        --log_file "$tmp/log.json" "$@" > "$tmp/train.log" 2>&1 || { echo "fail"; return; }
+    tail -n +2 "$tmp/log.json" | sed -E 's/.*"ms": ([0-9.]+), "tok_per_s": ([0-9.]+), "peak_mib": ([0-9.]+).*/\1 \3/' |
+        sort -g | awk '{ ms[NR] = $1; peak = $2 } END { m = ms[int((NR + 1) / 2)];
+            printf "%.2f %.2f %.2f %.0f %.0f\n", m, ms[1], ms[NR], '"$B"' * '"$T"' / (m / 1000), peak }'
+}
+
+row() { # row CONFIG IMPL "ms min max tok_s peak" T OURS_MS
+    local c=$1 impl=$2 T=$4 ours_ms=$5
+    set -- $3
+    if [ "$1" = "fail" ]; then echo "| $c | $impl | failed | | | | | |"; return; fi
+    printf "| %s | %s | %.2f | %.2f-%.2f | %.0f | %s | %.0f MiB | %s |\n" "$c" "$impl" "$1" "$2" "$3" "$4" \
+        "$(mfu "$4" "$T")" "$5" "$(awk -v a="$1" -v b="$ours_ms" 'BEGIN { printf "%.2fx", a / b }')"
+}
+
+{
+    echo "### Trainer vs PyTorch ($(date +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1))"
+    echo
+    echo "\`$cmdline\`. Peak memory: ours is device memory in use (cudaMemGetInfo, CUDA context included),"
+    echo "PyTorch's is torch.cuda.max_memory_allocated. Last column: that row's ms/step over ours."
+    echo
+    echo "| config | implementation | ms/step | spread | tok/s | MFU | peak memory | time vs ours |"
+    echo "|---|---|---|---|---|---|---|---|"
+    for c in $configs; do
+        B=${c%%:*} T=${c##*:}
+        o=$(ours "$B" "$T")
+        row "B=$B, T=$T" "llama3.cu" "$o" "$T" "${o%% *}"
+        for p in $peers; do
+            j=$(python3 scripts/bench_torch.py --mode "$p" --batch_size "$B" --seq_len "$T" 2>"$tmp/torch.err" | tail -n 1)
+            if [ -z "$j" ]; then echo "| B=$B, T=$T | pytorch $p | failed: $(tail -n 1 "$tmp/torch.err") | | | | | |"; continue; fi
+            r=$(echo "$j" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["ms"], d["ms_min"], d["ms_max"], d["tok_s"], d["peak_mib"])')
+            row "B=$B, T=$T" "pytorch $p" "$r" "$T" "${o%% *}"
+        done
+    done
+} | tee "$tmp/table.md"
+
+# The seed report's configurations A..J, cumulative as in its table, then ours. Each entry:
+# row|label|trainer flags (everything not named is on).
+OFF_ALL="--shadow_weights 0 --vector_adam 0 --grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0"
+ABLATION=(
+    "A|baseline: every optimisation off|$OFF_ALL"
+    "B|+ shadow weights (cast fused into AdamW)|--vector_adam 0 --grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0"
+    "C|+ float4 AdamW|--grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0"
+    "E|+ memset instead of fill kernels|--grad_zeroing memset --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0"
+    "E'|+ no zeroing at all (first gradient GEMM writes)|--metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0"
+    "F|+ shapes by value (no per-launch H2D)|--sparse_embedding 0 --overlap_optimizer 0"
+    "J|+ sparse embedding rows, lazy AdamW|--overlap_optimizer 0"
+    "K|+ AdamW overlapping the backward (second stream)|"
+)
+if [ "$ablation" = 1 ]; then
+    {
+        echo
+        echo "### Ablation at B=4, T=64 ($(date +%F)): the seed report's configurations, cumulative"
+        echo
+        echo "Rows D (redundant fills deleted) and H (fused RMSNorm) have no switch: the trainer has no"
+        echo "redundant fills and no unfused RMSNorm path; dev/zeroing and dev/rmsnorm measure those kernels."
+        echo
+        echo "| row | configuration | ms/step | spread | tok/s | MFU | peak memory | time vs A |"
+        echo "|---|---|---|---|---|---|---|---|"
+        base=""
+        for entry in "${ABLATION[@]}"; do
+            IFS='|' read -r id label flags <<< "$entry"
+            o=$(ours 4 64 $flags)
+            [ -z "$base" ] && base=${o%% *}
+            row "$id" "$label" "$o" 64 "$base"
+        done
+    } | tee -a "$tmp/table.md"
+fi
+if [ "$write" = 1 ]; then { echo; cat "$tmp/table.md"; } >> dev/PERF.md && echo "appended to dev/PERF.md"; fi

@@ -1,0 +1,66 @@
+"""The PyTorch peer of scripts/bench.sh: HF LlamaForCausalLM in the LLaMA3.2-1B shape (random
+init, untied, sdpa attention) trained with fp32 master weights under bf16 autocast and fused
+AdamW, on random tokens. Prints one JSON line: the median step time over --steps timed steps
+(CUDA events, after --warmup steps), its min and max, tok/s and peak allocated memory.
+
+    python scripts/bench_torch.py --mode eager --batch_size 4 --seq_len 64
+    modes: eager, compile (torch.compile default), cudagraphs (torch.compile mode=reduce-overhead)
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from ref_llama3 import make_model  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["eager", "compile", "cudagraphs"], default="eager")
+    ap.add_argument("--batch_size", type=int, default=4)
+    ap.add_argument("--seq_len", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    args = ap.parse_args()
+    B, T = args.batch_size, args.seq_len
+    model, cfg = make_model("1b", "cuda", 1337)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    fwd = model
+    if args.mode != "eager":
+        fwd = torch.compile(model, mode="reduce-overhead" if args.mode == "cudagraphs" else None)
+    x = torch.randint(0, cfg.vocab_size, (B, T), device="cuda")
+    y = torch.randint(0, cfg.vocab_size, (B, T), device="cuda")
+
+    def step():
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            logits = fwd(input_ids=x).logits
+        loss = F.cross_entropy(logits.float().view(-1, cfg.vocab_size), y.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(args.warmup):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(args.steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    med = times[len(times) // 2]
+    print(json.dumps({"impl": f"pytorch {args.mode}", "B": B, "T": T, "ms": med, "ms_min": times[0],
+                      "ms_max": times[-1], "tok_s": B * T / (med / 1000.0),
+                      "peak_mib": torch.cuda.max_memory_allocated() / 2**20}))
+
+
+if __name__ == "__main__":
+    main()
