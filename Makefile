@@ -13,7 +13,7 @@ CFLAGS = -std=gnu11 -O2 -Wall -Wextra
 DEV_SOURCES = $(wildcard dev/*.cu)
 DEV_BINARIES = $(DEV_SOURCES:.cu=)
 
-.PHONY: all dev test clean bench
+.PHONY: all dev test clean bench-kernels
 all: train_llama3 test_llama3 test_llama3_host dev
 
 # The default data set is linked into the trainer as a binary blob (symbols
@@ -32,13 +32,17 @@ test_llama3_host: test_llama3_host.c llama3.h
 	$(CC) $(CFLAGS) test_llama3_host.c -lm -o $@
 
 dev: $(DEV_BINARIES)
-dev/%: dev/%.cu kernels.cuh
+dev/%: dev/%.cu dev/common.h kernels.cuh llama3.h
 	$(NVCC) $(NVCC_FLAGS) $< $(LIBS) -o $@
 
 # Builds everything, runs the host tests, and on a GPU machine the reference comparison
 # and the dev/ kernel checks. Ends with "N passed, M failed".
 test: all
 	bash scripts/run_tests.sh
+
+# Every dev/ microbenchmark, validated then timed, and one table of all rows (needs a GPU).
+bench-kernels: dev
+	bash scripts/bench_kernels.sh
 
 clean:
 	rm -rf build train_llama3 test_llama3 test_llama3_host $(DEV_BINARIES)

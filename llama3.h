@@ -452,6 +452,7 @@ typedef struct {
     int metadata_by_value; // 0: shapes copied host-to-device before each kernel that takes them
     int sparse_embedding;  // 0: dense embedding gradient and AdamW
     int overlap_optimizer; // 0: AdamW after the backward pass instead of on a second stream during it
+    int flash_attention;   // 0: unfused attention (batched GEMMs, T x T scores in memory)
 } Switches;
 
 typedef struct {
@@ -467,7 +468,7 @@ typedef struct {
 
 static inline TrainArgs train_args_default(void) {
     TrainArgs a = {NULL, NULL, NULL, 100, 4, 64, 256, 1e-5f, 0.0f, 0.9f, 0.999f, 1e-8f, 0, 42,
-                   {1, 1, GRAD_ZERO_NONE, 1, 1, 1}};
+                   {1, 1, GRAD_ZERO_NONE, 1, 1, 1, 1}};
     return a;
 }
 
@@ -495,6 +496,7 @@ static inline void print_usage(FILE* f, const char* prog) {
             "  --shadow_weights B       1: AdamW writes bf16 copies; 0: cast before every GEMM\n"
             "  --vector_adam B          1: 128-bit AdamW; 0: scalar\n"
             "  --metadata_by_value B    1: shapes as kernel arguments; 0: copied host-to-device per launch\n"
+            "  --flash_attention B      1: flash attention; 0: unfused (scores and P in memory)\n"
             "  --grad_zeroing MODE      none: first gradient GEMM writes; memset or fill: zero grads each step\n",
             prog);
 }
@@ -560,6 +562,7 @@ static inline int apply_flag(TrainArgs* a, const char* flag, const char* val, ch
     if (!strcmp(flag, "--overlap_optimizer")) return parse_bool(flag, val, &a->sw.overlap_optimizer, err);
     if (!strcmp(flag, "--shadow_weights")) return parse_bool(flag, val, &a->sw.shadow_weights, err);
     if (!strcmp(flag, "--vector_adam")) return parse_bool(flag, val, &a->sw.vector_adam, err);
+    if (!strcmp(flag, "--flash_attention")) return parse_bool(flag, val, &a->sw.flash_attention, err);
     if (!strcmp(flag, "--metadata_by_value")) return parse_bool(flag, val, &a->sw.metadata_by_value, err);
     if (!strcmp(flag, "--grad_zeroing")) {
         if (!strcmp(val, "none")) a->sw.grad_zeroing = GRAD_ZERO_NONE;
@@ -579,7 +582,7 @@ static inline int apply_flag(TrainArgs* a, const char* flag, const char* val, ch
 
 static inline int is_bool_flag(const char* flag) {
     const char* bools[] = {"--overfit_single_batch", "--sparse_embedding", "--overlap_optimizer",
-                           "--shadow_weights", "--vector_adam", "--metadata_by_value"};
+                           "--shadow_weights", "--vector_adam", "--metadata_by_value", "--flash_attention"};
     for (size_t i = 0; i < sizeof(bools) / sizeof(bools[0]); i++)
         if (!strcmp(flag, bools[i])) return 1;
     return 0;

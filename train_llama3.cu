@@ -38,7 +38,8 @@ enum {
     A_RSTD_FINAL,   // fp32 (N)
     A_NORMED_ATTN,  // bf16 (L, N, C)
     A_QKV_HEADS,    // bf16 (L, N * QKV) q (B,NH,T,HD) after RoPE, then k, v (B,KVH,T,HD)
-    A_PROBS,        // bf16 (L, B, NH, T, T) causal softmax; overwritten by dS in backward
+    A_PROBS,        // bf16 (L, B, NH, T, T) causal softmax, unfused attention only; dS in backward
+    A_LSE,          // fp32 (L, B, NH, T) log2-sum-exp of each query row, flash attention only
     A_ATT_Y,        // bf16 (L, N, C)    attention output, token-major
     A_NORMED_FFN,   // bf16 (L, N, C)
     A_GATE_UP,      // bf16 (L, N, 2F)
@@ -49,7 +50,8 @@ enum {
     A_QKV,          // bf16 (N, QKV)     qkv GEMM output; dqkv in backward
     A_BRANCH,       // bf16 (N, C)       o-proj / down output; gradients into norms in backward
     A_HEADS_O,      // bf16 (N, C)       attention output head-major; dO in backward
-    A_SCORES,       // fp32 (B, NH, T, T) scores; dP in backward
+    A_SCORES,       // fp32 (B, NH, T, T) scores, unfused attention only; dP in backward
+    A_DSUM,         // fp32 (B, NH, T)   rowsum(dO * O), flash attention backward
     A_DHEADS,       // bf16 (N * QKV)    dq, dk, dv head-major
     A_DRESID,       // fp32 (N, C)       gradient of the residual stream
     A_DRESID_BF16,  // bf16 (N, C)       the same, rounded: the branch gradient the GEMMs read
@@ -66,14 +68,14 @@ typedef struct {
     size_t total;
 } ActLayout;
 
-static ActLayout act_layout(const Llama3Config* c, int B, int T, int grad_accum, int sms) {
+static ActLayout act_layout(const Llama3Config* c, int B, int T, int grad_accum, int sms, bool flash) {
     size_t N = (size_t)B * T, C = c->n_embd, L = c->n_layer, F = c->ffn_hidden, V = c->vocab_size;
-    size_t QKV = qkv_dim(c), ATT = (size_t)B * c->n_head * T * T;
-    size_t elems[NUM_ACTS] = {(L + 1) * N * C, L * N * C, L * N, L * N, N, L * N * C, L * N * QKV, L * ATT,
+    size_t QKV = qkv_dim(c), ROWS = (size_t)B * c->n_head * T, ATT = flash ? 0 : ROWS * T, LSE = flash ? ROWS : 0;
+    size_t elems[NUM_ACTS] = {(L + 1) * N * C, L * N * C, L * N, L * N, N, L * N * C, L * N * QKV, L * ATT, L * LSE,
                               L * N * C, L * N * C, L * N * 2 * F, L * N * F, N * C, N * V,
-                              N * QKV, N * C, N * C, ATT, N * QKV, N * C, N * C, N * F, N * 2 * F,
+                              N * QKV, N * C, N * C, ATT, LSE, N * QKV, N * C, N * C, N * F, N * 2 * F,
                               (size_t)rms_bwd_blocks((int)N, sms) * C, grad_accum * N};
-    int fp32[NUM_ACTS] = {1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 1, 1};
+    int fp32[NUM_ACTS] = {1, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 0, 1, 1};
     ActLayout a;
     a.total = 0;
     for (int i = 0; i < NUM_ACTS; i++) {
@@ -168,7 +170,12 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     m->cfg = *cfg, m->opt = *opt, m->sw = *sw, m->B = B, m->T = T, m->grad_accum = grad_accum;
     CUDA_CHECK(cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, 0));
     m->layout = param_layout(cfg);
-    m->act = act_layout(cfg, B, T, grad_accum, m->sms);
+    if (sw->flash_attention && !flash_supported(cfg->n_embd / cfg->n_head)) {
+        fprintf(stderr, "flash attention supports head_dim 32 or 64, not %d: use --flash_attention 0\n",
+                cfg->n_embd / cfg->n_head);
+        exit(EXIT_FAILURE);
+    }
+    m->act = act_layout(cfg, B, T, grad_accum, m->sms, sw->flash_attention);
     size_t P = m->layout.total, N = (size_t)B * T, n_step = grad_accum * N, free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     size_t need = model_bytes(&m->layout, &m->act, sw);
@@ -284,14 +291,20 @@ static HeadShape head_shape(Model* m) {
     return sh;
 }
 
-// Causal GQA attention of one layer on head-major q, k, v: per (batch, kv head), the G query heads
-// sharing it form G*T rows. scores = q k^T / sqrt(HD) (fp32), P = softmax (bf16), o = P v.
+// Causal GQA attention of one layer on head-major q, k, v into token-major att_y[l]: flash
+// attention, or (--flash_attention 0) unfused: per (batch, kv head), the G query heads sharing it
+// form G*T rows of batched GEMMs, scores = q k^T / sqrt(HD) (fp32), P = softmax (bf16), o = P v.
 static void attention_forward(Model* m, int l) {
     HeadShape sh = head_shape(m);
     int G = sh.NH / sh.KVH, T = sh.T, HD = sh.HD, batch = sh.B * sh.KVH;
     size_t N = (size_t)sh.B * T;
     bf16* q = act_bf16(m, A_QKV_HEADS, l * N * qkv_dim(&m->cfg));
     bf16 *k = q + N * m->cfg.n_embd, *v = k + N * sh.KVH * HD;
+    if (m->sw.flash_attention) {
+        flash_attention_forward(act_bf16(m, A_ATT_Y, l * N * m->cfg.n_embd),
+                                act_f32(m, A_LSE, (size_t)l * sh.B * sh.NH * T), q, k, v, sh, m->stream);
+        return;
+    }
     bf16* probs = act_bf16(m, A_PROBS, (size_t)l * sh.B * sh.NH * T * T);
     float* scores = act_f32(m, A_SCORES);
     long long sq = (long long)G * T * HD, skv = (long long)T * HD, sp = (long long)G * T * T;
@@ -381,15 +394,23 @@ static void norm_backward(Model* m, int tensor, int layer, const float* x, const
                      C, accumulate_dx, accumulate, m->sms, m->stream);
 }
 
-// Attention backward from dO (head-major, in A_HEADS_O) to dq, dk, dv (head-major, A_DHEADS):
-// dV = P^T dO, dP = dO V^T, dS = softmax'(P, dP) over P, dQ = dS K / sqrt(HD), dK = dS^T Q / sqrt(HD).
-// The G query heads of a kv head are G*T rows of one GEMM, so dK and dV sum over them as K = G*T.
-static void attention_backward(Model* m, int l) {
+// Attention backward from dy (token-major gradient of att_y[l]) to dq, dk, dv (head-major, in
+// A_DHEADS). Unfused: dO = dy head-major, dV = P^T dO, dP = dO V^T, dS = softmax'(P, dP) over P,
+// dQ = dS K / sqrt(HD), dK = dS^T Q / sqrt(HD); the G query heads of a kv head are G*T rows of one
+// GEMM, so dK and dV sum over them as K = G*T.
+static void attention_backward(Model* m, int l, bf16* dy) {
     HeadShape sh = head_shape(m);
     int G = sh.NH / sh.KVH, T = sh.T, HD = sh.HD, batch = sh.B * sh.KVH;
     size_t N = (size_t)sh.B * T, C = m->cfg.n_embd, KVD = (size_t)sh.KVH * HD;
     bf16* q = act_bf16(m, A_QKV_HEADS, l * N * qkv_dim(&m->cfg));
     bf16 *k = q + N * C, *v = k + N * KVD;
+    if (m->sw.flash_attention) {
+        bf16 *dq = act_bf16(m, A_DHEADS), *dk = dq + N * C, *dv = dk + N * KVD;
+        flash_attention_backward(dq, dk, dv, act_f32(m, A_DSUM), dy, act_bf16(m, A_ATT_Y, l * N * C), q, k, v,
+                                 act_f32(m, A_LSE, (size_t)l * sh.B * sh.NH * T), sh, m->stream);
+        return;
+    }
+    permute_heads(true, dy, act_bf16(m, A_HEADS_O), sh, m->stream, m->shape_in_memory);
     bf16* probs = act_bf16(m, A_PROBS, (size_t)l * sh.B * sh.NH * T * T);
     bf16 *dq = act_bf16(m, A_DHEADS), *dk = dq + N * C, *dv = dk + N * KVD, *dout = act_bf16(m, A_HEADS_O);
     float* dprobs = act_f32(m, A_SCORES);
@@ -420,8 +441,7 @@ static void block_backward(Model* m, int l, bool accumulate) {
     // attention: out projection, heads, RoPE, qkv, attention norm
     weight_grad(m, P_ATTN_OUT, l, dresid_bf16, act_bf16(m, A_ATT_Y, l * NC), C, C, accumulate);
     input_grad(m, P_ATTN_OUT, l, dbranch, dresid_bf16, C, C);
-    permute_heads(true, dbranch, act_bf16(m, A_HEADS_O), head_shape(m), m->stream, m->shape_in_memory);
-    attention_backward(m, l);
+    attention_backward(m, l, dbranch);
     bf16 *dheads = act_bf16(m, A_DHEADS), *dqkv = act_bf16(m, A_QKV);
     rope_permute(true, dqkv, dheads, dheads + NC, dheads + NC + (size_t)N * (QKV - C) / 2, m->rope_cos, m->rope_sin,
                  head_shape(m), m->stream, m->shape_in_memory);
@@ -690,9 +710,9 @@ int main(int argc, char** argv) {
            model_bytes(&m.layout, &m.act, &a.sw) / 1073741824.0);
     const Switches* w = &a.sw;
     printf("optimisations: sparse_embedding %d | overlap_optimizer %d | shadow_weights %d | vector_adam %d | "
-           "metadata_by_value %d | grad_zeroing %s\n", w->sparse_embedding, w->overlap_optimizer, w->shadow_weights,
-           w->vector_adam, w->metadata_by_value, w->grad_zeroing == GRAD_ZERO_NONE ? "none" :
-           w->grad_zeroing == GRAD_ZERO_MEMSET ? "memset" : "fill");
+           "metadata_by_value %d | flash_attention %d | grad_zeroing %s\n", w->sparse_embedding, w->overlap_optimizer,
+           w->shadow_weights, w->vector_adam, w->metadata_by_value, w->flash_attention,
+           w->grad_zeroing == GRAD_ZERO_NONE ? "none" : w->grad_zeroing == GRAD_ZERO_MEMSET ? "memset" : "fill");
     if (a.llmc_filepath) {
         if (model_load(&m, a.llmc_filepath, fmt, err)) die(err, argv[0], false);
     } else {

@@ -136,6 +136,40 @@ static int dev_finish(void) {
     return dev_failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
+// ---- shared input helpers ----
+
+// n bf16 values ~ N(0, std^2) made on the device (seeded from dev_seed()): inputs too large for
+// the host's generator.
+static void fill_normal(bf16* x, size_t n, float std = 1.0f) {
+    static uint64_t calls = 0;
+    float* tmp = dev_alloc<float>(n);
+    init_params(tmp, n, 0.0f, std, dev_seed() + ++calls, 0);
+    cast_to_bf16(x, tmp, n, 0);
+    CUDA_CHECK(cudaFree(tmp));
+}
+
+// Host floats rounded to bf16 into an existing device buffer.
+static void upload_into(bf16* dst, const std::vector<float>& src) {
+    std::vector<bf16> b = to_bf16(src);
+    CUDA_CHECK(cudaMemcpy(dst, b.data(), b.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+}
+
+// The [begin, begin + width) columns of each of the N rows of a row-major matrix `cols` wide.
+static std::vector<float> columns(const std::vector<float>& m, size_t N, int cols, int begin, int width) {
+    std::vector<float> out(N * width);
+    for (size_t n = 0; n < N; n++)
+        std::copy(m.begin() + n * cols + begin, m.begin() + n * cols + begin + width, out.begin() + n * width);
+    return out;
+}
+
+// Sets of buffers to rotate through so that a timed call never finds its inputs in L2: enough
+// to span twice the L2 size (one when a single call already does).
+static int rotations(size_t bytes_per_call) {
+    int l2;
+    CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+    return (int)std::min<size_t>(64, 2 * (size_t)l2 / bytes_per_call + 1);
+}
+
 // ---- timing ----
 // Median of `reps` timed calls after `warmup` untimed ones, each call between two events.
 template <typename F> static double median_ms(F fn, int warmup = 5, int reps = 30) {

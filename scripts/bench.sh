@@ -3,7 +3,7 @@
 # bf16 autocast, fused AdamW: eager, torch.compile, torch.compile CUDA graphs) at the same
 # configs, then one markdown table: ms/step median and spread, tok/s, MFU, peak memory, and the
 # peers' time over ours.
-#   scripts/bench.sh [--ablation] [--no-peers] [--configs "B:T ..."] [--write]
+#   scripts/bench.sh [--ablation] [--no-peers | --peers "eager compile cudagraphs"] [--configs "B:T ..."] [--write]
 # --ablation  also the seed report's configurations A..J (cumulative) and ours, at B=4,T=64
 # --write     append the tables to dev/PERF.md with the date and this command line
 # Steps: 30 trainer steps (median of steps 2..30), 20 PyTorch steps after 5 warm-up steps.
@@ -18,6 +18,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --ablation) ablation=1 ;;
         --no-peers) peers="" ;;
+        --peers) peers=$2; shift ;;
         --write) write=1 ;;
         --configs) configs=$2; shift ;;
         *) echo "unknown option $1"; exit 1 ;;
@@ -73,16 +74,17 @@ row() { # row CONFIG IMPL "ms min max tok_s peak" T OURS_MS
 
 # The seed report's configurations A..J, cumulative as in its table, then ours. Each entry:
 # row|label|trainer flags (everything not named is on).
-OFF_ALL="--shadow_weights 0 --vector_adam 0 --grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0"
+OFF_ALL="--shadow_weights 0 --vector_adam 0 --grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0"
 ABLATION=(
     "A|baseline: every optimisation off|$OFF_ALL"
-    "B|+ shadow weights (cast fused into AdamW)|--vector_adam 0 --grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0"
-    "C|+ float4 AdamW|--grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0"
-    "E|+ memset instead of fill kernels|--grad_zeroing memset --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0"
-    "E'|+ no zeroing at all (first gradient GEMM writes)|--metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0"
-    "F|+ shapes by value (no per-launch H2D)|--sparse_embedding 0 --overlap_optimizer 0"
-    "J|+ sparse embedding rows, lazy AdamW|--overlap_optimizer 0"
-    "K|+ AdamW overlapping the backward (second stream)|"
+    "B|+ shadow weights (cast fused into AdamW)|--vector_adam 0 --grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0"
+    "C|+ float4 AdamW|--grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0"
+    "E|+ memset instead of fill kernels|--grad_zeroing memset --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0"
+    "E'|+ no zeroing at all (first gradient GEMM writes)|--metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0"
+    "F|+ shapes by value (no per-launch H2D)|--sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0"
+    "J|+ sparse embedding rows, lazy AdamW|--overlap_optimizer 0 --flash_attention 0"
+    "K|+ AdamW overlapping the backward (second stream)|--flash_attention 0"
+    "L|+ flash attention (all on)|"
 )
 if [ "$ablation" = 1 ]; then
     {

@@ -1,0 +1,185 @@
+// dev/adamw.cu: AdamW over a flat fp32 parameter block with torch.optim.AdamW semantics
+// (kernels.cuh adamw_update), and the bf16 copy of the parameters that the GEMMs read:
+//   p -= lr * wd * p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+//   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps);  shadow = bf16(p)
+// Memory-bound: g, p, m, v read (16 bytes per element), p, m, v written (12), shadow written (2).
+//
+// build: make dev/adamw
+// run:   ./dev/adamw          validate every version against a CPU reference, then time them
+//        ./dev/adamw K        version K only
+//        ./dev/adamw --check  validate only, no timing (what `make test` runs)
+//
+// versions (the last is the trainer's own, called through ../kernels.cuh):
+//   1  scalar Adam, one element per thread, no shadow (adamw_kernel<1, false>), then a separate
+//      f32 -> bf16 cast of the parameters (cast_to_bf16): the seed's starting point, Adam and
+//      then a cast before the GEMMs. 28 + 6 bytes per element.
+//   2  scalar Adam writing the bf16 shadow in the same pass (adamw_kernel<1, true>): 30 bytes.
+//   3  the trainer's adamw_dense<true>: float4 + shadow when its alignment and minimum-size
+//      guards allow, else the scalar kernel. Each row names the path the guard took.
+// sizes: the LLaMA3.2-1B tensors of the seed's Adam table, one launch each, as the trainer
+// issues them when it overlaps AdamW with the backward (adamw_tensor); without the overlap it
+// walks each range of the parameter block in one launch.
+#include "common.h"
+
+// Step t's hyperparameters, bias corrections in double as optimizer_step (train_llama3.cu) does.
+static AdamWParams step_params(float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
+    AdamWParams h = {lr, beta1, beta2, eps, weight_decay, (float)(lr / (1.0 - pow(beta1, t))),
+                     (float)sqrt(1.0 - pow(beta2, t))};
+    return h;
+}
+// Step 10, lr 1e-3, weight decay 0.1 (non-zero so that its term is tested).
+static const AdamWParams H = step_params(1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 10);
+
+typedef struct {
+    float *params, *m, *v, *grads; // fp32, updated in place (grads read only)
+    bf16* shadow;                  // bf16(params) after the step
+} AdamBuffers;
+
+static AdamBuffers adam_alloc(size_t n) {
+    AdamBuffers b = {dev_alloc<float>(n), dev_alloc<float>(n), dev_alloc<float>(n), dev_alloc<float>(n),
+                     dev_alloc<bf16>(n)};
+    return b;
+}
+// The same buffers from element i on (i = 1 misaligns every pointer for 128-bit access).
+static AdamBuffers adam_at(const AdamBuffers& b, size_t i) {
+    AdamBuffers r = {b.params + i, b.m + i, b.v + i, b.grads + i, b.shadow + i};
+    return r;
+}
+static void adam_free(AdamBuffers& b) {
+    void* all[] = {b.params, b.m, b.v, b.grads, b.shadow};
+    for (void* p : all) CUDA_CHECK(cudaFree(p));
+}
+
+// The path adamw_dense<true> takes for these buffers: its launcher's condition, same inputs.
+static bool trainer_uses_float4(const AdamBuffers& b, size_t n, int sms) {
+    bool aligned = aligned16(b.params) && aligned16(b.m) && aligned16(b.v) && aligned16(b.grads) &&
+                   ((uintptr_t)b.shadow & 7) == 0;
+    return aligned && n >= (size_t)sms * 256 * 4;
+}
+
+static void adamw_version(int version, const AdamBuffers& b, size_t n, const AdamWParams& h, int sms) {
+    const int threads = 256;
+    if (version == 1) {
+        adamw_kernel<1, false><<<ceil_div(n, threads), threads>>>(b.params, b.m, b.v, b.grads, NULL, n, h);
+        LAUNCH_CHECK();
+        cast_to_bf16(b.shadow, b.params, n, 0);
+    } else if (version == 2) {
+        adamw_kernel<1, true><<<ceil_div(n, threads), threads>>>(b.params, b.m, b.v, b.grads, b.shadow, n, h);
+        LAUNCH_CHECK();
+    } else {
+        adamw_dense<true>(b.params, b.m, b.v, b.grads, b.shadow, n, h, sms, 0);
+    }
+}
+
+// ---- CPU reference ----
+
+// adamw_update in fp64, from the same fp32 inputs and hyperparameters.
+static void adamw_cpu(std::vector<float>& p, std::vector<float>& m, std::vector<float>& v, const std::vector<float>& g,
+                      const AdamWParams& h) {
+    for (size_t i = 0; i < p.size(); i++) {
+        double pi = p[i] - (double)h.lr * h.weight_decay * p[i];
+        double mi = h.beta1 * (double)m[i] + (1.0 - h.beta1) * g[i];
+        double vi = h.beta2 * (double)v[i] + (1.0 - h.beta2) * (double)g[i] * g[i];
+        pi -= h.step_size * mi / (sqrt(vi) / h.bias_corr2_sqrt + h.eps);
+        p[i] = (float)pi, m[i] = (float)mi, v[i] = (float)vi;
+    }
+}
+
+static void to_device(float* dst, const std::vector<float>& src) {
+    CUDA_CHECK(cudaMemcpy(dst, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+// Fresh inputs of n elements: p ~ N(0, 0.02) like the init, m and g ~ N(0, 1e-3), v in
+// [1e-8, 1e-6] (positive, the scale of g^2). Each selected version runs on them with every
+// pointer `offset` floats into its allocation and the shadow poisoned.
+// Tolerances: rtol 1e-6, about 8 fp32 ulps: the GPU does these fp32 operations with a few
+// roundings, the reference none. atol 1e-6 of each array's scale (p 0.02, m 1e-3, v 1e-7) for
+// elements whose update cancels to about 0, where the error is an ulp of the operands rather
+// than of the result. The shadow must be bf16(p) of the GPU's own p, bit for bit.
+static void validate(size_t n, size_t offset, int sms, const DevArgs& a, bool* ok) {
+    std::vector<float> p = random_normal(n, 0.02f), m = random_normal(n, 1e-3f), v = random_uniform(n, 1e-8f, 1e-6f),
+                       g = random_normal(n, 1e-3f);
+    std::vector<float> p_ref = p, m_ref = m, v_ref = v;
+    adamw_cpu(p_ref, m_ref, v_ref, g, H);
+    AdamBuffers base = adam_alloc(n + offset), b = adam_at(base, offset);
+    for (int version = 1; version <= 3; version++) {
+        if (!dev_selected(a, version)) continue;
+        to_device(b.params, p), to_device(b.m, m), to_device(b.v, v), to_device(b.grads, g);
+        dev_poison(b.shadow, n);
+        adamw_version(version, b, n, H, sms);
+        std::vector<float> got[3] = {dev_download(b.params, n), dev_download(b.m, n), dev_download(b.v, n)};
+        std::vector<float> shadow_gpu = from_bf16(dev_download(b.shadow, n)), shadow_want(n);
+        for (size_t i = 0; i < n; i++) shadow_want[i] = bf16_round(got[0][i]);
+        const char* path = version == 3 && trainer_uses_float4(b, n, sms) ? "float4" : "scalar";
+        const char* names[3] = {"params", "m", "v"};
+        const std::vector<float>* refs[3] = {&p_ref, &m_ref, &v_ref};
+        const float scale[3] = {0.02f, 1e-3f, 1e-7f};
+        char what[96];
+        for (int k = 0; k < 3; k++) {
+            snprintf(what, sizeof(what), "v%d %s n=%zu%s %s", version, path, n, offset ? " misaligned" : "", names[k]);
+            ok[version] &= dev_check(what, got[k], *refs[k], 1e-6f * scale[k], 1e-6f);
+        }
+        snprintf(what, sizeof(what), "v%d %s n=%zu%s shadow == bf16(params)", version, path, n,
+                 offset ? " misaligned" : "");
+        ok[version] &= dev_check(what, shadow_gpu, shadow_want, 0.0f, 0.0f);
+    }
+    adam_free(base);
+}
+
+// ---- timing ----
+
+static const size_t SIZES[] = {262668288, 16777216, 6291456, 4194304, 2048};
+static const char* const SIZE_NAMES[] = {"262,668,288 (wte / lm_head)", "16,777,216 (one MLP matrix)",
+                                         "6,291,456 (qkv)", "4,194,304 (attn out)", "2,048 (one RMSNorm weight)"};
+
+// One arena of the largest size, random on the device. A size whose 30 bytes per element fit in
+// L2 runs on consecutive slices of the arena, about 200 MB per timed call, and reports the time
+// per launch: the working set then streams from DRAM as the large tensors' does.
+static void time_versions(const DevArgs& a, const bool* ok, int sms) {
+    const size_t n_max = SIZES[0];
+    AdamBuffers arena = adam_alloc(n_max);
+    init_params(arena.params, n_max, 0.0f, 0.02f, dev_seed(), 0);
+    init_params(arena.m, n_max, 0.0f, 1e-3f, dev_seed() + 1, 0);
+    init_params(arena.grads, n_max, 0.0f, 1e-3f, dev_seed() + 2, 0);
+    init_params(arena.v, n_max, 1e-6f, 0.0f, 0, 0);
+    double largest_of_ceiling = -1.0;
+    print_header();
+    for (int s = 0; s < (int)(sizeof(SIZES) / sizeof(SIZES[0])); s++) {
+        size_t n = SIZES[s], sets = std::min(n_max / n, (size_t)ceil(200e6 / (30.0 * n)));
+        for (int version = 1; version <= 3; version++) {
+            if (!dev_selected(a, version)) continue;
+            double ms = median_ms([&] {
+                for (size_t k = 0; k < sets; k++) adamw_version(version, adam_at(arena, k * n), n, H, sms);
+            }) / sets;
+            double bytes = (version == 1 ? 34.0 : 30.0) * n;
+            char label[64];
+            if (version == 1) snprintf(label, sizeof(label), "1 scalar, then cast");
+            else if (version == 2) snprintf(label, sizeof(label), "2 scalar + shadow");
+            else snprintf(label, sizeof(label), "3 trainer (guard: %s)", trainer_uses_float4(arena, n, sms) ? "float4" : "scalar");
+            print_row("adamw", label, SIZE_NAMES[s], ms, bytes, 0.0, ok[version]);
+            if (version == 3 && s == 0) largest_of_ceiling = bytes / (ms * 1e6) / copy_ceiling_gbs();
+        }
+    }
+    if (largest_of_ceiling >= 0.0)
+        printf("version 3 at %zu: %.1f%% of the copy ceiling (the issue's bar: 85%%)\n", n_max,
+               100.0 * largest_of_ceiling);
+    adam_free(arena);
+}
+
+int main(int argc, char** argv) {
+    DevArgs a = dev_args(argc, argv, 3);
+    int sms;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    bool ok[4] = {true, true, true, true};
+    // Below the guard's size (scalar), above it with a tail of 3 (float4), a real MLP matrix
+    // (float4), and every pointer one float off (the alignment guard: scalar).
+    validate(2048, 0, sms, a, ok);
+    validate(1000003, 0, sms, a, ok);
+    validate(16777216, 0, sms, a, ok);
+    validate(1000003, 1, sms, a, ok);
+    if (!a.check_only) {
+        copy_ceiling_gbs(); // measured before the table, so its line does not split it
+        time_versions(a, ok, sms);
+    }
+    return dev_finish();
+}

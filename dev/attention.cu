@@ -1,0 +1,354 @@
+// dev/attention.cu: causal GQA attention of one layer, forward and backward, as train_llama3.cu's
+// attention_forward and attention_backward run it, on head-major bf16 q (B, NH, T, HD), k and v
+// (B, KVH, T, HD), query head h reading kv head h / G (G = NH / KVH):
+//   forward   S = q k^T / sqrt(HD), P = causal softmax(S) (bf16), o = P v, written token-major
+//             att_y (B, T, NH*HD) for the out-projection GEMM
+//   backward  from d_att_y (token-major): dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(P dP)),
+//             dQ = dS K / sqrt(HD), dK = dS^T Q / sqrt(HD), all three head-major bf16
+// FLOPs counted for every version: 4 B NH T^2 HD forward, 8 B NH T^2 HD backward, the full T x T
+// square that the unfused GEMMs compute (the causal mask zeroes half of it; flash attention skips
+// the masked tiles, so it does about half of these FLOPs).
+//
+// build: make dev/attention
+// run:   ./dev/attention          validate every version, then time them
+//        ./dev/attention K        version K only
+//        ./dev/attention --check  validate only, no timing (what `make test` runs)
+//
+// versions (the last is the trainer's default, called through ../kernels.cuh):
+//   1  unfused, K/V repeated: k and v copied per query head to (B, NH, T, HD), then batched
+//      cuBLASLt GEMMs (matmul) of batch B*NH with M = T, fp32 scores and bf16 P in memory
+//      (attention_softmax), o permuted to token-major (permute_heads); the backward sums dK, dV
+//      of the G copies per kv head. What an implementation without GQA stacking does.
+//   2  unfused, stacked GQA: the trainer's --flash_attention 0 path, the same calls with the G
+//      query heads of each (batch, kv head) stacked as G*T rows, batch B*KVH, M = G*T, no copies.
+//   3  flash attention (flash_attention_forward / _backward): no T x T buffers, P recomputed in
+//      the backward; the trainer's default.
+// sizes: LLaMA3.2-1B (NH 32, KVH 8, HD 64) at B=4, T=64 and B=16, T=1024. Validated against an
+// fp64 CPU reference at B=2, T=17, NH 4, KVH 2, HD 32 (flash attention takes HD 32 or 64) and at
+// B=4, T=64; at B=16, T=1024 (too slow for the CPU) versions 2 and 3 against version 1.
+#include "common.h"
+
+typedef struct {
+    bf16* heads;   // input: q (B, NH, T, HD), then k, v (B, KVH, T, HD)
+    bf16* dy;      // input of the backward: d att_y, token-major (B, T, NH*HD)
+    bf16* att_y;   // output of the forward: token-major (B, T, NH*HD)
+    bf16* dheads;  // output of the backward: dq, dk, dv laid out like heads
+    float* scores; // versions 1, 2: (B, NH, T, T) S; dP in the backward
+    bf16* probs;   // versions 1, 2: (B, NH, T, T) P; dS after the backward
+    bf16* o_heads; // versions 1, 2: (B, NH, T, HD) o; dO in the backward
+    bf16 *k_rep, *v_rep, *dk_rep, *dv_rep; // version 1: K, V and their gradients per query head (B, NH, T, HD)
+    float *lse2, *dsum; // version 3: (B, NH, T) log2-sum-exp of each query row, rowsum(dO * O)
+} AttnBuffers;
+
+static size_t qkv_elems(HeadShape sh) { return (size_t)sh.B * sh.T * (sh.NH + 2 * sh.KVH) * sh.HD; }
+static size_t q_elems(HeadShape sh) { return (size_t)sh.B * sh.T * sh.NH * sh.HD; }
+static size_t kv_elems(HeadShape sh) { return (size_t)sh.B * sh.T * sh.KVH * sh.HD; }
+static size_t score_elems(HeadShape sh) { return (size_t)sh.B * sh.NH * sh.T * sh.T; }
+static size_t row_elems(HeadShape sh) { return (size_t)sh.B * sh.NH * sh.T; }
+
+static AttnBuffers attn_alloc(HeadShape sh) {
+    size_t QKV = qkv_elems(sh), Q = q_elems(sh), S = score_elems(sh);
+    AttnBuffers b = {dev_alloc<bf16>(QKV), dev_alloc<bf16>(Q),  dev_alloc<bf16>(Q),  dev_alloc<bf16>(QKV),
+                     dev_alloc<float>(S),  dev_alloc<bf16>(S),  dev_alloc<bf16>(Q),  dev_alloc<bf16>(Q),
+                     dev_alloc<bf16>(Q),   dev_alloc<bf16>(Q),  dev_alloc<bf16>(Q),  dev_alloc<float>(row_elems(sh)),
+                     dev_alloc<float>(row_elems(sh))};
+    return b;
+}
+static void attn_free(AttnBuffers& b) {
+    void* all[] = {b.heads, b.dy,    b.att_y,  b.dheads, b.scores, b.probs, b.o_heads,
+                   b.k_rep, b.v_rep, b.dk_rep, b.dv_rep, b.lse2,   b.dsum};
+    for (void* p : all) CUDA_CHECK(cudaFree(p));
+}
+// Every buffer a version writes, NaN before a validation run.
+static void attn_poison(const AttnBuffers& b, HeadShape sh) {
+    dev_poison(b.att_y, q_elems(sh)), dev_poison(b.dheads, qkv_elems(sh));
+    dev_poison(b.scores, score_elems(sh)), dev_poison(b.probs, score_elems(sh)), dev_poison(b.o_heads, q_elems(sh));
+    dev_poison(b.k_rep, q_elems(sh)), dev_poison(b.v_rep, q_elems(sh));
+    dev_poison(b.dk_rep, q_elems(sh)), dev_poison(b.dv_rep, q_elems(sh));
+    dev_poison(b.lse2, row_elems(sh)), dev_poison(b.dsum, row_elems(sh));
+}
+
+// ---- version 1: K and V repeated per query head ----
+
+// k_rep, v_rep (B, NH, T, HD) = k, v (B, KVH, T, HD), each kv head copied for its G query heads.
+__global__ void repeat_kv_kernel(bf16* k_rep, bf16* v_rep, const bf16* k, const bf16* v, HeadShape sh) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, head = (size_t)sh.T * sh.HD;
+    if (i >= (size_t)sh.B * sh.NH * head) return;
+    size_t bh = i / head, b = bh / sh.NH, h = bh % sh.NH;
+    size_t src = (b * sh.KVH + h / (sh.NH / sh.KVH)) * head + i % head;
+    k_rep[i] = k[src], v_rep[i] = v[src];
+}
+
+// dk, dv (B, KVH, T, HD) = dk_rep, dv_rep summed over the G query heads of each kv head (the
+// repeat's backward), in fp32, then bf16.
+__global__ void sum_kv_heads_kernel(bf16* dk, bf16* dv, const bf16* dk_rep, const bf16* dv_rep, HeadShape sh) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, head = (size_t)sh.T * sh.HD;
+    if (i >= (size_t)sh.B * sh.KVH * head) return;
+    int G = sh.NH / sh.KVH;
+    size_t bj = i / head, b = bj / sh.KVH, j = bj % sh.KVH, first = (b * sh.NH + j * G) * head + i % head;
+    float sum_k = 0.0f, sum_v = 0.0f;
+    for (int g = 0; g < G; g++)
+        sum_k += __bfloat162float(dk_rep[first + g * head]), sum_v += __bfloat162float(dv_rep[first + g * head]);
+    dk[i] = __float2bfloat16_rn(sum_k), dv[i] = __float2bfloat16_rn(sum_v);
+}
+
+static void forward_repeated(Gemm* g, const AttnBuffers& b, HeadShape sh) {
+    int T = sh.T, HD = sh.HD, batch = sh.B * sh.NH;
+    bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
+    long long s = (long long)T * HD, sp = (long long)T * T;
+    repeat_kv_kernel<<<ceil_div(q_elems(sh), 256), 256>>>(b.k_rep, b.v_rep, k, v, sh);
+    LAUNCH_CHECK();
+    matmul(g, 0, b.scores, q, b.k_rep, T, T, HD, false, true, true, 1.0f / sqrtf((float)HD), 0.0f, batch, s, s, sp);
+    attention_softmax(false, b.probs, b.scores, batch * T, T, 0);
+    matmul(g, 0, b.o_heads, b.probs, b.v_rep, T, HD, T, false, false, false, 1.0f, 0.0f, batch, sp, s, s);
+    permute_heads(false, b.att_y, b.o_heads, sh, 0);
+}
+
+static void backward_repeated(Gemm* g, const AttnBuffers& b, HeadShape sh) {
+    int T = sh.T, HD = sh.HD, batch = sh.B * sh.NH;
+    bf16 *q = b.heads, *dq = b.dheads, *dk = dq + q_elems(sh), *dv = dk + kv_elems(sh), *dout = b.o_heads;
+    long long s = (long long)T * HD, sp = (long long)T * T;
+    float scale = 1.0f / sqrtf((float)HD);
+    permute_heads(true, b.dy, dout, sh, 0);
+    matmul(g, 0, b.dv_rep, b.probs, dout, T, HD, T, true, false, false, 1.0f, 0.0f, batch, sp, s, s);
+    matmul(g, 0, b.scores, dout, b.v_rep, T, T, HD, false, true, true, 1.0f, 0.0f, batch, s, s, sp);
+    attention_softmax(true, b.probs, b.scores, batch * T, T, 0);
+    matmul(g, 0, dq, b.probs, b.k_rep, T, HD, T, false, false, false, scale, 0.0f, batch, sp, s, s);
+    matmul(g, 0, b.dk_rep, b.probs, q, T, HD, T, true, false, false, scale, 0.0f, batch, sp, s, s);
+    sum_kv_heads_kernel<<<ceil_div(kv_elems(sh), 256), 256>>>(dk, dv, b.dk_rep, b.dv_rep, sh);
+    LAUNCH_CHECK();
+}
+
+// ---- version 2: stacked GQA, train_llama3.cu's attention_forward / _backward with --flash_attention 0 ----
+
+static void forward_stacked(Gemm* g, const AttnBuffers& b, HeadShape sh) {
+    int G = sh.NH / sh.KVH, T = sh.T, HD = sh.HD, batch = sh.B * sh.KVH;
+    bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
+    long long sq = (long long)G * T * HD, skv = (long long)T * HD, sp = (long long)G * T * T;
+    matmul(g, 0, b.scores, q, k, G * T, T, HD, false, true, true, 1.0f / sqrtf((float)HD), 0.0f, batch, sq, skv, sp);
+    attention_softmax(false, b.probs, b.scores, sh.B * sh.NH * T, T, 0);
+    matmul(g, 0, b.o_heads, b.probs, v, G * T, HD, T, false, false, false, 1.0f, 0.0f, batch, sp, skv, sq);
+    permute_heads(false, b.att_y, b.o_heads, sh, 0);
+}
+
+static void backward_stacked(Gemm* g, const AttnBuffers& b, HeadShape sh) {
+    int G = sh.NH / sh.KVH, T = sh.T, HD = sh.HD, batch = sh.B * sh.KVH;
+    bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
+    bf16 *dq = b.dheads, *dk = dq + q_elems(sh), *dv = dk + kv_elems(sh), *dout = b.o_heads;
+    long long sq = (long long)G * T * HD, skv = (long long)T * HD, sp = (long long)G * T * T;
+    float scale = 1.0f / sqrtf((float)HD);
+    permute_heads(true, b.dy, dout, sh, 0);
+    matmul(g, 0, dv, b.probs, dout, T, HD, G * T, true, false, false, 1.0f, 0.0f, batch, sp, sq, skv);
+    matmul(g, 0, b.scores, dout, v, G * T, T, HD, false, true, true, 1.0f, 0.0f, batch, sq, skv, sp);
+    attention_softmax(true, b.probs, b.scores, sh.B * sh.NH * T, T, 0);
+    matmul(g, 0, dq, b.probs, k, G * T, HD, T, false, false, false, scale, 0.0f, batch, sp, skv, sq);
+    matmul(g, 0, dk, b.probs, q, T, HD, G * T, true, false, false, scale, 0.0f, batch, sp, sq, skv);
+}
+
+// ---- version 3: flash attention (the trainer's default) ----
+
+static void forward_flash(const AttnBuffers& b, HeadShape sh) {
+    bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
+    flash_attention_forward(b.att_y, b.lse2, q, k, v, sh, 0);
+}
+
+static void backward_flash(const AttnBuffers& b, HeadShape sh) {
+    bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
+    bf16 *dq = b.dheads, *dk = dq + q_elems(sh), *dv = dk + kv_elems(sh);
+    flash_attention_backward(dq, dk, dv, b.dsum, b.dy, b.att_y, q, k, v, b.lse2, sh, 0);
+}
+
+static void attention_version(int version, bool backward, Gemm* g, const AttnBuffers& b, HeadShape sh) {
+    if (version == 1 && !backward) forward_repeated(g, b, sh);
+    else if (version == 1) backward_repeated(g, b, sh);
+    else if (version == 2 && !backward) forward_stacked(g, b, sh);
+    else if (version == 2) backward_stacked(g, b, sh);
+    else if (!backward) forward_flash(b, sh);
+    else backward_flash(b, sh);
+}
+
+// ---- CPU reference (fp64) ----
+
+// Query row t of one head: o_row = P v; dq_row, and the row's terms added into dk, dv (fp64).
+// q, k, v point at the head's (T, HD) matrices, dOt at row t of dO; p and dp are T-long scratch.
+static void attention_row_cpu(float* o_row, float* dq_row, double* dk, double* dv, const float* q, const float* k,
+                              const float* v, const float* dOt, int t, int HD, double* p, double* dp) {
+    double scale = 1.0 / sqrt((double)HD), mx = -INFINITY, sum = 0.0, dot = 0.0;
+    const float* qt = q + (size_t)t * HD;
+    for (int u = 0; u <= t; u++) {
+        double s = 0.0;
+        for (int d = 0; d < HD; d++) s += (double)qt[d] * k[u * HD + d];
+        p[u] = s * scale, mx = std::max(mx, p[u]);
+    }
+    for (int u = 0; u <= t; u++) p[u] = exp(p[u] - mx), sum += p[u];
+    for (int u = 0; u <= t; u++) {
+        p[u] /= sum, dp[u] = 0.0;
+        for (int d = 0; d < HD; d++) dp[u] += (double)dOt[d] * v[u * HD + d];
+        dot += p[u] * dp[u];
+    }
+    for (int d = 0; d < HD; d++) {
+        double o = 0.0, dq = 0.0;
+        for (int u = 0; u <= t; u++) o += p[u] * v[u * HD + d], dq += p[u] * (dp[u] - dot) * k[u * HD + d];
+        o_row[d] = (float)o, dq_row[d] = (float)(dq * scale);
+    }
+    for (int u = 0; u <= t; u++)
+        for (int d = 0; d < HD; d++) {
+            dk[u * HD + d] += p[u] * (dp[u] - dot) * scale * qt[d];
+            dv[u * HD + d] += p[u] * dOt[d];
+        }
+}
+
+// att_y and dheads (dq, dk, dv head-major) from heads and dy (att_y and dy token-major).
+static void attention_cpu(std::vector<float>& att_y, std::vector<float>& dheads, const std::vector<float>& heads,
+                          const std::vector<float>& dy, HeadShape sh) {
+    int T = sh.T, HD = sh.HD, G = sh.NH / sh.KVH;
+    size_t Q = q_elems(sh), KV = kv_elems(sh), head = (size_t)T * HD;
+    std::vector<double> dkv(2 * KV, 0.0), p(T), dp(T); // dk then dv
+    for (int b = 0; b < sh.B; b++)
+        for (int h = 0; h < sh.NH; h++) {
+            size_t qh = ((size_t)b * sh.NH + h) * head, kvh = ((size_t)b * sh.KVH + h / G) * head;
+            for (int t = 0; t < T; t++) {
+                size_t token_row = ((size_t)b * T + t) * sh.NH * HD + h * HD; // (b, t, head h) token-major
+                attention_row_cpu(&att_y[token_row], &dheads[qh + (size_t)t * HD], &dkv[kvh], &dkv[KV + kvh],
+                                  &heads[qh], &heads[Q + kvh], &heads[Q + KV + kvh], &dy[token_row], t, HD, p.data(),
+                                  dp.data());
+            }
+        }
+    for (size_t i = 0; i < 2 * KV; i++) dheads[Q + i] = (float)dkv[i];
+}
+
+// ---- checks ----
+
+// ||got - ref|| / ||ref|| <= tol over n elements (NaN fails), counted with dev_check's totals.
+static bool check_rel_l2(const char* what, const float* got, const float* ref, size_t n, double tol) {
+    double err = 0.0, norm = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        err += d * d, norm += (double)ref[i] * ref[i];
+    }
+    double rel = sqrt(err / norm);
+    bool ok = rel <= tol;
+    printf("%s %-52s relative L2 error %.2e (tol %.0e)\n", ok ? "ok  " : "FAIL", what, rel, tol);
+    ok ? dev_passed++ : dev_failed++;
+    return ok;
+}
+
+// The forward's att_y and the backward's dq, dk, dv of `got` against `ref`: relative L2 always,
+// per element too when `per_element`.
+static bool check_outputs(const char* tag, const std::vector<float>* got, const std::vector<float>* ref, HeadShape sh,
+                          bool per_element) {
+    size_t Q = q_elems(sh), KV = kv_elems(sh);
+    const char* names[4] = {"att_y", "dq", "dk", "dv"};
+    size_t begin[4] = {0, 0, Q, Q + KV}, count[4] = {Q, Q, KV, KV};
+    bool ok = true;
+    char what[128];
+    for (int i = 0; i < 4; i++) {
+        const float *g = got[i > 0].data() + begin[i], *r = ref[i > 0].data() + begin[i];
+        snprintf(what, sizeof(what), "%s B=%d T=%d %s", tag, sh.B, sh.T, names[i]);
+        if (per_element) ok &= dev_check(what, g, r, count[i], 2e-2f, 2e-2f);
+        ok &= check_rel_l2(what, g, r, count[i], 1e-2);
+    }
+    return ok;
+}
+
+// Forward then backward of one version on b's inputs, outputs poisoned first: {att_y, dheads}.
+static void run_version(int version, Gemm* g, const AttnBuffers& b, HeadShape sh, std::vector<float>* out) {
+    attn_poison(b, sh);
+    attention_version(version, false, g, b, sh);
+    out[0] = from_bf16(dev_download(b.att_y, q_elems(sh)));
+    attention_version(version, true, g, b, sh);
+    out[1] = from_bf16(dev_download(b.dheads, qkv_elems(sh)));
+}
+
+// Fresh N(0, 1) q, k, v and d att_y against the fp64 reference. Tolerances: P, dS and every output
+// are bf16 (2^-9 relative rounding each) with fp32 accumulation, about 1e-2 relative L2 error at
+// most; per element atol 2e-2 rtol 2e-2 (the outputs are O(0.1..1) here).
+static void validate_cpu(HeadShape sh, Gemm* g, const DevArgs& a, bool* ok) {
+    std::vector<float> heads = from_bf16(to_bf16(random_normal(qkv_elems(sh))));
+    std::vector<float> dy = from_bf16(to_bf16(random_normal(q_elems(sh))));
+    std::vector<float> ref[2] = {std::vector<float>(q_elems(sh)), std::vector<float>(qkv_elems(sh))}, got[2];
+    attention_cpu(ref[0], ref[1], heads, dy, sh);
+    AttnBuffers b = attn_alloc(sh);
+    CUDA_CHECK(cudaMemcpy(b.heads, to_bf16(heads).data(), qkv_elems(sh) * sizeof(bf16), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b.dy, to_bf16(dy).data(), q_elems(sh) * sizeof(bf16), cudaMemcpyHostToDevice));
+    char tag[32];
+    for (int version = 1; version <= 3; version++) {
+        if (!dev_selected(a, version)) continue;
+        run_version(version, g, b, sh, got);
+        snprintf(tag, sizeof(tag), "v%d vs CPU", version);
+        ok[version] &= check_outputs(tag, got, ref, sh, true);
+    }
+    attn_free(b);
+}
+
+// Where the CPU is too slow: versions 2 and 3 against version 1 on the same random inputs,
+// relative L2 1e-2 (they differ in summation order, where P and dS are rounded, and version 1
+// rounds dK, dV per query head before summing them).
+static void validate_versions(HeadShape sh, Gemm* g, bool* ok) {
+    AttnBuffers b = attn_alloc(sh);
+    fill_normal(b.heads, qkv_elems(sh)), fill_normal(b.dy, q_elems(sh));
+    std::vector<float> ref[2], got[2];
+    run_version(1, g, b, sh, ref);
+    char tag[32];
+    for (int version = 2; version <= 3; version++) {
+        run_version(version, g, b, sh, got);
+        snprintf(tag, sizeof(tag), "v%d vs v1", version);
+        bool same = check_outputs(tag, got, ref, sh, false);
+        ok[1] &= same, ok[version] &= same;
+    }
+    attn_free(b);
+}
+
+// ---- timing ----
+
+// Versions 1 and 2 overwrite P with dS in the backward, so their timed repetitions run on the
+// previous repetition's dS: no kernel does data-dependent work, so the values do not change the
+// time. Rotation is sized by the inputs and outputs alone (q, k, v, att_y): what flash attention
+// moves; the unfused versions' T x T buffers only add to that.
+static void time_versions(HeadShape sh, Gemm* g, const DevArgs& a, const bool* ok) {
+    int sets = rotations(2 * (qkv_elems(sh) + q_elems(sh)));
+    std::vector<AttnBuffers> b(sets);
+    for (auto& s : b) {
+        s = attn_alloc(sh);
+        fill_normal(s.heads, qkv_elems(sh)), fill_normal(s.dy, q_elems(sh));
+    }
+    double flops = 4.0 * sh.B * sh.NH * (double)sh.T * sh.T * sh.HD;
+    char size[48];
+    snprintf(size, sizeof(size), "B=%d T=%d", sh.B, sh.T);
+    const char* labels[4] = {"", "1 unfused, repeated K/V", "2 unfused, stacked GQA", "3 flash (trainer)"};
+    for (int version = 1; version <= 3; version++) {
+        if (!dev_selected(a, version)) continue;
+        for (int backward = 0; backward <= 1; backward++) {
+            if (backward) // P (lse2 for flash, version 1's K, V copies) from the forward
+                for (auto& s : b) attention_version(version, false, g, s, sh);
+            int r = 0;
+            double ms = median_ms([&] { attention_version(version, backward, g, b[r++ % sets], sh); });
+            print_row(backward ? "attention backward" : "attention forward", labels[version], size, ms, 0.0,
+                      backward ? 2 * flops : flops, ok[version]);
+        }
+    }
+    for (auto& s : b) attn_free(s);
+}
+
+int main(int argc, char** argv) {
+    DevArgs a = dev_args(argc, argv, 3);
+    Gemm g = {};
+    CUBLAS_CHECK(cublasLtCreate(&g.handle));
+    g.workspace_bytes = 32 << 20; // as the trainer's
+    g.workspace = dev_alloc<char>(g.workspace_bytes);
+    bool ok[4] = {true, true, true, true};
+    const HeadShape small = {2, 17, 4, 2, 32}, b4t64 = {4, 64, 32, 8, 64}, b16t1024 = {16, 1024, 32, 8, 64};
+    validate_cpu(small, &g, a, ok);
+    validate_cpu(b4t64, &g, a, ok);
+    if (!a.check_only) {
+        if (a.version == 0) validate_versions(b16t1024, &g, ok);
+        gemm_ceiling_tflops(); // measured before the table, so its line does not split it
+        print_header();
+        time_versions(b4t64, &g, a, ok);
+        time_versions(b16t1024, &g, a, ok);
+    }
+    gemm_destroy(&g);
+    CUBLAS_CHECK(cublasLtDestroy(g.handle));
+    CUDA_CHECK(cudaFree(g.workspace));
+    return dev_finish();
+}

@@ -1,0 +1,169 @@
+// dev/gemm.cu: the GEMMs of one LLaMA3.2-1B layer and of the LM head, through the trainer's
+// matmul() (kernels.cuh: cuBLASLt, one cached plan per call shape), called as train_llama3.cu
+// calls it for a linear layer y = x W^T, x (N, in), W (out, in), N = B*T tokens:
+//   forward      y  (N, out)      = x W^T   matmul(y, x, W, N, out, in, NT), bf16 out  (block_forward)
+//   input grad   dx (N, in)       = dy W    matmul(dx, dy, W, N, in, out, NN), bf16 out (input_grad)
+//   weight grad  dW (out, in)    (+)= dy^T x matmul(dW, dy, x, out, in, N, TN), fp32 out, beta 0 (first
+//                micro-step) or beta 1 (accumulating the later ones)                    (weight_grad)
+// for qkv (3072 x 2048), attn_out (2048 x 2048), gate_up (16384 x 2048), down (2048 x 8192) and
+// lm_head (128256 x 2048). 2 M N K FLOPs each, against the measured GEMM ceiling.
+//
+// build: make dev/gemm
+// run:   ./dev/gemm          validate against a CPU reference, then time every shape
+//        ./dev/gemm 1        the same (there is one version)
+//        ./dev/gemm --check  validate only, no timing (what `make test` runs)
+//
+// versions:
+//   1  the trainer's matmul() (the library: cuBLASLt's heuristic picks the kernel).
+// sizes: N = 256 (B=4, T=64) and 16384 (B=16, T=1024). Validated on every layer's shapes of a
+// small model (C 64, 4/2 heads of 16, F 128, V 520) at N = 34, and on attn_out at N = 256.
+#include "common.h"
+#include "../llama3.h"
+
+typedef struct {
+    const char* name;
+    int out, in;
+} Linear;
+
+static std::vector<Linear> model_linears(const Llama3Config& c) {
+    return {{"qkv", qkv_dim(&c), c.n_embd},
+            {"attn_out", c.n_embd, c.n_embd},
+            {"gate_up", 2 * c.ffn_hidden, c.n_embd},
+            {"down", c.n_embd, c.ffn_hidden},
+            {"lm_head", c.vocab_size, c.n_embd}};
+}
+
+enum { FORWARD, INPUT_GRAD, WEIGHT_GRAD, WEIGHT_GRAD_ACC, NUM_KINDS };
+static const char* const KIND_NAMES[NUM_KINDS] = {"forward (NT, bf16)", "input grad (NN, bf16)",
+                                                  "weight grad (TN, fp32, beta 0)", "weight grad (TN, fp32, beta 1)"};
+
+typedef struct {
+    bf16 *x, *w, *dy; // inputs: x (N, in), W (out, in), dy (N, out)
+    bf16 *y, *dx;     // outputs: y (N, out), dx (N, in)
+    float* dw;        // output (beta 0) or accumulated into (beta 1): dW (out, in)
+} LinearBuffers;
+
+static LinearBuffers linear_alloc(size_t N, Linear l) {
+    size_t W = (size_t)l.out * l.in;
+    LinearBuffers b = {dev_alloc<bf16>(N * l.in),  dev_alloc<bf16>(W),       dev_alloc<bf16>(N * l.out),
+                       dev_alloc<bf16>(N * l.out), dev_alloc<bf16>(N * l.in), dev_alloc<float>(W)};
+    return b;
+}
+static void linear_free(LinearBuffers& b) {
+    void* all[] = {b.x, b.w, b.dy, b.y, b.dx, b.dw};
+    for (void* p : all) CUDA_CHECK(cudaFree(p));
+}
+
+// The trainer's calls (train_llama3.cu block_forward, input_grad, weight_grad).
+static void gemm_kind(Gemm* g, int kind, const LinearBuffers& b, int N, Linear l) {
+    if (kind == FORWARD) matmul(g, 0, b.y, b.x, b.w, N, l.out, l.in, false, true, false);
+    else if (kind == INPUT_GRAD) matmul(g, 0, b.dx, b.dy, b.w, N, l.in, l.out, false, false, false);
+    else matmul(g, 0, b.dw, b.dy, b.x, l.out, l.in, N, true, false, true, 1.0f, kind == WEIGHT_GRAD_ACC ? 1.0f : 0.0f);
+}
+
+// ---- CPU reference ----
+
+// D (M, N) = A (M, K) B (K, N), row-major, summed in fp64 (the bf16 products are exact in it).
+static std::vector<float> matmul_cpu(const std::vector<float>& A, const std::vector<float>& B, int M, int N, int K) {
+    std::vector<double> acc(N);
+    std::vector<float> D((size_t)M * N);
+    for (int m = 0; m < M; m++) {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int k = 0; k < K; k++) {
+            double a = A[(size_t)m * K + k];
+            const float* b = &B[(size_t)k * N];
+            for (int n = 0; n < N; n++) acc[n] += a * b[n];
+        }
+        for (int n = 0; n < N; n++) D[(size_t)m * N + n] = (float)acc[n];
+    }
+    return D;
+}
+static std::vector<float> transpose(const std::vector<float>& m, int rows, int cols) {
+    std::vector<float> t(m.size());
+    for (size_t r = 0; r < (size_t)rows; r++)
+        for (int c = 0; c < cols; c++) t[(size_t)c * rows + r] = m[r * cols + c];
+    return t;
+}
+
+// Fresh N(0, 1) x, W, dy; the four calls against the reference. The outputs have scale sqrt(K).
+// Tolerances: bf16 outputs rtol 1e-2 (their own rounding is 2^-9), fp32 outputs rtol 1e-4 (fp32
+// accumulation over K, ~1e-6); both with atol 1e-4 sqrt(K) for outputs that cancel to near 0,
+// where the error is that of the sum's terms. The beta 1 call starts from random fp32 dW (its
+// "poison": a value that was not accumulated into shows) and must return dW + dy^T x.
+static void validate(Gemm* g, int N, Linear l, bool* ok) {
+    std::vector<float> x = from_bf16(to_bf16(random_normal((size_t)N * l.in)));
+    std::vector<float> w = from_bf16(to_bf16(random_normal((size_t)l.out * l.in)));
+    std::vector<float> dy = from_bf16(to_bf16(random_normal((size_t)N * l.out)));
+    std::vector<float> dw_old = random_normal((size_t)l.out * l.in, sqrtf((float)N));
+    std::vector<float> ref[NUM_KINDS] = {matmul_cpu(x, transpose(w, l.out, l.in), N, l.out, l.in),
+                                         matmul_cpu(dy, w, N, l.in, l.out),
+                                         matmul_cpu(transpose(dy, N, l.out), x, l.out, l.in, N), {}};
+    ref[WEIGHT_GRAD_ACC] = ref[WEIGHT_GRAD];
+    for (size_t i = 0; i < dw_old.size(); i++) ref[WEIGHT_GRAD_ACC][i] += dw_old[i];
+    const int K[NUM_KINDS] = {l.in, l.out, N, N};
+    LinearBuffers b = linear_alloc(N, l);
+    upload_into(b.x, x), upload_into(b.w, w), upload_into(b.dy, dy);
+    char what[128];
+    for (int kind = 0; kind < NUM_KINDS; kind++) {
+        std::vector<float> got;
+        if (kind == FORWARD) dev_poison(b.y, (size_t)N * l.out);
+        if (kind == INPUT_GRAD) dev_poison(b.dx, (size_t)N * l.in);
+        if (kind == WEIGHT_GRAD) dev_poison(b.dw, (size_t)l.out * l.in);
+        if (kind == WEIGHT_GRAD_ACC)
+            CUDA_CHECK(cudaMemcpy(b.dw, dw_old.data(), dw_old.size() * sizeof(float), cudaMemcpyHostToDevice));
+        gemm_kind(g, kind, b, N, l);
+        if (kind == FORWARD) got = from_bf16(dev_download(b.y, (size_t)N * l.out));
+        else if (kind == INPUT_GRAD) got = from_bf16(dev_download(b.dx, (size_t)N * l.in));
+        else got = dev_download(b.dw, (size_t)l.out * l.in);
+        snprintf(what, sizeof(what), "%s N=%d (%dx%d) %s", l.name, N, l.out, l.in, KIND_NAMES[kind]);
+        ok[1] &= dev_check(what, got, ref[kind], 1e-4f * sqrtf((float)K[kind]), kind <= INPUT_GRAD ? 1e-2f : 1e-4f);
+    }
+    linear_free(b);
+}
+
+// ---- timing ----
+
+// All four calls of one linear layer. Rotation is sized by the forward's operands (the input
+// grad's are the same, the weight grad's larger): at N = 256 the small layers' fit in L2.
+static void time_linear(Gemm* g, int N, Linear l, bool ok) {
+    int sets = rotations(2 * ((size_t)N * l.in + (size_t)l.out * l.in + (size_t)N * l.out));
+    std::vector<LinearBuffers> b(sets);
+    for (auto& s : b) {
+        s = linear_alloc(N, l);
+        fill_normal(s.x, (size_t)N * l.in), fill_normal(s.w, (size_t)l.out * l.in);
+        fill_normal(s.dy, (size_t)N * l.out);
+    }
+    const int MNK[NUM_KINDS][3] = {{N, l.out, l.in}, {N, l.in, l.out}, {l.out, l.in, N}, {l.out, l.in, N}};
+    for (int kind = 0; kind < NUM_KINDS; kind++) { // beta 0 before beta 1: dW holds values to add to
+        int r = 0;
+        double ms = median_ms([&] { gemm_kind(g, kind, b[r++ % sets], N, l); });
+        char kernel[64], size[64];
+        snprintf(kernel, sizeof(kernel), "%s %s", l.name, KIND_NAMES[kind]);
+        snprintf(size, sizeof(size), "M=%d N=%d K=%d", MNK[kind][0], MNK[kind][1], MNK[kind][2]);
+        print_row(kernel, sets > 1 ? "1 cuBLASLt (rotated)" : "1 cuBLASLt", size, ms, 0.0, 2.0 * N * l.out * l.in, ok);
+    }
+    for (auto& s : b) linear_free(s);
+}
+
+int main(int argc, char** argv) {
+    DevArgs a = dev_args(argc, argv, 1);
+    Gemm g = {};
+    CUBLAS_CHECK(cublasLtCreate(&g.handle));
+    g.workspace_bytes = 32 << 20; // as the trainer's
+    g.workspace = dev_alloc<char>(g.workspace_bytes);
+    Llama3Config small = llama3_2_1b_config(), full = llama3_2_1b_config();
+    small.n_embd = 64, small.n_head = 4, small.n_kv_head = 2, small.ffn_hidden = 128, small.vocab_size = 520;
+    bool ok[2] = {true, true};
+    for (const Linear& l : model_linears(small)) validate(&g, 34, l, ok);
+    validate(&g, 256, model_linears(full)[1], ok); // attn_out, a real shape
+    if (!a.check_only) {
+        gemm_ceiling_tflops(); // measured before the table, so its line does not split it
+        print_header();
+        for (int N : {256, 16384})
+            for (const Linear& l : model_linears(full)) time_linear(&g, N, l, ok[1]);
+    }
+    gemm_destroy(&g);
+    CUBLAS_CHECK(cublasLtDestroy(g.handle));
+    CUDA_CHECK(cudaFree(g.workspace));
+    return dev_finish();
+}
