@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "kernels.cuh"
 #include "llama3.h"
@@ -49,7 +48,7 @@ enum {
     // scratch
     A_QKV,          // bf16 (N, QKV)     qkv GEMM output; dqkv in backward
     A_BRANCH,       // bf16 (N, C)       o-proj / down output; gradients into norms in backward
-    A_HEADS_O,      // bf16 (N, C)       attention output head-major; dO in backward
+    A_HEADS_O,      // bf16 (N, C)       unfused attention: output head-major; dO in backward
     A_SCORES,       // fp32 (B, NH, T, T) scores, unfused attention only; dP in backward
     A_DSUM,         // fp32 (B, NH, T)   rowsum(dO * O), flash attention backward
     A_DHEADS,       // bf16 (N * QKV)    dq, dk, dv head-major
@@ -164,6 +163,35 @@ static size_t model_bytes(const ParamLayout* p, const ActLayout* a, const Switch
     return p->total * 16 + bf16_weight_bytes(p, sw) + a->total;
 }
 
+// The (T, HD/2) cos and sin tables of RoPE, computed on the host once.
+static void rope_upload(Model* m) {
+    int half = m->cfg.n_embd / m->cfg.n_head / 2, T = m->T;
+    float* table = (float*)malloc(sizeof(float) * 2 * T * half);
+    rope_table(&m->cfg, T, table, table + T * half);
+    m->rope_cos = (float*)device_alloc(sizeof(float) * 2 * T * half, "rope table");
+    m->rope_sin = m->rope_cos + T * half;
+    CUDA_CHECK(cudaMemcpy(m->rope_cos, table, sizeof(float) * 2 * T * half, cudaMemcpyHostToDevice));
+    free(table);
+}
+
+// Buffers of the token sort [sparse rows] for up to n tokens: sorted ids and positions, the
+// 0..n-1 values, and CUB's scratch.
+static void sorter_create(TokenSorter* ts, size_t n, int vocab_size) {
+    ts->sorted_tokens = (int*)device_alloc(n * 3 * sizeof(int), "token sort");
+    ts->sorted_positions = ts->sorted_tokens + n;
+    int* iota = ts->sorted_tokens + 2 * n;
+    int* iota_host = (int*)malloc(n * sizeof(int));
+    for (size_t i = 0; i < n; i++) iota_host[i] = (int)i;
+    CUDA_CHECK(cudaMemcpy(iota, iota_host, n * sizeof(int), cudaMemcpyHostToDevice));
+    free(iota_host);
+    ts->iota = iota;
+    for (ts->end_bit = 1; (1 << ts->end_bit) < vocab_size; ts->end_bit++) {}
+    ts->temp = NULL;
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, ts->temp_bytes, ts->sorted_tokens, ts->sorted_tokens, ts->iota,
+                                               ts->sorted_positions, (int)n, 0, ts->end_bit));
+    ts->temp = device_alloc(ts->temp_bytes, "token sort scratch");
+}
+
 static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* opt, const Switches* sw, int B, int T,
                          int grad_accum) {
     memset(m, 0, sizeof(*m));
@@ -206,30 +234,8 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     CUDA_CHECK(cudaMemsetAsync(m->adam_m, 0, P * 4, m->stream));
     CUDA_CHECK(cudaMemsetAsync(m->adam_v, 0, P * 4, m->stream));
     CUDA_CHECK(cudaMemsetAsync(m->grads, 0, P * 4, m->stream));
-
-    int half = cfg->n_embd / cfg->n_head / 2;
-    float* table = (float*)malloc(sizeof(float) * 2 * T * half);
-    rope_table(cfg, T, table, table + T * half);
-    m->rope_cos = (float*)device_alloc(sizeof(float) * 2 * T * half, "rope table");
-    m->rope_sin = m->rope_cos + T * half;
-    CUDA_CHECK(cudaMemcpy(m->rope_cos, table, sizeof(float) * 2 * T * half, cudaMemcpyHostToDevice));
-    free(table);
-
-    TokenSorter* ts = &m->sorter;
-    ts->sorted_tokens = (int*)device_alloc(n_step * 3 * sizeof(int), "token sort");
-    ts->sorted_positions = ts->sorted_tokens + n_step;
-    int* iota = ts->sorted_tokens + 2 * n_step;
-    int* iota_host = (int*)malloc(n_step * sizeof(int));
-    for (size_t i = 0; i < n_step; i++) iota_host[i] = (int)i;
-    CUDA_CHECK(cudaMemcpy(iota, iota_host, n_step * sizeof(int), cudaMemcpyHostToDevice));
-    free(iota_host);
-    ts->iota = iota;
-    for (ts->end_bit = 1; (1 << ts->end_bit) < cfg->vocab_size; ts->end_bit++) {}
-    ts->temp = NULL;
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, ts->temp_bytes, ts->sorted_tokens, ts->sorted_tokens, ts->iota,
-                                               ts->sorted_positions, (int)n_step, 0, ts->end_bit));
-    ts->temp = device_alloc(ts->temp_bytes, "token sort scratch");
-
+    rope_upload(m);
+    sorter_create(&m->sorter, n_step, cfg->vocab_size);
     CUBLAS_CHECK(cublasLtCreate(&m->gemm.handle));
     m->gemm.workspace_bytes = 32 << 20;
     m->gemm.workspace = device_alloc(m->gemm.workspace_bytes, "cuBLASLt workspace");
