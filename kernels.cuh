@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef __nv_bfloat16 bf16;
 
@@ -1098,6 +1099,14 @@ static void matmul(Gemm* g, cudaStream_t s, void* D, const bf16* A, const bf16* 
                                 g->workspace, g->workspace_bytes, s));
 }
 
+// A cuBLASLt handle and a 32 MiB workspace; plans are made on first use of each shape.
+static void gemm_create(Gemm* g) {
+    memset(g, 0, sizeof(*g));
+    CUBLAS_CHECK(cublasLtCreate(&g->handle));
+    g->workspace_bytes = 32 << 20;
+    CUDA_CHECK(cudaMalloc(&g->workspace, g->workspace_bytes));
+}
+
 static void gemm_destroy(Gemm* g) {
     for (int i = 0; i < g->n_plans; i++) {
         cublasLtMatmulDescDestroy(g->plans[i].op);
@@ -1106,4 +1115,6 @@ static void gemm_destroy(Gemm* g) {
         cublasLtMatrixLayoutDestroy(g->plans[i].d);
     }
     g->n_plans = 0;
+    CUBLAS_CHECK(cublasLtDestroy(g->handle));
+    CUDA_CHECK(cudaFree(g->workspace));
 }

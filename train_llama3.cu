@@ -236,17 +236,13 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     CUDA_CHECK(cudaMemsetAsync(m->grads, 0, P * 4, m->stream));
     rope_upload(m);
     sorter_create(&m->sorter, n_step, cfg->vocab_size);
-    CUBLAS_CHECK(cublasLtCreate(&m->gemm.handle));
-    m->gemm.workspace_bytes = 32 << 20;
-    m->gemm.workspace = device_alloc(m->gemm.workspace_bytes, "cuBLASLt workspace");
+    gemm_create(&m->gemm);
 }
 
 static void model_free(Model* m) {
     gemm_destroy(&m->gemm);
-    cublasLtDestroy(m->gemm.handle);
     void* device[] = {m->params, m->grads, m->adam_m, m->adam_v, m->shadow, m->cast_weight, m->shape_in_memory,
-                      m->acts, m->tokens, m->loss, m->rope_cos, m->sorter.sorted_tokens, m->sorter.temp,
-                      m->gemm.workspace};
+                      m->acts, m->tokens, m->loss, m->rope_cos, m->sorter.sorted_tokens, m->sorter.temp};
     for (size_t i = 0; i < sizeof(device) / sizeof(device[0]); i++) CUDA_CHECK(cudaFree(device[i]));
     CUDA_CHECK(cudaFreeHost(m->tokens_host));
     CUDA_CHECK(cudaFreeHost(m->loss_host));
@@ -461,9 +457,9 @@ static void adamw_tensor(Model* m, int tensor, int layer, cudaStream_t s); // in
 static void adamw_embedding(Model* m, cudaStream_t s);
 
 // [streams] With adam_overlap, AdamW runs on the optimizer stream as soon as the backward pass
-// has written a group of gradients (lm_head first, then layer by layer): the streaming Adam
-// fills the gaps the backward's small kernels leave in memory bandwidth. This orders the
-// optimizer stream after everything the main stream has issued so far.
+// has written a group of gradients (lm_head first, then layer by layer), meant to fill the
+// bandwidth the backward's small kernels leave idle (measured: no gain yet, dev/PERF.md). This
+// orders the optimizer stream after everything the main stream has issued so far.
 static void optimizer_stream_waits(Model* m) {
     CUDA_CHECK(cudaEventRecord(m->grads_ready, m->stream));
     CUDA_CHECK(cudaStreamWaitEvent(m->opt_stream, m->grads_ready));

@@ -332,10 +332,8 @@ static void time_versions(HeadShape sh, Gemm* g, const DevArgs& a, const bool* o
 
 int main(int argc, char** argv) {
     DevArgs a = dev_args(argc, argv, 3);
-    Gemm g = {};
-    CUBLAS_CHECK(cublasLtCreate(&g.handle));
-    g.workspace_bytes = 32 << 20; // as the trainer's
-    g.workspace = dev_alloc<char>(g.workspace_bytes);
+    static Gemm g; // the trainer's matmul() state; large (its plan table): not on the stack
+    gemm_create(&g);
     bool ok[4] = {true, true, true, true};
     const HeadShape small = {2, 17, 4, 2, 32}, b4t64 = {4, 64, 32, 8, 64}, b16t1024 = {16, 1024, 32, 8, 64};
     validate_cpu(small, &g, a, ok);
@@ -348,7 +346,5 @@ int main(int argc, char** argv) {
         time_versions(b16t1024, &g, a, ok);
     }
     gemm_destroy(&g);
-    CUBLAS_CHECK(cublasLtDestroy(g.handle));
-    CUDA_CHECK(cudaFree(g.workspace));
     return dev_finish();
 }

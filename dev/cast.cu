@@ -161,10 +161,8 @@ static void time_shape(Gemm* g, const WeightShape& s, const DevArgs& a, const bo
 
 int main(int argc, char** argv) {
     DevArgs a = dev_args(argc, argv, 2);
-    static Gemm g = {}; // set up as gemm_ceiling_tflops (common.h) does
-    CUBLAS_CHECK(cublasLtCreate(&g.handle));
-    g.workspace_bytes = 32 << 20;
-    g.workspace = dev_alloc<char>(g.workspace_bytes);
+    static Gemm g; // the trainer's matmul() state; large (its plan table): not on the stack
+    gemm_create(&g);
     bool ok[3] = {true, true, true};
     validate_small(&g, a, ok);
     for (const WeightShape& s : SHAPES) validate_real(&g, s, a, ok);
@@ -174,7 +172,5 @@ int main(int argc, char** argv) {
         for (const WeightShape& s : SHAPES) time_shape(&g, s, a, ok);
     }
     gemm_destroy(&g);
-    CUBLAS_CHECK(cublasLtDestroy(g.handle));
-    CUDA_CHECK(cudaFree(g.workspace));
     return dev_finish();
 }

@@ -147,10 +147,8 @@ static void time_linear(Gemm* g, int N, Linear l, bool ok) {
 
 int main(int argc, char** argv) {
     DevArgs a = dev_args(argc, argv, 1);
-    Gemm g = {};
-    CUBLAS_CHECK(cublasLtCreate(&g.handle));
-    g.workspace_bytes = 32 << 20; // as the trainer's
-    g.workspace = dev_alloc<char>(g.workspace_bytes);
+    static Gemm g; // the trainer's matmul() state; large (its plan table): not on the stack
+    gemm_create(&g);
     Llama3Config small = llama3_2_1b_config(), full = llama3_2_1b_config();
     small.n_embd = 64, small.n_head = 4, small.n_kv_head = 2, small.ffn_hidden = 128, small.vocab_size = 520;
     bool ok[2] = {true, true};
@@ -163,7 +161,5 @@ int main(int argc, char** argv) {
             for (const Linear& l : model_linears(full)) time_linear(&g, N, l, ok[1]);
     }
     gemm_destroy(&g);
-    CUBLAS_CHECK(cublasLtDestroy(g.handle));
-    CUDA_CHECK(cudaFree(g.workspace));
     return dev_finish();
 }
