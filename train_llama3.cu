@@ -226,8 +226,12 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     CUDA_CHECK(cudaMallocHost(&m->tokens_host, 2 * 2 * n_step * sizeof(int32_t)));
     CUDA_CHECK(cudaMallocHost(&m->loss_host, 2 * sizeof(float)));
     m->loss = (float*)device_alloc(sizeof(float), "loss");
-    CUDA_CHECK(cudaStreamCreate(&m->stream));
-    CUDA_CHECK(cudaStreamCreate(&m->opt_stream));
+    // The step's own stream outranks the optimizer's: when both have blocks ready, the SMs take
+    // the backward's first and AdamW (with its ~37 GB of streaming) fills what is left.
+    int prio_low, prio_high;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&prio_low, &prio_high));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&m->stream, cudaStreamDefault, prio_high));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&m->opt_stream, cudaStreamDefault, prio_low));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->opt_done, cudaEventDisableTiming));
     // Zero once: Adam's state starts at zero and wte's gradient rows are kept zero [sparse rows].
