@@ -1004,15 +1004,8 @@ static void adamw_sparse_rows(float* params, float* m, float* v, float* grads, c
 // Row-major D[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * D, bf16 inputs, fp32 accumulate,
 // D bf16 or fp32, packed rows, optionally strided-batched. cuBLASLt is column-major, so we ask
 // it for D^T = op(B)^T @ op(A)^T: the row-major buffers are already those transposes.
-// A plan (descriptors + algorithm) is built once per distinct call shape and reused: the
-// heuristic query costs far more host time than the launch.
-// Autotuning (--gemm_autotune): the heuristic's first choice is often slow when M*N is small
-// (M = 256 tokens at B=4, T=64 gives 32 output tiles of 128x128 for 132 SMs, each streaming its
-// weights alone). So the first call of a shape that overwrites its output (beta 0: running it
-// again gives the same result) times the heuristic's GEMM_HEURISTICS candidates and split-K
-// variants (K cut into 2, 4 or 8 slices summed in fp32 workspace, deterministic) on the call's
-// own buffers with L2 flushed, and keeps the fastest. It synchronises the device, once per
-// shape, in the first step only.
+// A plan (descriptors + heuristic's algorithm) is built once per distinct call shape and reused:
+// the heuristic query costs far more host time than the launch.
 
 typedef struct {
     int M, N, K, batch;
@@ -1026,21 +1019,13 @@ typedef struct {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
-    bool tuned;
-    float heuristic_ms, tuned_ms; // autotuning's timing of the heuristic's choice and of the kept one
 } GemmPlan;
 
 #define GEMM_MAX_PLANS 128
-#define GEMM_HEURISTICS 16
-#define GEMM_SPLIT_BASES 6
-#define GEMM_MAX_CANDIDATES (GEMM_HEURISTICS + 3 * GEMM_SPLIT_BASES)
 typedef struct {
     cublasLtHandle_t handle;
     void* workspace;
     size_t workspace_bytes;
-    bool autotune;
-    void* l2_flush; // autotune: twice the L2 size, overwritten before each timed run
-    size_t l2_flush_bytes;
     GemmPlan plans[GEMM_MAX_PLANS];
     int n_plans;
 } Gemm;
@@ -1061,24 +1046,6 @@ static cublasLtMatrixLayout_t gemm_layout(cudaDataType t, int rows, int cols, in
     return l;
 }
 
-// The heuristic's candidates for a plan (up to `max`, best first), limited to our workspace and
-// the call's pointer alignments.
-static int gemm_heuristics(Gemm* g, const GemmPlan* p, cublasLtMatmulHeuristicResult_t* results, int max) {
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    uint32_t al_a = p->key.align_b, al_b = p->key.align_a, al_d = p->key.align_d;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &g->workspace_bytes, sizeof(g->workspace_bytes)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, 4));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, 4));
-    int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(g->handle, p->op, p->a, p->b, p->d, p->d, pref, max, results, &found));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    return found;
-}
-
 static GemmPlan* gemm_plan(Gemm* g, const GemmKey* k) {
     for (int i = 0; i < g->n_plans; i++)
         if (!memcmp(&g->plans[i].key, k, sizeof(GemmKey))) return &g->plans[i];
@@ -1087,7 +1054,6 @@ static GemmPlan* gemm_plan(Gemm* g, const GemmKey* k) {
         exit(EXIT_FAILURE);
     }
     GemmPlan* p = &g->plans[g->n_plans];
-    memset(p, 0, sizeof(*p));
     p->key = *k;
     cublasOperation_t op_b = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -1097,93 +1063,27 @@ static GemmPlan* gemm_plan(Gemm* g, const GemmKey* k) {
     p->a = gemm_layout(CUDA_R_16BF, k->trans_b ? k->K : k->N, k->trans_b ? k->N : k->K, k->batch, k->stride_b);
     p->b = gemm_layout(CUDA_R_16BF, k->trans_a ? k->M : k->K, k->trans_a ? k->K : k->M, k->batch, k->stride_a);
     p->d = gemm_layout(k->out_fp32 ? CUDA_R_32F : CUDA_R_16BF, k->N, k->M, k->batch, k->stride_d);
-    cublasLtMatmulHeuristicResult_t best;
-    if (gemm_heuristics(g, p, &best, 1) == 0) {
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint32_t al_a = k->align_b, al_b = k->align_a, al_d = k->align_d;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &g->workspace_bytes, sizeof(g->workspace_bytes)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, 4));
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(g->handle, p->op, p->a, p->b, p->d, p->d, pref, 1, &result, &found));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (found == 0) {
         fprintf(stderr, "gemm: cuBLASLt has no algorithm for M=%d N=%d K=%d batch=%d trans_a=%d trans_b=%d\n", k->M,
                 k->N, k->K, k->batch, k->trans_a, k->trans_b);
         exit(EXIT_FAILURE);
     }
-    p->algo = best.algo;
+    p->algo = result.algo;
     g->n_plans++;
     return p;
-}
-
-// The heuristic's candidates, then split-K variants of its first GEMM_SPLIT_BASES that can split
-// K and do not yet.
-static int gemm_candidates(Gemm* g, const GemmPlan* p, cublasLtMatmulAlgo_t* out) {
-    cublasLtMatmulHeuristicResult_t results[GEMM_HEURISTICS];
-    int found = gemm_heuristics(g, p, results, GEMM_HEURISTICS), n = 0;
-    for (int i = 0; i < found; i++) out[n++] = results[i].algo;
-    for (int i = 0; i < found && i < GEMM_SPLIT_BASES; i++) {
-        int32_t can_split = 0, splits = 1;
-        size_t written;
-        CUBLAS_CHECK(cublasLtMatmulAlgoCapGetAttribute(&results[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &can_split,
-                                                       sizeof(can_split), &written));
-        CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
-                                                          sizeof(splits), &written));
-        if (!can_split || splits != 1) continue;
-        for (int32_t split = 2; split <= 8; split *= 2) {
-            cublasLtMatmulAlgo_t a = results[i].algo;
-            uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-            CUBLAS_CHECK(cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof(split)));
-            CUBLAS_CHECK(cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
-                                                              sizeof(scheme)));
-            // Not every split is valid for every shape: the check's refusal only drops the candidate.
-            cublasLtMatmulHeuristicResult_t check;
-            if (cublasLtMatmulAlgoCheck(g->handle, p->op, p->a, p->b, p->d, p->d, &a, &check) == CUBLAS_STATUS_SUCCESS &&
-                check.workspaceSize <= g->workspace_bytes)
-                out[n++] = a;
-        }
-    }
-    return n;
-}
-
-typedef struct {
-    void* D;
-    const bf16 *A, *B;
-    float alpha, beta;
-} GemmArgs;
-
-static cublasStatus_t gemm_run(Gemm* g, const GemmPlan* p, const cublasLtMatmulAlgo_t* algo, const GemmArgs* c,
-                               cudaStream_t s) {
-    return cublasLtMatmul(g->handle, p->op, &c->alpha, c->B, p->a, c->A, p->b, &c->beta, c->D, p->d, c->D, p->d, algo,
-                          g->workspace, g->workspace_bytes, s);
-}
-
-// Median ms of 5 runs, each after a memset that evicts L2, as in the step where a layer's
-// weights were last touched a whole pass ago; infinity when cuBLASLt refuses the algorithm.
-static float gemm_time_ms(Gemm* g, const GemmPlan* p, const cublasLtMatmulAlgo_t* algo, const GemmArgs* c,
-                          cudaStream_t s, cudaEvent_t* events) {
-    if (gemm_run(g, p, algo, c, s) != CUBLAS_STATUS_SUCCESS) return INFINITY;
-    float ms[5];
-    for (int r = 0; r < 5; r++) {
-        CUDA_CHECK(cudaMemsetAsync(g->l2_flush, r, g->l2_flush_bytes, s));
-        CUDA_CHECK(cudaEventRecord(events[0], s));
-        CUBLAS_CHECK(gemm_run(g, p, algo, c, s));
-        CUDA_CHECK(cudaEventRecord(events[1], s));
-        CUDA_CHECK(cudaEventSynchronize(events[1]));
-        CUDA_CHECK(cudaEventElapsedTime(&ms[r], events[0], events[1]));
-    }
-    for (int i = 1; i < 5; i++)
-        for (int j = i; j > 0 && ms[j - 1] > ms[j]; j--) { float t = ms[j]; ms[j] = ms[j - 1], ms[j - 1] = t; }
-    return ms[2];
-}
-
-// Keeps the fastest candidate for this plan, if it beats the heuristic's choice by 3% (less is
-// within the timing noise). Only for calls with beta 0 and D apart from A and B.
-static void gemm_autotune(Gemm* g, GemmPlan* p, const GemmArgs* c, cudaStream_t s) {
-    cublasLtMatmulAlgo_t candidates[GEMM_MAX_CANDIDATES];
-    int n = gemm_candidates(g, p, candidates);
-    cudaEvent_t events[2];
-    for (cudaEvent_t& e : events) CUDA_CHECK(cudaEventCreate(&e));
-    CUDA_CHECK(cudaDeviceSynchronize()); // nothing else running while we time
-    p->heuristic_ms = p->tuned_ms = gemm_time_ms(g, p, &p->algo, c, s, events);
-    for (int i = 0; i < n; i++) {
-        float ms = gemm_time_ms(g, p, &candidates[i], c, s, events);
-        if (ms < p->tuned_ms && ms < 0.97f * p->heuristic_ms) p->tuned_ms = ms, p->algo = candidates[i];
-    }
-    for (cudaEvent_t e : events) CUDA_CHECK(cudaEventDestroy(e));
-    p->tuned = true;
 }
 
 static void matmul(Gemm* g, cudaStream_t s, void* D, const bf16* A, const bf16* B, int M, int N, int K, bool trans_a,
@@ -1195,40 +1095,16 @@ static void matmul(Gemm* g, cudaStream_t s, void* D, const bf16* A, const bf16* 
     k.stride_a = stride_a, k.stride_b = stride_b, k.stride_d = stride_d;
     k.align_a = pointer_alignment(A), k.align_b = pointer_alignment(B), k.align_d = pointer_alignment(D);
     GemmPlan* p = gemm_plan(g, &k);
-    GemmArgs c = {D, A, B, alpha, beta};
-    if (g->autotune && !p->tuned && beta == 0.0f) gemm_autotune(g, p, &c, s);
-    CUBLAS_CHECK(gemm_run(g, p, &p->algo, &c, s));
-}
-
-// What autotuning changed: over the tuned shapes, one call each, the heuristic's choice against
-// the kept one (as timed while tuning).
-static void gemm_print_tuning(const Gemm* g) {
-    int tuned = 0, changed = 0;
-    double heuristic_ms = 0.0, tuned_ms = 0.0;
-    for (int i = 0; i < g->n_plans; i++) {
-        const GemmPlan* p = &g->plans[i];
-        if (!p->tuned) continue;
-        tuned++, changed += p->tuned_ms < p->heuristic_ms;
-        heuristic_ms += p->heuristic_ms, tuned_ms += p->tuned_ms;
-    }
-    printf("gemm autotune: %d shapes timed, %d changed from the heuristic's choice; one call of each: %.3f -> %.3f ms\n",
-           tuned, changed, heuristic_ms, tuned_ms);
+    CUBLAS_CHECK(cublasLtMatmul(g->handle, p->op, &alpha, B, p->a, A, p->b, &beta, D, p->d, D, p->d, &p->algo,
+                                g->workspace, g->workspace_bytes, s));
 }
 
 // A cuBLASLt handle and a 32 MiB workspace; plans are made on first use of each shape.
-static void gemm_create(Gemm* g, bool autotune) {
+static void gemm_create(Gemm* g) {
     memset(g, 0, sizeof(*g));
     CUBLAS_CHECK(cublasLtCreate(&g->handle));
     g->workspace_bytes = 32 << 20;
     CUDA_CHECK(cudaMalloc(&g->workspace, g->workspace_bytes));
-    g->autotune = autotune;
-    if (autotune) {
-        int device, l2_bytes;
-        CUDA_CHECK(cudaGetDevice(&device));
-        CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-        g->l2_flush_bytes = 2 * (size_t)l2_bytes;
-        CUDA_CHECK(cudaMalloc(&g->l2_flush, g->l2_flush_bytes));
-    }
 }
 
 static void gemm_destroy(Gemm* g) {
@@ -1241,5 +1117,4 @@ static void gemm_destroy(Gemm* g) {
     g->n_plans = 0;
     CUBLAS_CHECK(cublasLtDestroy(g->handle));
     CUDA_CHECK(cudaFree(g->workspace));
-    CUDA_CHECK(cudaFree(g->l2_flush)); // NULL without autotune: a no-op
 }

@@ -453,7 +453,6 @@ typedef struct {
     int sparse_embedding;  // 0: dense embedding gradient and AdamW
     int overlap_optimizer; // 0: AdamW after the backward pass instead of on a second stream during it
     int flash_attention;   // 0: unfused attention (batched GEMMs, T x T scores in memory)
-    int gemm_autotune;     // 0: cuBLASLt's first heuristic choice for every GEMM shape, untimed
 } Switches;
 
 typedef struct {
@@ -469,7 +468,7 @@ typedef struct {
 
 static inline TrainArgs train_args_default(void) {
     TrainArgs a = {NULL, NULL, NULL, 100, 4, 64, 256, 1e-5f, 0.0f, 0.9f, 0.999f, 1e-8f, 0, 42,
-                   {1, 1, GRAD_ZERO_NONE, 1, 1, 1, 1, 1}};
+                   {1, 1, GRAD_ZERO_NONE, 1, 1, 1, 1}};
     return a;
 }
 
@@ -498,7 +497,6 @@ static inline void print_usage(FILE* f, const char* prog) {
             "  --vector_adam B          1: 128-bit AdamW; 0: scalar\n"
             "  --metadata_by_value B    1: shapes as kernel arguments; 0: copied host-to-device per launch\n"
             "  --flash_attention B      1: flash attention; 0: unfused (scores and P in memory)\n"
-            "  --gemm_autotune B        1: time cuBLASLt's candidates per GEMM shape once; 0: first heuristic\n"
             "  --grad_zeroing MODE      none: first gradient GEMM writes; memset or fill: zero grads each step\n",
             prog);
 }
@@ -566,7 +564,6 @@ static inline int apply_flag(TrainArgs* a, const char* flag, const char* val, ch
     if (!strcmp(flag, "--vector_adam")) return parse_bool(flag, val, &a->sw.vector_adam, err);
     if (!strcmp(flag, "--flash_attention")) return parse_bool(flag, val, &a->sw.flash_attention, err);
     if (!strcmp(flag, "--metadata_by_value")) return parse_bool(flag, val, &a->sw.metadata_by_value, err);
-    if (!strcmp(flag, "--gemm_autotune")) return parse_bool(flag, val, &a->sw.gemm_autotune, err);
     if (!strcmp(flag, "--grad_zeroing")) {
         if (!strcmp(val, "none")) a->sw.grad_zeroing = GRAD_ZERO_NONE;
         else if (!strcmp(val, "memset")) a->sw.grad_zeroing = GRAD_ZERO_MEMSET;
@@ -585,8 +582,7 @@ static inline int apply_flag(TrainArgs* a, const char* flag, const char* val, ch
 
 static inline int is_bool_flag(const char* flag) {
     const char* bools[] = {"--overfit_single_batch", "--sparse_embedding", "--overlap_optimizer",
-                           "--shadow_weights", "--vector_adam", "--metadata_by_value", "--flash_attention",
-                           "--gemm_autotune"};
+                           "--shadow_weights", "--vector_adam", "--metadata_by_value", "--flash_attention"};
     for (size_t i = 0; i < sizeof(bools) / sizeof(bools[0]); i++)
         if (!strcmp(flag, bools[i])) return 1;
     return 0;

@@ -266,9 +266,8 @@ int main(int argc, char** argv) {
     printf("reference: B %d T %d, %d steps, lr %g wd %g betas %g %g eps %g, %s embedding AdamW\n", r.B, r.T,
            r.n_steps, r.lr, r.weight_decay, r.beta1, r.beta2, r.eps, r.sparse_embedding ? "lazy" : "dense");
     printf("switches: sparse_embedding %d overlap_optimizer %d shadow_weights %d vector_adam %d metadata_by_value %d "
-           "flash_attention %d gemm_autotune %d grad_zeroing %d\n", a.sw.sparse_embedding, a.sw.overlap_optimizer,
-           a.sw.shadow_weights, a.sw.vector_adam, a.sw.metadata_by_value, a.sw.flash_attention, a.sw.gemm_autotune,
-           a.sw.grad_zeroing);
+           "flash_attention %d grad_zeroing %d\n", a.sw.sparse_embedding, a.sw.overlap_optimizer, a.sw.shadow_weights,
+           a.sw.vector_adam, a.sw.metadata_by_value, a.sw.flash_attention, a.sw.grad_zeroing);
 
     Model m;
     OptimConfig o = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay};

@@ -240,7 +240,7 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     CUDA_CHECK(cudaMemsetAsync(m->grads, 0, P * 4, m->stream));
     rope_upload(m);
     sorter_create(&m->sorter, n_step, cfg->vocab_size);
-    gemm_create(&m->gemm, sw->gemm_autotune);
+    gemm_create(&m->gemm);
 }
 
 static void model_free(Model* m) {
@@ -716,8 +716,8 @@ int main(int argc, char** argv) {
            model_bytes(&m.layout, &m.act, &a.sw) / 1073741824.0);
     const Switches* w = &a.sw;
     printf("optimisations: sparse_embedding %d | overlap_optimizer %d | shadow_weights %d | vector_adam %d | "
-           "metadata_by_value %d | flash_attention %d | gemm_autotune %d | grad_zeroing %s\n", w->sparse_embedding,
-           w->overlap_optimizer, w->shadow_weights, w->vector_adam, w->metadata_by_value, w->flash_attention, w->gemm_autotune,
+           "metadata_by_value %d | flash_attention %d | grad_zeroing %s\n", w->sparse_embedding, w->overlap_optimizer,
+           w->shadow_weights, w->vector_adam, w->metadata_by_value, w->flash_attention,
            w->grad_zeroing == GRAD_ZERO_NONE ? "none" : w->grad_zeroing == GRAD_ZERO_MEMSET ? "memset" : "fill");
     if (a.llmc_filepath) {
         if (model_load(&m, a.llmc_filepath, fmt, err)) die(err, argv[0], false);
@@ -725,7 +725,6 @@ int main(int argc, char** argv) {
         model_init_random(&m, a.seed);
     }
     train(&m, &a, &loader);
-    if (a.sw.gemm_autotune) gemm_print_tuning(&m.gemm);
     model_free(&m);
     tokens_free(&tokens);
     return 0;

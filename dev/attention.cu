@@ -333,7 +333,7 @@ static void time_versions(HeadShape sh, Gemm* g, const DevArgs& a, const bool* o
 int main(int argc, char** argv) {
     DevArgs a = dev_args(argc, argv, 3);
     static Gemm g; // the trainer's matmul() state; large (its plan table): not on the stack
-    gemm_create(&g, false);
+    gemm_create(&g);
     bool ok[4] = {true, true, true, true};
     const HeadShape small = {2, 17, 4, 2, 32}, b4t64 = {4, 64, 32, 8, 64}, b16t1024 = {16, 1024, 32, 8, 64};
     validate_cpu(small, &g, a, ok);

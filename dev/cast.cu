@@ -162,7 +162,7 @@ static void time_shape(Gemm* g, const WeightShape& s, const DevArgs& a, const bo
 int main(int argc, char** argv) {
     DevArgs a = dev_args(argc, argv, 2);
     static Gemm g; // the trainer's matmul() state; large (its plan table): not on the stack
-    gemm_create(&g, false);
+    gemm_create(&g);
     bool ok[3] = {true, true, true};
     validate_small(&g, a, ok);
     for (const WeightShape& s : SHAPES) validate_real(&g, s, a, ok);

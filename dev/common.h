@@ -215,7 +215,7 @@ static double gemm_ceiling_tflops(void) {
     bf16 *a = dev_upload(to_bf16(random_normal((size_t)n * n))), *b = dev_upload(to_bf16(random_normal((size_t)n * n)));
     bf16* d = dev_alloc<bf16>((size_t)n * n);
     static Gemm g; // large (its plan table): not on the stack
-    gemm_create(&g, false);
+    gemm_create(&g);
     double ms = median_ms([&] { matmul(&g, 0, d, a, b, n, n, n, false, true, false); }, 3, 10);
     tflops = 2.0 * n * n * (double)n / (ms * 1e9);
     gemm_destroy(&g);

@@ -9,15 +9,12 @@
 // lm_head (128256 x 2048). 2 M N K FLOPs each, against the measured GEMM ceiling.
 //
 // build: make dev/gemm
-// run:   ./dev/gemm          validate both versions against a CPU reference, then time every shape
-//        ./dev/gemm K        version K only
+// run:   ./dev/gemm          validate against a CPU reference, then time every shape
+//        ./dev/gemm 1        the same (there is one version)
 //        ./dev/gemm --check  validate only, no timing (what `make test` runs)
 //
-// versions (both the trainer's matmul(), one Gemm state each):
-//   1  cuBLASLt's first heuristic choice per shape (--gemm_autotune 0).
-//   2  autotuned (the trainer's default): the first beta-0 call of a shape times the heuristic's
-//      candidates and their split-K variants and keeps the fastest; the table's size column
-//      shows the heuristic's own time in that tuning run next to the kept one's.
+// versions:
+//   1  the trainer's matmul() (the library: cuBLASLt's heuristic picks the kernel).
 // sizes: N = 256 (B=4, T=64) and 16384 (B=16, T=1024). Validated on every layer's shapes of a
 // small model (C 64, 4/2 heads of 16, F 128, V 520) at N = 34, and on attn_out at N = 256.
 #include "common.h"
@@ -93,7 +90,7 @@ static std::vector<float> transpose(const std::vector<float>& m, int rows, int c
 // accumulation over K, ~1e-6); both with atol 1e-4 sqrt(K) for outputs that cancel to near 0,
 // where the error is that of the sum's terms. The beta 1 call starts from random fp32 dW (its
 // "poison": a value that was not accumulated into shows) and must return dW + dy^T x.
-static void validate(Gemm* g, int N, Linear l, bool* ok_version) {
+static void validate(Gemm* g, int N, Linear l, bool* ok) {
     std::vector<float> x = from_bf16(to_bf16(random_normal((size_t)N * l.in)));
     std::vector<float> w = from_bf16(to_bf16(random_normal((size_t)l.out * l.in)));
     std::vector<float> dy = from_bf16(to_bf16(random_normal((size_t)N * l.out)));
@@ -119,7 +116,7 @@ static void validate(Gemm* g, int N, Linear l, bool* ok_version) {
         else if (kind == INPUT_GRAD) got = from_bf16(dev_download(b.dx, (size_t)N * l.in));
         else got = dev_download(b.dw, (size_t)l.out * l.in);
         snprintf(what, sizeof(what), "%s N=%d (%dx%d) %s", l.name, N, l.out, l.in, KIND_NAMES[kind]);
-        *ok_version &= dev_check(what, got, ref[kind], 1e-4f * sqrtf((float)K[kind]), kind <= INPUT_GRAD ? 1e-2f : 1e-4f);
+        ok[1] &= dev_check(what, got, ref[kind], 1e-4f * sqrtf((float)K[kind]), kind <= INPUT_GRAD ? 1e-2f : 1e-4f);
     }
     linear_free(b);
 }
@@ -128,7 +125,7 @@ static void validate(Gemm* g, int N, Linear l, bool* ok_version) {
 
 // All four calls of one linear layer. Rotation is sized by the forward's operands (the input
 // grad's are the same, the weight grad's larger): at N = 256 the small layers' fit in L2.
-static void time_linear(Gemm* g, int version, int N, Linear l, bool ok) {
+static void time_linear(Gemm* g, int N, Linear l, bool ok) {
     int sets = rotations(2 * ((size_t)N * l.in + (size_t)l.out * l.in + (size_t)N * l.out));
     std::vector<LinearBuffers> b(sets);
     for (auto& s : b) {
@@ -140,44 +137,29 @@ static void time_linear(Gemm* g, int version, int N, Linear l, bool ok) {
     for (int kind = 0; kind < NUM_KINDS; kind++) { // beta 0 before beta 1: dW holds values to add to
         int r = 0;
         double ms = median_ms([&] { gemm_kind(g, kind, b[r++ % sets], N, l); });
-        const GemmPlan* p = &g->plans[g->n_plans - 1]; // beta 1 reuses beta 0's plan, the last made
-        char kernel[64], size[96], name[48];
+        char kernel[64], size[64];
         snprintf(kernel, sizeof(kernel), "%s %s", l.name, KIND_NAMES[kind]);
         snprintf(size, sizeof(size), "M=%d N=%d K=%d", MNK[kind][0], MNK[kind][1], MNK[kind][2]);
-        if (p->tuned)
-            snprintf(size + strlen(size), sizeof(size) - strlen(size), " (tuning: %.4f -> %.4f)", p->heuristic_ms,
-                     p->tuned_ms);
-        snprintf(name, sizeof(name), "%d %s%s", version, version == 1 ? "heuristic" : "autotuned",
-                 sets > 1 ? " (rotated)" : "");
-        print_row(kernel, name, size, ms, 0.0, 2.0 * N * l.out * l.in, ok);
+        print_row(kernel, sets > 1 ? "1 cuBLASLt (rotated)" : "1 cuBLASLt", size, ms, 0.0, 2.0 * N * l.out * l.in, ok);
     }
     for (auto& s : b) linear_free(s);
 }
 
 int main(int argc, char** argv) {
-    DevArgs a = dev_args(argc, argv, 2);
-    static Gemm g[3]; // the trainer's matmul() state per version; large (plan tables): not on the stack
+    DevArgs a = dev_args(argc, argv, 1);
+    static Gemm g; // the trainer's matmul() state; large (its plan table): not on the stack
+    gemm_create(&g);
     Llama3Config small = llama3_2_1b_config(), full = llama3_2_1b_config();
     small.n_embd = 64, small.n_head = 4, small.n_kv_head = 2, small.ffn_hidden = 128, small.vocab_size = 520;
-    bool ok[3] = {true, true, true};
-    for (int v = 1; v <= 2; v++) {
-        if (!dev_selected(a, v)) continue;
-        gemm_create(&g[v], v == 2);
-        for (const Linear& l : model_linears(small)) validate(&g[v], 34, l, &ok[v]);
-        validate(&g[v], 256, model_linears(full)[1], &ok[v]); // attn_out, a real shape
-        gemm_destroy(&g[v]); // timing below tunes on the timed buffers, not these
-    }
+    bool ok[2] = {true, true};
+    for (const Linear& l : model_linears(small)) validate(&g, 34, l, ok);
+    validate(&g, 256, model_linears(full)[1], ok); // attn_out, a real shape
     if (!a.check_only) {
         gemm_ceiling_tflops(); // measured before the table, so its line does not split it
         print_header();
         for (int N : {256, 16384})
-            for (const Linear& l : model_linears(full))
-                for (int v = 1; v <= 2; v++) {
-                    if (!dev_selected(a, v)) continue;
-                    gemm_create(&g[v], v == 2);
-                    time_linear(&g[v], v, N, l, ok[v]);
-                    gemm_destroy(&g[v]);
-                }
+            for (const Linear& l : model_linears(full)) time_linear(&g, N, l, ok[1]);
     }
+    gemm_destroy(&g);
     return dev_finish();
 }
