@@ -120,11 +120,11 @@ static void cast_to_bf16(bf16* out, const float* in, size_t n, cudaStream_t s) {
 // The seed's starting point for zeroing, kept for the ablation (--grad_zeroing fill) and
 // dev/zeroing.cu: one launch per buffer, writing zeros that a cudaMemsetAsync writes without a
 // kernel, and that the trainer normally never writes at all (its first gradient GEMM uses beta 0).
-__global__ void fill_kernel(float* out, size_t n, float value) {
+template <typename T> __global__ void fill_kernel(T* out, size_t n, float value) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = value;
+    if (i < n) out[i] = (T)value;
 }
-static void fill(float* out, size_t n, float value, cudaStream_t s) {
+template <typename T> static void fill(T* out, size_t n, float value, cudaStream_t s) {
     fill_kernel<<<ceil_div(n, 256), 256, 0, s>>>(out, n, value);
     LAUNCH_CHECK();
 }
@@ -907,33 +907,45 @@ __device__ inline void adamw_update(float& p, float& m, float& v, float g, const
     p -= h.step_size * m / (sqrtf(v) / h.bias_corr2_sqrt + h.eps);
 }
 
+// Gradients as floats, fp32 or [bf16 grads]: 4 at a time in one 128-bit (fp32) or 64-bit (bf16)
+// load, or one.
+__device__ inline float4 load_grad4(const float* g) { return *reinterpret_cast<const float4*>(g); }
+__device__ inline float4 load_grad4(const bf16* g) { return load_bf16x4(g); }
+__device__ inline float grad_at(const float* g, size_t i) { return g[i]; }
+__device__ inline float grad_at(const bf16* g, size_t i) { return __bfloat162float(g[i]); }
+
 // AdamW on 4 consecutive elements at i with 128-bit loads and stores; returns the new parameters
 // (for the shadow copy). Plain, not streaming (__ldcs/__stcs), accesses: dev/adamw measured the
 // streaming hints at 93% of the copy ceiling and plain ones at 99% on the H200.
-__device__ inline float4 adamw_update4(float* params, float* m, float* v, const float* grads, size_t i,
+template <typename G>
+__device__ inline float4 adamw_update4(float* params, float* m, float* v, const G* grads, size_t i,
                                        const AdamWParams& h) {
-    Vec16<float> p = load16(params + i), m4 = load16(m + i), v4 = load16(v + i), g = load16(grads + i);
+    Vec16<float> p = load16(params + i), m4 = load16(m + i), v4 = load16(v + i);
+    float4 g4 = load_grad4(grads + i);
+    const float g[4] = {g4.x, g4.y, g4.z, g4.w};
 #pragma unroll
-    for (int e = 0; e < 4; e++) adamw_update(p.v[e], m4.v[e], v4.v[e], g.v[e], h);
+    for (int e = 0; e < 4; e++) adamw_update(p.v[e], m4.v[e], v4.v[e], g[e], h);
     store16(params + i, p);
     store16(m + i, m4);
     store16(v + i, v4);
     return make_float4(p.v[0], p.v[1], p.v[2], p.v[3]);
 }
-__device__ inline float adamw_update1(float* params, float* m, float* v, const float* grads, size_t i,
+template <typename G>
+__device__ inline float adamw_update1(float* params, float* m, float* v, const G* grads, size_t i,
                                       const AdamWParams& h) {
     float p = params[i], mi = m[i], vi = v[i];
-    adamw_update(p, mi, vi, grads[i], h);
+    adamw_update(p, mi, vi, grad_at(grads, i), h);
     params[i] = p, m[i] = mi, v[i] = vi;
     return p;
 }
 
 // [float4 Adam] [shadow weights] Dense AdamW, VEC elements per thread (4: 128-bit loads and
 // stores; 1: the scalar fallback), and with SHADOW the bf16 copy the GEMMs read is written in
-// the same pass: 30 bytes per element (g, p, m, v read; p, m, v, shadow written) and no cast
-// kernel before any GEMM. The last n % VEC elements are done by the first threads, scalar.
-template <int VEC, bool SHADOW>
-__global__ void adamw_kernel(float* params, float* m, float* v, const float* grads, bf16* shadow, size_t n,
+// the same pass: 30 bytes per element (g, p, m, v read; p, m, v, shadow written; 28 with [bf16
+// grads]) and no cast kernel before any GEMM. The last n % VEC elements are done by the first
+// threads, scalar. G: the gradient's type, float or bf16.
+template <int VEC, bool SHADOW, typename G>
+__global__ void adamw_kernel(float* params, float* m, float* v, const G* grads, bf16* shadow, size_t n,
                              AdamWParams h) {
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, i = t * VEC;
     if (i + VEC <= n) {
@@ -953,15 +965,15 @@ __global__ void adamw_kernel(float* params, float* m, float* v, const float* gra
     }
 }
 
-// Guards [float4 Adam]: 128-bit access needs every pointer 16-byte aligned (the shadow 8-byte),
-// and a tensor smaller than one float4 per thread over all SMs runs scalar so that it still
-// spreads across the chip (the seed's minimum size, scaled by SM count). allow_vec4 = false
-// forces the scalar kernel (the ablation's "no vectorised Adam").
-template <bool SHADOW>
-static void adamw_dense(float* params, float* m, float* v, const float* grads, bf16* shadow, size_t n,
+// Guards [float4 Adam]: 128-bit access needs every fp32 pointer 16-byte aligned (the shadow and
+// bf16 gradients 8-byte), and a tensor smaller than one float4 per thread over all SMs runs
+// scalar so that it still spreads across the chip (the seed's minimum size, scaled by SM count).
+// allow_vec4 = false forces the scalar kernel (the ablation's "no vectorised Adam").
+template <bool SHADOW, typename G>
+static void adamw_dense(float* params, float* m, float* v, const G* grads, bf16* shadow, size_t n,
                         AdamWParams h, int sms, cudaStream_t s, bool allow_vec4 = true) {
     const int threads = 256;
-    bool aligned = aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads) &&
+    bool aligned = aligned16(params) && aligned16(m) && aligned16(v) && ((uintptr_t)grads % (4 * sizeof(G))) == 0 &&
                    (!SHADOW || ((uintptr_t)shadow & 7) == 0);
     bool large = n >= (size_t)sms * threads * 4;
     if (allow_vec4 && aligned && large)

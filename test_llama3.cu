@@ -156,6 +156,39 @@ static uint16_t bf16_bits_rne(float x) { // host round-to-nearest-even, as __flo
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+// Every gradient as fp32 in parameter order: the fp32 block, and with [bf16 grads] the matmul
+// weights' bf16 block widened; and the way back (PyTorch's matmul weight gradients under
+// autocast are bf16 values, so the rounding there is exact).
+static float* grads_to_host(Model* m) {
+    const ParamLayout* p = &m->layout;
+    if (!m->grads_bf16) return to_host(m->grads, p->total);
+    float* g = (float*)malloc(p->total * sizeof(float));
+    size_t n = p->matmul_end - p->matmul_begin;
+    CUDA_CHECK(cudaMemcpy(g, m->grads, p->matmul_begin * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(g + p->matmul_end, grad_f32(m, p->matmul_end), (p->total - p->matmul_end) * 4,
+                          cudaMemcpyDeviceToHost));
+    bf16* h = (bf16*)malloc(n * 2);
+    CUDA_CHECK(cudaMemcpy(h, m->grads_bf16, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) g[p->matmul_begin + i] = __bfloat162float(h[i]);
+    free(h);
+    return g;
+}
+static void grads_from_host(Model* m, const float* g) {
+    const ParamLayout* p = &m->layout;
+    if (!m->grads_bf16) {
+        CUDA_CHECK(cudaMemcpy(m->grads, g, p->total * 4, cudaMemcpyHostToDevice));
+        return;
+    }
+    size_t n = p->matmul_end - p->matmul_begin;
+    CUDA_CHECK(cudaMemcpy(m->grads, g, p->matmul_begin * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(grad_f32(m, p->matmul_end), g + p->matmul_end, (p->total - p->matmul_end) * 4,
+                          cudaMemcpyHostToDevice));
+    uint16_t* h = (uint16_t*)malloc(n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = bf16_bits_rne(g[p->matmul_begin + i]);
+    CUDA_CHECK(cudaMemcpy(m->grads_bf16, h, n * 2, cudaMemcpyHostToDevice));
+    free(h);
+}
+
 // Step 1 forward and backward: logits, loss, every gradient.
 static void test_forward_backward(Model* m, const RefState* r, const float* ref_grads) {
     size_t bt = (size_t)r->B * r->T, V = m->cfg.vocab_size;
@@ -181,7 +214,7 @@ static void test_forward_backward(Model* m, const RefState* r, const float* ref_
     check(fabs(loss - r->losses[0]) <= 1e-2, "loss", fabs(loss - r->losses[0]), 1e-2);
 
     backward(m, m->tokens, false);
-    float* grads = to_host(m->grads, m->layout.total);
+    float* grads = grads_to_host(m);
     check_blocks(m, "grad", grads, ref_grads, NULL, 5e-2);
     free(grads);
 }
@@ -193,7 +226,7 @@ static void check_wte_grad_zero(Model* m);
 
 static void test_optimizer(Model* m, const RefState* r, const float* p0, const float* ref_grads, const char* state_path) {
     size_t P = m->layout.total;
-    CUDA_CHECK(cudaMemcpy(m->grads, ref_grads, P * 4, cudaMemcpyHostToDevice));
+    grads_from_host(m, ref_grads);
     optimizer_step(m, 1); // the sorter still holds step 1's sorted inputs from backward
     float* params = to_host(m->params, P);
     float* ref = read_param_block(state_path, &m->cfg, r->params1_offset, P);
@@ -231,7 +264,7 @@ static void test_training(Model* m, const RefState* r, const float* p0, const ch
     if (model_load(m, model_path, fmt, err)) { fprintf(stderr, "%s\n", err); exit(EXIT_FAILURE); }
     CUDA_CHECK(cudaMemset(m->adam_m, 0, P * 4));
     CUDA_CHECK(cudaMemset(m->adam_v, 0, P * 4));
-    CUDA_CHECK(cudaMemset(m->grads, 0, P * 4));
+    CUDA_CHECK(cudaMemset(m->grads, 0, (m->grads_bf16 ? P - (m->layout.matmul_end - m->layout.matmul_begin) : P) * 4));
     for (int t = 1; t <= r->n_steps; t++) {
         int slot = t % 2;
         stage_ref_batch(m, r, t - 1, slot);
@@ -266,8 +299,9 @@ int main(int argc, char** argv) {
     printf("reference: B %d T %d, %d steps, lr %g wd %g betas %g %g eps %g, %s embedding AdamW\n", r.B, r.T,
            r.n_steps, r.lr, r.weight_decay, r.beta1, r.beta2, r.eps, r.sparse_embedding ? "lazy" : "dense");
     printf("switches: sparse_embedding %d overlap_optimizer %d shadow_weights %d vector_adam %d metadata_by_value %d "
-           "flash_attention %d grad_zeroing %d\n", a.sw.sparse_embedding, a.sw.overlap_optimizer, a.sw.shadow_weights,
-           a.sw.vector_adam, a.sw.metadata_by_value, a.sw.flash_attention, a.sw.grad_zeroing);
+           "flash_attention %d bf16_grads %d grad_zeroing %d\n", a.sw.sparse_embedding, a.sw.overlap_optimizer,
+           a.sw.shadow_weights, a.sw.vector_adam, a.sw.metadata_by_value, a.sw.flash_attention, a.sw.bf16_grads,
+           a.sw.grad_zeroing);
 
     Model m;
     OptimConfig o = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay};

@@ -99,7 +99,9 @@ typedef struct {
     int B, T, grad_accum, sms;
     // one block each, parameter-sized (see llama3.h for the order)
     float* params; // fp32 master weights
-    float* grads;  // fp32; wte's rows are zero except those touched this step [sparse rows]
+    float* grads;  // fp32; wte's rows are zero except those touched this step [sparse rows]. With
+                   // bf16 grads it holds only wte and the norm weights, packed (see grad_f32)
+    bf16* grads_bf16; // [bf16 grads] the matmul weights' gradients, laid out like the shadow; or NULL
     float* adam_m;
     float* adam_v;
     bf16* shadow;      // [shadow weights] bf16 copy of params[matmul_begin, matmul_end)
@@ -123,8 +125,16 @@ typedef struct {
     HeadShape* shape_in_memory; // with metadata_by_value off: where shapes are copied before launches
 } Model;
 
-static float* param_ptr(Model* m, float* block, int tensor, int layer) {
-    return block + m->layout.offset[tensor] + (size_t)layer * m->layout.layer_size[tensor];
+static size_t param_offset(const Model* m, int tensor, int layer) {
+    return m->layout.offset[tensor] + (size_t)layer * m->layout.layer_size[tensor];
+}
+static float* param_ptr(Model* m, float* block, int tensor, int layer) { return block + param_offset(m, tensor, layer); }
+// The fp32 gradient of the parameter at `offset`: every parameter, or with bf16 grads wte and the
+// norm weights, whose block skips the matmul weights' range.
+static float* grad_f32(const Model* m, size_t offset) {
+    const ParamLayout* p = &m->layout;
+    if (m->grads_bf16 && offset >= p->matmul_begin) offset -= p->matmul_end - p->matmul_begin;
+    return m->grads + offset;
 }
 // The bf16 weight a GEMM reads: the shadow copy, or (ablation) a cast of the fp32 master made now.
 static const bf16* weight_bf16(Model* m, int tensor, int layer) {
@@ -159,8 +169,13 @@ static size_t bf16_weight_bytes(const ParamLayout* p, const Switches* sw) {
     return largest * 2;
 }
 
-static size_t model_bytes(const ParamLayout* p, const ActLayout* a, const Switches* sw) {
-    return p->total * 16 + bf16_weight_bytes(p, sw) + a->total;
+// [bf16 grads] with one micro-step per step, the matmul weights' gradients are bf16: what PyTorch's
+// autocast gives too (its bf16 GEMM writes them, then the weight cast's backward widens them to
+// fp32), and 2 bytes less to write and to read per weight. Accumulating steps keep fp32.
+static bool uses_bf16_grads(const Switches* sw, int grad_accum) { return sw->bf16_grads && grad_accum == 1; }
+static size_t model_bytes(const ParamLayout* p, const ActLayout* a, const Switches* sw, int grad_accum) {
+    size_t bf16_grad_n = uses_bf16_grads(sw, grad_accum) ? p->matmul_end - p->matmul_begin : 0;
+    return p->total * 16 - bf16_grad_n * 2 + bf16_weight_bytes(p, sw) + a->total;
 }
 
 // The (T, HD/2) cos and sin tables of RoPE, computed on the host once.
@@ -206,7 +221,7 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     m->act = act_layout(cfg, B, T, grad_accum, m->sms, sw->flash_attention);
     size_t P = m->layout.total, N = (size_t)B * T, n_step = grad_accum * N, free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    size_t need = model_bytes(&m->layout, &m->act, sw);
+    size_t need = model_bytes(&m->layout, &m->act, sw, grad_accum);
     if (need > free_b) {
         fprintf(stderr, "out of GPU memory: the model needs %.2f GiB (weights, grads, AdamW state, shadow: %.2f; "
                         "activations for B=%d T=%d: %.2f), %.2f GiB free\n",
@@ -215,7 +230,10 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
         exit(EXIT_FAILURE);
     }
     m->params = (float*)device_alloc(P * 4, "fp32 weights");
-    m->grads = (float*)device_alloc(P * 4, "fp32 gradients");
+    size_t matmul_n = m->layout.matmul_end - m->layout.matmul_begin;
+    size_t grads_f32_n = uses_bf16_grads(sw, grad_accum) ? P - matmul_n : P;
+    m->grads = (float*)device_alloc(grads_f32_n * 4, "fp32 gradients");
+    if (grads_f32_n < P) m->grads_bf16 = (bf16*)device_alloc(matmul_n * 2, "bf16 gradients");
     m->adam_m = (float*)device_alloc(P * 4, "AdamW m");
     m->adam_v = (float*)device_alloc(P * 4, "AdamW v");
     if (sw->shadow_weights) m->shadow = (bf16*)device_alloc(bf16_weight_bytes(&m->layout, sw), "bf16 shadow weights");
@@ -237,7 +255,7 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     // Zero once: Adam's state starts at zero and wte's gradient rows are kept zero [sparse rows].
     CUDA_CHECK(cudaMemsetAsync(m->adam_m, 0, P * 4, m->stream));
     CUDA_CHECK(cudaMemsetAsync(m->adam_v, 0, P * 4, m->stream));
-    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, P * 4, m->stream));
+    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, grads_f32_n * 4, m->stream));
     rope_upload(m);
     sorter_create(&m->sorter, n_step, cfg->vocab_size);
     gemm_create(&m->gemm);
@@ -245,7 +263,7 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
 
 static void model_free(Model* m) {
     gemm_destroy(&m->gemm);
-    void* device[] = {m->params, m->grads, m->adam_m, m->adam_v, m->shadow, m->cast_weight, m->shape_in_memory,
+    void* device[] = {m->params, m->grads, m->grads_bf16, m->adam_m, m->adam_v, m->shadow, m->cast_weight, m->shape_in_memory,
                       m->acts, m->tokens, m->loss, m->rope_cos, m->sorter.sorted_tokens, m->sorter.temp};
     for (size_t i = 0; i < sizeof(device) / sizeof(device[0]); i++) CUDA_CHECK(cudaFree(device[i]));
     CUDA_CHECK(cudaFreeHost(m->tokens_host));
@@ -379,11 +397,13 @@ static void classifier(Model* m, const int* targets, int micro) {
 
 // ---- backward ----
 
-// Weight gradient of a linear layer y = x W^T: dW (out, in) (+)= dy^T x, fp32 into the grads
-// block. The first micro-step writes (beta 0), later ones accumulate: no zeroing of grads needed.
+// Weight gradient of a linear layer y = x W^T: dW (out, in) (+)= dy^T x, bf16 [bf16 grads] or
+// fp32. The first micro-step writes (beta 0), later ones accumulate: no zeroing of grads needed.
 static void weight_grad(Model* m, int tensor, int layer, const bf16* dy, const bf16* x, int out, int in, bool accumulate) {
-    matmul(&m->gemm, m->stream, param_ptr(m, m->grads, tensor, layer), dy, x, out, in, m->B * m->T, true, false, true,
-           1.0f, accumulate ? 1.0f : 0.0f);
+    size_t offset = param_offset(m, tensor, layer);
+    void* dw = m->grads_bf16 ? (void*)(m->grads_bf16 + (offset - m->layout.matmul_begin)) : (void*)grad_f32(m, offset);
+    matmul(&m->gemm, m->stream, dw, dy, x, out, in, m->B * m->T, true, false, !m->grads_bf16, 1.0f,
+           accumulate ? 1.0f : 0.0f);
 }
 // Input gradient of a linear layer: dx (N, in) = dy (N, out) @ W (out, in), bf16.
 static void input_grad(Model* m, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in) {
@@ -395,7 +415,7 @@ static void input_grad(Model* m, int tensor, int layer, bf16* dx, const bf16* dy
 static void norm_backward(Model* m, int tensor, int layer, const float* x, const float* rstd, bool accumulate_dx,
                           bool accumulate) {
     int N = m->B * m->T, C = m->cfg.n_embd;
-    rmsnorm_backward(act_f32(m, A_DRESID), act_bf16(m, A_DRESID_BF16), param_ptr(m, m->grads, tensor, layer),
+    rmsnorm_backward(act_f32(m, A_DRESID), act_bf16(m, A_DRESID_BF16), grad_f32(m, param_offset(m, tensor, layer)),
                      act_f32(m, A_DW_PARTIAL), act_bf16(m, A_BRANCH), x, param_ptr(m, m->params, tensor, layer), rstd, N,
                      C, accumulate_dx, accumulate, m->sms, m->stream);
 }
@@ -491,7 +511,7 @@ static void backward(Model* m, const int* inputs, bool accumulate) {
         }
     }
     token_sort(&m->sorter, inputs, N, m->stream);
-    embedding_backward(m->grads + m->layout.offset[P_WTE], act_f32(m, A_DRESID), &m->sorter, N, C, m->stream);
+    embedding_backward(grad_f32(m, m->layout.offset[P_WTE]), act_f32(m, A_DRESID), &m->sorter, N, C, m->stream);
     if (m->adam_overlap) optimizer_stream_waits(m), adamw_embedding(m, m->opt_stream);
     NVTX_POP();
 }
@@ -504,16 +524,23 @@ static AdamWParams adamw_params(const OptimConfig* o, int t) {
     return h;
 }
 
-// AdamW over params[begin, end) with this step's m->adam, writing the bf16 shadow where the range
-// holds matmul weights.
+// AdamW over params[begin, end) with this step's m->adam and the gradients at `grads`, writing
+// the bf16 shadow where the range holds matmul weights.
+template <typename G> static void adamw_launch(Model* m, size_t begin, size_t end, const G* grads, bool matmul,
+                                               cudaStream_t s) {
+    float *p = m->params + begin, *am = m->adam_m + begin, *av = m->adam_v + begin;
+    if (m->sw.shadow_weights && matmul)
+        adamw_dense<true>(p, am, av, grads, m->shadow + (begin - m->layout.matmul_begin), end - begin, m->adam, m->sms,
+                          s, m->sw.vector_adam);
+    else
+        adamw_dense<false>(p, am, av, grads, (bf16*)NULL, end - begin, m->adam, m->sms, s, m->sw.vector_adam);
+}
+// The range lies within the matmul weights, the norm weights, or wte.
 static void adamw_range(Model* m, size_t begin, size_t end, cudaStream_t s) {
     const ParamLayout* p = &m->layout;
-    if (m->sw.shadow_weights && begin >= p->matmul_begin && end <= p->matmul_end)
-        adamw_dense<true>(m->params + begin, m->adam_m + begin, m->adam_v + begin, m->grads + begin,
-                          m->shadow + (begin - p->matmul_begin), end - begin, m->adam, m->sms, s, m->sw.vector_adam);
-    else
-        adamw_dense<false>(m->params + begin, m->adam_m + begin, m->adam_v + begin, m->grads + begin, NULL,
-                           end - begin, m->adam, m->sms, s, m->sw.vector_adam);
+    bool matmul = begin >= p->matmul_begin && end <= p->matmul_end;
+    if (matmul && m->grads_bf16) adamw_launch(m, begin, end, m->grads_bf16 + (begin - p->matmul_begin), matmul, s);
+    else adamw_launch(m, begin, end, grad_f32(m, begin), matmul, s);
 }
 
 static void adamw_tensor(Model* m, int tensor, int layer, cudaStream_t s) {
@@ -530,7 +557,7 @@ static void adamw_embedding(Model* m, cudaStream_t s) {
     }
     int n_step = m->grad_accum * m->B * m->T;
     if (m->grad_accum > 1) token_sort(&m->sorter, m->tokens, n_step, s); // all micro-steps' inputs
-    adamw_sparse_rows(m->params + wte, m->adam_m + wte, m->adam_v + wte, m->grads + wte, m->sorter.sorted_tokens,
+    adamw_sparse_rows(m->params + wte, m->adam_m + wte, m->adam_v + wte, grad_f32(m, wte), m->sorter.sorted_tokens,
                       n_step, m->cfg.n_embd, m->adam, s, m->sw.vector_adam);
 }
 
@@ -553,10 +580,19 @@ static void optimizer_step(Model* m, int t) {
 // first micro-step's gradients with beta 0 instead and zeroes nothing.
 static void zero_grads(Model* m) {
     const ParamLayout* p = &m->layout;
+    bool fill_kernels = m->sw.grad_zeroing == GRAD_ZERO_FILL;
     for (int t = P_LM_HEAD; t < NUM_PARAM_TENSORS; t++)
         for (size_t off = p->offset[t]; off < p->offset[t] + p->size[t]; off += p->layer_size[t]) {
-            if (m->sw.grad_zeroing == GRAD_ZERO_FILL) fill(m->grads + off, p->layer_size[t], 0.0f, m->stream);
-            else CUDA_CHECK(cudaMemsetAsync(m->grads + off, 0, p->layer_size[t] * 4, m->stream));
+            size_t n = p->layer_size[t];
+            if (m->grads_bf16 && off < p->matmul_end) {
+                bf16* g = m->grads_bf16 + (off - p->matmul_begin);
+                if (fill_kernels) fill(g, n, 0.0f, m->stream);
+                else CUDA_CHECK(cudaMemsetAsync(g, 0, n * 2, m->stream));
+            } else if (fill_kernels) {
+                fill(grad_f32(m, off), n, 0.0f, m->stream);
+            } else {
+                CUDA_CHECK(cudaMemsetAsync(grad_f32(m, off), 0, n * 4, m->stream));
+            }
         }
 }
 
@@ -569,7 +605,7 @@ static void train_step(Model* m, int t, int slot) {
     CUDA_CHECK(cudaMemcpyAsync(m->tokens, m->tokens_host + (size_t)slot * 2 * n_step, 2 * n_step * sizeof(int),
                                cudaMemcpyHostToDevice, m->stream));
     if (!m->sw.sparse_embedding) // dense wte gradient: the whole table is re-zeroed every step
-        CUDA_CHECK(cudaMemsetAsync(m->grads + m->layout.offset[P_WTE], 0, m->layout.size[P_WTE] * 4, m->stream));
+        CUDA_CHECK(cudaMemsetAsync(grad_f32(m, m->layout.offset[P_WTE]), 0, m->layout.size[P_WTE] * 4, m->stream));
     if (m->sw.grad_zeroing != GRAD_ZERO_NONE) zero_grads(m);
     m->adam = adamw_params(&m->opt, t);
     for (int micro = 0; micro < m->grad_accum; micro++) {
@@ -713,11 +749,12 @@ int main(int argc, char** argv) {
     model_create(&m, &cfg, &opt, &a.sw, a.batch_size, a.sequence_length, grad_accum);
     printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g | memory %.2f GiB\n", m.layout.total,
            a.batch_size, a.sequence_length, grad_accum, a.learning_rate, a.weight_decay,
-           model_bytes(&m.layout, &m.act, &a.sw) / 1073741824.0);
+           model_bytes(&m.layout, &m.act, &a.sw, grad_accum) / 1073741824.0);
     const Switches* w = &a.sw;
     printf("optimisations: sparse_embedding %d | overlap_optimizer %d | shadow_weights %d | vector_adam %d | "
-           "metadata_by_value %d | flash_attention %d | grad_zeroing %s\n", w->sparse_embedding, w->overlap_optimizer,
-           w->shadow_weights, w->vector_adam, w->metadata_by_value, w->flash_attention,
+           "metadata_by_value %d | flash_attention %d | bf16_grads %d | grad_zeroing %s\n", w->sparse_embedding,
+           w->overlap_optimizer, w->shadow_weights, w->vector_adam, w->metadata_by_value, w->flash_attention,
+           m.grads_bf16 != NULL,
            w->grad_zeroing == GRAD_ZERO_NONE ? "none" : w->grad_zeroing == GRAD_ZERO_MEMSET ? "memset" : "fill");
     if (a.llmc_filepath) {
         if (model_load(&m, a.llmc_filepath, fmt, err)) die(err, argv[0], false);

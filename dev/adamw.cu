@@ -2,7 +2,8 @@
 // (kernels.cuh adamw_update), and the bf16 copy of the parameters that the GEMMs read:
 //   p -= lr * wd * p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps);  shadow = bf16(p)
-// Memory-bound: g, p, m, v read (16 bytes per element), p, m, v written (12), shadow written (2).
+// Memory-bound: g, p, m, v read (16 bytes per element; 14 with bf16 g), p, m, v written (12),
+// shadow written (2).
 //
 // build: make dev/adamw
 // run:   ./dev/adamw          validate every version against a CPU reference, then time them
@@ -16,6 +17,8 @@
 //   2  scalar Adam writing the bf16 shadow in the same pass (adamw_kernel<1, true>): 30 bytes.
 //   3  the trainer's adamw_dense<true>: float4 + shadow when its alignment and minimum-size
 //      guards allow, else the scalar kernel. Each row names the path the guard took.
+//   4  the same with bf16 gradients (the trainer's matmul weights with --bf16_grads, its
+//      default at one micro-step per step): 28 bytes per element.
 // sizes: the LLaMA3.2-1B tensors of the seed's Adam table, one launch each, as the trainer
 // issues them when it overlaps AdamW with the backward (adamw_tensor); without the overlap it
 // walks each range of the parameter block in one launch.
@@ -33,26 +36,29 @@ static const AdamWParams H = step_params(1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 10);
 typedef struct {
     float *params, *m, *v, *grads; // fp32, updated in place (grads read only)
     bf16* shadow;                  // bf16(params) after the step
+    bf16* grads_bf16;              // version 4's gradients: bf16(grads)
 } AdamBuffers;
 
 static AdamBuffers adam_alloc(size_t n) {
     AdamBuffers b = {dev_alloc<float>(n), dev_alloc<float>(n), dev_alloc<float>(n), dev_alloc<float>(n),
-                     dev_alloc<bf16>(n)};
+                     dev_alloc<bf16>(n),  dev_alloc<bf16>(n)};
     return b;
 }
 // The same buffers from element i on (i = 1 misaligns every pointer for 128-bit access).
 static AdamBuffers adam_at(const AdamBuffers& b, size_t i) {
-    AdamBuffers r = {b.params + i, b.m + i, b.v + i, b.grads + i, b.shadow + i};
+    AdamBuffers r = {b.params + i, b.m + i, b.v + i, b.grads + i, b.shadow + i, b.grads_bf16 + i};
     return r;
 }
 static void adam_free(AdamBuffers& b) {
-    void* all[] = {b.params, b.m, b.v, b.grads, b.shadow};
+    void* all[] = {b.params, b.m, b.v, b.grads, b.shadow, b.grads_bf16};
     for (void* p : all) CUDA_CHECK(cudaFree(p));
 }
 
-// The path adamw_dense<true> takes for these buffers: its launcher's condition, same inputs.
-static bool trainer_uses_float4(const AdamBuffers& b, size_t n, int sms) {
-    bool aligned = aligned16(b.params) && aligned16(b.m) && aligned16(b.v) && aligned16(b.grads) &&
+// The path adamw_dense<true> takes for these buffers (version 3: fp32 grads, 4: bf16): its
+// launcher's condition, same inputs.
+static bool trainer_uses_float4(const AdamBuffers& b, size_t n, int sms, int version) {
+    bool grads_aligned = version == 4 ? ((uintptr_t)b.grads_bf16 & 7) == 0 : aligned16(b.grads);
+    bool aligned = aligned16(b.params) && aligned16(b.m) && aligned16(b.v) && grads_aligned &&
                    ((uintptr_t)b.shadow & 7) == 0;
     return aligned && n >= (size_t)sms * 256 * 4;
 }
@@ -66,8 +72,10 @@ static void adamw_version(int version, const AdamBuffers& b, size_t n, const Ada
     } else if (version == 2) {
         adamw_kernel<1, true><<<ceil_div(n, threads), threads>>>(b.params, b.m, b.v, b.grads, b.shadow, n, h);
         LAUNCH_CHECK();
-    } else {
+    } else if (version == 3) {
         adamw_dense<true>(b.params, b.m, b.v, b.grads, b.shadow, n, h, sms, 0);
+    } else {
+        adamw_dense<true>(b.params, b.m, b.v, b.grads_bf16, b.shadow, n, h, sms, 0);
     }
 }
 
@@ -91,7 +99,8 @@ static void to_device(float* dst, const std::vector<float>& src) {
 
 // Fresh inputs of n elements: p ~ N(0, 0.02) like the init, m and g ~ N(0, 1e-3), v in
 // [1e-8, 1e-6] (positive, the scale of g^2). Each selected version runs on them with every
-// pointer `offset` floats into its allocation and the shadow poisoned.
+// pointer `offset` floats into its allocation and the shadow poisoned; version 4 reads
+// bf16(g), and its reference starts from the same rounded g.
 // Tolerances: rtol 1e-6, about 8 fp32 ulps: the GPU does these fp32 operations with a few
 // roundings, the reference none. atol 1e-6 of each array's scale (p 0.02, m 1e-3, v 1e-7) for
 // elements whose update cancels to about 0, where the error is an ulp of the operands rather
@@ -99,10 +108,12 @@ static void to_device(float* dst, const std::vector<float>& src) {
 static void validate(size_t n, size_t offset, int sms, const DevArgs& a, bool* ok) {
     std::vector<float> p = random_normal(n, 0.02f), m = random_normal(n, 1e-3f), v = random_uniform(n, 1e-8f, 1e-6f),
                        g = random_normal(n, 1e-3f);
-    std::vector<float> p_ref = p, m_ref = m, v_ref = v;
-    adamw_cpu(p_ref, m_ref, v_ref, g, H);
+    std::vector<float> g_bf16 = from_bf16(to_bf16(g)), ref_of[2][3] = {{p, m, v}, {p, m, v}};
+    adamw_cpu(ref_of[0][0], ref_of[0][1], ref_of[0][2], g, H);
+    adamw_cpu(ref_of[1][0], ref_of[1][1], ref_of[1][2], g_bf16, H);
     AdamBuffers base = adam_alloc(n + offset), b = adam_at(base, offset);
-    for (int version = 1; version <= 3; version++) {
+    upload_into(b.grads_bf16, g_bf16);
+    for (int version = 1; version <= 4; version++) {
         if (!dev_selected(a, version)) continue;
         to_device(b.params, p), to_device(b.m, m), to_device(b.v, v), to_device(b.grads, g);
         dev_poison(b.shadow, n);
@@ -110,14 +121,14 @@ static void validate(size_t n, size_t offset, int sms, const DevArgs& a, bool* o
         std::vector<float> got[3] = {dev_download(b.params, n), dev_download(b.m, n), dev_download(b.v, n)};
         std::vector<float> shadow_gpu = from_bf16(dev_download(b.shadow, n)), shadow_want(n);
         for (size_t i = 0; i < n; i++) shadow_want[i] = bf16_round(got[0][i]);
-        const char* path = version == 3 && trainer_uses_float4(b, n, sms) ? "float4" : "scalar";
+        const char* path = version >= 3 && trainer_uses_float4(b, n, sms, version) ? "float4" : "scalar";
         const char* names[3] = {"params", "m", "v"};
-        const std::vector<float>* refs[3] = {&p_ref, &m_ref, &v_ref};
+        const std::vector<float>* refs = ref_of[version == 4];
         const float scale[3] = {0.02f, 1e-3f, 1e-7f};
         char what[96];
         for (int k = 0; k < 3; k++) {
             snprintf(what, sizeof(what), "v%d %s n=%zu%s %s", version, path, n, offset ? " misaligned" : "", names[k]);
-            ok[version] &= dev_check(what, got[k], *refs[k], 1e-6f * scale[k], 1e-6f);
+            ok[version] &= dev_check(what, got[k], refs[k], 1e-6f * scale[k], 1e-6f);
         }
         snprintf(what, sizeof(what), "v%d %s n=%zu%s shadow == bf16(params)", version, path, n,
                  offset ? " misaligned" : "");
@@ -142,20 +153,23 @@ static void time_versions(const DevArgs& a, const bool* ok, int sms) {
     init_params(arena.m, n_max, 0.0f, 1e-3f, dev_seed() + 1, 0);
     init_params(arena.grads, n_max, 0.0f, 1e-3f, dev_seed() + 2, 0);
     init_params(arena.v, n_max, 1e-6f, 0.0f, 0, 0);
+    cast_to_bf16(arena.grads_bf16, arena.grads, n_max, 0);
     double largest_of_ceiling = -1.0;
     print_header();
     for (int s = 0; s < (int)(sizeof(SIZES) / sizeof(SIZES[0])); s++) {
         size_t n = SIZES[s], sets = std::min(n_max / n, (size_t)ceil(200e6 / (30.0 * n)));
-        for (int version = 1; version <= 3; version++) {
+        for (int version = 1; version <= 4; version++) {
             if (!dev_selected(a, version)) continue;
             double ms = median_ms([&] {
                 for (size_t k = 0; k < sets; k++) adamw_version(version, adam_at(arena, k * n), n, H, sms);
             }) / sets;
-            double bytes = (version == 1 ? 34.0 : 30.0) * n;
+            double bytes = (version == 1 ? 34.0 : version == 4 ? 28.0 : 30.0) * n;
+            const char* guard = trainer_uses_float4(arena, n, sms, version) ? "float4" : "scalar";
             char label[64];
             if (version == 1) snprintf(label, sizeof(label), "1 scalar, then cast");
             else if (version == 2) snprintf(label, sizeof(label), "2 scalar + shadow");
-            else snprintf(label, sizeof(label), "3 trainer (guard: %s)", trainer_uses_float4(arena, n, sms) ? "float4" : "scalar");
+            else if (version == 3) snprintf(label, sizeof(label), "3 trainer (guard: %s)", guard);
+            else snprintf(label, sizeof(label), "4 trainer, bf16 grads (guard: %s)", guard);
             print_row("adamw", label, SIZE_NAMES[s], ms, bytes, 0.0, ok[version]);
             if (version == 3 && s == 0) largest_of_ceiling = bytes / (ms * 1e6) / copy_ceiling_gbs();
         }
@@ -167,10 +181,10 @@ static void time_versions(const DevArgs& a, const bool* ok, int sms) {
 }
 
 int main(int argc, char** argv) {
-    DevArgs a = dev_args(argc, argv, 3);
+    DevArgs a = dev_args(argc, argv, 4);
     int sms;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    bool ok[4] = {true, true, true, true};
+    bool ok[5] = {true, true, true, true, true};
     // Below the guard's size (scalar), above it with a tail of 3 (float4), a real MLP matrix
     // (float4), and every pointer one float off (the alignment guard: scalar).
     validate(2048, 0, sms, a, ok);
