@@ -472,6 +472,14 @@ static void attention_softmax(bool backward, bf16* probs, const float* scores_or
 // atomics), one kernel per query tile accumulates dQ. Both are deterministic.
 // q, k, v, dq, dk, dv are head-major (B, H, T, HD); the output and its gradient are token-major
 // (B, T, NH*HD), as the out-projection GEMM reads and writes them. HD is 32 or 64.
+// Version 4 (dev/attention.cu keeps version 3: transposed tiles by scalar stores, no pipelining):
+//   [cp.async double buffer] every tile lands in shared memory once, row-major [64][HD + 8], by
+//   16-byte cp.async copies that bypass registers; the next streamed tile (K/V in the forward
+//   and dQ kernels, Q/dO in the dK/dV kernel) is in flight while the current one is used.
+//   [ldmatrix] every mma operand comes from those row-major tiles by ldmatrix, .trans where the
+//   product needs the tile transposed (V in P V, dO in P^T dO, Q in dS^T Q, K in dS K).
+//   [longest first] the tiles with the most causal work are launched first, so that the
+//   shortest ones fill the tail of the grid.
 //
 // Tensor-core fragments of mma.sync m16n8k16 (bf16 in, fp32 accumulate), lane = 4*g + c:
 //   A 16x16: a0 = A[g][2c, 2c+1], a1 = A[g+8][2c, 2c+1], a2 = A[g][2c+8, 2c+9], a3 = A[g+8][2c+8, 2c+9]
@@ -479,9 +487,22 @@ static void attention_softmax(bool backward, bf16* probs, const float* scores_or
 //   C 16x8 : c0, c1 = C[g][2c, 2c+1], c2, c3 = C[g+8][2c, 2c+1]
 // A C fragment pair of 8-column tiles (n = 2j, 2j+1) is exactly the A fragment of columns
 // 16j..16j+15, which is how P and dS go from one product into the next without shared memory.
+// ldmatrix.x4 reads four 8x8 bf16 matrices M0..M3: lane 8i + r gives the address of row r of Mi
+// (16 bytes, 16-byte aligned) and register i receives Mi[g][2c, 2c+1]; with .trans it receives
+// Mi[2c, 2c+1][g], a column pair. Here the lanes always point at one 16x16 block of a row-major
+// tile, lane l at block row l % 16, block column 8 * (l / 16): M0, M1, M2, M3 are the block's
+// top-left, bottom-left, top-right and bottom-right quarters. For block rows R.., columns C..:
+//   plain,  block = A (rows m, columns k):  r0, r1, r2, r3 = a0, a1, a2, a3
+//   plain,  block = B^T (rows n, columns k): (r0, r2) = (b0, b1) of columns n = R..R+7,
+//                                            (r1, r3) = (b0, b1) of n = R+8..R+15
+//   .trans, block = B (rows k, columns n):   (r0, r1) = (b0, b1) of n = C..C+7,
+//                                            (r2, r3) = (b0, b1) of n = C+8..C+15
+// The 8 bf16 of padding per row put the 8 rows of one matrix (stride 144 or 80 bytes) in the 8
+// distinct 16-byte bank groups: ldmatrix never conflicts (nor, at HD 64, the cp.async stores).
 
-#define FA_TILE 64    // queries or keys per tile
+#define FA_TILE 64     // queries or keys per tile
 #define FA_THREADS 128 // 4 warps, 16 rows each
+static_assert(FA_THREADS == 2 * FA_TILE, "a query tile's lse2 and dsum rows take one copy per thread");
 
 __device__ inline void mma_bf16_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -493,7 +514,6 @@ __device__ inline uint32_t pack_bf16x2(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
 }
-__device__ inline uint32_t ld_bf16x2(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 __device__ inline float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -503,91 +523,161 @@ __device__ inline float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// Rows [row0, row0 + 64) of a (rows x HD) bf16 matrix with row stride `stride` into shared
-// memory, row-major [64][HD + 8] or transposed [HD][64 + 8] (the +8 staggers banks); rows past
-// `rows` read as zeros.
-template <int HD, bool TRANSPOSE>
-__device__ inline void load_tile(bf16* tile, const bf16* src, size_t stride, int row0, int rows) {
-    for (int i = threadIdx.x; i < FA_TILE * HD / 8; i += FA_THREADS) {
-        int r = i / (HD / 8), col = i % (HD / 8) * 8;
-        Vec16<bf16> x;
-        *reinterpret_cast<int4*>(&x) = make_int4(0, 0, 0, 0);
-        if (row0 + r < rows) x = load16(src + (size_t)(row0 + r) * stride + col);
-        if (TRANSPOSE)
-            for (int e = 0; e < 8; e++) tile[(col + e) * (FA_TILE + 8) + r] = x.v[e];
-        else
-            store16(tile + r * (HD + 8) + col, x);
+// Four 8x8 bf16 matrices from shared memory, as the note above lays out; .trans reads each
+// matrix transposed.
+__device__ inline void ldmatrix_x4(uint32_t* r, const bf16* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(row)));
+}
+__device__ inline void ldmatrix_x4_trans(uint32_t* r, const bf16* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(row)));
+}
+// This lane's ldmatrix address in the 16x16 block at (row0, col0) of a row-major [64][HD + 8]
+// tile: block row lane % 16, block column 8 * (lane / 16).
+template <int HD>
+__device__ inline const bf16* block_row(const bf16* tile, int row0, int col0) {
+    const int lane = threadIdx.x % 32;
+    return tile + (row0 + lane % 16) * (HD + 8) + col0 + lane / 16 * 8;
+}
+
+// 16 bytes global -> shared, not through registers (.cg: cached in L2 only). !valid copies no
+// byte and zero-fills the 16 (src-size 0); src must still be a mapped address.
+__device__ inline void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(valid ? 16 : 0));
+}
+// 4 bytes (.ca: the form that copies fewer than 16), zero-filled when !valid.
+__device__ inline void cp_async4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(valid ? 4 : 0));
+}
+// Closes this thread's copies issued so far into one group.
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits for all of this thread's groups; a __syncthreads after it publishes every thread's copies.
+__device__ inline void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// Issues the copies of rows [row0, row0 + 64) of a (rows x HD) bf16 matrix with row stride
+// `stride` into a row-major [64][HD + 8] shared tile; rows past `rows` are zero-filled. Eight
+// consecutive threads copy one row's 128 (HD 64) bytes: coalesced.
+template <int HD>
+__device__ inline void load_tile_async(bf16* tile, const bf16* src, size_t stride, int row0, int rows) {
+#pragma unroll
+    for (int pass = 0; pass < FA_TILE * HD / 8 / FA_THREADS; pass++) {
+        int i = pass * FA_THREADS + threadIdx.x, r = i / (HD / 8), col = i % (HD / 8) * 8;
+        bool inside = row0 + r < rows;
+        cp_async16(tile + r * (HD + 8) + col, src + (inside ? (size_t)(row0 + r) * stride + col : 0), inside);
     }
 }
 
-// This warp's 16 rows of a row-major tile as A fragments, one per 16 columns.
+// One key tile of a kv head, K and V rows: the forward and dQ kernels stream them through two.
+template <int HD> struct alignas(16) KeyTile {
+    bf16 k[FA_TILE * (HD + 8)], v[FA_TILE * (HD + 8)];
+    // Issues and commits the copies of key tile kt; k_head, v_head point at the head's row 0.
+    __device__ void load(const bf16* k_head, const bf16* v_head, int kt, int T) {
+        load_tile_async<HD>(k, k_head, HD, kt * FA_TILE, T);
+        load_tile_async<HD>(v, v_head, HD, kt * FA_TILE, T);
+        cp_async_commit();
+    }
+};
+
+// One query tile of a query head for the dK/dV kernel: Q and dO rows, and the forward's lse2
+// and the row terms dsum of those queries (threads 0..63 copy lse2, 64..127 dsum).
+template <int HD> struct alignas(16) QueryTile {
+    bf16 q[FA_TILE * (HD + 8)], dout[FA_TILE * (HD + 8)];
+    float lse2[FA_TILE], dsum[FA_TILE];
+    // Issues and commits the copies of query tile qt; the pointers are at the head's row 0.
+    __device__ void load(const bf16* q_head, const bf16* dout_head, size_t dout_stride, const float* lse2_head,
+                         const float* dsum_head, int qt, int T) {
+        load_tile_async<HD>(q, q_head, HD, qt * FA_TILE, T);
+        load_tile_async<HD>(dout, dout_head, dout_stride, qt * FA_TILE, T);
+        const int j = threadIdx.x % FA_TILE, t = qt * FA_TILE + j;
+        const float* src = threadIdx.x < FA_TILE ? lse2_head : dsum_head;
+        cp_async4((threadIdx.x < FA_TILE ? lse2 : dsum) + j, src + (t < T ? t : 0), t < T);
+        cp_async_commit();
+    }
+};
+
+// This warp's 16 rows of a row-major tile as A fragments, one per 16 columns. With w = 16 * warp:
+// lanes 0-7 point at rows w..w+7, columns 16kk..16kk+7 (a0); 8-15 at rows w+8..w+15, the same
+// columns (a1); 16-23 at rows w..w+7, columns 16kk+8..16kk+15 (a2); 24-31 at rows w+8.., those (a3).
 template <int HD>
 __device__ inline void a_fragments(uint32_t (*a)[4], const bf16* tile) {
-    const int ld = HD + 8, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
-    const bf16* rows = tile + (threadIdx.x / 32) * 16 * ld;
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-        a[kk][0] = ld_bf16x2(rows + g * ld + kk * 16 + 2 * c);
-        a[kk][1] = ld_bf16x2(rows + (g + 8) * ld + kk * 16 + 2 * c);
-        a[kk][2] = ld_bf16x2(rows + g * ld + kk * 16 + 8 + 2 * c);
-        a[kk][3] = ld_bf16x2(rows + (g + 8) * ld + kk * 16 + 8 + 2 * c);
-    }
+    for (int kk = 0; kk < HD / 16; kk++) ldmatrix_x4(a[kk], block_row<HD>(tile, threadIdx.x / 32 * 16, kk * 16));
 }
 
 // acc[n] (16 x 8 tile n of a 16 x 64 result) += A (16 x HD, fragments) @ tile^T, where tile is a
-// row-major [64][HD + 8] tile: B[k][n] = tile[n][k], contiguous pairs along k.
+// row-major [64][HD + 8] tile: B[k][n] = tile[n][k], so b0 of n tile n = tile[8n+g][2c, 2c+1]
+// (k step kk adds 16kk to the column) is row g of a plain 8x8 matrix. One ldmatrix per 16x16
+// block: lanes 0-7 point at tile rows 8n..8n+7, columns 16kk..16kk+7 (b0 of n tile n); 8-15 at
+// rows 8n+8..8n+15, the same columns (b0 of n + 1); 16-23 at rows 8n..8n+7, columns
+// 16kk+8..16kk+15 (b1 of n); 24-31 at rows 8n+8..8n+15, those columns (b1 of n + 1).
 template <int HD>
 __device__ inline void mma_a_tileT(float (*acc)[4], const uint32_t (*a)[4], const bf16* tile) {
-    const int ld = HD + 8, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
 #pragma unroll
-    for (int n = 0; n < FA_TILE / 8; n++)
+    for (int n = 0; n < FA_TILE / 8; n += 2)
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-            mma_bf16_16816(acc[n], a[kk], ld_bf16x2(tile + (n * 8 + g) * ld + kk * 16 + 2 * c),
-                           ld_bf16x2(tile + (n * 8 + g) * ld + kk * 16 + 8 + 2 * c));
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t b[4]; // b[0], b[2]: b0, b1 of n tile n; b[1], b[3]: b0, b1 of n tile n + 1
+            ldmatrix_x4(b, block_row<HD>(tile, n * 8, kk * 16));
+            mma_bf16_16816(acc[n], a[kk], b[0], b[2]);
+            mma_bf16_16816(acc[n + 1], a[kk], b[1], b[3]);
+        }
 }
 
-// acc[d] (16 x 8 tile d of a 16 x HD result) += P (16 x 64, held as the C fragments p) @ M, where
-// M (64 x HD) is given transposed: tileT [HD][64 + 8]. P is rounded to bf16 here.
+// acc[d] (16 x 8 tile d of a 16 x HD result) += P (16 x 64, held as the C fragments p) @ tile,
+// tile row-major [64][HD + 8]: B[k][n] = tile[k][n], so b0 of n tile d at k step j =
+// tile[16j+2c, 16j+2c+1][8d+g] is a column pair of an 8x8 matrix: ldmatrix.trans. Lanes 0-7 point
+// at tile rows 16j..16j+7, columns 8d..8d+7 (b0 of n tile d); 8-15 at rows 16j+8..16j+15, the
+// same columns (b1 of d); 16-23 at rows 16j..16j+7, columns 8d+8..8d+15 (b0 of d + 1); 24-31 at
+// rows 16j+8..16j+15, those columns (b1 of d + 1). P is rounded to bf16 here.
 template <int HD>
-__device__ inline void mma_c_tile(float (*acc)[4], const float (*p)[4], const bf16* tileT) {
-    const int ld = FA_TILE + 8, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+__device__ inline void mma_c_tile(float (*acc)[4], const float (*p)[4], const bf16* tile) {
 #pragma unroll
     for (int j = 0; j < FA_TILE / 16; j++) {
         uint32_t a[4] = {pack_bf16x2(p[2 * j][0], p[2 * j][1]), pack_bf16x2(p[2 * j][2], p[2 * j][3]),
                          pack_bf16x2(p[2 * j + 1][0], p[2 * j + 1][1]), pack_bf16x2(p[2 * j + 1][2], p[2 * j + 1][3])};
 #pragma unroll
-        for (int d = 0; d < HD / 8; d++)
-            mma_bf16_16816(acc[d], a, ld_bf16x2(tileT + (d * 8 + g) * ld + j * 16 + 2 * c),
-                           ld_bf16x2(tileT + (d * 8 + g) * ld + j * 16 + 8 + 2 * c));
+        for (int d = 0; d < HD / 8; d += 2) {
+            uint32_t b[4]; // b[0], b[1]: b0, b1 of n tile d; b[2], b[3]: b0, b1 of n tile d + 1
+            ldmatrix_x4_trans(b, block_row<HD>(tile, j * 16, d * 8));
+            mma_bf16_16816(acc[d], a, b[0], b[1]);
+            mma_bf16_16816(acc[d + 1], a, b[2], b[3]);
+        }
     }
 }
 
 // Column index of element e of C fragment n, within the 64-wide tile.
 __device__ inline int frag_col(int n, int e) { return n * 8 + 2 * (threadIdx.x % 4) + (e & 1); }
 
-// Forward: grid (T/64 query tiles, B*NH), 128 threads. out token-major bf16, lse2 (B*NH*T) fp32.
+// Forward: grid (B*NH, T/64 query tiles, the last tile, with the most keys, first), 128 threads,
+// each warp 16 queries; K/V tiles double-buffered. out token-major bf16, lse2 (B*NH*T) fp32.
 template <int HD>
 __global__ void __launch_bounds__(FA_THREADS)
     flash_forward_kernel(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
                          float scale_log2) {
-    __shared__ alignas(16) bf16 q_tile[FA_TILE * (HD + 8)], k_tile[FA_TILE * (HD + 8)], vt_tile[HD * (FA_TILE + 8)];
-    const int T = sh.T, qt = blockIdx.x, bh = blockIdx.y, b = bh / sh.NH, h = bh % sh.NH;
+    __shared__ KeyTile<HD> kv[2];
+    const int T = sh.T, qt = gridDim.y - 1 - blockIdx.y, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
     const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
     const int g = threadIdx.x % 32 / 4, row[2] = {qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g,
                                                   qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g + 8};
-    load_tile<HD, false>(q_tile, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T);
+    load_tile_async<HD>(kv[1].k, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T); // Q, staged where tile 1 goes
+    kv[0].load(k + kv_head, v + kv_head, 0, T);
+    cp_async_wait_all();
     __syncthreads();
     uint32_t qa[HD / 16][4];
-    a_fragments<HD>(qa, q_tile);
+    a_fragments<HD>(qa, kv[1].k);
     float o[HD / 8][4] = {}, row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     for (int kt = 0; kt <= qt; kt++) {
-        __syncthreads(); // everyone is done with the previous K/V tile
-        load_tile<HD, false>(k_tile, k + kv_head, HD, kt * FA_TILE, T);
-        load_tile<HD, true>(vt_tile, v + kv_head, HD, kt * FA_TILE, T);
-        __syncthreads();
+        cp_async_wait_all();
+        __syncthreads(); // tile kt landed for all threads, and all are done with kv[(kt + 1) % 2]
+        if (kt < qt) kv[(kt + 1) % 2].load(k + kv_head, v + kv_head, kt + 1, T);
+        const KeyTile<HD>& tile = kv[kt % 2];
         float s[FA_TILE / 8][4] = {};
-        mma_a_tileT<HD>(s, qa, k_tile);
+        mma_a_tileT<HD>(s, qa, tile.k);
         float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int n = 0; n < FA_TILE / 8; n++)
@@ -609,7 +699,7 @@ __global__ void __launch_bounds__(FA_THREADS)
         for (int n = 0; n < FA_TILE / 8; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[n][e] = exp2f(s[n][e] - base[e >> 1]), row_sum[e >> 1] += s[n][e];
-        mma_c_tile<HD>(o, s, vt_tile);
+        mma_c_tile<HD>(o, s, tile.v);
     }
     const int c = threadIdx.x % 4, C = sh.NH * HD;
     for (int r = 0; r < 2; r++) {
@@ -636,55 +726,53 @@ __global__ void attention_row_dot_kernel(float* dsum, const bf16* dout, const bf
     dsum[((size_t)b * sh.NH + h) * sh.T + t] = sum;
 }
 
-// dK, dV: grid (T/64 key tiles, B*KVH), 128 threads; each warp owns 16 keys and loops over the
-// G query heads sharing them and every query tile at or after its keys (causal).
+// dK, dV: grid (B*KVH, T/64 key tiles, tile 0, with the most queries, first), 128 threads; each
+// warp owns 16 keys. The G query heads sharing them times the query tiles at or after them
+// (causal) stream through two double-buffered QueryTiles, step i = head i / tiles, tile i % tiles.
 template <int HD>
 __global__ void __launch_bounds__(FA_THREADS)
     flash_backward_dkv_kernel(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                               const float* lse2, const float* dsum, HeadShape sh, float scale_log2, float scale) {
-    __shared__ alignas(16) bf16 q_tile[FA_TILE * (HD + 8)], qt_tile[HD * (FA_TILE + 8)],
-        do_tile[FA_TILE * (HD + 8)], dot_tile[HD * (FA_TILE + 8)];
-    __shared__ float lse_tile[FA_TILE], dsum_tile[FA_TILE];
-    const int T = sh.T, kt = blockIdx.x, b = blockIdx.y / sh.KVH, kvh = blockIdx.y % sh.KVH, G = sh.NH / sh.KVH;
-    const size_t kv_head = (size_t)blockIdx.y * T * HD;
+    __shared__ QueryTile<HD> qs[2];
+    const int T = sh.T, kt = blockIdx.y, b = blockIdx.x / sh.KVH, kvh = blockIdx.x % sh.KVH, G = sh.NH / sh.KVH;
+    const int tiles = gridDim.y - kt, steps = G * tiles;
+    const size_t kv_head = (size_t)blockIdx.x * T * HD;
     const int g = threadIdx.x % 32 / 4, key[2] = {kt * FA_TILE + (int)threadIdx.x / 32 * 16 + g,
                                                   kt * FA_TILE + (int)threadIdx.x / 32 * 16 + g + 8};
-    load_tile<HD, false>(q_tile, k + kv_head, HD, kt * FA_TILE, T); // staging for K and V fragments
-    load_tile<HD, false>(do_tile, v + kv_head, HD, kt * FA_TILE, T);
+    auto load_step = [&](int i) { // issues and commits step i's copies into qs[i % 2]
+        const int head = kvh * G + i / tiles;
+        const size_t bh = (size_t)b * sh.NH + head;
+        qs[i % 2].load(q + bh * T * HD, dout + (size_t)b * T * sh.NH * HD + head * HD, (size_t)sh.NH * HD,
+                       lse2 + bh * T, dsum + bh * T, kt + i % tiles, T);
+    };
+    load_tile_async<HD>(qs[1].q, k + kv_head, HD, kt * FA_TILE, T); // K and V, staged where step 1 goes
+    load_tile_async<HD>(qs[1].dout, v + kv_head, HD, kt * FA_TILE, T);
+    load_step(0);
+    cp_async_wait_all();
     __syncthreads();
     uint32_t ka[HD / 16][4], va[HD / 16][4];
-    a_fragments<HD>(ka, q_tile);
-    a_fragments<HD>(va, do_tile);
+    a_fragments<HD>(ka, qs[1].q);
+    a_fragments<HD>(va, qs[1].dout);
     float dk_acc[HD / 8][4] = {}, dv_acc[HD / 8][4] = {};
-    for (int head = kvh * G; head < (kvh + 1) * G; head++) {
-        const size_t bh = (size_t)b * sh.NH + head;
-        const bf16* dout_head = dout + (size_t)b * T * sh.NH * HD + head * HD;
-        for (int qt = kt; qt * FA_TILE < T; qt++) {
-            __syncthreads();
-            load_tile<HD, false>(q_tile, q + bh * T * HD, HD, qt * FA_TILE, T);
-            load_tile<HD, true>(qt_tile, q + bh * T * HD, HD, qt * FA_TILE, T);
-            load_tile<HD, false>(do_tile, dout_head, (size_t)sh.NH * HD, qt * FA_TILE, T);
-            load_tile<HD, true>(dot_tile, dout_head, (size_t)sh.NH * HD, qt * FA_TILE, T);
-            if (threadIdx.x < FA_TILE) {
-                int t = qt * FA_TILE + threadIdx.x;
-                lse_tile[threadIdx.x] = t < T ? lse2[bh * T + t] : 0.0f;
-                dsum_tile[threadIdx.x] = t < T ? dsum[bh * T + t] : 0.0f;
+    for (int i = 0; i < steps; i++) {
+        cp_async_wait_all();
+        __syncthreads(); // step i landed for all threads, and all are done with qs[(i + 1) % 2]
+        if (i + 1 < steps) load_step(i + 1);
+        const QueryTile<HD>& tile = qs[i % 2];
+        const int qt = kt + i % tiles;
+        float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
+        mma_a_tileT<HD>(p, ka, tile.q);     // S^T = K Q^T, rows are keys
+        mma_a_tileT<HD>(dp, va, tile.dout); // dP^T = V dO^T
+#pragma unroll
+        for (int n = 0; n < FA_TILE / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int j = frag_col(n, e), query = qt * FA_TILE + j;
+                p[n][e] = query >= key[e >> 1] && query < T ? exp2f(p[n][e] * scale_log2 - tile.lse2[j]) : 0.0f;
+                dp[n][e] = p[n][e] * (dp[n][e] - tile.dsum[j]); // dS^T
             }
-            __syncthreads();
-            float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
-            mma_a_tileT<HD>(p, ka, q_tile);   // S^T = K Q^T, rows are keys
-            mma_a_tileT<HD>(dp, va, do_tile); // dP^T = V dO^T
-#pragma unroll
-            for (int n = 0; n < FA_TILE / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int j = frag_col(n, e), query = qt * FA_TILE + j;
-                    p[n][e] = query >= key[e >> 1] && query < T ? exp2f(p[n][e] * scale_log2 - lse_tile[j]) : 0.0f;
-                    dp[n][e] = p[n][e] * (dp[n][e] - dsum_tile[j]); // dS^T
-                }
-            mma_c_tile<HD>(dv_acc, p, dot_tile); // dV += P^T dO
-            mma_c_tile<HD>(dk_acc, dp, qt_tile); // dK += dS^T Q
-        }
+        mma_c_tile<HD>(dv_acc, p, tile.dout); // dV += P^T dO
+        mma_c_tile<HD>(dk_acc, dp, tile.q);   // dK += dS^T Q
     }
     const int c = threadIdx.x % 4;
     for (int r = 0; r < 2; r++) {
@@ -697,37 +785,38 @@ __global__ void __launch_bounds__(FA_THREADS)
     }
 }
 
-// dQ: grid (T/64 query tiles, B*NH), 128 threads; each warp owns 16 queries and loops over the
-// key tiles up to its own (causal), recomputing P and dS.
+// dQ: grid (B*NH, T/64 query tiles, the last first), 128 threads; each warp owns 16 queries and
+// loops over the key tiles up to its own (causal), double-buffered, recomputing P and dS.
 template <int HD>
 __global__ void __launch_bounds__(FA_THREADS)
     flash_backward_dq_kernel(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                              const float* lse2, const float* dsum, HeadShape sh, float scale_log2, float scale) {
-    __shared__ alignas(16) bf16 k_tile[FA_TILE * (HD + 8)], kt_tile[HD * (FA_TILE + 8)], v_tile[FA_TILE * (HD + 8)];
-    const int T = sh.T, qt = blockIdx.x, bh = blockIdx.y, b = bh / sh.NH, h = bh % sh.NH;
+    __shared__ KeyTile<HD> kv[2];
+    const int T = sh.T, qt = gridDim.y - 1 - blockIdx.y, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
     const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
     const int g = threadIdx.x % 32 / 4, row[2] = {qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g,
                                                   qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g + 8};
-    load_tile<HD, false>(k_tile, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T); // staging for Q and dO
-    load_tile<HD, false>(v_tile, dout + (size_t)b * T * sh.NH * HD + h * HD, (size_t)sh.NH * HD, qt * FA_TILE, T);
+    load_tile_async<HD>(kv[1].k, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T); // Q and dO, staged where tile 1 goes
+    load_tile_async<HD>(kv[1].v, dout + (size_t)b * T * sh.NH * HD + h * HD, (size_t)sh.NH * HD, qt * FA_TILE, T);
+    kv[0].load(k + kv_head, v + kv_head, 0, T);
+    cp_async_wait_all();
     __syncthreads();
     uint32_t qa[HD / 16][4], doa[HD / 16][4];
-    a_fragments<HD>(qa, k_tile);
-    a_fragments<HD>(doa, v_tile);
+    a_fragments<HD>(qa, kv[1].k);
+    a_fragments<HD>(doa, kv[1].v);
     float lse[2], dsum_row[2], dq_acc[HD / 8][4] = {};
     for (int r = 0; r < 2; r++) {
         lse[r] = row[r] < T ? lse2[(size_t)bh * T + row[r]] : 0.0f;
         dsum_row[r] = row[r] < T ? dsum[(size_t)bh * T + row[r]] : 0.0f;
     }
     for (int kt = 0; kt <= qt; kt++) {
-        __syncthreads();
-        load_tile<HD, false>(k_tile, k + kv_head, HD, kt * FA_TILE, T);
-        load_tile<HD, true>(kt_tile, k + kv_head, HD, kt * FA_TILE, T);
-        load_tile<HD, false>(v_tile, v + kv_head, HD, kt * FA_TILE, T);
-        __syncthreads();
+        cp_async_wait_all();
+        __syncthreads(); // tile kt landed for all threads, and all are done with kv[(kt + 1) % 2]
+        if (kt < qt) kv[(kt + 1) % 2].load(k + kv_head, v + kv_head, kt + 1, T);
+        const KeyTile<HD>& tile = kv[kt % 2];
         float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
-        mma_a_tileT<HD>(p, qa, k_tile);   // S = Q K^T
-        mma_a_tileT<HD>(dp, doa, v_tile); // dP = dO V^T
+        mma_a_tileT<HD>(p, qa, tile.k);   // S = Q K^T
+        mma_a_tileT<HD>(dp, doa, tile.v); // dP = dO V^T
 #pragma unroll
         for (int n = 0; n < FA_TILE / 8; n++)
 #pragma unroll
@@ -736,7 +825,7 @@ __global__ void __launch_bounds__(FA_THREADS)
                 p[n][e] = key <= row[r] && key < T ? exp2f(p[n][e] * scale_log2 - lse[r]) : 0.0f;
                 dp[n][e] = p[n][e] * (dp[n][e] - dsum_row[r]); // dS
             }
-        mma_c_tile<HD>(dq_acc, dp, kt_tile); // dQ += dS K
+        mma_c_tile<HD>(dq_acc, dp, tile.k); // dQ += dS K
     }
     const int c = threadIdx.x % 4;
     for (int r = 0; r < 2; r++) {
@@ -752,7 +841,7 @@ static bool flash_supported(int HD) { return HD == 32 || HD == 64; }
 // out (token-major) and lse2 (B*NH*T) from head-major q, k, v.
 static void flash_attention_forward(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
                                     cudaStream_t s) {
-    dim3 grid(ceil_div(sh.T, FA_TILE), sh.B * sh.NH);
+    dim3 grid(sh.B * sh.NH, ceil_div(sh.T, FA_TILE));
     float scale_log2 = 1.4426950408889634f / sqrtf((float)sh.HD);
     if (sh.HD == 64) flash_forward_kernel<64><<<grid, FA_THREADS, 0, s>>>(out, lse2, q, k, v, sh, scale_log2);
     else flash_forward_kernel<32><<<grid, FA_THREADS, 0, s>>>(out, lse2, q, k, v, sh, scale_log2);
@@ -767,7 +856,7 @@ static void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum, 
     attention_row_dot_kernel<<<ceil_div((size_t)sh.B * sh.T * sh.NH, 256), 256, 0, s>>>(dsum, dout, out, sh);
     LAUNCH_CHECK();
     float scale = 1.0f / sqrtf((float)sh.HD), scale_log2 = 1.4426950408889634f * scale;
-    dim3 grid_kv(ceil_div(sh.T, FA_TILE), sh.B * sh.KVH), grid_q(ceil_div(sh.T, FA_TILE), sh.B * sh.NH);
+    dim3 grid_kv(sh.B * sh.KVH, ceil_div(sh.T, FA_TILE)), grid_q(sh.B * sh.NH, ceil_div(sh.T, FA_TILE));
     if (sh.HD == 64) {
         flash_backward_dkv_kernel<64><<<grid_kv, FA_THREADS, 0, s>>>(dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
         flash_backward_dq_kernel<64><<<grid_q, FA_THREADS, 0, s>>>(dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);

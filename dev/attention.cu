@@ -21,11 +21,18 @@
 //      of the G copies per kv head. What an implementation without GQA stacking does.
 //   2  unfused, stacked GQA: the trainer's --flash_attention 0 path, the same calls with the G
 //      query heads of each (batch, kv head) stacked as G*T rows, batch B*KVH, M = G*T, no copies.
-//   3  flash attention (flash_attention_forward / _backward): no T x T buffers, P recomputed in
-//      the backward; the trainer's default.
+//   3  flash attention, scalar transposed tiles, no pipelining (flash3_attention_forward /
+//      _backward, below): no T x T buffers, P recomputed in the backward; tiles go global ->
+//      registers -> shared, the operands read transposed (V; Q, dO and K in the backward) a second
+//      time from global memory into transposed copies by 2-byte shared stores; mma operands by
+//      32-bit shared loads; every tile load -> __syncthreads -> compute -> __syncthreads.
+//   4  flash attention (flash_attention_forward / _backward): version 3's math on row-major
+//      tiles only, loaded once by cp.async and double-buffered, mma operands by ldmatrix (.trans
+//      for the transposed ones), the tiles with the most causal work launched first; the
+//      trainer's default.
 // sizes: LLaMA3.2-1B (NH 32, KVH 8, HD 64) at B=4, T=64 and B=16, T=1024. Validated against an
 // fp64 CPU reference at B=2, T=17, NH 4, KVH 2, HD 32 (flash attention takes HD 32 or 64) and at
-// B=4, T=64; at B=16, T=1024 (too slow for the CPU) versions 2 and 3 against version 1.
+// B=4, T=64; at B=16, T=1024 (too slow for the CPU) versions 2 to 4 against version 1.
 #include "common.h"
 
 typedef struct {
@@ -37,7 +44,7 @@ typedef struct {
     bf16* probs;   // versions 1, 2: (B, NH, T, T) P; dS after the backward
     bf16* o_heads; // versions 1, 2: (B, NH, T, HD) o; dO in the backward
     bf16 *k_rep, *v_rep, *dk_rep, *dv_rep; // version 1: K, V and their gradients per query head (B, NH, T, HD)
-    float *lse2, *dsum; // version 3: (B, NH, T) log2-sum-exp of each query row, rowsum(dO * O)
+    float *lse2, *dsum; // versions 3, 4: (B, NH, T) log2-sum-exp of each query row, rowsum(dO * O)
 } AttnBuffers;
 
 static size_t qkv_elems(HeadShape sh) { return (size_t)sh.B * sh.T * (sh.NH + 2 * sh.KVH) * sh.HD; }
@@ -145,17 +152,280 @@ static void backward_stacked(Gemm* g, const AttnBuffers& b, HeadShape sh) {
     matmul(g, 0, dk, b.probs, q, T, HD, G * T, true, false, false, scale, 0.0f, batch, sp, sq, skv);
 }
 
-// ---- version 3: flash attention (the trainer's default) ----
+// ---- version 3: flash attention, scalar transposed tiles, no pipelining ----
+// The trainer's kernels before version 4, with its launchers' signatures; they share with it
+// FA_TILE, FA_THREADS, the mma, packing, quad-reduction and frag_col helpers, and the dsum kernel.
 
-static void forward_flash(const AttnBuffers& b, HeadShape sh) {
-    bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
-    flash_attention_forward(b.att_y, b.lse2, q, k, v, sh, 0);
+__device__ inline uint32_t ld_bf16x2(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// Rows [row0, row0 + 64) of a (rows x HD) bf16 matrix with row stride `stride` into shared
+// memory, row-major [64][HD + 8] or transposed [HD][64 + 8] (the +8 staggers banks); rows past
+// `rows` read as zeros.
+template <int HD, bool TRANSPOSE>
+__device__ inline void flash3_load_tile(bf16* tile, const bf16* src, size_t stride, int row0, int rows) {
+    for (int i = threadIdx.x; i < FA_TILE * HD / 8; i += FA_THREADS) {
+        int r = i / (HD / 8), col = i % (HD / 8) * 8;
+        Vec16<bf16> x;
+        *reinterpret_cast<int4*>(&x) = make_int4(0, 0, 0, 0);
+        if (row0 + r < rows) x = load16(src + (size_t)(row0 + r) * stride + col);
+        if (TRANSPOSE)
+            for (int e = 0; e < 8; e++) tile[(col + e) * (FA_TILE + 8) + r] = x.v[e];
+        else
+            store16(tile + r * (HD + 8) + col, x);
+    }
 }
 
-static void backward_flash(const AttnBuffers& b, HeadShape sh) {
+// This warp's 16 rows of a row-major tile as A fragments, one per 16 columns.
+template <int HD>
+__device__ inline void flash3_a_fragments(uint32_t (*a)[4], const bf16* tile) {
+    const int ld = HD + 8, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+    const bf16* rows = tile + (threadIdx.x / 32) * 16 * ld;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        a[kk][0] = ld_bf16x2(rows + g * ld + kk * 16 + 2 * c);
+        a[kk][1] = ld_bf16x2(rows + (g + 8) * ld + kk * 16 + 2 * c);
+        a[kk][2] = ld_bf16x2(rows + g * ld + kk * 16 + 8 + 2 * c);
+        a[kk][3] = ld_bf16x2(rows + (g + 8) * ld + kk * 16 + 8 + 2 * c);
+    }
+}
+
+// acc[n] (16 x 8 tile n of a 16 x 64 result) += A (16 x HD, fragments) @ tile^T, where tile is a
+// row-major [64][HD + 8] tile: B[k][n] = tile[n][k], contiguous pairs along k.
+template <int HD>
+__device__ inline void flash3_mma_a_tileT(float (*acc)[4], const uint32_t (*a)[4], const bf16* tile) {
+    const int ld = HD + 8, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+#pragma unroll
+    for (int n = 0; n < FA_TILE / 8; n++)
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            mma_bf16_16816(acc[n], a[kk], ld_bf16x2(tile + (n * 8 + g) * ld + kk * 16 + 2 * c),
+                           ld_bf16x2(tile + (n * 8 + g) * ld + kk * 16 + 8 + 2 * c));
+}
+
+// acc[d] (16 x 8 tile d of a 16 x HD result) += P (16 x 64, held as the C fragments p) @ M, where
+// M (64 x HD) is given transposed: tileT [HD][64 + 8]. P is rounded to bf16 here.
+template <int HD>
+__device__ inline void flash3_mma_c_tileT(float (*acc)[4], const float (*p)[4], const bf16* tileT) {
+    const int ld = FA_TILE + 8, g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
+#pragma unroll
+    for (int j = 0; j < FA_TILE / 16; j++) {
+        uint32_t a[4] = {pack_bf16x2(p[2 * j][0], p[2 * j][1]), pack_bf16x2(p[2 * j][2], p[2 * j][3]),
+                         pack_bf16x2(p[2 * j + 1][0], p[2 * j + 1][1]), pack_bf16x2(p[2 * j + 1][2], p[2 * j + 1][3])};
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++)
+            mma_bf16_16816(acc[d], a, ld_bf16x2(tileT + (d * 8 + g) * ld + j * 16 + 2 * c),
+                           ld_bf16x2(tileT + (d * 8 + g) * ld + j * 16 + 8 + 2 * c));
+    }
+}
+
+// Forward: grid (T/64 query tiles, B*NH), 128 threads. out token-major bf16, lse2 (B*NH*T) fp32.
+template <int HD>
+__global__ void __launch_bounds__(FA_THREADS)
+    flash3_forward_kernel(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
+                          float scale_log2) {
+    __shared__ alignas(16) bf16 q_tile[FA_TILE * (HD + 8)], k_tile[FA_TILE * (HD + 8)], vt_tile[HD * (FA_TILE + 8)];
+    const int T = sh.T, qt = blockIdx.x, bh = blockIdx.y, b = bh / sh.NH, h = bh % sh.NH;
+    const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
+    const int g = threadIdx.x % 32 / 4, row[2] = {qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g,
+                                                  qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g + 8};
+    flash3_load_tile<HD, false>(q_tile, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T);
+    __syncthreads();
+    uint32_t qa[HD / 16][4];
+    flash3_a_fragments<HD>(qa, q_tile);
+    float o[HD / 8][4] = {}, row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    for (int kt = 0; kt <= qt; kt++) {
+        __syncthreads(); // everyone is done with the previous K/V tile
+        flash3_load_tile<HD, false>(k_tile, k + kv_head, HD, kt * FA_TILE, T);
+        flash3_load_tile<HD, true>(vt_tile, v + kv_head, HD, kt * FA_TILE, T);
+        __syncthreads();
+        float s[FA_TILE / 8][4] = {};
+        flash3_mma_a_tileT<HD>(s, qa, k_tile);
+        float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < FA_TILE / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = kt * FA_TILE + frag_col(n, e);
+                s[n][e] = key <= row[e >> 1] && key < T ? s[n][e] * scale_log2 : -INFINITY;
+                tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
+            }
+        float base[2];
+        for (int r = 0; r < 2; r++) {
+            float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
+            base[r] = new_max == -INFINITY ? 0.0f : new_max; // a row with no key yet
+            float correction = exp2f(row_max[r] - base[r]);
+            row_max[r] = new_max, row_sum[r] *= correction;
+            for (int d = 0; d < HD / 8; d++) o[d][2 * r] *= correction, o[d][2 * r + 1] *= correction;
+        }
+#pragma unroll
+        for (int n = 0; n < FA_TILE / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] = exp2f(s[n][e] - base[e >> 1]), row_sum[e >> 1] += s[n][e];
+        flash3_mma_c_tileT<HD>(o, s, vt_tile);
+    }
+    const int c = threadIdx.x % 4, C = sh.NH * HD;
+    for (int r = 0; r < 2; r++) {
+        if (row[r] >= T) continue;
+        float sum = quad_sum(row_sum[r]);
+        bf16* dst = out + ((size_t)b * T + row[r]) * C + h * HD + 2 * c;
+        for (int d = 0; d < HD / 8; d++)
+            *reinterpret_cast<uint32_t*>(dst + d * 8) = pack_bf16x2(o[d][2 * r] / sum, o[d][2 * r + 1] / sum);
+        if (c == 0) lse2[(size_t)bh * T + row[r]] = row_max[r] + log2f(sum);
+    }
+}
+
+// dK, dV: grid (T/64 key tiles, B*KVH), 128 threads; each warp owns 16 keys and loops over the
+// G query heads sharing them and every query tile at or after its keys (causal).
+template <int HD>
+__global__ void __launch_bounds__(FA_THREADS)
+    flash3_backward_dkv_kernel(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                               const float* lse2, const float* dsum, HeadShape sh, float scale_log2, float scale) {
+    __shared__ alignas(16) bf16 q_tile[FA_TILE * (HD + 8)], qt_tile[HD * (FA_TILE + 8)],
+        do_tile[FA_TILE * (HD + 8)], dot_tile[HD * (FA_TILE + 8)];
+    __shared__ float lse_tile[FA_TILE], dsum_tile[FA_TILE];
+    const int T = sh.T, kt = blockIdx.x, b = blockIdx.y / sh.KVH, kvh = blockIdx.y % sh.KVH, G = sh.NH / sh.KVH;
+    const size_t kv_head = (size_t)blockIdx.y * T * HD;
+    const int g = threadIdx.x % 32 / 4, key[2] = {kt * FA_TILE + (int)threadIdx.x / 32 * 16 + g,
+                                                  kt * FA_TILE + (int)threadIdx.x / 32 * 16 + g + 8};
+    flash3_load_tile<HD, false>(q_tile, k + kv_head, HD, kt * FA_TILE, T); // staging for K and V fragments
+    flash3_load_tile<HD, false>(do_tile, v + kv_head, HD, kt * FA_TILE, T);
+    __syncthreads();
+    uint32_t ka[HD / 16][4], va[HD / 16][4];
+    flash3_a_fragments<HD>(ka, q_tile);
+    flash3_a_fragments<HD>(va, do_tile);
+    float dk_acc[HD / 8][4] = {}, dv_acc[HD / 8][4] = {};
+    for (int head = kvh * G; head < (kvh + 1) * G; head++) {
+        const size_t bh = (size_t)b * sh.NH + head;
+        const bf16* dout_head = dout + (size_t)b * T * sh.NH * HD + head * HD;
+        for (int qt = kt; qt * FA_TILE < T; qt++) {
+            __syncthreads();
+            flash3_load_tile<HD, false>(q_tile, q + bh * T * HD, HD, qt * FA_TILE, T);
+            flash3_load_tile<HD, true>(qt_tile, q + bh * T * HD, HD, qt * FA_TILE, T);
+            flash3_load_tile<HD, false>(do_tile, dout_head, (size_t)sh.NH * HD, qt * FA_TILE, T);
+            flash3_load_tile<HD, true>(dot_tile, dout_head, (size_t)sh.NH * HD, qt * FA_TILE, T);
+            if (threadIdx.x < FA_TILE) {
+                int t = qt * FA_TILE + threadIdx.x;
+                lse_tile[threadIdx.x] = t < T ? lse2[bh * T + t] : 0.0f;
+                dsum_tile[threadIdx.x] = t < T ? dsum[bh * T + t] : 0.0f;
+            }
+            __syncthreads();
+            float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
+            flash3_mma_a_tileT<HD>(p, ka, q_tile);   // S^T = K Q^T, rows are keys
+            flash3_mma_a_tileT<HD>(dp, va, do_tile); // dP^T = V dO^T
+#pragma unroll
+            for (int n = 0; n < FA_TILE / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int j = frag_col(n, e), query = qt * FA_TILE + j;
+                    p[n][e] = query >= key[e >> 1] && query < T ? exp2f(p[n][e] * scale_log2 - lse_tile[j]) : 0.0f;
+                    dp[n][e] = p[n][e] * (dp[n][e] - dsum_tile[j]); // dS^T
+                }
+            flash3_mma_c_tileT<HD>(dv_acc, p, dot_tile); // dV += P^T dO
+            flash3_mma_c_tileT<HD>(dk_acc, dp, qt_tile); // dK += dS^T Q
+        }
+    }
+    const int c = threadIdx.x % 4;
+    for (int r = 0; r < 2; r++) {
+        if (key[r] >= T) continue;
+        size_t at = kv_head + (size_t)key[r] * HD + 2 * c;
+        for (int d = 0; d < HD / 8; d++) {
+            *reinterpret_cast<uint32_t*>(dk + at + d * 8) = pack_bf16x2(dk_acc[d][2 * r] * scale, dk_acc[d][2 * r + 1] * scale);
+            *reinterpret_cast<uint32_t*>(dv + at + d * 8) = pack_bf16x2(dv_acc[d][2 * r], dv_acc[d][2 * r + 1]);
+        }
+    }
+}
+
+// dQ: grid (T/64 query tiles, B*NH), 128 threads; each warp owns 16 queries and loops over the
+// key tiles up to its own (causal), recomputing P and dS.
+template <int HD>
+__global__ void __launch_bounds__(FA_THREADS)
+    flash3_backward_dq_kernel(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                              const float* lse2, const float* dsum, HeadShape sh, float scale_log2, float scale) {
+    __shared__ alignas(16) bf16 k_tile[FA_TILE * (HD + 8)], kt_tile[HD * (FA_TILE + 8)], v_tile[FA_TILE * (HD + 8)];
+    const int T = sh.T, qt = blockIdx.x, bh = blockIdx.y, b = bh / sh.NH, h = bh % sh.NH;
+    const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
+    const int g = threadIdx.x % 32 / 4, row[2] = {qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g,
+                                                  qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g + 8};
+    flash3_load_tile<HD, false>(k_tile, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T); // staging for Q and dO
+    flash3_load_tile<HD, false>(v_tile, dout + (size_t)b * T * sh.NH * HD + h * HD, (size_t)sh.NH * HD, qt * FA_TILE, T);
+    __syncthreads();
+    uint32_t qa[HD / 16][4], doa[HD / 16][4];
+    flash3_a_fragments<HD>(qa, k_tile);
+    flash3_a_fragments<HD>(doa, v_tile);
+    float lse[2], dsum_row[2], dq_acc[HD / 8][4] = {};
+    for (int r = 0; r < 2; r++) {
+        lse[r] = row[r] < T ? lse2[(size_t)bh * T + row[r]] : 0.0f;
+        dsum_row[r] = row[r] < T ? dsum[(size_t)bh * T + row[r]] : 0.0f;
+    }
+    for (int kt = 0; kt <= qt; kt++) {
+        __syncthreads();
+        flash3_load_tile<HD, false>(k_tile, k + kv_head, HD, kt * FA_TILE, T);
+        flash3_load_tile<HD, true>(kt_tile, k + kv_head, HD, kt * FA_TILE, T);
+        flash3_load_tile<HD, false>(v_tile, v + kv_head, HD, kt * FA_TILE, T);
+        __syncthreads();
+        float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
+        flash3_mma_a_tileT<HD>(p, qa, k_tile);   // S = Q K^T
+        flash3_mma_a_tileT<HD>(dp, doa, v_tile); // dP = dO V^T
+#pragma unroll
+        for (int n = 0; n < FA_TILE / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = kt * FA_TILE + frag_col(n, e), r = e >> 1;
+                p[n][e] = key <= row[r] && key < T ? exp2f(p[n][e] * scale_log2 - lse[r]) : 0.0f;
+                dp[n][e] = p[n][e] * (dp[n][e] - dsum_row[r]); // dS
+            }
+        flash3_mma_c_tileT<HD>(dq_acc, dp, kt_tile); // dQ += dS K
+    }
+    const int c = threadIdx.x % 4;
+    for (int r = 0; r < 2; r++) {
+        if (row[r] >= T) continue;
+        bf16* dst = dq + ((size_t)bh * T + row[r]) * HD + 2 * c;
+        for (int d = 0; d < HD / 8; d++)
+            *reinterpret_cast<uint32_t*>(dst + d * 8) = pack_bf16x2(dq_acc[d][2 * r] * scale, dq_acc[d][2 * r + 1] * scale);
+    }
+}
+
+// out (token-major) and lse2 (B*NH*T) from head-major q, k, v.
+static void flash3_attention_forward(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
+                                     cudaStream_t s) {
+    dim3 grid(ceil_div(sh.T, FA_TILE), sh.B * sh.NH);
+    float scale_log2 = 1.4426950408889634f / sqrtf((float)sh.HD);
+    if (sh.HD == 64) flash3_forward_kernel<64><<<grid, FA_THREADS, 0, s>>>(out, lse2, q, k, v, sh, scale_log2);
+    else flash3_forward_kernel<32><<<grid, FA_THREADS, 0, s>>>(out, lse2, q, k, v, sh, scale_log2);
+    LAUNCH_CHECK();
+}
+
+// dq, dk, dv (head-major) from dout and out (token-major) and the forward's lse2; dsum is scratch
+// of B*NH*T floats.
+static void flash3_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum, const bf16* dout, const bf16* out,
+                                      const bf16* q, const bf16* k, const bf16* v, const float* lse2, HeadShape sh,
+                                      cudaStream_t s) {
+    attention_row_dot_kernel<<<ceil_div((size_t)sh.B * sh.T * sh.NH, 256), 256, 0, s>>>(dsum, dout, out, sh);
+    LAUNCH_CHECK();
+    float scale = 1.0f / sqrtf((float)sh.HD), scale_log2 = 1.4426950408889634f * scale;
+    dim3 grid_kv(ceil_div(sh.T, FA_TILE), sh.B * sh.KVH), grid_q(ceil_div(sh.T, FA_TILE), sh.B * sh.NH);
+    if (sh.HD == 64) {
+        flash3_backward_dkv_kernel<64><<<grid_kv, FA_THREADS, 0, s>>>(dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+        flash3_backward_dq_kernel<64><<<grid_q, FA_THREADS, 0, s>>>(dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+    } else {
+        flash3_backward_dkv_kernel<32><<<grid_kv, FA_THREADS, 0, s>>>(dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+        flash3_backward_dq_kernel<32><<<grid_q, FA_THREADS, 0, s>>>(dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+    }
+    LAUNCH_CHECK();
+}
+
+// ---- versions 3 and 4: flash attention (version 4 is the trainer's default) ----
+
+static void forward_flash(int version, const AttnBuffers& b, HeadShape sh) {
+    bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
+    (version == 3 ? flash3_attention_forward : flash_attention_forward)(b.att_y, b.lse2, q, k, v, sh, 0);
+}
+
+static void backward_flash(int version, const AttnBuffers& b, HeadShape sh) {
     bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
     bf16 *dq = b.dheads, *dk = dq + q_elems(sh), *dv = dk + kv_elems(sh);
-    flash_attention_backward(dq, dk, dv, b.dsum, b.dy, b.att_y, q, k, v, b.lse2, sh, 0);
+    (version == 3 ? flash3_attention_backward : flash_attention_backward)(dq, dk, dv, b.dsum, b.dy, b.att_y, q, k, v,
+                                                                          b.lse2, sh, 0);
 }
 
 static void attention_version(int version, bool backward, Gemm* g, const AttnBuffers& b, HeadShape sh) {
@@ -163,8 +433,8 @@ static void attention_version(int version, bool backward, Gemm* g, const AttnBuf
     else if (version == 1) backward_repeated(g, b, sh);
     else if (version == 2 && !backward) forward_stacked(g, b, sh);
     else if (version == 2) backward_stacked(g, b, sh);
-    else if (!backward) forward_flash(b, sh);
-    else backward_flash(b, sh);
+    else if (!backward) forward_flash(version, b, sh);
+    else backward_flash(version, b, sh);
 }
 
 // ---- CPU reference (fp64) ----
@@ -272,7 +542,7 @@ static void validate_cpu(HeadShape sh, Gemm* g, const DevArgs& a, bool* ok) {
     CUDA_CHECK(cudaMemcpy(b.heads, to_bf16(heads).data(), qkv_elems(sh) * sizeof(bf16), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(b.dy, to_bf16(dy).data(), q_elems(sh) * sizeof(bf16), cudaMemcpyHostToDevice));
     char tag[32];
-    for (int version = 1; version <= 3; version++) {
+    for (int version = 1; version <= 4; version++) {
         if (!dev_selected(a, version)) continue;
         run_version(version, g, b, sh, got);
         snprintf(tag, sizeof(tag), "v%d vs CPU", version);
@@ -281,7 +551,7 @@ static void validate_cpu(HeadShape sh, Gemm* g, const DevArgs& a, bool* ok) {
     attn_free(b);
 }
 
-// Where the CPU is too slow: versions 2 and 3 against version 1 on the same random inputs,
+// Where the CPU is too slow: versions 2 to 4 against version 1 on the same random inputs,
 // relative L2 1e-2 (they differ in summation order, where P and dS are rounded, and version 1
 // rounds dK, dV per query head before summing them).
 static void validate_versions(HeadShape sh, Gemm* g, bool* ok) {
@@ -290,7 +560,7 @@ static void validate_versions(HeadShape sh, Gemm* g, bool* ok) {
     std::vector<float> ref[2], got[2];
     run_version(1, g, b, sh, ref);
     char tag[32];
-    for (int version = 2; version <= 3; version++) {
+    for (int version = 2; version <= 4; version++) {
         run_version(version, g, b, sh, got);
         snprintf(tag, sizeof(tag), "v%d vs v1", version);
         bool same = check_outputs(tag, got, ref, sh, false);
@@ -315,8 +585,9 @@ static void time_versions(HeadShape sh, Gemm* g, const DevArgs& a, const bool* o
     double flops = 4.0 * sh.B * sh.NH * (double)sh.T * sh.T * sh.HD;
     char size[48];
     snprintf(size, sizeof(size), "B=%d T=%d", sh.B, sh.T);
-    const char* labels[4] = {"", "1 unfused, repeated K/V", "2 unfused, stacked GQA", "3 flash (trainer)"};
-    for (int version = 1; version <= 3; version++) {
+    const char* labels[5] = {"", "1 unfused, repeated K/V", "2 unfused, stacked GQA", "3 flash, scalar transposed tiles",
+                             "4 flash, cp.async + ldmatrix (trainer)"};
+    for (int version = 1; version <= 4; version++) {
         if (!dev_selected(a, version)) continue;
         for (int backward = 0; backward <= 1; backward++) {
             if (backward) // P (lse2 for flash, version 1's K, V copies) from the forward
@@ -331,10 +602,10 @@ static void time_versions(HeadShape sh, Gemm* g, const DevArgs& a, const bool* o
 }
 
 int main(int argc, char** argv) {
-    DevArgs a = dev_args(argc, argv, 3);
+    DevArgs a = dev_args(argc, argv, 4);
     static Gemm g; // the trainer's matmul() state; large (its plan table): not on the stack
     gemm_create(&g);
-    bool ok[4] = {true, true, true, true};
+    bool ok[5] = {true, true, true, true, true};
     const HeadShape small = {2, 17, 4, 2, 32}, b4t64 = {4, 64, 32, 8, 64}, b16t1024 = {16, 1024, 32, 8, 64};
     validate_cpu(small, &g, a, ok);
     validate_cpu(b4t64, &g, a, ok);
