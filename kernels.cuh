@@ -981,12 +981,28 @@ static void mean(float* out, const float* values, int n, cudaStream_t s) {
 
 // ---- AdamW ----
 
-// Hyperparameters of one step, by value [by-value metadata]; bias corrections from the host.
+// Hyperparameters of one step. They live in device memory, written by adamw_next_step at the
+// start of each step [graphs]: a captured step then replays unchanged, with no value of the host
+// baked into it and no host-to-device copy per step; each AdamW thread reads the 28 bytes from
+// cache.
 typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
     float step_size;       // lr / (1 - beta1^t)
     float bias_corr2_sqrt; // sqrt(1 - beta2^t)
 } AdamWParams;
+
+// One thread: t = ++step, then h = base with step t's bias corrections (in double, as
+// torch.optim.AdamW computes them on the host).
+__global__ void adamw_next_step_kernel(AdamWParams* h, int* step, AdamWParams base) {
+    int t = ++*step;
+    base.step_size = (float)(base.lr / (1.0 - pow((double)base.beta1, t)));
+    base.bias_corr2_sqrt = (float)sqrt(1.0 - pow((double)base.beta2, t));
+    *h = base;
+}
+static void adamw_next_step(AdamWParams* h, int* step, AdamWParams base, cudaStream_t s) {
+    adamw_next_step_kernel<<<1, 1, 0, s>>>(h, step, base);
+    LAUNCH_CHECK();
+}
 
 // torch.optim.AdamW's update (the fused kernel's order of operations).
 __device__ inline void adamw_update(float& p, float& m, float& v, float g, const AdamWParams& h) {
@@ -1035,7 +1051,8 @@ __device__ inline float adamw_update1(float* params, float* m, float* v, const G
 // threads, scalar. G: the gradient's type, float or bf16.
 template <int VEC, bool SHADOW, typename G>
 __global__ void adamw_kernel(float* params, float* m, float* v, const G* grads, bf16* shadow, size_t n,
-                             AdamWParams h) {
+                             const AdamWParams* hp) {
+    const AdamWParams h = *hp;
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, i = t * VEC;
     if (i + VEC <= n) {
         if constexpr (VEC == 4) {
@@ -1060,7 +1077,7 @@ __global__ void adamw_kernel(float* params, float* m, float* v, const G* grads, 
 // allow_vec4 = false forces the scalar kernel (the ablation's "no vectorised Adam").
 template <bool SHADOW, typename G>
 static void adamw_dense(float* params, float* m, float* v, const G* grads, bf16* shadow, size_t n,
-                        AdamWParams h, int sms, cudaStream_t s, bool allow_vec4 = true) {
+                        const AdamWParams* h, int sms, cudaStream_t s, bool allow_vec4 = true) {
     const int threads = 256;
     bool aligned = aligned16(params) && aligned16(m) && aligned16(v) && ((uintptr_t)grads % (4 * sizeof(G))) == 0 &&
                    (!SHADOW || ((uintptr_t)shadow & 7) == 0);
@@ -1079,7 +1096,8 @@ static void adamw_dense(float* params, float* m, float* v, const G* grads, bf16*
 // pointers are aligned (VEC 4), scalar otherwise.
 template <int VEC>
 __global__ void adamw_sparse_rows_kernel(float* params, float* m, float* v, float* grads, const int* sorted_tokens,
-                                         int C, AdamWParams h) {
+                                         int C, const AdamWParams* hp) {
+    const AdamWParams h = *hp;
     int j = blockIdx.x;
     if (!owns_row(sorted_tokens, j)) return;
     size_t row = (size_t)sorted_tokens[j] * C;
@@ -1094,7 +1112,7 @@ __global__ void adamw_sparse_rows_kernel(float* params, float* m, float* v, floa
     }
 }
 static void adamw_sparse_rows(float* params, float* m, float* v, float* grads, const int* sorted_tokens, int n_sorted,
-                              int C, AdamWParams h, cudaStream_t s, bool allow_vec4 = true) {
+                              int C, const AdamWParams* h, cudaStream_t s, bool allow_vec4 = true) {
     bool vec4 = allow_vec4 && C % 4 == 0 && aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads);
     if (vec4) adamw_sparse_rows_kernel<4><<<n_sorted, 128, 0, s>>>(params, m, v, grads, sorted_tokens, C, h);
     else adamw_sparse_rows_kernel<1><<<n_sorted, 128, 0, s>>>(params, m, v, grads, sorted_tokens, C, h);

@@ -227,7 +227,8 @@ static void check_wte_grad_zero(Model* m);
 static void test_optimizer(Model* m, const RefState* r, const float* p0, const float* ref_grads, const char* state_path) {
     size_t P = m->layout.total;
     grads_from_host(m, ref_grads);
-    optimizer_step(m, 1); // the sorter still holds step 1's sorted inputs from backward
+    optimizer_begin_step(m); // step 1
+    optimizer_step(m);       // the sorter still holds step 1's sorted inputs from backward
     float* params = to_host(m->params, P);
     float* ref = read_param_block(state_path, &m->cfg, r->params1_offset, P);
     check_blocks(m, "adamw step", params, ref, p0, 1e-3);
@@ -264,6 +265,7 @@ static void test_training(Model* m, const RefState* r, const float* p0, const ch
     if (model_load(m, model_path, fmt, err)) { fprintf(stderr, "%s\n", err); exit(EXIT_FAILURE); }
     CUDA_CHECK(cudaMemset(m->adam_m, 0, P * 4));
     CUDA_CHECK(cudaMemset(m->adam_v, 0, P * 4));
+    CUDA_CHECK(cudaMemset(m->adam_step, 0, sizeof(int)));
     CUDA_CHECK(cudaMemset(m->grads, 0, (m->grads_bf16 ? P - (m->layout.matmul_end - m->layout.matmul_begin) : P) * 4));
     for (int t = 1; t <= r->n_steps; t++) {
         int slot = t % 2;
@@ -302,6 +304,7 @@ int main(int argc, char** argv) {
            "flash_attention %d bf16_grads %d grad_zeroing %d\n", a.sw.sparse_embedding, a.sw.overlap_optimizer,
            a.sw.shadow_weights, a.sw.vector_adam, a.sw.metadata_by_value, a.sw.flash_attention, a.sw.bf16_grads,
            a.sw.grad_zeroing);
+    printf("cuda_graph %d (test_training replays steps 2..n from it)\n", a.sw.cuda_graph && a.sw.metadata_by_value);
 
     Model m;
     OptimConfig o = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay};

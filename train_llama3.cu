@@ -120,8 +120,11 @@ typedef struct {
     // [streams] the optimizer stream, and the events that order it against the main stream
     cudaStream_t opt_stream;
     cudaEvent_t grads_ready, opt_done;
-    AdamWParams adam;  // this step's hyperparameters
+    AdamWParams* adam; // device: this step's hyperparameters, written on the device [graphs]
+    int* adam_step;    // device: AdamW steps taken
     bool adam_overlap; // this backward pass runs AdamW as gradients become ready
+    bool use_graph;    // [graphs] replay the step from a CUDA graph
+    cudaGraphExec_t step_graph; // captured at step 2 (step 1 made every GEMM plan); NULL before
     HeadShape* shape_in_memory; // with metadata_by_value off: where shapes are copied before launches
 } Model;
 
@@ -244,8 +247,13 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     CUDA_CHECK(cudaMallocHost(&m->tokens_host, 2 * 2 * n_step * sizeof(int32_t)));
     CUDA_CHECK(cudaMallocHost(&m->loss_host, 2 * sizeof(float)));
     m->loss = (float*)device_alloc(sizeof(float), "loss");
+    m->adam = (AdamWParams*)device_alloc(sizeof(AdamWParams), "AdamW hyperparameters");
+    m->adam_step = (int*)device_alloc(sizeof(int), "AdamW step counter");
+    CUDA_CHECK(cudaMemset(m->adam_step, 0, sizeof(int)));
+    // A graph cannot capture the ablation's per-launch copies from pageable host memory.
+    m->use_graph = sw->cuda_graph && sw->metadata_by_value;
     // The step's own stream outranks the optimizer's: when both have blocks ready, the SMs take
-    // the backward's first and AdamW (with its ~37 GB of streaming) fills what is left.
+    // the backward's first and AdamW (with its ~35 GB of streaming) fills what is left.
     int prio_low, prio_high;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&prio_low, &prio_high));
     CUDA_CHECK(cudaStreamCreateWithPriority(&m->stream, cudaStreamDefault, prio_high));
@@ -263,8 +271,10 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
 
 static void model_free(Model* m) {
     gemm_destroy(&m->gemm);
-    void* device[] = {m->params, m->grads, m->grads_bf16, m->adam_m, m->adam_v, m->shadow, m->cast_weight, m->shape_in_memory,
-                      m->acts, m->tokens, m->loss, m->rope_cos, m->sorter.sorted_tokens, m->sorter.temp};
+    if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
+    void* device[] = {m->adam,   m->adam_step, m->params,      m->grads,  m->grads_bf16, m->adam_m,
+                      m->adam_v, m->shadow,    m->cast_weight, m->shape_in_memory, m->acts, m->tokens,
+                      m->loss,   m->rope_cos,  m->sorter.sorted_tokens, m->sorter.temp};
     for (size_t i = 0; i < sizeof(device) / sizeof(device[0]); i++) CUDA_CHECK(cudaFree(device[i]));
     CUDA_CHECK(cudaFreeHost(m->tokens_host));
     CUDA_CHECK(cudaFreeHost(m->loss_host));
@@ -481,9 +491,9 @@ static void adamw_tensor(Model* m, int tensor, int layer, cudaStream_t s); // in
 static void adamw_embedding(Model* m, cudaStream_t s);
 
 // [streams] With adam_overlap, AdamW runs on the optimizer stream as soon as the backward pass
-// has written a group of gradients (lm_head first, then layer by layer), meant to fill the
-// bandwidth the backward's small kernels leave idle (measured: no gain yet, dev/PERF.md). This
-// orders the optimizer stream after everything the main stream has issued so far.
+// has written a group of gradients (lm_head first, then layer by layer), filling the bandwidth
+// the backward's small kernels leave idle (at low priority: B=4, T=64 15.29 -> 14.46 ms,
+// dev/PERF.md). This orders the optimizer stream after everything the main stream has issued.
 static void optimizer_stream_waits(Model* m) {
     CUDA_CHECK(cudaEventRecord(m->grads_ready, m->stream));
     CUDA_CHECK(cudaStreamWaitEvent(m->opt_stream, m->grads_ready));
@@ -518,10 +528,12 @@ static void backward(Model* m, const int* inputs, bool accumulate) {
 
 // ---- optimizer ----
 
-static AdamWParams adamw_params(const OptimConfig* o, int t) {
-    AdamWParams h = {o->lr, o->beta1, o->beta2, o->eps, o->weight_decay,
-                     (float)(o->lr / (1.0 - pow(o->beta1, t))), (float)sqrt(1.0 - pow(o->beta2, t))};
-    return h;
+// The step counter moves on and this step's hyperparameters are written, on the device: the first
+// work of each step, so that a captured step is the same graph every step [graphs].
+static void optimizer_begin_step(Model* m) {
+    const OptimConfig* o = &m->opt;
+    AdamWParams base = {o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, 0.0f, 0.0f};
+    adamw_next_step(m->adam, m->adam_step, base, m->stream);
 }
 
 // AdamW over params[begin, end) with this step's m->adam and the gradients at `grads`, writing
@@ -561,12 +573,11 @@ static void adamw_embedding(Model* m, cudaStream_t s) {
                       n_step, m->cfg.n_embd, m->adam, s, m->sw.vector_adam);
 }
 
-// AdamW step t (1-based) after the backward pass, in three launches over the parameter block's
-// ranges: matmul weights (writing their shadows), norm weights, and wte.
-static void optimizer_step(Model* m, int t) {
+// AdamW after the backward pass (the step begun by optimizer_begin_step), in three launches over
+// the parameter block's ranges: matmul weights (writing their shadows), norm weights, and wte.
+static void optimizer_step(Model* m) {
     NVTX_PUSH("optimizer");
     const ParamLayout* p = &m->layout;
-    m->adam = adamw_params(&m->opt, t);
     adamw_range(m, p->matmul_begin, p->matmul_end, m->stream);
     adamw_range(m, p->norm_begin, p->total, m->stream);
     adamw_embedding(m, m->stream);
@@ -596,18 +607,15 @@ static void zero_grads(Model* m) {
         }
 }
 
-// One optimizer step on the batches already staged in tokens_host slot `slot`: one host-to-device
-// copy of the step's tokens, forward/backward per micro-step, the mean loss copied to pinned
-// memory (read a step later, never waited on here), and AdamW. No host sync inside.
-static void train_step(Model* m, int t, int slot) {
-    NVTX_PUSH("step");
+// Everything of one optimizer step after its tokens are on the device: forward/backward per
+// micro-step, the mean loss, and AdamW (overlapping the last backward, or after it). Launches
+// only: no host sync, no host value that changes between steps, so it can be captured.
+static void step_work(Model* m) {
     int N = m->B * m->T, n_step = m->grad_accum * N;
-    CUDA_CHECK(cudaMemcpyAsync(m->tokens, m->tokens_host + (size_t)slot * 2 * n_step, 2 * n_step * sizeof(int),
-                               cudaMemcpyHostToDevice, m->stream));
+    optimizer_begin_step(m);
     if (!m->sw.sparse_embedding) // dense wte gradient: the whole table is re-zeroed every step
         CUDA_CHECK(cudaMemsetAsync(grad_f32(m, m->layout.offset[P_WTE]), 0, m->layout.size[P_WTE] * 4, m->stream));
     if (m->sw.grad_zeroing != GRAD_ZERO_NONE) zero_grads(m);
-    m->adam = adamw_params(&m->opt, t);
     for (int micro = 0; micro < m->grad_accum; micro++) {
         const int* inputs = m->tokens + (size_t)micro * N;
         forward(m, inputs);
@@ -616,14 +624,44 @@ static void train_step(Model* m, int t, int slot) {
         backward(m, inputs, micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE);
     }
     mean(m->loss, act_f32(m, A_LOSSES), n_step, m->stream);
-    CUDA_CHECK(cudaMemcpyAsync(m->loss_host + slot, m->loss, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     if (m->adam_overlap) { // the next step's forward needs every updated weight
         CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream));
         CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->opt_done));
         m->adam_overlap = false;
     } else {
-        optimizer_step(m, t);
+        optimizer_step(m);
     }
+}
+
+// [graphs] step_work recorded once into a CUDA graph (both streams: the optimizer stream forks
+// and joins through events) and from then on launched as one unit: the step's hundreds of
+// launches cost the host one call, and the GPU starts each kernel without waiting for the host.
+static void capture_step(Model* m) {
+    cudaGraph_t graph;
+    CUDA_CHECK(cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal));
+    step_work(m);
+    CUDA_CHECK(cudaStreamEndCapture(m->stream, &graph));
+    // Each kernel node keeps the priority of the stream it was captured from (the optimizer's is
+    // low); without this flag the whole graph would run at the priority of the launch stream.
+    CUDA_CHECK(cudaGraphInstantiateWithFlags(&m->step_graph, graph, cudaGraphInstantiateFlagUseNodePriority));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
+// Optimizer step t on the batches already staged in tokens_host slot `slot`: one host-to-device
+// copy of the step's tokens, the step's work (eagerly at step 1, then from the graph), and the
+// mean loss copied to pinned memory (read a step later, never waited on here). No host sync.
+static void train_step(Model* m, int t, int slot) {
+    NVTX_PUSH("step");
+    int n_step = m->grad_accum * m->B * m->T;
+    CUDA_CHECK(cudaMemcpyAsync(m->tokens, m->tokens_host + (size_t)slot * 2 * n_step, 2 * n_step * sizeof(int),
+                               cudaMemcpyHostToDevice, m->stream));
+    if (m->use_graph && t > 1) {
+        if (!m->step_graph) capture_step(m);
+        CUDA_CHECK(cudaGraphLaunch(m->step_graph, m->stream));
+    } else {
+        step_work(m);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(m->loss_host + slot, m->loss, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     NVTX_POP();
 }
 
@@ -734,7 +772,7 @@ int main(int argc, char** argv) {
     else printf("model: LLaMA3.2-1B shape, random init (seed %llu)\n", a.seed);
     config_print(stdout, &cfg);
 
-    TokenData tokens;
+    TokenData tokens = {}; // zeroed: gcc cannot see that load_tokens fills it or exits
     load_tokens(&tokens, &a, cfg.vocab_size);
     DataLoader loader;
     if (loader_init(&loader, &tokens, a.batch_size, a.sequence_length, a.overfit_single_batch,
@@ -752,9 +790,9 @@ int main(int argc, char** argv) {
            model_bytes(&m.layout, &m.act, &a.sw, grad_accum) / 1073741824.0);
     const Switches* w = &a.sw;
     printf("optimisations: sparse_embedding %d | overlap_optimizer %d | shadow_weights %d | vector_adam %d | "
-           "metadata_by_value %d | flash_attention %d | bf16_grads %d | grad_zeroing %s\n", w->sparse_embedding,
-           w->overlap_optimizer, w->shadow_weights, w->vector_adam, w->metadata_by_value, w->flash_attention,
-           m.grads_bf16 != NULL,
+           "metadata_by_value %d | flash_attention %d | bf16_grads %d | cuda_graph %d | grad_zeroing %s\n",
+           w->sparse_embedding, w->overlap_optimizer, w->shadow_weights, w->vector_adam, w->metadata_by_value,
+           w->flash_attention, m.grads_bf16 != NULL, m.use_graph,
            w->grad_zeroing == GRAD_ZERO_NONE ? "none" : w->grad_zeroing == GRAD_ZERO_MEMSET ? "memset" : "fill");
     if (a.llmc_filepath) {
         if (model_load(&m, a.llmc_filepath, fmt, err)) die(err, argv[0], false);

@@ -32,6 +32,10 @@ static AdamWParams step_params(float lr, float beta1, float beta2, float eps, fl
 }
 // Step 10, lr 1e-3, weight decay 0.1 (non-zero so that its term is tested).
 static const AdamWParams H = step_params(1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 10);
+static const AdamWParams* H_device(void) { // where the kernels read H
+    static const AdamWParams* h = dev_adamw_params(H);
+    return h;
+}
 
 typedef struct {
     float *params, *m, *v, *grads; // fp32, updated in place (grads read only)
@@ -63,7 +67,7 @@ static bool trainer_uses_float4(const AdamBuffers& b, size_t n, int sms, int ver
     return aligned && n >= (size_t)sms * 256 * 4;
 }
 
-static void adamw_version(int version, const AdamBuffers& b, size_t n, const AdamWParams& h, int sms) {
+static void adamw_version(int version, const AdamBuffers& b, size_t n, const AdamWParams* h, int sms) {
     const int threads = 256;
     if (version == 1) {
         adamw_kernel<1, false><<<ceil_div(n, threads), threads>>>(b.params, b.m, b.v, b.grads, NULL, n, h);
@@ -117,7 +121,7 @@ static void validate(size_t n, size_t offset, int sms, const DevArgs& a, bool* o
         if (!dev_selected(a, version)) continue;
         to_device(b.params, p), to_device(b.m, m), to_device(b.v, v), to_device(b.grads, g);
         dev_poison(b.shadow, n);
-        adamw_version(version, b, n, H, sms);
+        adamw_version(version, b, n, H_device(), sms);
         std::vector<float> got[3] = {dev_download(b.params, n), dev_download(b.m, n), dev_download(b.v, n)};
         std::vector<float> shadow_gpu = from_bf16(dev_download(b.shadow, n)), shadow_want(n);
         for (size_t i = 0; i < n; i++) shadow_want[i] = bf16_round(got[0][i]);
@@ -161,7 +165,7 @@ static void time_versions(const DevArgs& a, const bool* ok, int sms) {
         for (int version = 1; version <= 4; version++) {
             if (!dev_selected(a, version)) continue;
             double ms = median_ms([&] {
-                for (size_t k = 0; k < sets; k++) adamw_version(version, adam_at(arena, k * n), n, H, sms);
+                for (size_t k = 0; k < sets; k++) adamw_version(version, adam_at(arena, k * n), n, H_device(), sms);
             }) / sets;
             double bytes = (version == 1 ? 34.0 : version == 4 ? 28.0 : 30.0) * n;
             const char* guard = trainer_uses_float4(arena, n, sms, version) ? "float4" : "scalar";

@@ -192,6 +192,13 @@ template <typename F> static double median_ms(F fn, int warmup = 5, int reps = 3
     return ms[reps / 2];
 }
 
+// AdamW's hyperparameters where the kernels read them: device memory (kernels.cuh, [graphs]).
+static const AdamWParams* dev_adamw_params(const AdamWParams& h) {
+    AdamWParams* d = dev_alloc<AdamWParams>(1);
+    CUDA_CHECK(cudaMemcpy(d, &h, sizeof(h), cudaMemcpyHostToDevice));
+    return d;
+}
+
 // ---- ceilings, measured in this run ----
 // Device-to-device copy of 2 GiB, bytes read + written: the bandwidth a streaming kernel can reach.
 static double copy_ceiling_gbs(void) {

@@ -74,18 +74,19 @@ row() { # row CONFIG IMPL "ms min max tok_s peak" T OURS_MS
 
 # The seed report's configurations A..J, cumulative as in its table, then ours. Each entry:
 # row|label|trainer flags (everything not named is on).
-OFF_ALL="--shadow_weights 0 --vector_adam 0 --grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0"
+OFF_ALL="--shadow_weights 0 --vector_adam 0 --grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0 --cuda_graph 0"
 ABLATION=(
     "A|baseline: every optimisation off|$OFF_ALL"
-    "B|+ shadow weights (cast fused into AdamW)|--vector_adam 0 --grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0"
-    "C|+ float4 AdamW|--grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0"
-    "E|+ memset instead of fill kernels|--grad_zeroing memset --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0"
-    "E'|+ no zeroing at all (first gradient GEMM writes)|--metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0"
-    "F|+ shapes by value (no per-launch H2D)|--sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0"
-    "J|+ sparse embedding rows, lazy AdamW|--overlap_optimizer 0 --flash_attention 0 --bf16_grads 0"
-    "K|+ AdamW overlapping the backward (second stream)|--flash_attention 0 --bf16_grads 0"
-    "L|+ flash attention|--bf16_grads 0"
-    "M|+ bf16 weight gradients, as autocast rounds them (all on)|"
+    "B|+ shadow weights (cast fused into AdamW)|--vector_adam 0 --grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0 --cuda_graph 0"
+    "C|+ float4 AdamW|--grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0 --cuda_graph 0"
+    "E|+ memset instead of fill kernels|--grad_zeroing memset --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0 --cuda_graph 0"
+    "E'|+ no zeroing at all (first gradient GEMM writes)|--metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0 --cuda_graph 0"
+    "F|+ shapes by value (no per-launch H2D)|--sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0 --cuda_graph 0"
+    "J|+ sparse embedding rows, lazy AdamW|--overlap_optimizer 0 --flash_attention 0 --bf16_grads 0 --cuda_graph 0"
+    "K|+ AdamW overlapping the backward (second stream, lower priority)|--flash_attention 0 --bf16_grads 0 --cuda_graph 0"
+    "L|+ flash attention|--bf16_grads 0 --cuda_graph 0"
+    "M|+ bf16 weight gradients, as autocast rounds them|--cuda_graph 0"
+    "N|+ the step replayed from one CUDA graph (all on)|"
 )
 if [ "$ablation" = 1 ]; then
     {
