@@ -2,7 +2,8 @@
 // training step uses them. Activations are bf16 except the residual stream (fp32, as in PyTorch
 // autocast, where the embedding, the residual adds and RMSNorm stay fp32). Weights are read by
 // the GEMMs as bf16 shadow copies; norms, Adam and the embedding read the fp32 masters.
-// Each seed-report optimisation is tagged in brackets, e.g. [shadow weights], [sparse rows].
+// Each seed-report optimisation is tagged in brackets, e.g. [shadow weights], [sparse rows]; so
+// are ours past the report, e.g. [bf16 grads], [graphs].
 #pragma once
 #include <cublasLt.h>
 #include <cub/device/device_radix_sort.cuh>
