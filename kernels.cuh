@@ -337,6 +337,162 @@ static void rmsnorm_backward(float* dresid, bf16* dresid_bf16, float* dweight, f
     LAUNCH_CHECK();
 }
 
+// ---- RMSNorm as separate ops (the ablation's --fused_rmsnorm 0; dev/rmsnorm version 1) ----
+// What PyTorch autograd runs for the composite RMSNorm, the seed's starting point: one kernel per
+// op, every intermediate in global memory: forward pow, mean, add eps, rsqrt, mul (x * rstd), mul
+// (w * that, rounded to bf16), 26 bytes per element against the fused kernel's 6; backward the
+// chain in reverse, 64 bytes per element against 16. Elementwise kernels take one element per
+// thread (blocks of 256), row kernels one block per row. Scratch: three (N, C) and two (N) fp32
+// buffers, reused across the ops (see the launchers).
+typedef struct {
+    float* nc[3];  // (N, C) each
+    float* row[2]; // (N) each
+} RmsScratch;
+
+
+// pow(x, 2): sq = x * x.
+__global__ void square_kernel(float* sq, const float* x, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) sq[i] = x[i] * x[i];
+}
+// mean over C: mean[row] = sum_c in[row, c] / C.
+__global__ void row_mean_kernel(float* mean, const float* in, int C) {
+    const float* row = in + (size_t)blockIdx.x * C;
+    float sum = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) sum += row[c];
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) mean[blockIdx.x] = sum / C;
+}
+// out = in + s.
+__global__ void add_scalar_kernel(float* out, const float* in, float s, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i] + s;
+}
+// out = 1 / sqrt(in).
+__global__ void rsqrt_kernel(float* out, const float* in, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = rsqrtf(in[i]);
+}
+// (N, C) tensor times a broadcast vector: out[r, c] = a[r, c] * b[PER_ROW ? r : c]. A bf16 TOut
+// rounds to nearest even, the rounding autocast applies before the next matmul.
+template <typename TOut, bool PER_ROW>
+__global__ void mul_broadcast_kernel(TOut* out, const float* a, const float* b, int N, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * C) return;
+    out[i] = a[i] * b[PER_ROW ? i / C : i % C];
+}
+
+// mul backward with b broadcast down the rows (b[c]): grad_a = g * b[c], and grad_b[c] += g * a by
+// atomicAdd into a zero-filled buffer (the seed's BinaryBwd scatter for a broadcast operand).
+__global__ void mul_backward_cols_kernel(float* grad_a, float* grad_b, const bf16* grad, const float* a,
+                                         const float* b, int N, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * C) return;
+    float g = __bfloat162float(grad[i]);
+    grad_a[i] = g * b[i % C];
+    atomicAdd(grad_b + i % C, g * a[i]);
+}
+// mul backward with b broadcast along each row (b[r]): grad_a = g * b[r], and grad_b[r] = sum over
+// the row of g * a, one block per row (a row reduction, like the forward's mean).
+__global__ void mul_backward_rows_kernel(float* grad_a, float* grad_b, const float* grad, const float* a,
+                                         const float* b, int C) {
+    size_t row = (size_t)blockIdx.x * C;
+    float b_row = b[blockIdx.x], sum = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        grad_a[row + c] = grad[row + c] * b_row;
+        sum += grad[row + c] * a[row + c];
+    }
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) grad_b[blockIdx.x] = sum;
+}
+// rsqrt backward: d_in = d_out * -0.5 * out^3 (out = in^-1/2). The eps add passes its gradient on.
+__global__ void rsqrt_backward_kernel(float* d_in, const float* d_out, const float* out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) d_in[i] = d_out[i] * -0.5f * out[i] * out[i] * out[i];
+}
+// mean backward: every element of row r gets d_mean[r] / C.
+__global__ void mean_backward_kernel(float* d_in, const float* d_mean, int N, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (size_t)N * C) d_in[i] = d_mean[i / C] / C;
+}
+// pow(x, 2) backward: dx = d_sq * 2x.
+__global__ void square_backward_kernel(float* dx, const float* d_sq, const float* x, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dx[i] = d_sq[i] * 2.0f * x[i];
+}
+// x's two gradient paths (through x * rstd and through pow) summed into the residual gradient,
+// written or added (accumulate), and its bf16 copy for the next GEMMs.
+__global__ void add_grads_kernel(float* dresid, bf16* dresid_bf16, const float* dx_mul, const float* dx_pow, size_t n,
+                                 bool accumulate) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float d = dx_mul[i] + dx_pow[i] + (accumulate ? dresid[i] : 0.0f);
+    dresid[i] = d;
+    dresid_bf16[i] = __float2bfloat16_rn(d);
+}
+
+// resid_out = resid_in + branch (fp32 + bf16): the residual add the fused kernel folds in.
+__global__ void residual_add_kernel(float* resid_out, const float* resid_in, const bf16* branch, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) resid_out[i] = resid_in[i] + __bfloat162float(branch[i]);
+}
+
+// rmsnorm_forward's outputs (same arguments) from the separate ops, plus the residual add as its
+// own kernel.
+static void rmsnorm_forward_ops(float* resid_out, bf16* normed, float* rstd, const float* resid_in, const bf16* branch,
+                                const float* weight, int N, int C, float eps, const RmsScratch* scratch,
+                                cudaStream_t s) {
+    size_t NC = (size_t)N * C;
+    unsigned grid = ceil_div(NC, 256);
+    const float* x = resid_in;
+    if (branch) {
+        residual_add_kernel<<<grid, 256, 0, s>>>(resid_out, resid_in, branch, NC);
+        LAUNCH_CHECK();
+        x = resid_out;
+    }
+    float *sq = scratch->nc[0], *n = scratch->nc[1], *mean = scratch->row[0], *mean_eps = scratch->row[1];
+    square_kernel<<<grid, 256, 0, s>>>(sq, x, NC);
+    LAUNCH_CHECK();
+    row_mean_kernel<<<N, 256, 0, s>>>(mean, sq, C);
+    LAUNCH_CHECK();
+    add_scalar_kernel<<<ceil_div(N, 256), 256, 0, s>>>(mean_eps, mean, eps, N);
+    LAUNCH_CHECK();
+    rsqrt_kernel<<<ceil_div(N, 256), 256, 0, s>>>(rstd, mean_eps, N);
+    LAUNCH_CHECK();
+    mul_broadcast_kernel<float, true><<<grid, 256, 0, s>>>(n, x, rstd, N, C);
+    LAUNCH_CHECK();
+    mul_broadcast_kernel<bf16, false><<<grid, 256, 0, s>>>(normed, n, weight, N, C);
+    LAUNCH_CHECK();
+}
+
+// rmsnorm_backward's outputs from the forward ops' chain in reverse: normed = w * n, n = x * rstd,
+// rstd = rsqrt(mean + eps), mean = mean(sq), sq = x^2. n, which autograd would have saved, is
+// recomputed first; dw is summed by atomics into a zeroed (or, accumulating, the old) dweight.
+static void rmsnorm_backward_ops(float* dresid, bf16* dresid_bf16, float* dweight, const bf16* dnormed, const float* x,
+                                 const float* weight, const float* rstd, int N, int C, bool accumulate_dx,
+                                 bool accumulate_dw, const RmsScratch* scratch, cudaStream_t s) {
+    size_t NC = (size_t)N * C;
+    unsigned grid = ceil_div(NC, 256);
+    // n dies after the weight's mul backward, dn after the rows' one: d_sq and dx_pow take their place
+    float *n = scratch->nc[0], *dn = scratch->nc[1], *dx_mul = scratch->nc[2], *d_sq = dn, *dx_pow = n;
+    float *d_rstd = scratch->row[0], *d_mean = scratch->row[1];
+    mul_broadcast_kernel<float, true><<<grid, 256, 0, s>>>(n, x, rstd, N, C);
+    LAUNCH_CHECK();
+    if (!accumulate_dw) CUDA_CHECK(cudaMemsetAsync(dweight, 0, C * sizeof(float), s));
+    mul_backward_cols_kernel<<<grid, 256, 0, s>>>(dn, dweight, dnormed, n, weight, N, C);
+    LAUNCH_CHECK();
+    mul_backward_rows_kernel<<<N, 256, 0, s>>>(dx_mul, d_rstd, dn, x, rstd, C);
+    LAUNCH_CHECK();
+    rsqrt_backward_kernel<<<ceil_div(N, 256), 256, 0, s>>>(d_mean, d_rstd, rstd, N);
+    LAUNCH_CHECK();
+    mean_backward_kernel<<<grid, 256, 0, s>>>(d_sq, d_mean, N, C);
+    LAUNCH_CHECK();
+    square_backward_kernel<<<grid, 256, 0, s>>>(dx_pow, d_sq, x, NC);
+    LAUNCH_CHECK();
+    add_grads_kernel<<<grid, 256, 0, s>>>(dresid, dresid_bf16, dx_mul, dx_pow, NC, accumulate_dx);
+    LAUNCH_CHECK();
+}
+
 // ---- RoPE and head layout ----
 
 // [by-value metadata] Shapes travel as a struct kernel argument (constant bank), never as

@@ -304,7 +304,8 @@ int main(int argc, char** argv) {
            "flash_attention %d bf16_grads %d grad_zeroing %d\n", a.sw.sparse_embedding, a.sw.overlap_optimizer,
            a.sw.shadow_weights, a.sw.vector_adam, a.sw.metadata_by_value, a.sw.flash_attention, a.sw.bf16_grads,
            a.sw.grad_zeroing);
-    printf("cuda_graph %d (test_training replays steps 2..n from it)\n", a.sw.cuda_graph && a.sw.metadata_by_value);
+    printf("cuda_graph %d (test_training replays steps 2..n from it) fused_rmsnorm %d\n",
+           a.sw.cuda_graph && a.sw.metadata_by_value, a.sw.fused_rmsnorm);
 
     Model m;
     OptimConfig o = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay};

@@ -58,6 +58,8 @@ enum {
     A_DGATE_UP,     // bf16 (N, 2F)
     A_DW_PARTIAL,   // fp32 (blocks, C)  RMSNorm weight-gradient partial sums
     A_LOSSES,       // fp32 (grad_accum * N) per-token losses of the step
+    A_RMS_OPS,      // fp32 (3, N, C)    --fused_rmsnorm 0 only: the separate ops' intermediates
+    A_RMS_ROWS,     // fp32 (2, N)       the same, per row
     NUM_ACTS
 };
 
@@ -67,14 +69,15 @@ typedef struct {
     size_t total;
 } ActLayout;
 
-static ActLayout act_layout(const Llama3Config* c, int B, int T, int grad_accum, int sms, bool flash) {
+static ActLayout act_layout(const Llama3Config* c, int B, int T, int grad_accum, int sms, bool flash, bool fused_rms) {
     size_t N = (size_t)B * T, C = c->n_embd, L = c->n_layer, F = c->ffn_hidden, V = c->vocab_size;
     size_t QKV = qkv_dim(c), ROWS = (size_t)B * c->n_head * T, ATT = flash ? 0 : ROWS * T, LSE = flash ? ROWS : 0;
     size_t elems[NUM_ACTS] = {(L + 1) * N * C, L * N * C, L * N, L * N, N, L * N * C, L * N * QKV, L * ATT, L * LSE,
                               L * N * C, L * N * C, L * N * 2 * F, L * N * F, N * C, N * V,
                               N * QKV, N * C, N * C, ATT, LSE, N * QKV, N * C, N * C, N * F, N * 2 * F,
-                              (size_t)rms_bwd_blocks((int)N, sms) * C, grad_accum * N};
-    int fp32[NUM_ACTS] = {1, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 0, 1, 1};
+                              (size_t)rms_bwd_blocks((int)N, sms) * C, grad_accum * N, fused_rms ? 0 : 3 * N * C,
+                              fused_rms ? 0 : 2 * N};
+    int fp32[NUM_ACTS] = {1, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 0, 1, 1, 1, 1};
     ActLayout a;
     a.total = 0;
     for (int i = 0; i < NUM_ACTS; i++) {
@@ -221,7 +224,7 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
                 cfg->n_embd / cfg->n_head);
         exit(EXIT_FAILURE);
     }
-    m->act = act_layout(cfg, B, T, grad_accum, m->sms, sw->flash_attention);
+    m->act = act_layout(cfg, B, T, grad_accum, m->sms, sw->flash_attention, sw->fused_rmsnorm);
     size_t P = m->layout.total, N = (size_t)B * T, n_step = grad_accum * N, free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     size_t need = model_bytes(&m->layout, &m->act, sw, grad_accum);
@@ -352,6 +355,26 @@ static void attention_forward(Model* m, int l) {
 
 // One transformer block. Its first RMSNorm also adds the previous block's MLP output into the
 // residual stream (resid[l] = h[l-1] + branch) [fused RMSNorm].
+// One RMSNorm, with the residual add first when branch != NULL: the fused kernel, or (ablation,
+// --fused_rmsnorm 0) the separate ops autograd would run.
+static RmsScratch rms_scratch(Model* m) {
+    size_t NC = (size_t)m->B * m->T * m->cfg.n_embd, N = (size_t)m->B * m->T;
+    RmsScratch s = {{act_f32(m, A_RMS_OPS), act_f32(m, A_RMS_OPS, NC), act_f32(m, A_RMS_OPS, 2 * NC)},
+                    {act_f32(m, A_RMS_ROWS), act_f32(m, A_RMS_ROWS, N)}};
+    return s;
+}
+static void norm_forward(Model* m, int tensor, int layer, float* resid_out, bf16* normed, float* rstd,
+                         const float* resid_in, const bf16* branch) {
+    int N = m->B * m->T, C = m->cfg.n_embd;
+    const float* weight = param_ptr(m, m->params, tensor, layer);
+    if (m->sw.fused_rmsnorm) {
+        rmsnorm_forward(resid_out, normed, rstd, resid_in, branch, weight, N, C, m->cfg.norm_eps, m->stream);
+    } else {
+        RmsScratch s = rms_scratch(m);
+        rmsnorm_forward_ops(resid_out, normed, rstd, resid_in, branch, weight, N, C, m->cfg.norm_eps, &s, m->stream);
+    }
+}
+
 static void block_forward(Model* m, int l) {
     const Llama3Config* c = &m->cfg;
     int N = m->B * m->T, C = c->n_embd, F = c->ffn_hidden, QKV = qkv_dim(c);
@@ -361,8 +384,8 @@ static void block_forward(Model* m, int l) {
     bf16* normed_attn = act_bf16(m, A_NORMED_ATTN, l * NC);
     bf16* branch = act_bf16(m, A_BRANCH);
     const float* prev_h = l > 0 ? act_f32(m, A_H, (l - 1) * NC) : resid;
-    rmsnorm_forward(resid, normed_attn, act_f32(m, A_RSTD_ATTN, (size_t)l * N), prev_h, l > 0 ? branch : NULL,
-                    param_ptr(m, m->params, P_ATTN_NORM, l), N, C, c->norm_eps, m->stream);
+    norm_forward(m, P_ATTN_NORM, l, resid, normed_attn, act_f32(m, A_RSTD_ATTN, (size_t)l * N), prev_h,
+                 l > 0 ? branch : NULL);
     bf16* qkv = act_bf16(m, A_QKV);
     matmul(&m->gemm, m->stream, qkv, normed_attn, weight_bf16(m, P_QKV, l), N, QKV, C, false, true, false);
     bf16* q = act_bf16(m, A_QKV_HEADS, (size_t)l * N * QKV);
@@ -372,8 +395,7 @@ static void block_forward(Model* m, int l) {
     matmul(&m->gemm, m->stream, branch, act_bf16(m, A_ATT_Y, l * NC), weight_bf16(m, P_ATTN_OUT, l), N, C, C, false,
            true, false);
     bf16* normed_ffn = act_bf16(m, A_NORMED_FFN, l * NC);
-    rmsnorm_forward(h, normed_ffn, act_f32(m, A_RSTD_FFN, (size_t)l * N), resid, branch,
-                    param_ptr(m, m->params, P_FFN_NORM, l), N, C, c->norm_eps, m->stream);
+    norm_forward(m, P_FFN_NORM, l, h, normed_ffn, act_f32(m, A_RSTD_FFN, (size_t)l * N), resid, branch);
     bf16* gate_up = act_bf16(m, A_GATE_UP, (size_t)l * N * 2 * F);
     matmul(&m->gemm, m->stream, gate_up, normed_ffn, weight_bf16(m, P_GATE_UP, l), N, 2 * F, C, false, true, false);
     bf16* act = act_bf16(m, A_ACT, (size_t)l * N * F);
@@ -389,9 +411,8 @@ static void forward(Model* m, const int* inputs) {
     size_t NC = (size_t)N * C;
     embedding_forward(act_f32(m, A_RESID), inputs, m->params + m->layout.offset[P_WTE], N, C, m->stream);
     for (int l = 0; l < L; l++) block_forward(m, l);
-    rmsnorm_forward(act_f32(m, A_RESID, L * NC), act_bf16(m, A_NORMED_FINAL), act_f32(m, A_RSTD_FINAL),
-                    act_f32(m, A_H, (L - 1) * NC), act_bf16(m, A_BRANCH), m->params + m->layout.offset[P_FINAL_NORM],
-                    N, C, c->norm_eps, m->stream);
+    norm_forward(m, P_FINAL_NORM, 0, act_f32(m, A_RESID, L * NC), act_bf16(m, A_NORMED_FINAL), act_f32(m, A_RSTD_FINAL),
+                 act_f32(m, A_H, (L - 1) * NC), act_bf16(m, A_BRANCH));
     matmul(&m->gemm, m->stream, act_bf16(m, A_LOGITS), act_bf16(m, A_NORMED_FINAL), weight_bf16(m, P_LM_HEAD, 0), N,
            c->vocab_size, C, false, true, false);
     NVTX_POP();
@@ -425,9 +446,15 @@ static void input_grad(Model* m, int tensor, int layer, bf16* dx, const bf16* dy
 static void norm_backward(Model* m, int tensor, int layer, const float* x, const float* rstd, bool accumulate_dx,
                           bool accumulate) {
     int N = m->B * m->T, C = m->cfg.n_embd;
-    rmsnorm_backward(act_f32(m, A_DRESID), act_bf16(m, A_DRESID_BF16), grad_f32(m, param_offset(m, tensor, layer)),
-                     act_f32(m, A_DW_PARTIAL), act_bf16(m, A_BRANCH), x, param_ptr(m, m->params, tensor, layer), rstd, N,
-                     C, accumulate_dx, accumulate, m->sms, m->stream);
+    float *dw = grad_f32(m, param_offset(m, tensor, layer)), *weight = param_ptr(m, m->params, tensor, layer);
+    if (m->sw.fused_rmsnorm) {
+        rmsnorm_backward(act_f32(m, A_DRESID), act_bf16(m, A_DRESID_BF16), dw, act_f32(m, A_DW_PARTIAL),
+                         act_bf16(m, A_BRANCH), x, weight, rstd, N, C, accumulate_dx, accumulate, m->sms, m->stream);
+    } else {
+        RmsScratch s = rms_scratch(m);
+        rmsnorm_backward_ops(act_f32(m, A_DRESID), act_bf16(m, A_DRESID_BF16), dw, act_bf16(m, A_BRANCH), x, weight,
+                             rstd, N, C, accumulate_dx, accumulate, &s, m->stream);
+    }
 }
 
 // Attention backward from dy (token-major gradient of att_y[l]) to dq, dk, dv (head-major, in
@@ -790,9 +817,10 @@ int main(int argc, char** argv) {
            model_bytes(&m.layout, &m.act, &a.sw, grad_accum) / 1073741824.0);
     const Switches* w = &a.sw;
     printf("optimisations: sparse_embedding %d | overlap_optimizer %d | shadow_weights %d | vector_adam %d | "
-           "metadata_by_value %d | flash_attention %d | bf16_grads %d | cuda_graph %d | grad_zeroing %s\n",
+           "metadata_by_value %d | fused_rmsnorm %d | flash_attention %d | bf16_grads %d | cuda_graph %d | "
+           "grad_zeroing %s\n",
            w->sparse_embedding, w->overlap_optimizer, w->shadow_weights, w->vector_adam, w->metadata_by_value,
-           w->flash_attention, m.grads_bf16 != NULL, m.use_graph,
+           w->fused_rmsnorm, w->flash_attention, m.grads_bf16 != NULL, m.use_graph,
            w->grad_zeroing == GRAD_ZERO_NONE ? "none" : w->grad_zeroing == GRAD_ZERO_MEMSET ? "memset" : "fill");
     if (a.llmc_filepath) {
         if (model_load(&m, a.llmc_filepath, fmt, err)) die(err, argv[0], false);

@@ -12,100 +12,18 @@
 // Forward versions:
 //   1 = the seed's composite as PyTorch autograd ran it: pow, mean, add eps, rsqrt, mul (x * rstd),
 //       mul (w * that, rounded to bf16): six kernels, the intermediates in global memory
+//       (rmsnorm_forward_ops in kernels.cuh, the trainer's --fused_rmsnorm 0)
 //   2 = the trainer's fused kernel, rmsnorm_forward(branch = NULL) in kernels.cuh
 //   3 = the trainer's fused residual add + RMSNorm (branch != NULL): every norm after layer 0
 // Backward versions:
 //   1 = the composite's autograd chain in reverse: mul, mul, rsqrt, mean and pow backward (dw, the
 //       gradient of the broadcast weight, summed over rows by atomicAdd into a zero-filled buffer as
-//       the seed's BinaryBwd did; d rstd by a row reduction), then x's two paths summed into dresid
+//       the seed's BinaryBwd did; d rstd by a row reduction), then x's two paths summed into dresid;
+//       n = x * rstd recomputed first (rmsnorm_backward_ops, the trainer's --fused_rmsnorm 0)
 //   2 = the trainer's rmsnorm_backward in kernels.cuh (dx kernel + column_sum for dw)
 #include "common.h"
 
 static const float EPS = 1e-5f;
-
-// ---- version 1: the seed's composite, one kernel per autograd op ----
-// Elementwise kernels take one element per thread (blocks of 256), row kernels one block per row.
-
-// pow(x, 2): sq = x * x.
-__global__ void square_kernel(float* sq, const float* x, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) sq[i] = x[i] * x[i];
-}
-// mean over C: mean[row] = sum_c in[row, c] / C.
-__global__ void row_mean_kernel(float* mean, const float* in, int C) {
-    const float* row = in + (size_t)blockIdx.x * C;
-    float sum = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) sum += row[c];
-    sum = block_sum(sum);
-    if (threadIdx.x == 0) mean[blockIdx.x] = sum / C;
-}
-// out = in + s.
-__global__ void add_scalar_kernel(float* out, const float* in, float s, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = in[i] + s;
-}
-// out = 1 / sqrt(in).
-__global__ void rsqrt_kernel(float* out, const float* in, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = rsqrtf(in[i]);
-}
-// (N, C) tensor times a broadcast vector: out[r, c] = a[r, c] * b[PER_ROW ? r : c]. A bf16 TOut
-// rounds to nearest even, the rounding autocast applies before the next matmul.
-template <typename TOut, bool PER_ROW>
-__global__ void mul_broadcast_kernel(TOut* out, const float* a, const float* b, int N, int C) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)N * C) return;
-    out[i] = a[i] * b[PER_ROW ? i / C : i % C];
-}
-
-// mul backward with b broadcast down the rows (b[c]): grad_a = g * b[c], and grad_b[c] += g * a by
-// atomicAdd into a zero-filled buffer (the seed's BinaryBwd scatter for a broadcast operand).
-__global__ void mul_backward_cols_kernel(float* grad_a, float* grad_b, const bf16* grad, const float* a,
-                                         const float* b, int N, int C) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)N * C) return;
-    float g = __bfloat162float(grad[i]);
-    grad_a[i] = g * b[i % C];
-    atomicAdd(grad_b + i % C, g * a[i]);
-}
-// mul backward with b broadcast along each row (b[r]): grad_a = g * b[r], and grad_b[r] = sum over
-// the row of g * a, one block per row (a row reduction, like the forward's mean).
-__global__ void mul_backward_rows_kernel(float* grad_a, float* grad_b, const float* grad, const float* a,
-                                         const float* b, int C) {
-    size_t row = (size_t)blockIdx.x * C;
-    float b_row = b[blockIdx.x], sum = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        grad_a[row + c] = grad[row + c] * b_row;
-        sum += grad[row + c] * a[row + c];
-    }
-    sum = block_sum(sum);
-    if (threadIdx.x == 0) grad_b[blockIdx.x] = sum;
-}
-// rsqrt backward: d_in = d_out * -0.5 * out^3 (out = in^-1/2). The eps add passes its gradient on.
-__global__ void rsqrt_backward_kernel(float* d_in, const float* d_out, const float* out, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) d_in[i] = d_out[i] * -0.5f * out[i] * out[i] * out[i];
-}
-// mean backward: every element of row r gets d_mean[r] / C.
-__global__ void mean_backward_kernel(float* d_in, const float* d_mean, int N, int C) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (size_t)N * C) d_in[i] = d_mean[i / C] / C;
-}
-// pow(x, 2) backward: dx = d_sq * 2x.
-__global__ void square_backward_kernel(float* dx, const float* d_sq, const float* x, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dx[i] = d_sq[i] * 2.0f * x[i];
-}
-// x's two gradient paths (through x * rstd and through pow) summed into the residual gradient,
-// written or added (accumulate), and its bf16 copy for the next GEMMs.
-__global__ void add_grads_kernel(float* dresid, bf16* dresid_bf16, const float* dx_mul, const float* dx_pow, size_t n,
-                                 bool accumulate) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float d = dx_mul[i] + dx_pow[i] + (accumulate ? dresid[i] : 0.0f);
-    dresid[i] = d;
-    dresid_bf16[i] = __float2bfloat16_rn(d);
-}
 
 // ---- CPU reference (fp64 sums) ----
 
@@ -179,13 +97,24 @@ static void add_row(const char* kernel, const char* version, int N, int C, doubl
 static const char* FWD_NAMES[] = {"", "1 composite (6 kernels)", "2 fused", "3 fused + residual add"};
 
 // x, branch and the outputs in `copies` copies (see rotation_copies); w and the composite's
-// scratch (pow's output, the mean, mean + eps, n = x * rstd) once.
+// scratch once.
 typedef struct {
     int N, C, copies;
     float *x, *resid_out, *rstd, *w;
     bf16 *branch, *normed;
-    float *sq, *mean, *mean_eps, *n;
+    RmsScratch scratch;
 } FwdBuffers;
+
+static RmsScratch scratch_alloc(int N, int C) {
+    RmsScratch s;
+    for (float*& p : s.nc) p = dev_alloc<float>((size_t)N * C);
+    for (float*& p : s.row) p = dev_alloc<float>(N);
+    return s;
+}
+static void scratch_free(RmsScratch* s) {
+    for (float* p : s->nc) CUDA_CHECK(cudaFree(p));
+    for (float* p : s->row) CUDA_CHECK(cudaFree(p));
+}
 
 static FwdBuffers fwd_alloc(const std::vector<float>& x, const std::vector<bf16>& branch, const std::vector<float>& w,
                             int N, int C, int copies) {
@@ -194,37 +123,21 @@ static FwdBuffers fwd_alloc(const std::vector<float>& x, const std::vector<bf16>
     b.x = upload_copies(x, copies), b.branch = upload_copies(branch, copies), b.w = dev_upload(w);
     b.resid_out = dev_alloc<float>(NC * copies), b.normed = dev_alloc<bf16>(NC * copies);
     b.rstd = dev_alloc<float>((size_t)N * copies);
-    b.sq = dev_alloc<float>(NC), b.n = dev_alloc<float>(NC);
-    b.mean = dev_alloc<float>(N), b.mean_eps = dev_alloc<float>(N);
+    b.scratch = scratch_alloc(N, C);
     return b;
 }
 static void fwd_free(FwdBuffers* b) {
-    void* p[] = {b->x, b->resid_out, b->rstd, b->w, b->branch, b->normed, b->sq, b->mean, b->mean_eps, b->n};
+    void* p[] = {b->x, b->resid_out, b->rstd, b->w, b->branch, b->normed};
     for (void* q : p) CUDA_CHECK(cudaFree(q));
-}
-
-static void rmsnorm_forward_composite(const FwdBuffers* b, bf16* normed, float* rstd, const float* x) {
-    int N = b->N, C = b->C;
-    size_t NC = (size_t)N * C;
-    square_kernel<<<ceil_div(NC, 256), 256>>>(b->sq, x, NC);
-    LAUNCH_CHECK();
-    row_mean_kernel<<<N, 256>>>(b->mean, b->sq, C);
-    LAUNCH_CHECK();
-    add_scalar_kernel<<<ceil_div(N, 256), 256>>>(b->mean_eps, b->mean, EPS, N);
-    LAUNCH_CHECK();
-    rsqrt_kernel<<<ceil_div(N, 256), 256>>>(rstd, b->mean_eps, N);
-    LAUNCH_CHECK();
-    mul_broadcast_kernel<float, true><<<ceil_div(NC, 256), 256>>>(b->n, x, rstd, N, C);
-    LAUNCH_CHECK();
-    mul_broadcast_kernel<bf16, false><<<ceil_div(NC, 256), 256>>>(normed, b->n, b->w, N, C);
-    LAUNCH_CHECK();
+    scratch_free(&b->scratch);
 }
 
 // Forward version `version` on copy k of the buffers.
 static void forward(int version, const FwdBuffers* b, int k) {
     size_t off = (size_t)k * b->N * b->C;
     float* rstd = b->rstd + (size_t)k * b->N;
-    if (version == 1) rmsnorm_forward_composite(b, b->normed + off, rstd, b->x + off);
+    if (version == 1)
+        rmsnorm_forward_ops(NULL, b->normed + off, rstd, b->x + off, NULL, b->w, b->N, b->C, EPS, &b->scratch, 0);
     else rmsnorm_forward(b->resid_out + off, b->normed + off, rstd, b->x + off, version == 3 ? b->branch + off : NULL,
                          b->w, b->N, b->C, EPS, 0);
 }
@@ -283,62 +196,41 @@ static void forward_case(const DevArgs& a, int N, int C, bool timed) {
 
 static const char* BWD_NAMES[] = {"", "1 composite (autograd chain)", "2 fused + column_sum"};
 
-// dy, x, n = x * rstd (the composite's saved activation), rstd, dresid and dresid_bf16 in `copies`
-// copies; w, dw, the trainer's dw_partial (rms_bwd_blocks x C) and the composite's scratch once.
+// dy, x, rstd, dresid and dresid_bf16 in `copies` copies; w, dw, the trainer's dw_partial
+// (rms_bwd_blocks x C) and the composite's scratch once.
 typedef struct {
     int N, C, copies, sms;
     bf16 *dy, *dresid_bf16;
-    float *x, *n, *rstd, *dresid;
+    float *x, *rstd, *dresid;
     float *w, *dw, *dw_partial;
-    float *dn, *dx_mul, *d_rstd, *d_mean, *d_sq, *dx_pow;
+    RmsScratch scratch;
 } BwdBuffers;
 
-static BwdBuffers bwd_alloc(const std::vector<bf16>& dy, const std::vector<float>& x, const std::vector<float>& n,
+static BwdBuffers bwd_alloc(const std::vector<bf16>& dy, const std::vector<float>& x,
                             const std::vector<float>& rstd, const std::vector<float>& dresid,
                             const std::vector<float>& w, int N, int C, int copies, int sms) {
     size_t NC = (size_t)N * C;
     BwdBuffers b = {N, C, copies, sms};
-    b.dy = upload_copies(dy, copies), b.x = upload_copies(x, copies), b.n = upload_copies(n, copies);
+    b.dy = upload_copies(dy, copies), b.x = upload_copies(x, copies);
     b.rstd = upload_copies(rstd, copies), b.dresid = upload_copies(dresid, copies);
     b.dresid_bf16 = dev_alloc<bf16>(NC * copies);
     b.w = dev_upload(w), b.dw = dev_alloc<float>(C);
     b.dw_partial = dev_alloc<float>((size_t)rms_bwd_blocks(N, sms) * C);
-    b.dn = dev_alloc<float>(NC), b.dx_mul = dev_alloc<float>(NC), b.d_sq = dev_alloc<float>(NC);
-    b.dx_pow = dev_alloc<float>(NC), b.d_rstd = dev_alloc<float>(N), b.d_mean = dev_alloc<float>(N);
+    b.scratch = scratch_alloc(N, C);
     return b;
 }
 static void bwd_free(BwdBuffers* b) {
-    void* p[] = {b->dy, b->dresid_bf16, b->x, b->n, b->rstd, b->dresid, b->w, b->dw, b->dw_partial,
-                 b->dn, b->dx_mul, b->d_rstd, b->d_mean, b->d_sq, b->dx_pow};
+    void* p[] = {b->dy, b->dresid_bf16, b->x, b->rstd, b->dresid, b->w, b->dw, b->dw_partial};
     for (void* q : p) CUDA_CHECK(cudaFree(q));
-}
-
-// The composite forward's ops backwards: normed = w * n, n = x * rstd, rstd = rsqrt(mean + eps),
-// mean = mean(sq), sq = x^2; autograd saved x, n, w and rstd.
-static void rmsnorm_backward_composite(const BwdBuffers* b, int k, bool accumulate_dx, bool accumulate_dw) {
-    int N = b->N, C = b->C;
-    size_t NC = (size_t)N * C, off = k * NC;
-    const float *x = b->x + off, *rstd = b->rstd + (size_t)k * N;
-    unsigned grid = ceil_div(NC, 256);
-    if (!accumulate_dw) CUDA_CHECK(cudaMemsetAsync(b->dw, 0, C * sizeof(float)));
-    mul_backward_cols_kernel<<<grid, 256>>>(b->dn, b->dw, b->dy + off, b->n + off, b->w, N, C);
-    LAUNCH_CHECK();
-    mul_backward_rows_kernel<<<N, 256>>>(b->dx_mul, b->d_rstd, b->dn, x, rstd, C);
-    LAUNCH_CHECK();
-    rsqrt_backward_kernel<<<ceil_div(N, 256), 256>>>(b->d_mean, b->d_rstd, rstd, N);
-    LAUNCH_CHECK();
-    mean_backward_kernel<<<grid, 256>>>(b->d_sq, b->d_mean, N, C);
-    LAUNCH_CHECK();
-    square_backward_kernel<<<grid, 256>>>(b->dx_pow, b->d_sq, x, NC);
-    LAUNCH_CHECK();
-    add_grads_kernel<<<grid, 256>>>(b->dresid + off, b->dresid_bf16 + off, b->dx_mul, b->dx_pow, NC, accumulate_dx);
-    LAUNCH_CHECK();
+    scratch_free(&b->scratch);
 }
 
 // Backward version `version` on copy k of the buffers.
 static void backward(int version, const BwdBuffers* b, int k, bool accumulate_dx, bool accumulate_dw) {
     size_t off = (size_t)k * b->N * b->C;
-    if (version == 1) rmsnorm_backward_composite(b, k, accumulate_dx, accumulate_dw);
+    if (version == 1)
+        rmsnorm_backward_ops(b->dresid + off, b->dresid_bf16 + off, b->dw, b->dy + off, b->x + off, b->w,
+                             b->rstd + (size_t)k * b->N, b->N, b->C, accumulate_dx, accumulate_dw, &b->scratch, 0);
     else rmsnorm_backward(b->dresid + off, b->dresid_bf16 + off, b->dw, b->dw_partial, b->dy + off, b->x + off, b->w,
                           b->rstd + (size_t)k * b->N, b->N, b->C, accumulate_dx, accumulate_dw, b->sms, 0);
 }
@@ -346,9 +238,9 @@ static void backward(int version, const BwdBuffers* b, int k, bool accumulate_dx
 // Fewest bytes each version moves as timed (dx added into dresid, dw written).
 static double backward_bytes(int version, int N, int C, int sms) {
     double NC = (double)N * C;
-    if (version == 1) // per element: mul 10, mul 12, mean 4, pow 12, sum into dresid 18; per row:
-                      // mul 8, rsqrt 12, mean 4; per column: memset 4, mul 8
-        return 56 * NC + 24.0 * N + 12.0 * C;
+    if (version == 1) // per element: n recomputed 8, mul 10, mul 12, mean 4, pow 12, sum into dresid 18;
+                      // per row: n 4, mul 8, rsqrt 12, mean 4; per column: memset 4, mul 8
+        return 64 * NC + 28.0 * N + 12.0 * C;
     // dy 2, x 4, old dresid 4 read, dresid 4 and its bf16 copy 2 written; rstd; w read and dw written;
     // the partials written and read back once
     return 16 * NC + 4.0 * N + 8.0 * C + 8.0 * rms_bwd_blocks(N, sms) * C;
@@ -393,13 +285,12 @@ static bool check_backward(int version, const BwdBuffers* b, const BwdRef& ref, 
 static void backward_case(const DevArgs& a, int N, int C, bool timed, int sms) {
     size_t NC = (size_t)N * C;
     std::vector<bf16> dy = to_bf16(random_normal(NC));
-    std::vector<float> x = random_normal(NC), w = random_uniform(C, 0.5f, 1.5f), rstd(N), n(NC), h, normed;
+    std::vector<float> x = random_normal(NC), w = random_uniform(C, 0.5f, 1.5f), rstd(N), h, normed;
     forward_ref(h, rstd, normed, x, NULL, w, N, C);
-    for (size_t i = 0; i < NC; i++) n[i] = x[i] * rstd[i / C]; // the fp32 product the forward stored
     BwdRef ref = {random_uniform(NC, -1.0f, 1.0f), random_uniform(C, -1.0f, 1.0f)};
     backward_ref(ref.dx, ref.dw_sum, from_bf16(dy), x, w, rstd, N, C);
     int copies = timed ? rotation_copies(16.0 * NC + 4.0 * N) : 1;
-    BwdBuffers b = bwd_alloc(dy, x, n, rstd, ref.dresid0, w, N, C, copies, sms);
+    BwdBuffers b = bwd_alloc(dy, x, rstd, ref.dresid0, w, N, C, copies, sms);
     for (int v = 1; v <= 2; v++) {
         if (!dev_selected(a, v)) continue;
         bool ok = check_backward(v, &b, ref, true, false);
