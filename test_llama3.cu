@@ -266,7 +266,7 @@ static void test_training(Model* m, const RefState* r, const float* p0, const ch
     CUDA_CHECK(cudaMemset(m->adam_m, 0, P * 4));
     CUDA_CHECK(cudaMemset(m->adam_v, 0, P * 4));
     CUDA_CHECK(cudaMemset(m->adam_step, 0, sizeof(int)));
-    CUDA_CHECK(cudaMemset(m->grads, 0, (m->grads_bf16 ? P - (m->layout.matmul_end - m->layout.matmul_begin) : P) * 4));
+    CUDA_CHECK(cudaMemset(m->grads, 0, grads_f32_count(&m->layout, m->grads_bf16 != NULL) * 4));
     for (int t = 1; t <= r->n_steps; t++) {
         int slot = t % 2;
         stage_ref_batch(m, r, t - 1, slot);
@@ -304,12 +304,12 @@ int main(int argc, char** argv) {
            "flash_attention %d bf16_grads %d grad_zeroing %d\n", a.sw.sparse_embedding, a.sw.overlap_optimizer,
            a.sw.shadow_weights, a.sw.vector_adam, a.sw.metadata_by_value, a.sw.flash_attention, a.sw.bf16_grads,
            a.sw.grad_zeroing);
-    printf("cuda_graph %d (test_training replays steps 2..n from it) fused_rmsnorm %d\n",
-           a.sw.cuda_graph && a.sw.metadata_by_value, a.sw.fused_rmsnorm);
+    printf("fused_rmsnorm %d\n", a.sw.fused_rmsnorm);
 
     Model m;
     OptimConfig o = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay};
     model_create(&m, &cfg, &o, &a.sw, r.B, r.T, 1);
+    printf("cuda_graph %d (test_training replays steps 2..n from it)\n", m.use_graph);
     if (model_load(&m, model_path, fmt, err)) { fprintf(stderr, "%s\n", err); return EXIT_FAILURE; }
     float* p0 = to_host(m.params, P);
     float* ref_grads = read_param_block(state_path, &cfg, r.grads_offset, P);

@@ -142,6 +142,8 @@ static float* grad_f32(const Model* m, size_t offset) {
     if (m->grads_bf16 && offset >= p->matmul_begin) offset -= p->matmul_end - p->matmul_begin;
     return m->grads + offset;
 }
+// [bf16 grads] The bf16 gradient of the matmul weight at `offset` (a shadow-block index).
+static bf16* grad_bf16(const Model* m, size_t offset) { return m->grads_bf16 + (offset - m->layout.matmul_begin); }
 // The bf16 weight a GEMM reads: the shadow copy, or (ablation) a cast of the fp32 master made now.
 static const bf16* weight_bf16(Model* m, int tensor, int layer) {
     size_t offset = m->layout.offset[tensor] + (size_t)layer * m->layout.layer_size[tensor];
@@ -179,9 +181,13 @@ static size_t bf16_weight_bytes(const ParamLayout* p, const Switches* sw) {
 // autocast gives too (its bf16 GEMM writes them, then the weight cast's backward widens them to
 // fp32), and 2 bytes less to write and to read per weight. Accumulating steps keep fp32.
 static bool uses_bf16_grads(const Switches* sw, int grad_accum) { return sw->bf16_grads && grad_accum == 1; }
+// Elements of the fp32 gradient block: every parameter, or all but the matmul weights.
+static size_t grads_f32_count(const ParamLayout* p, bool bf16_grads) {
+    return p->total - (bf16_grads ? p->matmul_end - p->matmul_begin : 0);
+}
 static size_t model_bytes(const ParamLayout* p, const ActLayout* a, const Switches* sw, int grad_accum) {
-    size_t bf16_grad_n = uses_bf16_grads(sw, grad_accum) ? p->matmul_end - p->matmul_begin : 0;
-    return p->total * 16 - bf16_grad_n * 2 + bf16_weight_bytes(p, sw) + a->total;
+    size_t f32_n = grads_f32_count(p, uses_bf16_grads(sw, grad_accum)); // the rest are bf16
+    return p->total * 12 + f32_n * 4 + (p->total - f32_n) * 2 + bf16_weight_bytes(p, sw) + a->total;
 }
 
 // The (T, HD/2) cos and sin tables of RoPE, computed on the host once.
@@ -236,10 +242,9 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
         exit(EXIT_FAILURE);
     }
     m->params = (float*)device_alloc(P * 4, "fp32 weights");
-    size_t matmul_n = m->layout.matmul_end - m->layout.matmul_begin;
-    size_t grads_f32_n = uses_bf16_grads(sw, grad_accum) ? P - matmul_n : P;
+    size_t grads_f32_n = grads_f32_count(&m->layout, uses_bf16_grads(sw, grad_accum));
     m->grads = (float*)device_alloc(grads_f32_n * 4, "fp32 gradients");
-    if (grads_f32_n < P) m->grads_bf16 = (bf16*)device_alloc(matmul_n * 2, "bf16 gradients");
+    if (grads_f32_n < P) m->grads_bf16 = (bf16*)device_alloc((P - grads_f32_n) * 2, "bf16 gradients");
     m->adam_m = (float*)device_alloc(P * 4, "AdamW m");
     m->adam_v = (float*)device_alloc(P * 4, "AdamW v");
     if (sw->shadow_weights) m->shadow = (bf16*)device_alloc(bf16_weight_bytes(&m->layout, sw), "bf16 shadow weights");
@@ -432,7 +437,7 @@ static void classifier(Model* m, const int* targets, int micro) {
 // fp32. The first micro-step writes (beta 0), later ones accumulate: no zeroing of grads needed.
 static void weight_grad(Model* m, int tensor, int layer, const bf16* dy, const bf16* x, int out, int in, bool accumulate) {
     size_t offset = param_offset(m, tensor, layer);
-    void* dw = m->grads_bf16 ? (void*)(m->grads_bf16 + (offset - m->layout.matmul_begin)) : (void*)grad_f32(m, offset);
+    void* dw = m->grads_bf16 ? (void*)grad_bf16(m, offset) : (void*)grad_f32(m, offset);
     matmul(&m->gemm, m->stream, dw, dy, x, out, in, m->B * m->T, true, false, !m->grads_bf16, 1.0f,
            accumulate ? 1.0f : 0.0f);
 }
@@ -578,7 +583,7 @@ template <typename G> static void adamw_launch(Model* m, size_t begin, size_t en
 static void adamw_range(Model* m, size_t begin, size_t end, cudaStream_t s) {
     const ParamLayout* p = &m->layout;
     bool matmul = begin >= p->matmul_begin && end <= p->matmul_end;
-    if (matmul && m->grads_bf16) adamw_launch(m, begin, end, m->grads_bf16 + (begin - p->matmul_begin), matmul, s);
+    if (matmul && m->grads_bf16) adamw_launch(m, begin, end, grad_bf16(m, begin), matmul, s);
     else adamw_launch(m, begin, end, grad_f32(m, begin), matmul, s);
 }
 
@@ -623,7 +628,7 @@ static void zero_grads(Model* m) {
         for (size_t off = p->offset[t]; off < p->offset[t] + p->size[t]; off += p->layer_size[t]) {
             size_t n = p->layer_size[t];
             if (m->grads_bf16 && off < p->matmul_end) {
-                bf16* g = m->grads_bf16 + (off - p->matmul_begin);
+                bf16* g = grad_bf16(m, off);
                 if (fill_kernels) fill(g, n, 0.0f, m->stream);
                 else CUDA_CHECK(cudaMemsetAsync(g, 0, n * 2, m->stream));
             } else if (fill_kernels) {

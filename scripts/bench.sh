@@ -72,23 +72,30 @@ row() { # row CONFIG IMPL "ms min max tok_s peak" T OURS_MS
     done
 } | tee "$tmp/table.md"
 
-# The seed report's configurations A..J (D has no counterpart), cumulative as in its table, then ours. Each entry:
-# row|label|trainer flags (everything not named is on).
-OFF_ALL="--shadow_weights 0 --vector_adam 0 --grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0 --cuda_graph 0 --fused_rmsnorm 0"
+# The seed report's configurations A..J (D has no counterpart), cumulative as in its table, then
+# ours. Each entry: row|label|the flags that turn off what this row adds. A row runs with the
+# off-flags of every later row, latest first, so that where two rows set one flag (grad_zeroing:
+# fill before E, memset before E') the earlier row's value comes last and wins.
 ABLATION=(
-    "A|baseline: every optimisation off|$OFF_ALL"
-    "B|+ shadow weights (cast fused into AdamW)|--vector_adam 0 --grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0 --cuda_graph 0 --fused_rmsnorm 0"
-    "C|+ float4 AdamW|--grad_zeroing fill --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0 --cuda_graph 0 --fused_rmsnorm 0"
-    "E|+ memset instead of fill kernels|--grad_zeroing memset --metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0 --cuda_graph 0 --fused_rmsnorm 0"
-    "E'|+ no zeroing at all (first gradient GEMM writes)|--metadata_by_value 0 --sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0 --cuda_graph 0 --fused_rmsnorm 0"
-    "F|+ shapes by value (no per-launch H2D)|--sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0 --cuda_graph 0 --fused_rmsnorm 0"
-    "H|+ fused RMSNorm (one kernel each way, residual add inside)|--sparse_embedding 0 --overlap_optimizer 0 --flash_attention 0 --bf16_grads 0 --cuda_graph 0"
-    "J|+ sparse embedding rows, lazy AdamW|--overlap_optimizer 0 --flash_attention 0 --bf16_grads 0 --cuda_graph 0"
-    "K|+ AdamW overlapping the backward (second stream, lower priority)|--flash_attention 0 --bf16_grads 0 --cuda_graph 0"
-    "L|+ flash attention|--bf16_grads 0 --cuda_graph 0"
-    "M|+ bf16 weight gradients, as autocast rounds them|--cuda_graph 0"
-    "N|+ the step replayed from one CUDA graph (all on)|"
+    "A|baseline: every optimisation off|"
+    "B|+ shadow weights (cast fused into AdamW)|--shadow_weights 0"
+    "C|+ float4 AdamW|--vector_adam 0"
+    "E|+ memset instead of fill kernels|--grad_zeroing fill"
+    "E'|+ no zeroing at all (first gradient GEMM writes)|--grad_zeroing memset"
+    "F|+ shapes by value (no per-launch H2D)|--metadata_by_value 0"
+    "H|+ fused RMSNorm (one kernel each way, residual add inside)|--fused_rmsnorm 0"
+    "J|+ sparse embedding rows, lazy AdamW|--sparse_embedding 0"
+    "K|+ AdamW overlapping the backward (second stream, lower priority)|--overlap_optimizer 0"
+    "L|+ flash attention|--flash_attention 0"
+    "M|+ bf16 weight gradients, as autocast rounds them|--bf16_grads 0"
+    "N|+ the step replayed from one CUDA graph (all on)|--cuda_graph 0"
 )
+# ablation_flags I: the trainer flags of row I (0-based).
+ablation_flags() {
+    local k flags=""
+    for ((k = ${#ABLATION[@]} - 1; k > $1; k--)); do flags="$flags ${ABLATION[$k]##*|}"; done
+    echo "$flags"
+}
 if [ "$ablation" = 1 ]; then
     {
         echo
@@ -100,9 +107,9 @@ if [ "$ablation" = 1 ]; then
         echo "| row | configuration | ms/step | spread | tok/s | MFU | peak memory | time vs A |"
         echo "|---|---|---|---|---|---|---|---|"
         base=""
-        for entry in "${ABLATION[@]}"; do
-            IFS='|' read -r id label flags <<< "$entry"
-            o=$(ours 4 64 $flags)
+        for i in "${!ABLATION[@]}"; do
+            IFS='|' read -r id label _ <<< "${ABLATION[$i]}"
+            o=$(ours 4 64 $(ablation_flags "$i"))
             [ -z "$base" ] && base=${o%% *}
             row "$id" "$label" "$o" 64 "$base"
         done
