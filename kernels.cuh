@@ -1148,13 +1148,15 @@ typedef struct {
     float bias_corr2_sqrt; // sqrt(1 - beta2^t)
 } AdamWParams;
 
-// One thread: t = ++step, then h = base with step t's bias corrections (in double, as
-// torch.optim.AdamW computes them on the host).
+// One thread: t = ++step, then h[0] = base with step t's bias corrections (in double, as
+// torch.optim.AdamW computes them on the host); h[1] keeps step t-1's, for the updates that a
+// step leaves to the next one [deferred AdamW].
 __global__ void adamw_next_step_kernel(AdamWParams* h, int* step, AdamWParams base) {
     int t = ++*step;
     base.step_size = (float)(base.lr / (1.0 - pow((double)base.beta1, t)));
     base.bias_corr2_sqrt = (float)sqrt(1.0 - pow((double)base.beta2, t));
-    *h = base;
+    h[1] = h[0];
+    h[0] = base;
 }
 static void adamw_next_step(AdamWParams* h, int* step, AdamWParams base, cudaStream_t s) {
     adamw_next_step_kernel<<<1, 1, 0, s>>>(h, step, base);

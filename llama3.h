@@ -456,6 +456,7 @@ typedef struct {
     int bf16_grads;        // 0: fp32 matmul weight gradients even when one micro-step makes the step
     int cuda_graph;        // 0: launch every kernel of every step from the host
     int fused_rmsnorm;     // 0: RMSNorm (and its residual add) as separate ops, as autograd runs it
+    int deferred_adamw;    // layers 0..K-1 whose AdamW runs during the next step's forward; 0: none
 } Switches;
 
 typedef struct {
@@ -471,7 +472,7 @@ typedef struct {
 
 static inline TrainArgs train_args_default(void) {
     TrainArgs a = {NULL, NULL, NULL, 100, 4, 64, 256, 1e-5f, 0.0f, 0.9f, 0.999f, 1e-8f, 0, 42,
-                   {1, 1, GRAD_ZERO_NONE, 1, 1, 1, 1, 1, 1, 1}};
+                   {1, 1, GRAD_ZERO_NONE, 1, 1, 1, 1, 1, 1, 1, 12}};
     return a;
 }
 
@@ -503,6 +504,8 @@ static inline void print_usage(FILE* f, const char* prog) {
             "  --bf16_grads B           1: matmul weight gradients in bf16 when grad_accum is 1; 0: fp32\n"
             "  --cuda_graph B           1: steps 2.. replay one CUDA graph (needs metadata_by_value 1)\n"
             "  --fused_rmsnorm B        1: one kernel per RMSNorm forward/backward; 0: separate ops\n"
+            "  --deferred_adamw K       AdamW of layers 0..K-1 during the next step's forward (12; needs\n"
+            "                           overlap_optimizer 1 and grad_zeroing none; 0: all in its own step)\n"
             "  --grad_zeroing MODE      none: first gradient GEMM writes; memset or fill: zero grads each step\n",
             prog);
 }
@@ -553,6 +556,7 @@ static inline int apply_flag(TrainArgs* a, const char* flag, const char* val, ch
     INT_FLAG("--batch_size", batch_size, 1, BIG)
     INT_FLAG("--sequence_length", sequence_length, 1, BIG)
     INT_FLAG("--total_batch_size", total_batch_size, 1, BIG)
+    INT_FLAG("--deferred_adamw", sw.deferred_adamw, 0, BIG)
     FLOAT_FLAG("--learning_rate", learning_rate, 0.0, 10.0)
     FLOAT_FLAG("--weight_decay", weight_decay, 0.0, 10.0)
     FLOAT_FLAG("--beta1", beta1, 0.0, 0.999999)
@@ -621,8 +625,10 @@ static inline int train_args_parse(TrainArgs* a, int argc, char** argv, char* er
     return 0;
 }
 
-// Checks that need the model: sequence length, and B*T dividing the total batch.
+// Checks that need the model: sequence length, B*T dividing the total batch, deferred layers.
 static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, char* err) {
+    if (a->sw.deferred_adamw > c->n_layer)
+        return l3_fail(err, "--deferred_adamw %d is more than the model's %d layers", a->sw.deferred_adamw, c->n_layer);
     if (a->sequence_length > c->max_seq_len)
         return l3_fail(err, "--sequence_length %d is longer than the model allows (max_seq_len %d)",
                        a->sequence_length, c->max_seq_len);

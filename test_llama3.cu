@@ -277,6 +277,7 @@ static void test_training(Model* m, const RefState* r, const float* p0, const ch
         snprintf(name, sizeof(name), "train step %d loss (ours %.5f ref %.5f)", t, loss, r->losses[t - 1]);
         check(fabsf(loss - r->losses[t - 1]) <= tol, name, fabsf(loss - r->losses[t - 1]), tol);
     }
+    optimizer_flush(m); // [deferred AdamW] the last step's deferred layers
     float* params = to_host(m->params, P);
     float* ref = read_param_block(state_path, &m->cfg, r->params_n_offset, P);
     check_blocks(m, "after steps", params, ref, p0, 2.5e-1);
@@ -309,7 +310,8 @@ int main(int argc, char** argv) {
     Model m;
     OptimConfig o = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay};
     model_create(&m, &cfg, &o, &a.sw, r.B, r.T, 1);
-    printf("cuda_graph %d (test_training replays steps 2..n from it)\n", m.use_graph);
+    printf("cuda_graph %d (test_training replays steps 2..n from it), deferred_adamw %d\n", m.use_graph,
+           m.sw.deferred_adamw);
     if (model_load(&m, model_path, fmt, err)) { fprintf(stderr, "%s\n", err); return EXIT_FAILURE; }
     float* p0 = to_host(m.params, P);
     float* ref_grads = read_param_block(state_path, &cfg, r.grads_offset, P);

@@ -262,18 +262,23 @@ static void test_cli(void) {
           "defaults: lr 1e-5, betas 0.9/0.999, eps 1e-8, wd 0");
     Switches d = a.sw;
     CHECK(d.sparse_embedding && d.overlap_optimizer && d.shadow_weights && d.vector_adam && d.metadata_by_value &&
-              d.flash_attention && d.bf16_grads && d.cuda_graph && d.fused_rmsnorm && d.grad_zeroing == GRAD_ZERO_NONE,
-          "every optimisation on by default");
+              d.flash_attention && d.bf16_grads && d.cuda_graph && d.fused_rmsnorm && d.grad_zeroing == GRAD_ZERO_NONE &&
+              d.deferred_adamw == 12,
+          "every optimisation on by default (AdamW of 12 layers deferred)");
     rc = parse(&a, err, "--learning_rate=3e-4 --overfit_single_batch --seed 7 --weight_decay 0.1 --sparse_embedding 0");
     CHECK(rc == 0 && a.learning_rate == 3e-4f && a.overfit_single_batch == 1 && a.seed == 7 &&
               a.weight_decay == 0.1f && a.sw.sparse_embedding == 0,
           "--flag=value, bare bool flag, our own flags (%s)", rc ? err : "ok");
     rc = parse(&a, err, "--shadow_weights 0 --vector_adam=0 --metadata_by_value false --overlap_optimizer 0 "
-                        "--grad_zeroing fill --flash_attention 0 --bf16_grads=false --cuda_graph 0 --fused_rmsnorm 0");
+                        "--grad_zeroing fill --flash_attention 0 --bf16_grads=false --cuda_graph 0 --fused_rmsnorm 0 "
+                        "--deferred_adamw 0");
     CHECK(rc == 0 && !a.sw.shadow_weights && !a.sw.vector_adam && !a.sw.metadata_by_value && !a.sw.overlap_optimizer &&
-              a.sw.grad_zeroing == GRAD_ZERO_FILL && !a.sw.flash_attention && !a.sw.bf16_grads && !a.sw.cuda_graph && !a.sw.fused_rmsnorm,
+              a.sw.grad_zeroing == GRAD_ZERO_FILL && !a.sw.flash_attention && !a.sw.bf16_grads && !a.sw.cuda_graph && !a.sw.fused_rmsnorm &&
+              a.sw.deferred_adamw == 0,
           "ablation switches parse (%s)", rc ? err : "ok");
     expect_error(parse(&a, err, "--grad_zeroing zeros"), err, "bad --grad_zeroing", "--grad_zeroing: bad value 'zeros'",
+                 NULL);
+    expect_error(parse(&a, err, "--deferred_adamw -1"), err, "negative deferred layers", "--deferred_adamw: bad value",
                  NULL);
     expect_error(parse(&a, err, "--batchsize 4"), err, "unknown flag", "unknown flag '--batchsize'", NULL);
     expect_error(parse(&a, err, "--batch_size four"), err, "non-numeric value", "--batch_size: bad value 'four'", NULL);
@@ -287,6 +292,11 @@ static void test_cli(void) {
     parse(&a, err, "--sequence_length 9000");
     expect_error(train_args_check(&a, &c, err), err, "sequence longer than the model allows", "--sequence_length 9000",
                  "max_seq_len 8192");
+    parse(&a, err, "--deferred_adamw 17");
+    expect_error(train_args_check(&a, &c, err), err, "more deferred layers than the model has", "--deferred_adamw 17",
+                 "16 layers");
+    parse(&a, err, "--deferred_adamw 16");
+    CHECK(train_args_check(&a, &c, err) == 0, "--deferred_adamw 16: every layer");
     parse(&a, err, "--batch_size 3 --sequence_length 64 --total_batch_size 256");
     expect_error(train_args_check(&a, &c, err), err, "B*T not dividing total_batch_size", "--total_batch_size 256",
                  "192");

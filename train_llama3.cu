@@ -123,9 +123,12 @@ typedef struct {
     // [streams] the optimizer stream, and the events that order it against the main stream
     cudaStream_t opt_stream;
     cudaEvent_t grads_ready, opt_done;
-    AdamWParams* adam; // device: this step's hyperparameters, written on the device [graphs]
+    AdamWParams* adam; // device: [0] this step's hyperparameters, [1] the previous step's [graphs]
     int* adam_step;    // device: AdamW steps taken
     bool adam_overlap; // this backward pass runs AdamW as gradients become ready
+    int adam_defer;    // [deferred AdamW] layers 0..adam_defer-1 this backward leaves to the next step
+    int adam_pending;  // layers 0..adam_pending-1 that the previous step left un-updated
+    cudaEvent_t* layer_updated; // per layer: its deferred AdamW is done (the forward waits on it)
     bool use_graph;    // [graphs] replay the step from a CUDA graph
     cudaGraphExec_t step_graph; // captured at step 2 (step 1 made every GEMM plan); NULL before
     HeadShape* shape_in_memory; // with metadata_by_value off: where shapes are copied before launches
@@ -225,6 +228,7 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     m->cfg = *cfg, m->opt = *opt, m->sw = *sw, m->B = B, m->T = T, m->grad_accum = grad_accum;
     CUDA_CHECK(cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, 0));
     m->layout = param_layout(cfg);
+    m->sw.deferred_adamw = std::min(sw->deferred_adamw, cfg->n_layer); // the default 12 on a smaller model: all
     if (sw->flash_attention && !flash_supported(cfg->n_embd / cfg->n_head)) {
         fprintf(stderr, "flash attention supports head_dim 32 or 64, not %d: use --flash_attention 0\n",
                 cfg->n_embd / cfg->n_head);
@@ -255,7 +259,8 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     CUDA_CHECK(cudaMallocHost(&m->tokens_host, 2 * 2 * n_step * sizeof(int32_t)));
     CUDA_CHECK(cudaMallocHost(&m->loss_host, 2 * sizeof(float)));
     m->loss = (float*)device_alloc(sizeof(float), "loss");
-    m->adam = (AdamWParams*)device_alloc(sizeof(AdamWParams), "AdamW hyperparameters");
+    m->adam = (AdamWParams*)device_alloc(2 * sizeof(AdamWParams), "AdamW hyperparameters");
+    CUDA_CHECK(cudaMemset(m->adam, 0, 2 * sizeof(AdamWParams)));
     m->adam_step = (int*)device_alloc(sizeof(int), "AdamW step counter");
     CUDA_CHECK(cudaMemset(m->adam_step, 0, sizeof(int)));
     // A graph cannot capture the ablation's per-launch copies from pageable host memory.
@@ -268,6 +273,9 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     CUDA_CHECK(cudaStreamCreateWithPriority(&m->opt_stream, cudaStreamDefault, prio_low));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->opt_done, cudaEventDisableTiming));
+    m->layer_updated = (cudaEvent_t*)malloc(cfg->n_layer * sizeof(cudaEvent_t));
+    for (int l = 0; l < cfg->n_layer; l++)
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->layer_updated[l], cudaEventDisableTiming));
     // Zero once: Adam's state starts at zero and wte's gradient rows are kept zero [sparse rows].
     CUDA_CHECK(cudaMemsetAsync(m->adam_m, 0, P * 4, m->stream));
     CUDA_CHECK(cudaMemsetAsync(m->adam_v, 0, P * 4, m->stream));
@@ -290,6 +298,8 @@ static void model_free(Model* m) {
     CUDA_CHECK(cudaStreamDestroy(m->opt_stream));
     CUDA_CHECK(cudaEventDestroy(m->grads_ready));
     CUDA_CHECK(cudaEventDestroy(m->opt_done));
+    for (int l = 0; l < m->cfg.n_layer; l++) CUDA_CHECK(cudaEventDestroy(m->layer_updated[l]));
+    free(m->layer_updated);
 }
 
 // The bf16 shadow of the matmul weights, made once after the masters are set; from then on the
@@ -415,7 +425,10 @@ static void forward(Model* m, const int* inputs) {
     int N = m->B * m->T, C = c->n_embd, L = c->n_layer;
     size_t NC = (size_t)N * C;
     embedding_forward(act_f32(m, A_RESID), inputs, m->params + m->layout.offset[P_WTE], N, C, m->stream);
-    for (int l = 0; l < L; l++) block_forward(m, l);
+    for (int l = 0; l < L; l++) {
+        if (l < m->adam_pending) CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->layer_updated[l])); // [deferred AdamW]
+        block_forward(m, l);
+    }
     norm_forward(m, P_FINAL_NORM, 0, act_f32(m, A_RESID, L * NC), act_bf16(m, A_NORMED_FINAL), act_f32(m, A_RSTD_FINAL),
                  act_f32(m, A_H, (L - 1) * NC), act_bf16(m, A_BRANCH));
     matmul(&m->gemm, m->stream, act_bf16(m, A_LOGITS), act_bf16(m, A_NORMED_FINAL), weight_bf16(m, P_LM_HEAD, 0), N,
@@ -519,8 +532,9 @@ static void block_backward(Model* m, int l, bool accumulate) {
                   accumulate);
 }
 
-static void adamw_tensor(Model* m, int tensor, int layer, cudaStream_t s); // in the optimizer section
+static void adamw_tensor(Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s); // in the optimizer section
 static void adamw_embedding(Model* m, cudaStream_t s);
+static const int LAYER_TENSORS[] = {P_QKV, P_ATTN_OUT, P_GATE_UP, P_DOWN, P_ATTN_NORM, P_FFN_NORM};
 
 // [streams] With adam_overlap, AdamW runs on the optimizer stream as soon as the backward pass
 // has written a group of gradients (lm_head first, then layer by layer), filling the bandwidth
@@ -538,18 +552,17 @@ static void backward(Model* m, const int* inputs, bool accumulate) {
     const Llama3Config* c = &m->cfg;
     int N = m->B * m->T, C = c->n_embd, V = c->vocab_size, L = c->n_layer;
     size_t NC = (size_t)N * C;
-    static const int layer_tensors[] = {P_QKV, P_ATTN_OUT, P_GATE_UP, P_DOWN, P_ATTN_NORM, P_FFN_NORM};
     bf16* dlogits = act_bf16(m, A_LOGITS);
     weight_grad(m, P_LM_HEAD, 0, dlogits, act_bf16(m, A_NORMED_FINAL), V, C, accumulate);
     input_grad(m, P_LM_HEAD, 0, act_bf16(m, A_BRANCH), dlogits, V, C); // reads lm_head's shadow: before its AdamW
-    if (m->adam_overlap) optimizer_stream_waits(m), adamw_tensor(m, P_LM_HEAD, 0, m->opt_stream);
+    if (m->adam_overlap) optimizer_stream_waits(m), adamw_tensor(m, P_LM_HEAD, 0, m->adam, m->opt_stream);
     norm_backward(m, P_FINAL_NORM, 0, act_f32(m, A_RESID, L * NC), act_f32(m, A_RSTD_FINAL), false, accumulate);
-    if (m->adam_overlap) optimizer_stream_waits(m), adamw_tensor(m, P_FINAL_NORM, 0, m->opt_stream);
+    if (m->adam_overlap) optimizer_stream_waits(m), adamw_tensor(m, P_FINAL_NORM, 0, m->adam, m->opt_stream);
     for (int l = L - 1; l >= 0; l--) {
         block_backward(m, l, accumulate);
-        if (m->adam_overlap) {
+        if (m->adam_overlap && l >= m->adam_defer) {
             optimizer_stream_waits(m);
-            for (int t : layer_tensors) adamw_tensor(m, t, l, m->opt_stream);
+            for (int t : LAYER_TENSORS) adamw_tensor(m, t, l, m->adam, m->opt_stream);
         }
     }
     token_sort(&m->sorter, inputs, N, m->stream);
@@ -568,35 +581,35 @@ static void optimizer_begin_step(Model* m) {
     adamw_next_step(m->adam, m->adam_step, base, m->stream);
 }
 
-// AdamW over params[begin, end) with this step's m->adam and the gradients at `grads`, writing
-// the bf16 shadow where the range holds matmul weights.
+// AdamW over params[begin, end) with hyperparameters h (device) and the gradients at `grads`,
+// writing the bf16 shadow where the range holds matmul weights.
 template <typename G> static void adamw_launch(Model* m, size_t begin, size_t end, const G* grads, bool matmul,
-                                               cudaStream_t s) {
+                                               const AdamWParams* h, cudaStream_t s) {
     float *p = m->params + begin, *am = m->adam_m + begin, *av = m->adam_v + begin;
     if (m->sw.shadow_weights && matmul)
-        adamw_dense<true>(p, am, av, grads, m->shadow + (begin - m->layout.matmul_begin), end - begin, m->adam, m->sms,
-                          s, m->sw.vector_adam);
+        adamw_dense<true>(p, am, av, grads, m->shadow + (begin - m->layout.matmul_begin), end - begin, h, m->sms, s,
+                          m->sw.vector_adam);
     else
-        adamw_dense<false>(p, am, av, grads, (bf16*)NULL, end - begin, m->adam, m->sms, s, m->sw.vector_adam);
+        adamw_dense<false>(p, am, av, grads, (bf16*)NULL, end - begin, h, m->sms, s, m->sw.vector_adam);
 }
 // The range lies within the matmul weights, the norm weights, or wte.
-static void adamw_range(Model* m, size_t begin, size_t end, cudaStream_t s) {
+static void adamw_range(Model* m, size_t begin, size_t end, const AdamWParams* h, cudaStream_t s) {
     const ParamLayout* p = &m->layout;
     bool matmul = begin >= p->matmul_begin && end <= p->matmul_end;
-    if (matmul && m->grads_bf16) adamw_launch(m, begin, end, grad_bf16(m, begin), matmul, s);
-    else adamw_launch(m, begin, end, grad_f32(m, begin), matmul, s);
+    if (matmul && m->grads_bf16) adamw_launch(m, begin, end, grad_bf16(m, begin), matmul, h, s);
+    else adamw_launch(m, begin, end, grad_f32(m, begin), matmul, h, s);
 }
 
-static void adamw_tensor(Model* m, int tensor, int layer, cudaStream_t s) {
+static void adamw_tensor(Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s) {
     size_t begin = m->layout.offset[tensor] + (size_t)layer * m->layout.layer_size[tensor];
-    adamw_range(m, begin, begin + m->layout.layer_size[tensor], s);
+    adamw_range(m, begin, begin + m->layout.layer_size[tensor], h, s);
 }
 
 // wte: lazy AdamW over the rows this step touched [sparse rows], or dense.
 static void adamw_embedding(Model* m, cudaStream_t s) {
     size_t wte = m->layout.offset[P_WTE];
     if (!m->sw.sparse_embedding) {
-        adamw_range(m, wte, wte + m->layout.size[P_WTE], s);
+        adamw_range(m, wte, wte + m->layout.size[P_WTE], m->adam, s);
         return;
     }
     int n_step = m->grad_accum * m->B * m->T;
@@ -610,10 +623,29 @@ static void adamw_embedding(Model* m, cudaStream_t s) {
 static void optimizer_step(Model* m) {
     NVTX_PUSH("optimizer");
     const ParamLayout* p = &m->layout;
-    adamw_range(m, p->matmul_begin, p->matmul_end, m->stream);
-    adamw_range(m, p->norm_begin, p->total, m->stream);
+    adamw_range(m, p->matmul_begin, p->matmul_end, m->adam, m->stream);
+    adamw_range(m, p->norm_begin, p->total, m->adam, m->stream);
     adamw_embedding(m, m->stream);
     NVTX_POP();
+}
+
+// [deferred AdamW] The updates of layers 0..adam_pending-1 that the previous step left, in the
+// order the forward reads them, with hyperparameters h; after each layer an event that the
+// forward waits on before the layer. At the start of a step they run on the optimizer stream
+// beside the forward, whose small GEMMs leave most of the bandwidth idle, instead of as the tail
+// of the previous step's AdamW, which the whole forward had to wait for.
+static void adamw_deferred(Model* m, const AdamWParams* h, cudaStream_t s) {
+    for (int l = 0; l < m->adam_pending; l++) {
+        for (int t : LAYER_TENSORS) adamw_tensor(m, t, l, h, s);
+        CUDA_CHECK(cudaEventRecord(m->layer_updated[l], s));
+    }
+}
+
+// [deferred AdamW] Applies what the last step left, with its hyperparameters (m->adam[0]): the
+// weights are whole again, for anything that reads them after training.
+static void optimizer_flush(Model* m) {
+    adamw_deferred(m, m->adam, m->stream);
+    m->adam_pending = 0;
 }
 
 // ---- training step ----
@@ -639,27 +671,33 @@ static void zero_grads(Model* m) {
         }
 }
 
-// Everything of one optimizer step after its tokens are on the device: forward/backward per
-// micro-step, the mean loss, and AdamW (overlapping the last backward, or after it). Launches
-// only: no host sync, no host value that changes between steps, so it can be captured.
+// Everything of one optimizer step after its tokens are on the device: the AdamW that the
+// previous step deferred, forward/backward per micro-step, the mean loss, and AdamW (overlapping
+// the last backward, or after it). Launches only: no host sync, and from step 2 on no host value
+// that changes between steps, so it can be captured.
 static void step_work(Model* m) {
     int N = m->B * m->T, n_step = m->grad_accum * N;
     optimizer_begin_step(m);
+    if (m->adam_pending) optimizer_stream_waits(m), adamw_deferred(m, m->adam + 1, m->opt_stream);
     if (!m->sw.sparse_embedding) // dense wte gradient: the whole table is re-zeroed every step
         CUDA_CHECK(cudaMemsetAsync(grad_f32(m, m->layout.offset[P_WTE]), 0, m->layout.size[P_WTE] * 4, m->stream));
     if (m->sw.grad_zeroing != GRAD_ZERO_NONE) zero_grads(m);
     for (int micro = 0; micro < m->grad_accum; micro++) {
         const int* inputs = m->tokens + (size_t)micro * N;
         forward(m, inputs);
+        m->adam_pending = 0; // the forward has waited for each of them
         classifier(m, m->tokens + n_step + (size_t)micro * N, micro);
         m->adam_overlap = m->sw.overlap_optimizer && micro == m->grad_accum - 1;
+        // (zeroing at the next step's start would clear gradients that the deferred AdamW reads)
+        m->adam_defer = m->adam_overlap && m->sw.grad_zeroing == GRAD_ZERO_NONE ? m->sw.deferred_adamw : 0;
         backward(m, inputs, micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE);
     }
     mean(m->loss, act_f32(m, A_LOSSES), n_step, m->stream);
-    if (m->adam_overlap) { // the next step's forward needs every updated weight
+    if (m->adam_overlap) { // the next step's forward needs every weight that is not deferred
         CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream));
         CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->opt_done));
         m->adam_overlap = false;
+        m->adam_pending = m->adam_defer;
     } else {
         optimizer_step(m);
     }
@@ -781,6 +819,7 @@ static void train(Model* m, const TrainArgs* a, DataLoader* loader) {
         if (t > 1) log_step(m, &lg, t - 1, a->num_iteration, 1 - slot, a->learning_rate);
     }
     log_step(m, &lg, a->num_iteration, a->num_iteration, a->num_iteration % 2, a->learning_rate);
+    optimizer_flush(m);
     if (a->num_iteration > 1) {
         double med = median(lg.ms + 1, a->num_iteration - 1);
         printf("steady state (steps 2..%d): median %.2f ms/step, %.0f tok/s, peak %.0f MiB\n", a->num_iteration, med,
@@ -823,9 +862,10 @@ int main(int argc, char** argv) {
     const Switches* w = &a.sw;
     printf("optimisations: sparse_embedding %d | overlap_optimizer %d | shadow_weights %d | vector_adam %d | "
            "metadata_by_value %d | fused_rmsnorm %d | flash_attention %d | bf16_grads %d | cuda_graph %d | "
-           "grad_zeroing %s\n",
+           "deferred_adamw %d | grad_zeroing %s\n",
            w->sparse_embedding, w->overlap_optimizer, w->shadow_weights, w->vector_adam, w->metadata_by_value,
            w->fused_rmsnorm, w->flash_attention, m.grads_bf16 != NULL, m.use_graph,
+           w->overlap_optimizer && w->grad_zeroing == GRAD_ZERO_NONE ? w->deferred_adamw : 0,
            w->grad_zeroing == GRAD_ZERO_NONE ? "none" : w->grad_zeroing == GRAD_ZERO_MEMSET ? "memset" : "fill");
     if (a.llmc_filepath) {
         if (model_load(&m, a.llmc_filepath, fmt, err)) die(err, argv[0], false);

@@ -88,7 +88,8 @@ ABLATION=(
     "K|+ AdamW overlapping the backward (second stream, lower priority)|--overlap_optimizer 0"
     "L|+ flash attention|--flash_attention 0"
     "M|+ bf16 weight gradients, as autocast rounds them|--bf16_grads 0"
-    "N|+ the step replayed from one CUDA graph (all on)|--cuda_graph 0"
+    "N|+ the step replayed from one CUDA graph|--cuda_graph 0"
+    "O|+ AdamW of layers 0..11 deferred into the next forward (all on)|--deferred_adamw 0"
 )
 # ablation_flags I: the trainer flags of row I (0-based).
 ablation_flags() {
