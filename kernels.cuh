@@ -71,11 +71,11 @@ template <typename T> __device__ inline void store16(T* p, const Vec16<T>& r) {
     *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(&r);
 }
 // 4 bf16 (8 bytes) <-> 4 floats, for rows read as float4 alongside.
-__device__ inline float4 load_bf16x4(const bf16* p) {
-    uint2 u = *reinterpret_cast<const uint2*>(p);
+__device__ inline float4 bf16x4_to_float4(uint2 u) {
     __nv_bfloat162 a = *reinterpret_cast<__nv_bfloat162*>(&u.x), b = *reinterpret_cast<__nv_bfloat162*>(&u.y);
     return make_float4(__low2float(a), __high2float(a), __low2float(b), __high2float(b));
 }
+__device__ inline float4 load_bf16x4(const bf16* p) { return bf16x4_to_float4(*reinterpret_cast<const uint2*>(p)); }
 __device__ inline void store_bf16x4(bf16* p, float4 f) {
     __nv_bfloat162 a = __floats2bfloat162_rn(f.x, f.y), b = __floats2bfloat162_rn(f.z, f.w);
     uint2 u = make_uint2(*reinterpret_cast<unsigned*>(&a), *reinterpret_cast<unsigned*>(&b));
@@ -203,46 +203,74 @@ static void embedding_backward(float* dwte, const float* dresid, const TokenSort
 
 // ---- RMSNorm ----
 
-// [fused RMSNorm] One warp per row: (optionally) the residual add h = resid_in + branch, then
+// [row in registers] The fused RMSNorm kernels give a row to one block of rms_threads(C) threads,
+// C/8 rounded up to whole warps (256 at C = 2048), each thread holding RMS_VEC float4 column
+// groups c = (threadIdx.x + k * blockDim.x) * 4, so every load is a warp-wide 512-byte run. All
+// of a row's loads are issued before its block sum: one memory round trip per row, nothing read
+// twice, and enough blocks to fill every SM even at N = 256 rows.
+#define RMS_VEC 2
+static int rms_threads(int C) { return ((C / 4 + RMS_VEC - 1) / RMS_VEC + 31) / 32 * 32; }
+__device__ inline int rms_col(int k) { return (threadIdx.x + k * blockDim.x) * 4; }
+__device__ inline float4 zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+// float4 rows need C % 4 == 0; a block holds at most 1024 threads.
+static void rms_check_width(const char* who, int C) {
+    if (C % 4 == 0 && C <= 4 * RMS_VEC * 1024) return;
+    fprintf(stderr, "%s: C = %d must be a multiple of 4 and at most %d\n", who, C, 4 * RMS_VEC * 1024);
+    exit(EXIT_FAILURE);
+}
+
+// [fused RMSNorm] One block per row: (optionally) the residual add h = resid_in + branch, then
 // rstd = 1/sqrt(mean(h^2) + eps) and normed = bf16(w * (h * rstd)), the rounding PyTorch autocast
 // applies at the next matmul. Reads 4C (+2C) bytes, writes 2C (+4C): one pass instead of the
-// seed's pow, mean, add, rsqrt, mul, mul (six kernels) plus the residual add.
+// seed's pow, mean, add, rsqrt, mul, mul (six kernels) plus the residual add; h stays in
+// registers between the sum of squares and the output. Grid: N blocks of rms_threads(C).
 template <bool ADD_BRANCH>
-__global__ void rmsnorm_forward_kernel(float* resid_out, bf16* normed, float* rstd_out, const float* resid_in,
-                                       const bf16* branch, const float* weight, int N, int C, float eps) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N) return;
-    size_t base = (size_t)row * C;
+__global__ void __launch_bounds__(1024)
+    rmsnorm_forward_kernel(float* resid_out, bf16* normed, float* rstd_out, const float* resid_in,
+                           const bf16* branch, const float* weight, int C, float eps) {
+    size_t base = (size_t)blockIdx.x * C;
+    float4 h[RMS_VEC], w[RMS_VEC];
+    uint2 b[RMS_VEC]; // 4 bf16 of the branch, widened once every load is in flight
+#pragma unroll
+    for (int k = 0; k < RMS_VEC; k++) { // loads only: arithmetic here would hold back the next group's
+        int c = rms_col(k);
+        h[k] = w[k] = zero4(), b[k] = make_uint2(0, 0);
+        if (c >= C) continue;
+        h[k] = *reinterpret_cast<const float4*>(resid_in + base + c);
+        w[k] = *reinterpret_cast<const float4*>(weight + c);
+        if (ADD_BRANCH) b[k] = *reinterpret_cast<const uint2*>(branch + base + c);
+    }
     float sum_sq = 0.0f;
-    for (int c = lane * 4; c < C; c += 128) {
-        float4 x = *reinterpret_cast<const float4*>(resid_in + base + c);
+#pragma unroll
+    for (int k = 0; k < RMS_VEC; k++) {
+        int c = rms_col(k);
         if (ADD_BRANCH) {
-            float4 b = load_bf16x4(branch + base + c);
-            x = make_float4(x.x + b.x, x.y + b.y, x.z + b.z, x.w + b.w);
-            *reinterpret_cast<float4*>(resid_out + base + c) = x;
+            float4 bf = bf16x4_to_float4(b[k]);
+            h[k] = make_float4(h[k].x + bf.x, h[k].y + bf.y, h[k].z + bf.z, h[k].w + bf.w);
+            if (c < C) *reinterpret_cast<float4*>(resid_out + base + c) = h[k];
         }
-        sum_sq += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+        sum_sq += h[k].x * h[k].x + h[k].y * h[k].y + h[k].z * h[k].z + h[k].w * h[k].w;
     }
-    float rstd = rsqrtf(warp_sum(sum_sq) / C + eps);
-    const float* h = ADD_BRANCH ? resid_out : resid_in; // this thread's own writes, re-read
-    for (int c = lane * 4; c < C; c += 128) {
-        float4 x = *reinterpret_cast<const float4*>(h + base + c);
-        float4 w = *reinterpret_cast<const float4*>(weight + c);
-        store_bf16x4(normed + base + c, make_float4(w.x * (x.x * rstd), w.y * (x.y * rstd), w.z * (x.z * rstd),
-                                                    w.w * (x.w * rstd)));
+    float rstd = rsqrtf(block_sum(sum_sq) / C + eps);
+#pragma unroll
+    for (int k = 0; k < RMS_VEC; k++) {
+        int c = rms_col(k);
+        if (c < C)
+            store_bf16x4(normed + base + c, make_float4(w[k].x * (h[k].x * rstd), w[k].y * (h[k].y * rstd),
+                                                        w[k].z * (h[k].z * rstd), w[k].w * (h[k].w * rstd)));
     }
-    if (lane == 0) rstd_out[row] = rstd;
+    if (threadIdx.x == 0) rstd_out[blockIdx.x] = rstd;
 }
 // branch == NULL: plain RMSNorm of resid_in (resid_out unused).
 static void rmsnorm_forward(float* resid_out, bf16* normed, float* rstd, const float* resid_in, const bf16* branch,
                             const float* weight, int N, int C, float eps, cudaStream_t s) {
-    const int warps = 8;
+    rms_check_width("rmsnorm_forward", C);
     if (branch)
-        rmsnorm_forward_kernel<true><<<ceil_div(N, warps), warps * 32, 0, s>>>(resid_out, normed, rstd, resid_in,
-                                                                              branch, weight, N, C, eps);
+        rmsnorm_forward_kernel<true><<<N, rms_threads(C), 0, s>>>(resid_out, normed, rstd, resid_in, branch, weight,
+                                                                  C, eps);
     else
-        rmsnorm_forward_kernel<false><<<ceil_div(N, warps), warps * 32, 0, s>>>(resid_out, normed, rstd, resid_in,
-                                                                               branch, weight, N, C, eps);
+        rmsnorm_forward_kernel<false><<<N, rms_threads(C), 0, s>>>(resid_out, normed, rstd, resid_in, branch, weight,
+                                                                   C, eps);
     LAUNCH_CHECK();
 }
 
