@@ -24,7 +24,10 @@
 //       gradient of the broadcast weight, summed over rows by atomicAdd into a zero-filled buffer as
 //       the seed's BinaryBwd did; d rstd by a row reduction), then x's two paths summed into dresid;
 //       n = x * rstd recomputed first (rmsnorm_backward_ops, the trainer's --fused_rmsnorm 0)
-//   2 = the trainer's rmsnorm_backward in kernels.cuh (dx kernel + column_sum for dw)
+//   2 = the first fused kernel (below): 256-thread blocks, two per SM, each walking its rows, the
+//       old dresid read after the row's block sum; dw by a (32, 8) scalar column sum
+//   3 = the trainer's rmsnorm_backward in kernels.cuh: blocks of C/8 threads, four per SM, all of a
+//       row's loads before its block sum; dw by a float4 column sum
 #include "common.h"
 
 static const float EPS = 1e-5f;
@@ -108,6 +111,91 @@ static void rmsnorm_forward_v2(float* resid_out, bf16* normed, float* rstd, cons
     else
         rmsnorm_forward_v2_kernel<false><<<ceil_div(N, warps), warps * 32>>>(resid_out, normed, rstd, resid_in,
                                                                              branch, weight, N, C, eps);
+    LAUNCH_CHECK();
+}
+
+// The whole 256-thread block on one row at a time, RMS_BWD_VEC_V2 float4 column groups per thread
+// (C up to 4096; at 2048 half of them idle), a range of rows per block and about two blocks per
+// SM (16 warps). A row's old dresid is read only after its block sum: two round trips per row.
+#define RMS_BWD_THREADS_V2 256
+#define RMS_BWD_VEC_V2 4
+__global__ void __launch_bounds__(RMS_BWD_THREADS_V2)
+    rmsnorm_backward_v2_kernel(float* dresid, bf16* dresid_bf16, float* dw_partial, const bf16* dnormed,
+                               const float* x, const float* weight, const float* rstd, int N, int C,
+                               int rows_per_block, bool accumulate) {
+    float4 w[RMS_BWD_VEC_V2], dw[RMS_BWD_VEC_V2];
+#pragma unroll
+    for (int k = 0; k < RMS_BWD_VEC_V2; k++) {
+        int c = (threadIdx.x + k * RMS_BWD_THREADS_V2) * 4;
+        w[k] = c < C ? *reinterpret_cast<const float4*>(weight + c) : make_float4(0, 0, 0, 0);
+        dw[k] = make_float4(0, 0, 0, 0);
+    }
+    int row_end = min(N, (blockIdx.x + 1) * rows_per_block);
+    for (int row = blockIdx.x * rows_per_block; row < row_end; row++) {
+        size_t base = (size_t)row * C;
+        float r = rstd[row], dot = 0.0f;
+        float4 dn[RMS_BWD_VEC_V2], n[RMS_BWD_VEC_V2];
+#pragma unroll
+        for (int k = 0; k < RMS_BWD_VEC_V2; k++) {
+            int c = (threadIdx.x + k * RMS_BWD_THREADS_V2) * 4;
+            if (c >= C) continue;
+            float4 dy = load_bf16x4(dnormed + base + c), xv = *reinterpret_cast<const float4*>(x + base + c);
+            n[k] = make_float4(xv.x * r, xv.y * r, xv.z * r, xv.w * r);
+            dn[k] = make_float4(dy.x * w[k].x, dy.y * w[k].y, dy.z * w[k].z, dy.w * w[k].w);
+            dot += dn[k].x * n[k].x + dn[k].y * n[k].y + dn[k].z * n[k].z + dn[k].w * n[k].w;
+            dw[k].x += dy.x * n[k].x, dw[k].y += dy.y * n[k].y, dw[k].z += dy.z * n[k].z, dw[k].w += dy.w * n[k].w;
+        }
+        float mean_dot = block_sum(dot) / C;
+#pragma unroll
+        for (int k = 0; k < RMS_BWD_VEC_V2; k++) {
+            int c = (threadIdx.x + k * RMS_BWD_THREADS_V2) * 4;
+            if (c >= C) continue;
+            float4 d = make_float4(r * (dn[k].x - n[k].x * mean_dot), r * (dn[k].y - n[k].y * mean_dot),
+                                   r * (dn[k].z - n[k].z * mean_dot), r * (dn[k].w - n[k].w * mean_dot));
+            if (accumulate) {
+                float4 old = *reinterpret_cast<const float4*>(dresid + base + c);
+                d = make_float4(old.x + d.x, old.y + d.y, old.z + d.z, old.w + d.w);
+            }
+            *reinterpret_cast<float4*>(dresid + base + c) = d;
+            store_bf16x4(dresid_bf16 + base + c, d);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < RMS_BWD_VEC_V2; k++) {
+        int c = (threadIdx.x + k * RMS_BWD_THREADS_V2) * 4;
+        if (c < C) *reinterpret_cast<float4*>(dw_partial + (size_t)blockIdx.x * C + c) = dw[k];
+    }
+}
+
+// out[c] (+)= sum over rows of partial[row, c], rows summed in a fixed order. Block (32, 8): 32
+// columns, 8 row slices reduced through shared memory; 4-byte loads.
+__global__ void column_sum_v2_kernel(float* out, const float* partial, int rows, int C, bool accumulate) {
+    __shared__ float slice[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    float sum = 0.0f;
+    if (c < C)
+        for (int r = threadIdx.y; r < rows; r += 8) sum += partial[(size_t)r * C + c];
+    slice[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        for (int y = 1; y < 8; y++) sum += slice[y][threadIdx.x];
+        out[c] = accumulate ? out[c] + sum : sum;
+    }
+}
+
+// Rows per block so that about two blocks run per SM; dw_partial must hold rms_bwd_blocks_v2 x C.
+static int rms_bwd_blocks_v2(int N, int sms) {
+    int rows = (N + 2 * sms - 1) / (2 * sms);
+    return (N + rows - 1) / rows;
+}
+static void rmsnorm_backward_v2(float* dresid, bf16* dresid_bf16, float* dweight, float* dw_partial,
+                                const bf16* dnormed, const float* x, const float* weight, const float* rstd, int N,
+                                int C, bool accumulate_dx, bool accumulate_dw, int sms) {
+    int blocks = rms_bwd_blocks_v2(N, sms), rows = (N + blocks - 1) / blocks;
+    rmsnorm_backward_v2_kernel<<<blocks, RMS_BWD_THREADS_V2>>>(dresid, dresid_bf16, dw_partial, dnormed, x, weight,
+                                                               rstd, N, C, rows, accumulate_dx);
+    LAUNCH_CHECK();
+    column_sum_v2_kernel<<<ceil_div(C, 32), dim3(32, 8)>>>(dweight, dw_partial, blocks, C, accumulate_dw);
     LAUNCH_CHECK();
 }
 
@@ -250,15 +338,22 @@ static void forward_case(const DevArgs& a, int N, int C, bool timed) {
 
 // ---- backward ----
 
-static const char* BWD_NAMES[] = {"", "1 composite (autograd chain)", "2 fused + column_sum"};
+static const char* BWD_NAMES[] = {"", "1 composite (autograd chain)", "2 fused, row walk + column_sum",
+                                  "3 fused, row in registers + column_sum (trainer)"};
 
-// dy, x, rstd, dresid and dresid_bf16 in `copies` copies; w, dw, the trainer's dw_partial
-// (rms_bwd_blocks x C) and the composite's scratch once.
+// Blocks of each fused version, one dw_partial row each.
+static int partial_rows(int version, int N, int sms) {
+    return version == 2 ? rms_bwd_blocks_v2(N, sms) : rms_bwd_blocks(N, sms);
+}
+
+// dy, x, rstd, dresid and dresid_bf16 in `copies` copies; w, dw, dw_partial (as many rows as the
+// fused version with the most blocks needs) and the composite's scratch once.
 typedef struct {
     int N, C, copies, sms;
     bf16 *dy, *dresid_bf16;
     float *x, *rstd, *dresid;
     float *w, *dw, *dw_partial;
+    size_t partial_size;
     RmsScratch scratch;
 } BwdBuffers;
 
@@ -271,7 +366,8 @@ static BwdBuffers bwd_alloc(const std::vector<bf16>& dy, const std::vector<float
     b.rstd = upload_copies(rstd, copies), b.dresid = upload_copies(dresid, copies);
     b.dresid_bf16 = dev_alloc<bf16>(NC * copies);
     b.w = dev_upload(w), b.dw = dev_alloc<float>(C);
-    b.dw_partial = dev_alloc<float>((size_t)rms_bwd_blocks(N, sms) * C);
+    b.partial_size = (size_t)std::max(partial_rows(2, N, sms), partial_rows(3, N, sms)) * C;
+    b.dw_partial = dev_alloc<float>(b.partial_size);
     b.scratch = scratch_alloc(N, C);
     return b;
 }
@@ -287,6 +383,9 @@ static void backward(int version, const BwdBuffers* b, int k, bool accumulate_dx
     if (version == 1)
         rmsnorm_backward_ops(b->dresid + off, b->dresid_bf16 + off, b->dw, b->dy + off, b->x + off, b->w,
                              b->rstd + (size_t)k * b->N, b->N, b->C, accumulate_dx, accumulate_dw, &b->scratch, 0);
+    else if (version == 2)
+        rmsnorm_backward_v2(b->dresid + off, b->dresid_bf16 + off, b->dw, b->dw_partial, b->dy + off, b->x + off,
+                            b->w, b->rstd + (size_t)k * b->N, b->N, b->C, accumulate_dx, accumulate_dw, b->sms);
     else rmsnorm_backward(b->dresid + off, b->dresid_bf16 + off, b->dw, b->dw_partial, b->dy + off, b->x + off, b->w,
                           b->rstd + (size_t)k * b->N, b->N, b->C, accumulate_dx, accumulate_dw, b->sms, 0);
 }
@@ -299,7 +398,7 @@ static double backward_bytes(int version, int N, int C, int sms) {
         return 64 * NC + 28.0 * N + 12.0 * C;
     // dy 2, x 4, old dresid 4 read, dresid 4 and its bf16 copy 2 written; rstd; w read and dw written;
     // the partials written and read back once
-    return 16 * NC + 4.0 * N + 8.0 * C + 8.0 * rms_bwd_blocks(N, sms) * C;
+    return 16 * NC + 4.0 * N + 8.0 * C + 8.0 * partial_rows(version, N, sms) * C;
 }
 
 // Reference data of one backward case: the random inputs and the fp64 dx and dw sums.
@@ -320,7 +419,7 @@ static bool check_backward(int version, const BwdBuffers* b, const BwdRef& ref, 
     else dev_poison(b->dresid, NC);
     if (accumulate_dw) CUDA_CHECK(cudaMemcpy(b->dw, ref.dw0.data(), C * 4, cudaMemcpyHostToDevice));
     else dev_poison(b->dw, C);
-    dev_poison(b->dresid_bf16, NC), dev_poison(b->dw_partial, (size_t)rms_bwd_blocks(N, b->sms) * C);
+    dev_poison(b->dresid_bf16, NC), dev_poison(b->dw_partial, b->partial_size);
     backward(version, b, 0, accumulate_dx, accumulate_dw);
 
     std::vector<float> dresid_ref(NC), dw_ref(C), dresid = dev_download(b->dresid, NC), dresid_rounded(NC);
@@ -347,7 +446,7 @@ static void backward_case(const DevArgs& a, int N, int C, bool timed, int sms) {
     backward_ref(ref.dx, ref.dw_sum, from_bf16(dy), x, w, rstd, N, C);
     int copies = timed ? rotation_copies(16.0 * NC + 4.0 * N) : 1;
     BwdBuffers b = bwd_alloc(dy, x, rstd, ref.dresid0, w, N, C, copies, sms);
-    for (int v = 1; v <= 2; v++) {
+    for (int v = 1; v <= 3; v++) {
         if (!dev_selected(a, v)) continue;
         bool ok = check_backward(v, &b, ref, true, false);
         ok &= check_backward(v, &b, ref, false, true);
