@@ -279,7 +279,7 @@ static void rmsnorm_forward(float* resid_out, bf16* normed, float* rstd, const f
 //   dn = dy * w,  dx = rstd * (dn - n * mean(dn * n)),  n = x * rstd,
 // added into the fp32 residual gradient (or written, for the final norm) and also stored as
 // bf16: the branch-output gradient the next GEMMs read. A row's dy, x and old dresid are all
-// loaded before its block sum [row in registers]: 16 bytes per element in one round trip per row.
+// loaded before its block sum [row in registers]: one round trip per row, 16 bytes per element.
 // dw is summed over the block's rows in registers and written once per block to dw_partial
 // (gridDim x C); column_sum finishes it. __launch_bounds__(1024) caps registers at 64, so at
 // C = 2048 RMS_BWD_BLOCKS_PER_SM blocks of 256 threads are resident on each SM.
@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(1024)
 // out[c] (+)= sum over rows of partial[row, c], the rows summed in a fixed order (deterministic).
 // Block (8, 32): 8 float4 column groups (128 bytes of a row) by 32 row slices; each thread sums
 // every 32nd row with its loads unrolled so several are in flight (the partials were just
-// written and sit in L2), then thread x < 32 adds the 32 slices of one column from shared memory.
+// written and sit in L2), then each of the first 32 threads adds up one column's 32 slices.
 // Grid: C / 32 blocks.
 __global__ void __launch_bounds__(256) column_sum_kernel(float* out, const float* partial, int rows, int C,
                                                          bool accumulate) {
