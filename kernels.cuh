@@ -71,11 +71,11 @@ template <typename T> __device__ inline void store16(T* p, const Vec16<T>& r) {
     *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(&r);
 }
 // 4 bf16 (8 bytes) <-> 4 floats, for rows read as float4 alongside.
-__device__ inline float4 load_bf16x4(const bf16* p) {
-    uint2 u = *reinterpret_cast<const uint2*>(p);
+__device__ inline float4 bf16x4_to_float4(uint2 u) {
     __nv_bfloat162 a = *reinterpret_cast<__nv_bfloat162*>(&u.x), b = *reinterpret_cast<__nv_bfloat162*>(&u.y);
     return make_float4(__low2float(a), __high2float(a), __low2float(b), __high2float(b));
 }
+__device__ inline float4 load_bf16x4(const bf16* p) { return bf16x4_to_float4(*reinterpret_cast<const uint2*>(p)); }
 __device__ inline void store_bf16x4(bf16* p, float4 f) {
     __nv_bfloat162 a = __floats2bfloat162_rn(f.x, f.y), b = __floats2bfloat162_rn(f.z, f.w);
     uint2 u = make_uint2(*reinterpret_cast<unsigned*>(&a), *reinterpret_cast<unsigned*>(&b));
@@ -203,137 +203,182 @@ static void embedding_backward(float* dwte, const float* dresid, const TokenSort
 
 // ---- RMSNorm ----
 
-// [fused RMSNorm] One warp per row: (optionally) the residual add h = resid_in + branch, then
+// [row in registers] The fused RMSNorm kernels give a row to one block of rms_threads(C) threads,
+// C/8 rounded up to whole warps (256 at C = 2048), each thread holding RMS_VEC float4 column
+// groups c = (threadIdx.x + k * blockDim.x) * 4, so every load is a warp-wide 512-byte run. All
+// of a row's loads are issued before its block sum: one memory round trip per row, nothing read
+// twice, and enough blocks to fill every SM even at N = 256 rows.
+#define RMS_VEC 2
+static int rms_threads(int C) { return ((C / 4 + RMS_VEC - 1) / RMS_VEC + 31) / 32 * 32; }
+__device__ inline int rms_col(int k) { return (threadIdx.x + k * blockDim.x) * 4; }
+__device__ inline float4 zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+// float4 rows need C % 4 == 0; a block holds at most 1024 threads.
+static void rms_check_width(const char* who, int C) {
+    if (C % 4 == 0 && C <= 4 * RMS_VEC * 1024) return;
+    fprintf(stderr, "%s: C = %d must be a multiple of 4 and at most %d\n", who, C, 4 * RMS_VEC * 1024);
+    exit(EXIT_FAILURE);
+}
+
+// [fused RMSNorm] One block per row: (optionally) the residual add h = resid_in + branch, then
 // rstd = 1/sqrt(mean(h^2) + eps) and normed = bf16(w * (h * rstd)), the rounding PyTorch autocast
 // applies at the next matmul. Reads 4C (+2C) bytes, writes 2C (+4C): one pass instead of the
-// seed's pow, mean, add, rsqrt, mul, mul (six kernels) plus the residual add.
+// seed's pow, mean, add, rsqrt, mul, mul (six kernels) plus the residual add; h stays in
+// registers between the sum of squares and the output. Grid: N blocks of rms_threads(C).
 template <bool ADD_BRANCH>
-__global__ void rmsnorm_forward_kernel(float* resid_out, bf16* normed, float* rstd_out, const float* resid_in,
-                                       const bf16* branch, const float* weight, int N, int C, float eps) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N) return;
-    size_t base = (size_t)row * C;
+__global__ void __launch_bounds__(1024)
+    rmsnorm_forward_kernel(float* resid_out, bf16* normed, float* rstd_out, const float* resid_in,
+                           const bf16* branch, const float* weight, int C, float eps) {
+    size_t base = (size_t)blockIdx.x * C;
+    float4 h[RMS_VEC], w[RMS_VEC];
+    uint2 b[RMS_VEC]; // 4 bf16 of the branch, widened once every load is in flight
+#pragma unroll
+    for (int k = 0; k < RMS_VEC; k++) { // loads only: arithmetic here would hold back the next group's
+        int c = rms_col(k);
+        h[k] = w[k] = zero4(), b[k] = make_uint2(0, 0);
+        if (c >= C) continue;
+        h[k] = *reinterpret_cast<const float4*>(resid_in + base + c);
+        w[k] = *reinterpret_cast<const float4*>(weight + c);
+        if (ADD_BRANCH) b[k] = *reinterpret_cast<const uint2*>(branch + base + c);
+    }
     float sum_sq = 0.0f;
-    for (int c = lane * 4; c < C; c += 128) {
-        float4 x = *reinterpret_cast<const float4*>(resid_in + base + c);
+#pragma unroll
+    for (int k = 0; k < RMS_VEC; k++) {
+        int c = rms_col(k);
         if (ADD_BRANCH) {
-            float4 b = load_bf16x4(branch + base + c);
-            x = make_float4(x.x + b.x, x.y + b.y, x.z + b.z, x.w + b.w);
-            *reinterpret_cast<float4*>(resid_out + base + c) = x;
+            float4 bf = bf16x4_to_float4(b[k]);
+            h[k] = make_float4(h[k].x + bf.x, h[k].y + bf.y, h[k].z + bf.z, h[k].w + bf.w);
+            if (c < C) *reinterpret_cast<float4*>(resid_out + base + c) = h[k];
         }
-        sum_sq += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+        sum_sq += h[k].x * h[k].x + h[k].y * h[k].y + h[k].z * h[k].z + h[k].w * h[k].w;
     }
-    float rstd = rsqrtf(warp_sum(sum_sq) / C + eps);
-    const float* h = ADD_BRANCH ? resid_out : resid_in; // this thread's own writes, re-read
-    for (int c = lane * 4; c < C; c += 128) {
-        float4 x = *reinterpret_cast<const float4*>(h + base + c);
-        float4 w = *reinterpret_cast<const float4*>(weight + c);
-        store_bf16x4(normed + base + c, make_float4(w.x * (x.x * rstd), w.y * (x.y * rstd), w.z * (x.z * rstd),
-                                                    w.w * (x.w * rstd)));
+    float rstd = rsqrtf(block_sum(sum_sq) / C + eps);
+#pragma unroll
+    for (int k = 0; k < RMS_VEC; k++) {
+        int c = rms_col(k);
+        if (c < C)
+            store_bf16x4(normed + base + c, make_float4(w[k].x * (h[k].x * rstd), w[k].y * (h[k].y * rstd),
+                                                        w[k].z * (h[k].z * rstd), w[k].w * (h[k].w * rstd)));
     }
-    if (lane == 0) rstd_out[row] = rstd;
+    if (threadIdx.x == 0) rstd_out[blockIdx.x] = rstd;
 }
 // branch == NULL: plain RMSNorm of resid_in (resid_out unused).
 static void rmsnorm_forward(float* resid_out, bf16* normed, float* rstd, const float* resid_in, const bf16* branch,
                             const float* weight, int N, int C, float eps, cudaStream_t s) {
-    const int warps = 8;
+    rms_check_width("rmsnorm_forward", C);
     if (branch)
-        rmsnorm_forward_kernel<true><<<ceil_div(N, warps), warps * 32, 0, s>>>(resid_out, normed, rstd, resid_in,
-                                                                              branch, weight, N, C, eps);
+        rmsnorm_forward_kernel<true><<<N, rms_threads(C), 0, s>>>(resid_out, normed, rstd, resid_in, branch, weight,
+                                                                  C, eps);
     else
-        rmsnorm_forward_kernel<false><<<ceil_div(N, warps), warps * 32, 0, s>>>(resid_out, normed, rstd, resid_in,
-                                                                               branch, weight, N, C, eps);
+        rmsnorm_forward_kernel<false><<<N, rms_threads(C), 0, s>>>(resid_out, normed, rstd, resid_in, branch, weight,
+                                                                   C, eps);
     LAUNCH_CHECK();
 }
 
-// [fused RMSNorm] Backward of normed = w * x * rstd for a range of rows per block, the whole
-// block on one row at a time (each thread owns up to RMS_BWD_VEC float4 column groups):
+// [fused RMSNorm] Backward of normed = w * x * rstd, one block (rms_threads(C)) per range of rows,
+// the whole block on one row at a time:
 //   dn = dy * w,  dx = rstd * (dn - n * mean(dn * n)),  n = x * rstd,
 // added into the fp32 residual gradient (or written, for the final norm) and also stored as
-// bf16: the branch-output gradient the next GEMMs read. dw is summed over the block's rows in
-// registers and written once per block to dw_partial (gridDim x C); column_sum finishes it.
-#define RMS_BWD_THREADS 256
-#define RMS_BWD_VEC 4 // C <= 4 * 4 * 256 = 4096
-__global__ void __launch_bounds__(RMS_BWD_THREADS)
+// bf16: the branch-output gradient the next GEMMs read. A row's dy, x and old dresid are all
+// loaded before its block sum [row in registers]: one round trip per row, 16 bytes per element.
+// dw is summed over the block's rows in registers and written once per block to dw_partial
+// (gridDim x C); column_sum finishes it. __launch_bounds__(1024) caps registers at 64, so at
+// C = 2048 RMS_BWD_BLOCKS_PER_SM blocks of 256 threads are resident on each SM.
+#define RMS_BWD_BLOCKS_PER_SM 4
+__global__ void __launch_bounds__(1024)
     rmsnorm_backward_kernel(float* dresid, bf16* dresid_bf16, float* dw_partial, const bf16* dnormed, const float* x,
                             const float* weight, const float* rstd, int N, int C, int rows_per_block, bool accumulate) {
-    float4 w[RMS_BWD_VEC], dw[RMS_BWD_VEC];
+    float4 w[RMS_VEC], dw[RMS_VEC];
 #pragma unroll
-    for (int k = 0; k < RMS_BWD_VEC; k++) {
-        int c = (threadIdx.x + k * RMS_BWD_THREADS) * 4;
-        w[k] = c < C ? *reinterpret_cast<const float4*>(weight + c) : make_float4(0, 0, 0, 0);
-        dw[k] = make_float4(0, 0, 0, 0);
+    for (int k = 0; k < RMS_VEC; k++) {
+        int c = rms_col(k);
+        w[k] = c < C ? *reinterpret_cast<const float4*>(weight + c) : zero4();
+        dw[k] = zero4();
     }
     int row_end = min(N, (blockIdx.x + 1) * rows_per_block);
     for (int row = blockIdx.x * rows_per_block; row < row_end; row++) {
         size_t base = (size_t)row * C;
         float r = rstd[row], dot = 0.0f;
-        float4 dn[RMS_BWD_VEC], n[RMS_BWD_VEC];
+        float4 n[RMS_VEC], old[RMS_VEC];
+        uint2 dy_bf16[RMS_VEC];
 #pragma unroll
-        for (int k = 0; k < RMS_BWD_VEC; k++) {
-            int c = (threadIdx.x + k * RMS_BWD_THREADS) * 4;
+        for (int k = 0; k < RMS_VEC; k++) { // loads only: arithmetic here would hold back the next group's
+            int c = rms_col(k);
+            n[k] = old[k] = zero4(), dy_bf16[k] = make_uint2(0, 0);
             if (c >= C) continue;
-            float4 dy = load_bf16x4(dnormed + base + c), xv = *reinterpret_cast<const float4*>(x + base + c);
-            n[k] = make_float4(xv.x * r, xv.y * r, xv.z * r, xv.w * r);
+            dy_bf16[k] = *reinterpret_cast<const uint2*>(dnormed + base + c);
+            n[k] = *reinterpret_cast<const float4*>(x + base + c);
+            if (accumulate) old[k] = *reinterpret_cast<const float4*>(dresid + base + c);
+        }
+        float4 dn[RMS_VEC];
+#pragma unroll
+        for (int k = 0; k < RMS_VEC; k++) {
+            float4 dy = bf16x4_to_float4(dy_bf16[k]);
+            n[k] = make_float4(n[k].x * r, n[k].y * r, n[k].z * r, n[k].w * r);
             dn[k] = make_float4(dy.x * w[k].x, dy.y * w[k].y, dy.z * w[k].z, dy.w * w[k].w);
             dot += dn[k].x * n[k].x + dn[k].y * n[k].y + dn[k].z * n[k].z + dn[k].w * n[k].w;
             dw[k].x += dy.x * n[k].x, dw[k].y += dy.y * n[k].y, dw[k].z += dy.z * n[k].z, dw[k].w += dy.w * n[k].w;
         }
         float mean_dot = block_sum(dot) / C;
 #pragma unroll
-        for (int k = 0; k < RMS_BWD_VEC; k++) {
-            int c = (threadIdx.x + k * RMS_BWD_THREADS) * 4;
+        for (int k = 0; k < RMS_VEC; k++) {
+            int c = rms_col(k);
             if (c >= C) continue;
             float4 d = make_float4(r * (dn[k].x - n[k].x * mean_dot), r * (dn[k].y - n[k].y * mean_dot),
                                    r * (dn[k].z - n[k].z * mean_dot), r * (dn[k].w - n[k].w * mean_dot));
-            if (accumulate) {
-                float4 old = *reinterpret_cast<const float4*>(dresid + base + c);
-                d = make_float4(old.x + d.x, old.y + d.y, old.z + d.z, old.w + d.w);
-            }
+            if (accumulate) d = make_float4(old[k].x + d.x, old[k].y + d.y, old[k].z + d.z, old[k].w + d.w);
             *reinterpret_cast<float4*>(dresid + base + c) = d;
             store_bf16x4(dresid_bf16 + base + c, d);
         }
     }
 #pragma unroll
-    for (int k = 0; k < RMS_BWD_VEC; k++) {
-        int c = (threadIdx.x + k * RMS_BWD_THREADS) * 4;
+    for (int k = 0; k < RMS_VEC; k++) {
+        int c = rms_col(k);
         if (c < C) *reinterpret_cast<float4*>(dw_partial + (size_t)blockIdx.x * C + c) = dw[k];
     }
 }
 
-// out[c] (+)= sum over rows of partial[row, c], rows summed in a fixed order (deterministic).
-// Block (32, 8): 32 columns, 8 row-slices reduced through shared memory.
-__global__ void column_sum_kernel(float* out, const float* partial, int rows, int C, bool accumulate) {
-    __shared__ float slice[8][33];
-    int c = blockIdx.x * 32 + threadIdx.x;
-    float sum = 0.0f;
-    if (c < C)
-        for (int r = threadIdx.y; r < rows; r += 8) sum += partial[(size_t)r * C + c];
+// out[c] (+)= sum over rows of partial[row, c], the rows summed in a fixed order (deterministic).
+// Block (8, 32): 8 float4 column groups (128 bytes of a row) by 32 row slices; each thread sums
+// every 32nd row with its loads unrolled so several are in flight (the partials were just
+// written and sit in L2), then each of the first 32 threads adds up one column's 32 slices.
+// Grid: C / 32 blocks.
+__global__ void __launch_bounds__(256) column_sum_kernel(float* out, const float* partial, int rows, int C,
+                                                         bool accumulate) {
+    __shared__ float4 slice[32][8];
+    int c = (blockIdx.x * 8 + threadIdx.x) * 4;
+    float4 sum = zero4();
+    if (c < C) {
+#pragma unroll 8
+        for (int r = threadIdx.y; r < rows; r += 32) {
+            float4 p = *reinterpret_cast<const float4*>(partial + (size_t)r * C + c);
+            sum = make_float4(sum.x + p.x, sum.y + p.y, sum.z + p.z, sum.w + p.w);
+        }
+    }
     slice[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        for (int y = 1; y < 8; y++) sum += slice[y][threadIdx.x];
-        out[c] = accumulate ? out[c] + sum : sum;
-    }
+    int t = threadIdx.y * 8 + threadIdx.x, col = blockIdx.x * 32 + t;
+    if (t >= 32 || col >= C) return;
+    const float* s = reinterpret_cast<const float*>(slice); // row y of slice: the block's 32 columns
+    float total = 0.0f;
+    for (int y = 0; y < 32; y++) total += s[y * 32 + t];
+    out[col] = accumulate ? out[col] + total : total;
 }
 
-// Rows per block so that about two blocks run per SM; dw_partial must hold rms_bwd_blocks x C.
+// Rows per block so that RMS_BWD_BLOCKS_PER_SM blocks run per SM (at N = 256 one row each, so
+// every SM has work); dw_partial must hold rms_bwd_blocks x C.
 static int rms_bwd_blocks(int N, int sms) {
-    int rows = (N + 2 * sms - 1) / (2 * sms);
+    int rows = (N + RMS_BWD_BLOCKS_PER_SM * sms - 1) / (RMS_BWD_BLOCKS_PER_SM * sms);
     return (N + rows - 1) / rows;
 }
 static void rmsnorm_backward(float* dresid, bf16* dresid_bf16, float* dweight, float* dw_partial, const bf16* dnormed,
                              const float* x, const float* weight, const float* rstd, int N, int C, bool accumulate_dx,
                              bool accumulate_dw, int sms, cudaStream_t s) {
-    if (C > 4 * RMS_BWD_VEC * RMS_BWD_THREADS) {
-        fprintf(stderr, "rmsnorm_backward: C = %d is above the kernel's limit %d\n", C, 4 * RMS_BWD_VEC * RMS_BWD_THREADS);
-        exit(EXIT_FAILURE);
-    }
+    rms_check_width("rmsnorm_backward", C);
     int blocks = rms_bwd_blocks(N, sms), rows = (N + blocks - 1) / blocks;
-    rmsnorm_backward_kernel<<<blocks, RMS_BWD_THREADS, 0, s>>>(dresid, dresid_bf16, dw_partial, dnormed, x, weight, rstd,
-                                                               N, C, rows, accumulate_dx);
+    rmsnorm_backward_kernel<<<blocks, rms_threads(C), 0, s>>>(dresid, dresid_bf16, dw_partial, dnormed, x, weight,
+                                                              rstd, N, C, rows, accumulate_dx);
     LAUNCH_CHECK();
-    column_sum_kernel<<<ceil_div(C, 32), dim3(32, 8), 0, s>>>(dweight, dw_partial, blocks, C, accumulate_dw);
+    column_sum_kernel<<<ceil_div(C, 32), dim3(8, 32), 0, s>>>(dweight, dw_partial, blocks, C, accumulate_dw);
     LAUNCH_CHECK();
 }
 

@@ -9,18 +9,25 @@
 // Run:   ./dev/rmsnorm          validate every version, then time them (N = 256 and 16384 tokens)
 //        ./dev/rmsnorm K        only version K of each family that has one
 //        ./dev/rmsnorm --check  validate only (what `make test` runs)
+// Every forward version is checked and timed twice: plain (branch = NULL, the first norm) and with
+// the residual add (every norm after it).
 // Forward versions:
 //   1 = the seed's composite as PyTorch autograd ran it: pow, mean, add eps, rsqrt, mul (x * rstd),
-//       mul (w * that, rounded to bf16): six kernels, the intermediates in global memory
-//       (rmsnorm_forward_ops in kernels.cuh, the trainer's --fused_rmsnorm 0)
-//   2 = the trainer's fused kernel, rmsnorm_forward(branch = NULL) in kernels.cuh
-//   3 = the trainer's fused residual add + RMSNorm (branch != NULL): every norm after layer 0
+//       mul (w * that, rounded to bf16): six kernels, the intermediates in global memory, and the
+//       residual add as a seventh (rmsnorm_forward_ops in kernels.cuh, the trainer's
+//       --fused_rmsnorm 0)
+//   2 = the first fused kernel (below): one warp per row, 8 rows per block, the row walked in
+//       float4 steps and read twice
+//   3 = the trainer's rmsnorm_forward in kernels.cuh: one block per row, the row in registers
 // Backward versions:
 //   1 = the composite's autograd chain in reverse: mul, mul, rsqrt, mean and pow backward (dw, the
 //       gradient of the broadcast weight, summed over rows by atomicAdd into a zero-filled buffer as
 //       the seed's BinaryBwd did; d rstd by a row reduction), then x's two paths summed into dresid;
 //       n = x * rstd recomputed first (rmsnorm_backward_ops, the trainer's --fused_rmsnorm 0)
-//   2 = the trainer's rmsnorm_backward in kernels.cuh (dx kernel + column_sum for dw)
+//   2 = the first fused kernel (below): 256-thread blocks, two per SM, each walking its rows, the
+//       old dresid read after the row's block sum; dw by a (32, 8) scalar column sum
+//   3 = the trainer's rmsnorm_backward in kernels.cuh: blocks of C/8 threads, four per SM, all of a
+//       row's loads before its block sum; dw by a float4 column sum
 #include "common.h"
 
 static const float EPS = 1e-5f;
@@ -63,6 +70,135 @@ static void backward_ref(std::vector<double>& dx, std::vector<double>& dw_sum, c
     }
 }
 
+// ---- version 2: the first fused kernels, kept for comparison ----
+
+// One warp per row, 8 rows per block: N = 256 gives 32 blocks, so 32 of the H200's 132 SMs work.
+// Each lane walks the row in float4 steps of 128 columns; with the residual add, each step's store
+// to resid_out keeps the next step's load from starting (they may alias), so the steps are
+// separate round trips; then the row is read a second time for the output.
+template <bool ADD_BRANCH>
+__global__ void rmsnorm_forward_v2_kernel(float* resid_out, bf16* normed, float* rstd_out, const float* resid_in,
+                                          const bf16* branch, const float* weight, int N, int C, float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    size_t base = (size_t)row * C;
+    float sum_sq = 0.0f;
+    for (int c = lane * 4; c < C; c += 128) {
+        float4 x = *reinterpret_cast<const float4*>(resid_in + base + c);
+        if (ADD_BRANCH) {
+            float4 b = load_bf16x4(branch + base + c);
+            x = make_float4(x.x + b.x, x.y + b.y, x.z + b.z, x.w + b.w);
+            *reinterpret_cast<float4*>(resid_out + base + c) = x;
+        }
+        sum_sq += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+    }
+    float rstd = rsqrtf(warp_sum(sum_sq) / C + eps);
+    const float* h = ADD_BRANCH ? resid_out : resid_in; // this thread's own writes, re-read
+    for (int c = lane * 4; c < C; c += 128) {
+        float4 x = *reinterpret_cast<const float4*>(h + base + c);
+        float4 w = *reinterpret_cast<const float4*>(weight + c);
+        store_bf16x4(normed + base + c, make_float4(w.x * (x.x * rstd), w.y * (x.y * rstd), w.z * (x.z * rstd),
+                                                    w.w * (x.w * rstd)));
+    }
+    if (lane == 0) rstd_out[row] = rstd;
+}
+static void rmsnorm_forward_v2(float* resid_out, bf16* normed, float* rstd, const float* resid_in, const bf16* branch,
+                               const float* weight, int N, int C, float eps) {
+    const int warps = 8;
+    if (branch)
+        rmsnorm_forward_v2_kernel<true><<<ceil_div(N, warps), warps * 32>>>(resid_out, normed, rstd, resid_in, branch,
+                                                                            weight, N, C, eps);
+    else
+        rmsnorm_forward_v2_kernel<false><<<ceil_div(N, warps), warps * 32>>>(resid_out, normed, rstd, resid_in,
+                                                                             branch, weight, N, C, eps);
+    LAUNCH_CHECK();
+}
+
+// The whole 256-thread block on one row at a time, RMS_BWD_VEC_V2 float4 column groups per thread
+// (C up to 4096; at 2048 half of them idle), a range of rows per block and about two blocks per
+// SM (16 warps). A row's old dresid is read only after its block sum: two round trips per row.
+#define RMS_BWD_THREADS_V2 256
+#define RMS_BWD_VEC_V2 4
+__global__ void __launch_bounds__(RMS_BWD_THREADS_V2)
+    rmsnorm_backward_v2_kernel(float* dresid, bf16* dresid_bf16, float* dw_partial, const bf16* dnormed,
+                               const float* x, const float* weight, const float* rstd, int N, int C,
+                               int rows_per_block, bool accumulate) {
+    float4 w[RMS_BWD_VEC_V2], dw[RMS_BWD_VEC_V2];
+#pragma unroll
+    for (int k = 0; k < RMS_BWD_VEC_V2; k++) {
+        int c = (threadIdx.x + k * RMS_BWD_THREADS_V2) * 4;
+        w[k] = c < C ? *reinterpret_cast<const float4*>(weight + c) : make_float4(0, 0, 0, 0);
+        dw[k] = make_float4(0, 0, 0, 0);
+    }
+    int row_end = min(N, (blockIdx.x + 1) * rows_per_block);
+    for (int row = blockIdx.x * rows_per_block; row < row_end; row++) {
+        size_t base = (size_t)row * C;
+        float r = rstd[row], dot = 0.0f;
+        float4 dn[RMS_BWD_VEC_V2], n[RMS_BWD_VEC_V2];
+#pragma unroll
+        for (int k = 0; k < RMS_BWD_VEC_V2; k++) {
+            int c = (threadIdx.x + k * RMS_BWD_THREADS_V2) * 4;
+            if (c >= C) continue;
+            float4 dy = load_bf16x4(dnormed + base + c), xv = *reinterpret_cast<const float4*>(x + base + c);
+            n[k] = make_float4(xv.x * r, xv.y * r, xv.z * r, xv.w * r);
+            dn[k] = make_float4(dy.x * w[k].x, dy.y * w[k].y, dy.z * w[k].z, dy.w * w[k].w);
+            dot += dn[k].x * n[k].x + dn[k].y * n[k].y + dn[k].z * n[k].z + dn[k].w * n[k].w;
+            dw[k].x += dy.x * n[k].x, dw[k].y += dy.y * n[k].y, dw[k].z += dy.z * n[k].z, dw[k].w += dy.w * n[k].w;
+        }
+        float mean_dot = block_sum(dot) / C;
+#pragma unroll
+        for (int k = 0; k < RMS_BWD_VEC_V2; k++) {
+            int c = (threadIdx.x + k * RMS_BWD_THREADS_V2) * 4;
+            if (c >= C) continue;
+            float4 d = make_float4(r * (dn[k].x - n[k].x * mean_dot), r * (dn[k].y - n[k].y * mean_dot),
+                                   r * (dn[k].z - n[k].z * mean_dot), r * (dn[k].w - n[k].w * mean_dot));
+            if (accumulate) {
+                float4 old = *reinterpret_cast<const float4*>(dresid + base + c);
+                d = make_float4(old.x + d.x, old.y + d.y, old.z + d.z, old.w + d.w);
+            }
+            *reinterpret_cast<float4*>(dresid + base + c) = d;
+            store_bf16x4(dresid_bf16 + base + c, d);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < RMS_BWD_VEC_V2; k++) {
+        int c = (threadIdx.x + k * RMS_BWD_THREADS_V2) * 4;
+        if (c < C) *reinterpret_cast<float4*>(dw_partial + (size_t)blockIdx.x * C + c) = dw[k];
+    }
+}
+
+// out[c] (+)= sum over rows of partial[row, c], rows summed in a fixed order. Block (32, 8): 32
+// columns, 8 row slices reduced through shared memory; 4-byte loads.
+__global__ void column_sum_v2_kernel(float* out, const float* partial, int rows, int C, bool accumulate) {
+    __shared__ float slice[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    float sum = 0.0f;
+    if (c < C)
+        for (int r = threadIdx.y; r < rows; r += 8) sum += partial[(size_t)r * C + c];
+    slice[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        for (int y = 1; y < 8; y++) sum += slice[y][threadIdx.x];
+        out[c] = accumulate ? out[c] + sum : sum;
+    }
+}
+
+// Rows per block so that about two blocks run per SM; dw_partial must hold rms_bwd_blocks_v2 x C.
+static int rms_bwd_blocks_v2(int N, int sms) {
+    int rows = (N + 2 * sms - 1) / (2 * sms);
+    return (N + rows - 1) / rows;
+}
+static void rmsnorm_backward_v2(float* dresid, bf16* dresid_bf16, float* dweight, float* dw_partial,
+                                const bf16* dnormed, const float* x, const float* weight, const float* rstd, int N,
+                                int C, bool accumulate_dx, bool accumulate_dw, int sms) {
+    int blocks = rms_bwd_blocks_v2(N, sms), rows = (N + blocks - 1) / blocks;
+    rmsnorm_backward_v2_kernel<<<blocks, RMS_BWD_THREADS_V2>>>(dresid, dresid_bf16, dw_partial, dnormed, x, weight,
+                                                               rstd, N, C, rows, accumulate_dx);
+    LAUNCH_CHECK();
+    column_sum_v2_kernel<<<ceil_div(C, 32), dim3(32, 8)>>>(dweight, dw_partial, blocks, C, accumulate_dw);
+    LAUNCH_CHECK();
+}
+
 // ---- buffers and timing rows ----
 
 // Copies of a call's inputs and outputs, cycled through by the timing loop, so that together they
@@ -94,7 +230,8 @@ static void add_row(const char* kernel, const char* version, int N, int C, doubl
 
 // ---- forward ----
 
-static const char* FWD_NAMES[] = {"", "1 composite (6 kernels)", "2 fused", "3 fused + residual add"};
+static const char* FWD_NAMES[] = {"", "1 composite (6 kernels, + 1 for the add)", "2 fused, warp per row",
+                                  "3 fused, block per row (trainer)"};
 
 // x, branch and the outputs in `copies` copies (see rotation_copies); w and the composite's
 // scratch once.
@@ -132,42 +269,46 @@ static void fwd_free(FwdBuffers* b) {
     scratch_free(&b->scratch);
 }
 
-// Forward version `version` on copy k of the buffers.
-static void forward(int version, const FwdBuffers* b, int k) {
+// Forward version `version` on copy k of the buffers, with the residual add if `add`.
+static void forward(int version, const FwdBuffers* b, int k, bool add) {
     size_t off = (size_t)k * b->N * b->C;
-    float* rstd = b->rstd + (size_t)k * b->N;
+    float *rstd = b->rstd + (size_t)k * b->N, *resid_out = b->resid_out + off;
+    const bf16* branch = add ? b->branch + off : NULL;
+    bf16* normed = b->normed + off;
     if (version == 1)
-        rmsnorm_forward_ops(NULL, b->normed + off, rstd, b->x + off, NULL, b->w, b->N, b->C, EPS, &b->scratch, 0);
-    else rmsnorm_forward(b->resid_out + off, b->normed + off, rstd, b->x + off, version == 3 ? b->branch + off : NULL,
-                         b->w, b->N, b->C, EPS, 0);
+        rmsnorm_forward_ops(resid_out, normed, rstd, b->x + off, branch, b->w, b->N, b->C, EPS, &b->scratch, 0);
+    else if (version == 2) rmsnorm_forward_v2(resid_out, normed, rstd, b->x + off, branch, b->w, b->N, b->C, EPS);
+    else rmsnorm_forward(resid_out, normed, rstd, b->x + off, branch, b->w, b->N, b->C, EPS, 0);
 }
 
 // Fewest bytes each version moves; w (C floats) is read once, shared by every row.
-static double forward_bytes(int version, int N, int C) {
+static double forward_bytes(int version, bool add, int N, int C) {
     double NC = (double)N * C;
-    if (version == 1) // per element: pow 8, mean 4, mul 8, mul 6; per row: mean 4, add 8, rsqrt 8, mul 4
-        return 26 * NC + 24.0 * N + 4.0 * C;
-    if (version == 2) return 6 * NC + 4.0 * N + 4.0 * C; // x read, normed and rstd written
-    return 12 * NC + 4.0 * N + 4.0 * C;                  // + branch read, resid_out written
+    if (version == 1) // per element: pow 8, mean 4, mul 8, mul 6 (+ the add 10); per row: mean 4, add 8,
+                      // rsqrt 8, mul 4
+        return (add ? 36 : 26) * NC + 24.0 * N + 4.0 * C;
+    // x read, normed and rstd written (+ branch read, resid_out written)
+    return (add ? 12 : 6) * NC + 4.0 * N + 4.0 * C;
 }
 
 // Tolerances: normed is bf16 and is compared with the reference rounded the same way; a value
 // within fp32 error of a rounding tie may land on the neighbour, and 1 bf16 ulp is 2^-8..2^-7
 // relative, so rtol 2^-7 (+ atol 1e-6 for values near zero). rstd: fp32 sum of C squares then
 // rsqrtf (2 ulp): rtol 1e-5. resid_out: the same single fp32 add as the reference: rtol 1e-6.
-static bool check_forward(int version, const FwdBuffers* b, const std::vector<float>& h,
+static bool check_forward(int version, bool add, const FwdBuffers* b, const std::vector<float>& h,
                           const std::vector<float>& rstd, const std::vector<float>& normed) {
     int N = b->N, C = b->C;
     size_t NC = (size_t)N * C;
     dev_poison(b->normed, NC), dev_poison(b->rstd, N), dev_poison(b->resid_out, NC);
-    forward(version, b, 0);
-    char name[80];
-    snprintf(name, sizeof(name), "fwd v%d normed (N=%d C=%d)", version, N, C);
+    forward(version, b, 0, add);
+    char name[80], what[40];
+    snprintf(what, sizeof(what), "%sN=%d C=%d", add ? "add, " : "", N, C);
+    snprintf(name, sizeof(name), "fwd v%d normed (%s)", version, what);
     bool ok = dev_check(name, from_bf16(dev_download(b->normed, NC)), normed, 1e-6f, 1.0f / 128);
-    snprintf(name, sizeof(name), "fwd v%d rstd (N=%d C=%d)", version, N, C);
+    snprintf(name, sizeof(name), "fwd v%d rstd (%s)", version, what);
     ok &= dev_check(name, dev_download(b->rstd, N), rstd, 0.0f, 1e-5f);
-    if (version == 3) {
-        snprintf(name, sizeof(name), "fwd v%d resid_out (N=%d C=%d)", version, N, C);
+    if (add) {
+        snprintf(name, sizeof(name), "fwd v%d resid_out (%s)", version, what);
         ok &= dev_check(name, dev_download(b->resid_out, NC), h, 0.0f, 1e-6f);
     }
     return ok;
@@ -180,29 +321,39 @@ static void forward_case(const DevArgs& a, int N, int C, bool timed) {
     std::vector<float> branch_f = from_bf16(branch), h, rstd, normed, h_add, rstd_add, normed_add;
     forward_ref(h, rstd, normed, x, NULL, w, N, C);
     forward_ref(h_add, rstd_add, normed_add, x, &branch_f, w, N, C);
-    FwdBuffers b = fwd_alloc(x, branch, w, N, C, timed ? rotation_copies(forward_bytes(3, N, C)) : 1);
-    for (int v = 1; v <= 3; v++) {
-        if (!dev_selected(a, v)) continue;
-        bool ok = v == 3 ? check_forward(v, &b, h_add, rstd_add, normed_add) : check_forward(v, &b, h, rstd, normed);
-        if (!timed) continue;
-        int k = 0;
-        double ms = median_ms([&] { forward(v, &b, k++ % b.copies); });
-        add_row("rmsnorm_forward", FWD_NAMES[v], N, C, ms, forward_bytes(v, N, C), ok);
-    }
+    FwdBuffers b = fwd_alloc(x, branch, w, N, C, timed ? rotation_copies(forward_bytes(3, true, N, C)) : 1);
+    for (bool add : {false, true})
+        for (int v = 1; v <= 3; v++) {
+            if (!dev_selected(a, v)) continue;
+            bool ok = add ? check_forward(v, add, &b, h_add, rstd_add, normed_add)
+                          : check_forward(v, add, &b, h, rstd, normed);
+            if (!timed) continue;
+            int k = 0;
+            double ms = median_ms([&] { forward(v, &b, k++ % b.copies, add); });
+            add_row(add ? "residual add + rmsnorm_forward" : "rmsnorm_forward", FWD_NAMES[v], N, C, ms,
+                    forward_bytes(v, add, N, C), ok);
+        }
     fwd_free(&b);
 }
 
 // ---- backward ----
 
-static const char* BWD_NAMES[] = {"", "1 composite (autograd chain)", "2 fused + column_sum"};
+static const char* BWD_NAMES[] = {"", "1 composite (autograd chain)", "2 fused, row walk + column_sum",
+                                  "3 fused, row in registers + column_sum (trainer)"};
 
-// dy, x, rstd, dresid and dresid_bf16 in `copies` copies; w, dw, the trainer's dw_partial
-// (rms_bwd_blocks x C) and the composite's scratch once.
+// Blocks of each fused version, one dw_partial row each.
+static int partial_rows(int version, int N, int sms) {
+    return version == 2 ? rms_bwd_blocks_v2(N, sms) : rms_bwd_blocks(N, sms);
+}
+
+// dy, x, rstd, dresid and dresid_bf16 in `copies` copies; w, dw, dw_partial (as many rows as the
+// fused version with the most blocks needs) and the composite's scratch once.
 typedef struct {
     int N, C, copies, sms;
     bf16 *dy, *dresid_bf16;
     float *x, *rstd, *dresid;
     float *w, *dw, *dw_partial;
+    size_t partial_size;
     RmsScratch scratch;
 } BwdBuffers;
 
@@ -215,7 +366,8 @@ static BwdBuffers bwd_alloc(const std::vector<bf16>& dy, const std::vector<float
     b.rstd = upload_copies(rstd, copies), b.dresid = upload_copies(dresid, copies);
     b.dresid_bf16 = dev_alloc<bf16>(NC * copies);
     b.w = dev_upload(w), b.dw = dev_alloc<float>(C);
-    b.dw_partial = dev_alloc<float>((size_t)rms_bwd_blocks(N, sms) * C);
+    b.partial_size = (size_t)std::max(partial_rows(2, N, sms), partial_rows(3, N, sms)) * C;
+    b.dw_partial = dev_alloc<float>(b.partial_size);
     b.scratch = scratch_alloc(N, C);
     return b;
 }
@@ -231,6 +383,9 @@ static void backward(int version, const BwdBuffers* b, int k, bool accumulate_dx
     if (version == 1)
         rmsnorm_backward_ops(b->dresid + off, b->dresid_bf16 + off, b->dw, b->dy + off, b->x + off, b->w,
                              b->rstd + (size_t)k * b->N, b->N, b->C, accumulate_dx, accumulate_dw, &b->scratch, 0);
+    else if (version == 2)
+        rmsnorm_backward_v2(b->dresid + off, b->dresid_bf16 + off, b->dw, b->dw_partial, b->dy + off, b->x + off,
+                            b->w, b->rstd + (size_t)k * b->N, b->N, b->C, accumulate_dx, accumulate_dw, b->sms);
     else rmsnorm_backward(b->dresid + off, b->dresid_bf16 + off, b->dw, b->dw_partial, b->dy + off, b->x + off, b->w,
                           b->rstd + (size_t)k * b->N, b->N, b->C, accumulate_dx, accumulate_dw, b->sms, 0);
 }
@@ -243,7 +398,7 @@ static double backward_bytes(int version, int N, int C, int sms) {
         return 64 * NC + 28.0 * N + 12.0 * C;
     // dy 2, x 4, old dresid 4 read, dresid 4 and its bf16 copy 2 written; rstd; w read and dw written;
     // the partials written and read back once
-    return 16 * NC + 4.0 * N + 8.0 * C + 8.0 * rms_bwd_blocks(N, sms) * C;
+    return 16 * NC + 4.0 * N + 8.0 * C + 8.0 * partial_rows(version, N, sms) * C;
 }
 
 // Reference data of one backward case: the random inputs and the fp64 dx and dw sums.
@@ -264,7 +419,7 @@ static bool check_backward(int version, const BwdBuffers* b, const BwdRef& ref, 
     else dev_poison(b->dresid, NC);
     if (accumulate_dw) CUDA_CHECK(cudaMemcpy(b->dw, ref.dw0.data(), C * 4, cudaMemcpyHostToDevice));
     else dev_poison(b->dw, C);
-    dev_poison(b->dresid_bf16, NC), dev_poison(b->dw_partial, (size_t)rms_bwd_blocks(N, b->sms) * C);
+    dev_poison(b->dresid_bf16, NC), dev_poison(b->dw_partial, b->partial_size);
     backward(version, b, 0, accumulate_dx, accumulate_dw);
 
     std::vector<float> dresid_ref(NC), dw_ref(C), dresid = dev_download(b->dresid, NC), dresid_rounded(NC);
@@ -291,7 +446,7 @@ static void backward_case(const DevArgs& a, int N, int C, bool timed, int sms) {
     backward_ref(ref.dx, ref.dw_sum, from_bf16(dy), x, w, rstd, N, C);
     int copies = timed ? rotation_copies(16.0 * NC + 4.0 * N) : 1;
     BwdBuffers b = bwd_alloc(dy, x, rstd, ref.dresid0, w, N, C, copies, sms);
-    for (int v = 1; v <= 2; v++) {
+    for (int v = 1; v <= 3; v++) {
         if (!dev_selected(a, v)) continue;
         bool ok = check_backward(v, &b, ref, true, false);
         ok &= check_backward(v, &b, ref, false, true);
@@ -307,8 +462,10 @@ int main(int argc, char** argv) {
     DevArgs a = dev_args(argc, argv, 3);
     int sms;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    // N, C, timed: a small odd case, the seed's 256 tokens, and 16384 tokens (B*T of a large batch).
-    const int cases[][3] = {{37, 256, 0}, {256, 2048, 1}, {16384, 2048, 1}};
+    // N, C, timed: a small odd case (C = 264: a block's second float4 column group mostly idle;
+    // N = 1001: two or three rows per backward block, the last block short), the seed's 256
+    // tokens (one row per backward block), and 16384 tokens (B*T of a large batch).
+    const int cases[][3] = {{1001, 264, 0}, {256, 2048, 1}, {16384, 2048, 1}};
     for (const auto& c : cases) {
         forward_case(a, c[0], c[1], c[2] && !a.check_only);
         backward_case(a, c[0], c[1], c[2] && !a.check_only, sms);
