@@ -809,6 +809,90 @@ __device__ inline void mma_c_tile(float (*acc)[4], const float (*p)[4], const bf
 
 // Column index of element e of C fragment n, within the 64-wide tile.
 __device__ inline int frag_col(int n, int e) { return n * 8 + 2 * (threadIdx.x % 4) + (e & 1); }
+// The two rows of a tile starting at row0 whose C fragments this thread holds (elements 0, 1 and
+// 2, 3): warp w owns rows 16w..16w+15, lane 4g + c rows 16w + g and 16w + g + 8.
+__device__ inline void frag_rows(int* row, int row0) {
+    row[0] = row0 + (int)threadIdx.x / 32 * 16 + (int)threadIdx.x % 32 / 4;
+    row[1] = row[0] + 8;
+}
+
+// [online softmax] One key tile of the forward (FlashAttention-2), in registers: S (this warp's 16
+// query rows x 64 keys from key0, unscaled C fragments) becomes P = exp2(S * scale_log2 - max),
+// masked (causal, keys past T) to 0; the running row max moves to the tile's, and the running
+// sums and the output accumulator o are rescaled by exp2(old max - new max) before P is added.
+template <int HD>
+__device__ inline void online_softmax_tile(float (*s)[4], float (*o)[4], float* row_max, float* row_sum,
+                                           const int* row, int key0, int T, float scale_log2) {
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < FA_TILE / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = key0 + frag_col(n, e);
+            s[n][e] = key <= row[e >> 1] && key < T ? s[n][e] * scale_log2 : -INFINITY;
+            tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
+        }
+    float base[2];
+    for (int r = 0; r < 2; r++) {
+        float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
+        base[r] = new_max == -INFINITY ? 0.0f : new_max; // a row with no key yet
+        float correction = exp2f(row_max[r] - base[r]);
+        row_max[r] = new_max, row_sum[r] *= correction;
+        for (int d = 0; d < HD / 8; d++) o[d][2 * r] *= correction, o[d][2 * r + 1] *= correction;
+    }
+#pragma unroll
+    for (int n = 0; n < FA_TILE / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[n][e] = exp2f(s[n][e] - base[e >> 1]), row_sum[e >> 1] += s[n][e];
+}
+
+// The forward's end: this thread's rows of o / rowsum (bf16) into token-major out (B, T, NH*HD) and
+// their log2-sum-exp into lse2 (B*NH*T); rows past T are skipped. bh = b * NH + h.
+template <int HD>
+__device__ inline void store_forward_rows(bf16* out, float* lse2, const float (*o)[4], const float* row_max,
+                                          const float* row_sum, const int* row, HeadShape sh, int bh) {
+    const int c = threadIdx.x % 4, b = bh / sh.NH, h = bh % sh.NH;
+    for (int r = 0; r < 2; r++) {
+        float sum = quad_sum(row_sum[r]); // before the skip: a warp's rows may straddle T
+        if (row[r] >= sh.T) continue;
+        bf16* dst = out + ((size_t)b * sh.T + row[r]) * sh.NH * HD + h * HD + 2 * c;
+        for (int d = 0; d < HD / 8; d++)
+            *reinterpret_cast<uint32_t*>(dst + d * 8) = pack_bf16x2(o[d][2 * r] / sum, o[d][2 * r + 1] / sum);
+        if (c == 0) lse2[(size_t)bh * sh.T + row[r]] = row_max[r] + log2f(sum);
+    }
+}
+
+// [recomputed P] P and dS of one 16 x 64 tile of the backward, in place of S (unscaled, in p) and
+// dP (in dp): P = exp2(S * scale_log2 - lse2), 0 where masked (causal, or the column past T), and
+// dS = P * (dP - dsum). Rows are queries (the dQ products; lse2, dsum per row r, the columns keys
+// from col0) or, with ROWS_ARE_KEYS, keys (the transposed products S^T, dP^T of dK and dV; lse2,
+// dsum per column j of the tile, the columns queries from col0).
+template <bool ROWS_ARE_KEYS>
+__device__ inline void softmax_backward_tile(float (*p)[4], float (*dp)[4], const int* row, int col0, int T,
+                                             float scale_log2, const float* lse2, const float* dsum) {
+#pragma unroll
+    for (int n = 0; n < FA_TILE / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1, j = frag_col(n, e), col = col0 + j, i = ROWS_ARE_KEYS ? j : r;
+            const bool visible = ROWS_ARE_KEYS ? col >= row[r] : col <= row[r]; // query >= key
+            p[n][e] = visible && col < T ? exp2f(p[n][e] * scale_log2 - lse2[i]) : 0.0f;
+            dp[n][e] = p[n][e] * (dp[n][e] - dsum[i]);
+        }
+}
+
+// Rows row[0], row[1] (those < T) of a 16 x HD C-fragment accumulator, times scale, as bf16 rows of
+// a head-major (T, HD) matrix: the backward's dQ, dK, dV.
+template <int HD>
+__device__ inline void store_head_rows(bf16* head, const float (*acc)[4], const int* row, int T, float scale) {
+    const int c = threadIdx.x % 4;
+    for (int r = 0; r < 2; r++) {
+        if (row[r] >= T) continue;
+        bf16* dst = head + (size_t)row[r] * HD + 2 * c;
+        for (int d = 0; d < HD / 8; d++)
+            *reinterpret_cast<uint32_t*>(dst + d * 8) = pack_bf16x2(acc[d][2 * r] * scale, acc[d][2 * r + 1] * scale);
+    }
+}
 
 // Forward: grid (B*NH, T/64 query tiles, the last tile, with the most keys, first), 128 threads,
 // each warp 16 queries; K/V tiles double-buffered. out token-major bf16, lse2 (B*NH*T) fp32.
@@ -819,8 +903,8 @@ __global__ void __launch_bounds__(FA_THREADS)
     __shared__ KeyTile<HD> kv[2];
     const int T = sh.T, qt = gridDim.y - 1 - blockIdx.y, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
     const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
-    const int g = threadIdx.x % 32 / 4, row[2] = {qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g,
-                                                  qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g + 8};
+    int row[2];
+    frag_rows(row, qt * FA_TILE);
     load_tile_async<HD>(kv[1].k, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T); // Q, staged where tile 1 goes
     kv[0].load(k + kv_head, v + kv_head, 0, T);
     cp_async_wait_all();
@@ -835,38 +919,10 @@ __global__ void __launch_bounds__(FA_THREADS)
         const KeyTile<HD>& tile = kv[kt % 2];
         float s[FA_TILE / 8][4] = {};
         mma_a_tileT<HD>(s, qa, tile.k);
-        float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int n = 0; n < FA_TILE / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = kt * FA_TILE + frag_col(n, e);
-                s[n][e] = key <= row[e >> 1] && key < T ? s[n][e] * scale_log2 : -INFINITY;
-                tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
-            }
-        float base[2];
-        for (int r = 0; r < 2; r++) {
-            float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
-            base[r] = new_max == -INFINITY ? 0.0f : new_max; // a row with no key yet
-            float correction = exp2f(row_max[r] - base[r]);
-            row_max[r] = new_max, row_sum[r] *= correction;
-            for (int d = 0; d < HD / 8; d++) o[d][2 * r] *= correction, o[d][2 * r + 1] *= correction;
-        }
-#pragma unroll
-        for (int n = 0; n < FA_TILE / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[n][e] = exp2f(s[n][e] - base[e >> 1]), row_sum[e >> 1] += s[n][e];
+        online_softmax_tile<HD>(s, o, row_max, row_sum, row, kt * FA_TILE, T, scale_log2);
         mma_c_tile<HD>(o, s, tile.v);
     }
-    const int c = threadIdx.x % 4, C = sh.NH * HD;
-    for (int r = 0; r < 2; r++) {
-        if (row[r] >= T) continue;
-        float sum = quad_sum(row_sum[r]);
-        bf16* dst = out + ((size_t)b * T + row[r]) * C + h * HD + 2 * c;
-        for (int d = 0; d < HD / 8; d++)
-            *reinterpret_cast<uint32_t*>(dst + d * 8) = pack_bf16x2(o[d][2 * r] / sum, o[d][2 * r + 1] / sum);
-        if (c == 0) lse2[(size_t)bh * T + row[r]] = row_max[r] + log2f(sum);
-    }
+    store_forward_rows<HD>(out, lse2, o, row_max, row_sum, row, sh, bh);
 }
 
 // D[b, h, t] = sum over HD of dO * O (bf16 inputs, fp32 sum): the softmax backward's row term.
@@ -894,8 +950,8 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int T = sh.T, kt = blockIdx.y, b = blockIdx.x / sh.KVH, kvh = blockIdx.x % sh.KVH, G = sh.NH / sh.KVH;
     const int tiles = gridDim.y - kt, steps = G * tiles;
     const size_t kv_head = (size_t)blockIdx.x * T * HD;
-    const int g = threadIdx.x % 32 / 4, key[2] = {kt * FA_TILE + (int)threadIdx.x / 32 * 16 + g,
-                                                  kt * FA_TILE + (int)threadIdx.x / 32 * 16 + g + 8};
+    int key[2];
+    frag_rows(key, kt * FA_TILE);
     auto load_step = [&](int i) { // issues and commits step i's copies into qs[i % 2]
         const int head = kvh * G + i / tiles;
         const size_t bh = (size_t)b * sh.NH + head;
@@ -920,26 +976,12 @@ __global__ void __launch_bounds__(FA_THREADS)
         float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
         mma_a_tileT<HD>(p, ka, tile.q);     // S^T = K Q^T, rows are keys
         mma_a_tileT<HD>(dp, va, tile.dout); // dP^T = V dO^T
-#pragma unroll
-        for (int n = 0; n < FA_TILE / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int j = frag_col(n, e), query = qt * FA_TILE + j;
-                p[n][e] = query >= key[e >> 1] && query < T ? exp2f(p[n][e] * scale_log2 - tile.lse2[j]) : 0.0f;
-                dp[n][e] = p[n][e] * (dp[n][e] - tile.dsum[j]); // dS^T
-            }
+        softmax_backward_tile<true>(p, dp, key, qt * FA_TILE, T, scale_log2, tile.lse2, tile.dsum); // P^T, dS^T
         mma_c_tile<HD>(dv_acc, p, tile.dout); // dV += P^T dO
         mma_c_tile<HD>(dk_acc, dp, tile.q);   // dK += dS^T Q
     }
-    const int c = threadIdx.x % 4;
-    for (int r = 0; r < 2; r++) {
-        if (key[r] >= T) continue;
-        size_t at = kv_head + (size_t)key[r] * HD + 2 * c;
-        for (int d = 0; d < HD / 8; d++) {
-            *reinterpret_cast<uint32_t*>(dk + at + d * 8) = pack_bf16x2(dk_acc[d][2 * r] * scale, dk_acc[d][2 * r + 1] * scale);
-            *reinterpret_cast<uint32_t*>(dv + at + d * 8) = pack_bf16x2(dv_acc[d][2 * r], dv_acc[d][2 * r + 1]);
-        }
-    }
+    store_head_rows<HD>(dk + kv_head, dk_acc, key, T, scale);
+    store_head_rows<HD>(dv + kv_head, dv_acc, key, T, 1.0f);
 }
 
 // dQ: grid (B*NH, T/64 query tiles, the last first), 128 threads; each warp owns 16 queries and
@@ -951,8 +993,8 @@ __global__ void __launch_bounds__(FA_THREADS)
     __shared__ KeyTile<HD> kv[2];
     const int T = sh.T, qt = gridDim.y - 1 - blockIdx.y, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
     const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
-    const int g = threadIdx.x % 32 / 4, row[2] = {qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g,
-                                                  qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g + 8};
+    int row[2];
+    frag_rows(row, qt * FA_TILE);
     load_tile_async<HD>(kv[1].k, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T); // Q and dO, staged where tile 1 goes
     load_tile_async<HD>(kv[1].v, dout + (size_t)b * T * sh.NH * HD + h * HD, (size_t)sh.NH * HD, qt * FA_TILE, T);
     kv[0].load(k + kv_head, v + kv_head, 0, T);
@@ -974,23 +1016,10 @@ __global__ void __launch_bounds__(FA_THREADS)
         float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
         mma_a_tileT<HD>(p, qa, tile.k);   // S = Q K^T
         mma_a_tileT<HD>(dp, doa, tile.v); // dP = dO V^T
-#pragma unroll
-        for (int n = 0; n < FA_TILE / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = kt * FA_TILE + frag_col(n, e), r = e >> 1;
-                p[n][e] = key <= row[r] && key < T ? exp2f(p[n][e] * scale_log2 - lse[r]) : 0.0f;
-                dp[n][e] = p[n][e] * (dp[n][e] - dsum_row[r]); // dS
-            }
+        softmax_backward_tile<false>(p, dp, row, kt * FA_TILE, T, scale_log2, lse, dsum_row); // P, dS
         mma_c_tile<HD>(dq_acc, dp, tile.k); // dQ += dS K
     }
-    const int c = threadIdx.x % 4;
-    for (int r = 0; r < 2; r++) {
-        if (row[r] >= T) continue;
-        bf16* dst = dq + ((size_t)bh * T + row[r]) * HD + 2 * c;
-        for (int d = 0; d < HD / 8; d++)
-            *reinterpret_cast<uint32_t*>(dst + d * 8) = pack_bf16x2(dq_acc[d][2 * r] * scale, dq_acc[d][2 * r + 1] * scale);
-    }
+    store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, scale);
 }
 
 static bool flash_supported(int HD) { return HD == 32 || HD == 64; }

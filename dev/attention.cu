@@ -154,7 +154,8 @@ static void backward_stacked(Gemm* g, const AttnBuffers& b, HeadShape sh) {
 
 // ---- version 3: flash attention, scalar transposed tiles, no pipelining ----
 // The trainer's kernels before version 4, with its launchers' signatures; they share with it
-// FA_TILE, FA_THREADS, the mma, packing, quad-reduction and frag_col helpers, and the dsum kernel.
+// FA_TILE, FA_THREADS, the mma and packing helpers, the math between the products (the forward's
+// online softmax and its output rows, the backward's P and dS), the row stores, and the dsum kernel.
 
 __device__ inline uint32_t ld_bf16x2(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
@@ -226,8 +227,8 @@ __global__ void __launch_bounds__(FA_THREADS)
     __shared__ alignas(16) bf16 q_tile[FA_TILE * (HD + 8)], k_tile[FA_TILE * (HD + 8)], vt_tile[HD * (FA_TILE + 8)];
     const int T = sh.T, qt = blockIdx.x, bh = blockIdx.y, b = bh / sh.NH, h = bh % sh.NH;
     const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
-    const int g = threadIdx.x % 32 / 4, row[2] = {qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g,
-                                                  qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g + 8};
+    int row[2];
+    frag_rows(row, qt * FA_TILE);
     flash3_load_tile<HD, false>(q_tile, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T);
     __syncthreads();
     uint32_t qa[HD / 16][4];
@@ -240,38 +241,10 @@ __global__ void __launch_bounds__(FA_THREADS)
         __syncthreads();
         float s[FA_TILE / 8][4] = {};
         flash3_mma_a_tileT<HD>(s, qa, k_tile);
-        float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int n = 0; n < FA_TILE / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = kt * FA_TILE + frag_col(n, e);
-                s[n][e] = key <= row[e >> 1] && key < T ? s[n][e] * scale_log2 : -INFINITY;
-                tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
-            }
-        float base[2];
-        for (int r = 0; r < 2; r++) {
-            float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
-            base[r] = new_max == -INFINITY ? 0.0f : new_max; // a row with no key yet
-            float correction = exp2f(row_max[r] - base[r]);
-            row_max[r] = new_max, row_sum[r] *= correction;
-            for (int d = 0; d < HD / 8; d++) o[d][2 * r] *= correction, o[d][2 * r + 1] *= correction;
-        }
-#pragma unroll
-        for (int n = 0; n < FA_TILE / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[n][e] = exp2f(s[n][e] - base[e >> 1]), row_sum[e >> 1] += s[n][e];
+        online_softmax_tile<HD>(s, o, row_max, row_sum, row, kt * FA_TILE, T, scale_log2);
         flash3_mma_c_tileT<HD>(o, s, vt_tile);
     }
-    const int c = threadIdx.x % 4, C = sh.NH * HD;
-    for (int r = 0; r < 2; r++) {
-        if (row[r] >= T) continue;
-        float sum = quad_sum(row_sum[r]);
-        bf16* dst = out + ((size_t)b * T + row[r]) * C + h * HD + 2 * c;
-        for (int d = 0; d < HD / 8; d++)
-            *reinterpret_cast<uint32_t*>(dst + d * 8) = pack_bf16x2(o[d][2 * r] / sum, o[d][2 * r + 1] / sum);
-        if (c == 0) lse2[(size_t)bh * T + row[r]] = row_max[r] + log2f(sum);
-    }
+    store_forward_rows<HD>(out, lse2, o, row_max, row_sum, row, sh, bh);
 }
 
 // dK, dV: grid (T/64 key tiles, B*KVH), 128 threads; each warp owns 16 keys and loops over the
@@ -285,8 +258,8 @@ __global__ void __launch_bounds__(FA_THREADS)
     __shared__ float lse_tile[FA_TILE], dsum_tile[FA_TILE];
     const int T = sh.T, kt = blockIdx.x, b = blockIdx.y / sh.KVH, kvh = blockIdx.y % sh.KVH, G = sh.NH / sh.KVH;
     const size_t kv_head = (size_t)blockIdx.y * T * HD;
-    const int g = threadIdx.x % 32 / 4, key[2] = {kt * FA_TILE + (int)threadIdx.x / 32 * 16 + g,
-                                                  kt * FA_TILE + (int)threadIdx.x / 32 * 16 + g + 8};
+    int key[2];
+    frag_rows(key, kt * FA_TILE);
     flash3_load_tile<HD, false>(q_tile, k + kv_head, HD, kt * FA_TILE, T); // staging for K and V fragments
     flash3_load_tile<HD, false>(do_tile, v + kv_head, HD, kt * FA_TILE, T);
     __syncthreads();
@@ -312,27 +285,13 @@ __global__ void __launch_bounds__(FA_THREADS)
             float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
             flash3_mma_a_tileT<HD>(p, ka, q_tile);   // S^T = K Q^T, rows are keys
             flash3_mma_a_tileT<HD>(dp, va, do_tile); // dP^T = V dO^T
-#pragma unroll
-            for (int n = 0; n < FA_TILE / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int j = frag_col(n, e), query = qt * FA_TILE + j;
-                    p[n][e] = query >= key[e >> 1] && query < T ? exp2f(p[n][e] * scale_log2 - lse_tile[j]) : 0.0f;
-                    dp[n][e] = p[n][e] * (dp[n][e] - dsum_tile[j]); // dS^T
-                }
+            softmax_backward_tile<true>(p, dp, key, qt * FA_TILE, T, scale_log2, lse_tile, dsum_tile); // P^T, dS^T
             flash3_mma_c_tileT<HD>(dv_acc, p, dot_tile); // dV += P^T dO
             flash3_mma_c_tileT<HD>(dk_acc, dp, qt_tile); // dK += dS^T Q
         }
     }
-    const int c = threadIdx.x % 4;
-    for (int r = 0; r < 2; r++) {
-        if (key[r] >= T) continue;
-        size_t at = kv_head + (size_t)key[r] * HD + 2 * c;
-        for (int d = 0; d < HD / 8; d++) {
-            *reinterpret_cast<uint32_t*>(dk + at + d * 8) = pack_bf16x2(dk_acc[d][2 * r] * scale, dk_acc[d][2 * r + 1] * scale);
-            *reinterpret_cast<uint32_t*>(dv + at + d * 8) = pack_bf16x2(dv_acc[d][2 * r], dv_acc[d][2 * r + 1]);
-        }
-    }
+    store_head_rows<HD>(dk + kv_head, dk_acc, key, T, scale);
+    store_head_rows<HD>(dv + kv_head, dv_acc, key, T, 1.0f);
 }
 
 // dQ: grid (T/64 query tiles, B*NH), 128 threads; each warp owns 16 queries and loops over the
@@ -344,8 +303,8 @@ __global__ void __launch_bounds__(FA_THREADS)
     __shared__ alignas(16) bf16 k_tile[FA_TILE * (HD + 8)], kt_tile[HD * (FA_TILE + 8)], v_tile[FA_TILE * (HD + 8)];
     const int T = sh.T, qt = blockIdx.x, bh = blockIdx.y, b = bh / sh.NH, h = bh % sh.NH;
     const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
-    const int g = threadIdx.x % 32 / 4, row[2] = {qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g,
-                                                  qt * FA_TILE + (int)threadIdx.x / 32 * 16 + g + 8};
+    int row[2];
+    frag_rows(row, qt * FA_TILE);
     flash3_load_tile<HD, false>(k_tile, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T); // staging for Q and dO
     flash3_load_tile<HD, false>(v_tile, dout + (size_t)b * T * sh.NH * HD + h * HD, (size_t)sh.NH * HD, qt * FA_TILE, T);
     __syncthreads();
@@ -366,23 +325,10 @@ __global__ void __launch_bounds__(FA_THREADS)
         float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
         flash3_mma_a_tileT<HD>(p, qa, k_tile);   // S = Q K^T
         flash3_mma_a_tileT<HD>(dp, doa, v_tile); // dP = dO V^T
-#pragma unroll
-        for (int n = 0; n < FA_TILE / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = kt * FA_TILE + frag_col(n, e), r = e >> 1;
-                p[n][e] = key <= row[r] && key < T ? exp2f(p[n][e] * scale_log2 - lse[r]) : 0.0f;
-                dp[n][e] = p[n][e] * (dp[n][e] - dsum_row[r]); // dS
-            }
+        softmax_backward_tile<false>(p, dp, row, kt * FA_TILE, T, scale_log2, lse, dsum_row); // P, dS
         flash3_mma_c_tileT<HD>(dq_acc, dp, kt_tile); // dQ += dS K
     }
-    const int c = threadIdx.x % 4;
-    for (int r = 0; r < 2; r++) {
-        if (row[r] >= T) continue;
-        bf16* dst = dq + ((size_t)bh * T + row[r]) * HD + 2 * c;
-        for (int d = 0; d < HD / 8; d++)
-            *reinterpret_cast<uint32_t*>(dst + d * 8) = pack_bf16x2(dq_acc[d][2 * r] * scale, dq_acc[d][2 * r + 1] * scale);
-    }
+    store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, scale);
 }
 
 // out (token-major) and lse2 (B*NH*T) from head-major q, k, v.
