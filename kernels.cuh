@@ -669,26 +669,19 @@ static void attention_softmax(bool backward, bf16* probs, const float* scores_or
 // Causal GQA attention that never writes the T x T scores: per 64-query tile, K/V tiles stream
 // through shared memory, scores and an online softmax live in registers, and P (bf16) feeds the
 // P @ V tensor-core product directly from the score registers (FlashAttention-2). The forward
-// saves only the per-row log-sum-exp (base 2). The backward recomputes P once, in one kernel per
-// 128 keys of a KV head: it accumulates dK and dV in registers over the G query heads sharing
-// them (GQA without atomics) and adds each query tile's dQ = dS K into an fp32 buffer by atomics.
-// dK and dV are deterministic; dQ's fp32 sums are not (atomics land in any order), so its bf16
-// rounding may differ in the last bit from run to run.
+// saves only the per-row log-sum-exp (base 2). The backward recomputes P: one kernel per key
+// tile accumulates dK and dV (looping over the G query heads of its KV head, so GQA needs no
+// atomics), one kernel per query tile accumulates dQ. Both are deterministic.
 // q, k, v, dq, dk, dv are head-major (B, H, T, HD); the output and its gradient are token-major
 // (B, T, NH*HD), as the out-projection GEMM reads and writes them. HD is 32 or 64.
-// The forward is version 4, the backward version 5 (dev/attention.cu keeps version 3, transposed
-// tiles by scalar stores and no pipelining, and version 4's backward, dQ in a second kernel):
-//   [cp.async double buffer] every tile lands in shared memory once, row-major [rows][HD + 8], by
-//   16-byte cp.async copies that bypass registers; the next streamed tile (K/V in the forward,
-//   Q/dO in the backward) is in flight while the current one is used.
+// Version 4 (dev/attention.cu keeps version 3: transposed tiles by scalar stores, no pipelining):
+//   [cp.async double buffer] every tile lands in shared memory once, row-major [64][HD + 8], by
+//   16-byte cp.async copies that bypass registers; the next streamed tile (K/V in the forward
+//   and dQ kernels, Q/dO in the dK/dV kernel) is in flight while the current one is used.
 //   [ldmatrix] every mma operand comes from those row-major tiles by ldmatrix, .trans where the
-//   product needs the tile transposed (V in P V, dO in P^T dO, Q in dS^T Q, K in dS K, dS^T in
-//   dS K).
+//   product needs the tile transposed (V in P V, dO in P^T dO, Q in dS^T Q, K in dS K).
 //   [longest first] the tiles with the most causal work are launched first, so that the
 //   shortest ones fill the tail of the grid.
-//   [fused dQ] (version 5) the backward's dQ product reuses the dS its dK/dV kernel already has,
-//   instead of a second kernel recomputing S, P, dP and dS per query tile: 5 tile products per
-//   (query tile, key tile) pair instead of 7, one exp2 per score instead of two.
 //
 // Tensor-core fragments of mma.sync m16n8k16 (bf16 in, fp32 accumulate), lane = 4*g + c:
 //   A 16x16: a0 = A[g][2c, 2c+1], a1 = A[g+8][2c, 2c+1], a2 = A[g][2c+8, 2c+9], a3 = A[g+8][2c+8, 2c+9]
@@ -711,6 +704,7 @@ static void attention_softmax(bool backward, bf16* probs, const float* scores_or
 
 #define FA_TILE 64     // queries or keys per tile
 #define FA_THREADS 128 // 4 warps, 16 rows each
+static_assert(FA_THREADS == 2 * FA_TILE, "a query tile's lse2 and dsum rows take one copy per thread");
 
 __device__ inline void mma_bf16_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -743,12 +737,12 @@ __device__ inline void ldmatrix_x4_trans(uint32_t* r, const bf16* row) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"((uint32_t)__cvta_generic_to_shared(row)));
 }
-// This lane's ldmatrix address in the 16x16 block at (row0, col0) of a row-major [rows][COLS + 8]
+// This lane's ldmatrix address in the 16x16 block at (row0, col0) of a row-major [64][HD + 8]
 // tile: block row lane % 16, block column 8 * (lane / 16).
-template <int COLS>
+template <int HD>
 __device__ inline const bf16* block_row(const bf16* tile, int row0, int col0) {
     const int lane = threadIdx.x % 32;
-    return tile + (row0 + lane % 16) * (COLS + 8) + col0 + lane / 16 * 8;
+    return tile + (row0 + lane % 16) * (HD + 8) + col0 + lane / 16 * 8;
 }
 
 // 16 bytes global -> shared, not through registers (.cg: cached in L2 only). !valid copies no
@@ -767,15 +761,14 @@ __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\
 // Waits for all of this thread's groups; a __syncthreads after it publishes every thread's copies.
 __device__ inline void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
-// Issues the copies of rows [row0, row0 + ROWS) of a (rows x HD) bf16 matrix with row stride
-// `stride` into a row-major [ROWS][HD + 8] shared tile, by a block of THREADS; rows past `rows`
-// are zero-filled. Eight consecutive threads copy one row's 128 (HD 64) bytes: coalesced.
-template <int HD, int ROWS = FA_TILE, int THREADS = FA_THREADS>
+// Issues the copies of rows [row0, row0 + 64) of a (rows x HD) bf16 matrix with row stride
+// `stride` into a row-major [64][HD + 8] shared tile; rows past `rows` are zero-filled. Eight
+// consecutive threads copy one row's 128 (HD 64) bytes: coalesced.
+template <int HD>
 __device__ inline void load_tile_async(bf16* tile, const bf16* src, size_t stride, int row0, int rows) {
-    static_assert(ROWS * HD / 8 % THREADS == 0, "every thread copies the same number of 16 bytes");
 #pragma unroll
-    for (int pass = 0; pass < ROWS * HD / 8 / THREADS; pass++) {
-        int i = pass * THREADS + threadIdx.x, r = i / (HD / 8), col = i % (HD / 8) * 8;
+    for (int pass = 0; pass < FA_TILE * HD / 8 / FA_THREADS; pass++) {
+        int i = pass * FA_THREADS + threadIdx.x, r = i / (HD / 8), col = i % (HD / 8) * 8;
         bool inside = row0 + r < rows;
         cp_async16(tile + r * (HD + 8) + col, src + (inside ? (size_t)(row0 + r) * stride + col : 0), inside);
     }
@@ -792,23 +785,19 @@ template <int HD> struct alignas(16) KeyTile {
     }
 };
 
-// One query tile of a query head for the dK/dV (backward) kernels, loaded by a block of THREADS:
-// Q and dO rows, and the forward's lse2 and the row terms dsum of those queries (threads 0..63
-// copy lse2, 64..127 dsum).
-template <int HD, int THREADS = FA_THREADS> struct alignas(16) QueryTile {
-    static_assert(THREADS >= 2 * FA_TILE, "a query tile's lse2 and dsum rows take one copy per thread");
+// One query tile of a query head for the dK/dV kernel: Q and dO rows, and the forward's lse2
+// and the row terms dsum of those queries (threads 0..63 copy lse2, 64..127 dsum).
+template <int HD> struct alignas(16) QueryTile {
     bf16 q[FA_TILE * (HD + 8)], dout[FA_TILE * (HD + 8)];
     float lse2[FA_TILE], dsum[FA_TILE];
     // Issues and commits the copies of query tile qt; the pointers are at the head's row 0.
     __device__ void load(const bf16* q_head, const bf16* dout_head, size_t dout_stride, const float* lse2_head,
                          const float* dsum_head, int qt, int T) {
-        load_tile_async<HD, FA_TILE, THREADS>(q, q_head, HD, qt * FA_TILE, T);
-        load_tile_async<HD, FA_TILE, THREADS>(dout, dout_head, dout_stride, qt * FA_TILE, T);
+        load_tile_async<HD>(q, q_head, HD, qt * FA_TILE, T);
+        load_tile_async<HD>(dout, dout_head, dout_stride, qt * FA_TILE, T);
         const int j = threadIdx.x % FA_TILE, t = qt * FA_TILE + j;
-        if (THREADS == 2 * FA_TILE || threadIdx.x < 2 * FA_TILE) {
-            const float* src = threadIdx.x < FA_TILE ? lse2_head : dsum_head;
-            cp_async4((threadIdx.x < FA_TILE ? lse2 : dsum) + j, src + (t < T ? t : 0), t < T);
-        }
+        const float* src = threadIdx.x < FA_TILE ? lse2_head : dsum_head;
+        cp_async4((threadIdx.x < FA_TILE ? lse2 : dsum) + j, src + (t < T ? t : 0), t < T);
         cp_async_commit();
     }
 };
@@ -920,10 +909,9 @@ __device__ inline void store_forward_rows(bf16* out, float* lse2, const float (*
 
 // [recomputed P] P and dS of one 16 x 64 tile of the backward, in place of S (unscaled, in p) and
 // dP (in dp): P = exp2(S * scale_log2 - lse2), 0 where masked (causal, or the column past T), and
-// dS = P * (dP - dsum). Rows are queries (the dQ kernels of versions 3 and 4 in dev/attention.cu;
-// lse2, dsum per row r, the columns keys from col0) or, with ROWS_ARE_KEYS, keys (the transposed
-// products S^T, dP^T of dK and dV; lse2, dsum per column j of the tile, the columns queries from
-// col0).
+// dS = P * (dP - dsum). Rows are queries (the dQ products; lse2, dsum per row r, the columns keys
+// from col0) or, with ROWS_ARE_KEYS, keys (the transposed products S^T, dP^T of dK and dV; lse2,
+// dsum per column j of the tile, the columns queries from col0).
 template <bool ROWS_ARE_KEYS>
 __device__ inline void softmax_backward_tile(float (*p)[4], float (*dp)[4], const int* row, int col0, int T,
                                              float scale_log2, const float* lse2, const float* dsum) {
@@ -996,160 +984,87 @@ __global__ void attention_row_dot_kernel(float* dsum, const bf16* dout, const bf
     dsum[((size_t)b * sh.NH + h) * sh.T + t] = sum;
 }
 
-// ---- backward (version 5) ----
-// One block per 128 keys of a KV head, 8 warps of 16 keys (their K and V rows held as A
-// fragments), streaming the 64-query tiles at or after its keys of the G query heads that share
-// them, as version 4's dK/dV kernel did, and forming each tile's dQ from the same dS. Per step:
-//   S^T = K Q^T, dP^T = V dO^T (each warp its 16 keys); P^T, dS^T in registers;
-//   dV += P^T dO, dK += dS^T Q; dS^T (bf16) to shared memory; after the next barrier,
-//   dQ += dS K over all 128 keys (warp w: 16 queries x HD/2), added to fp32 dQ rows by atomics.
-// 5 products of 2 * 128 * 64 * HD FLOPs (5.2 MFLOP a step at HD 64); L2 traffic per step: Q, dO,
-// lse2, dsum read (16.5 KB), 16 KB of dQ added by 64-bit atomics (sm_90).
-#define FA_BWD_WARPS 8
-#define FA_BWD_KEYS (16 * FA_BWD_WARPS) // keys per block
-#define FA_BWD_THREADS (32 * FA_BWD_WARPS)
-
-// dst[0], dst[1] += x, y in fp32 atomics: one 64-bit vector atomic on sm_90, two 32-bit ones
-// before it. The result is unused, so they compile to reductions the thread does not wait for.
-__device__ inline void atomic_add_float2(float* dst, float x, float y) {
-#if __CUDA_ARCH__ >= 900
-    atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x, y));
-#else
-    atomicAdd(dst, x);
-    atomicAdd(dst + 1, y);
-#endif
-}
-
-// This warp's 16 rows of a 16 x 64 tile of C fragments, rounded to bf16, into rows 16 * warp.. of
-// a row-major [rows][64 + 8] shared tile. Lane 4g + c writes the 4-byte words
-// 36 (16 warp + g) + 4n + c: banks 4g + c, no conflicts.
-__device__ inline void store_frag_tile(bf16* tile, const float (*acc)[4]) {
-    const int g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
-    bf16* top = tile + (threadIdx.x / 32 * 16 + g) * (FA_TILE + 8) + 2 * c;
-    bf16* bottom = top + 8 * (FA_TILE + 8);
-#pragma unroll
-    for (int n = 0; n < FA_TILE / 8; n++) {
-        *reinterpret_cast<uint32_t*>(top + n * 8) = pack_bf16x2(acc[n][0], acc[n][1]);
-        *reinterpret_cast<uint32_t*>(bottom + n * 8) = pack_bf16x2(acc[n][2], acc[n][3]);
-    }
-}
-
-// [fused dQ] The dQ rows of query tile qt += dS K over the block's keys: dS^T (keys x 64 queries,
-// bf16) and K (keys x HD) from shared memory; the 64 x HD result, unscaled, added by fp32 atomics
-// into dq_head (one head's (T, HD) fp32 rows). Warp w takes queries 16 (w % 4).. and the
-// HD / 2 columns from HD / 2 * (w / 4). dS^T stored [key][query] is A^T: ldmatrix.trans of a
-// 16x16 block gives (r0, r1, r2, r3) = (a0, a2, a1, a3), the top-right quarter being A's
-// bottom-left; K's B fragments are read as in mma_c_tile.
+// dK, dV: grid (B*KVH, T/64 key tiles, tile 0, with the most queries, first), 128 threads; each
+// warp owns 16 keys. The G query heads sharing them times the query tiles at or after them
+// (causal) stream through two double-buffered QueryTiles, step i = head i / tiles, tile i % tiles.
 template <int HD>
-__device__ inline void add_dq_tile(float* dq_head, const bf16* dsT, const bf16* k_tile, int qt, int T) {
-    constexpr int ROW_GROUPS = FA_TILE / 16, NT = HD / 8 / (FA_BWD_WARPS / ROW_GROUPS); // 8-column tiles per warp
-    static_assert(FA_BWD_WARPS % ROW_GROUPS == 0 && NT % 2 == 0, "each warp: 16 rows, a multiple of 16 columns");
-    const int warp = threadIdx.x / 32, m0 = warp % ROW_GROUPS * 16, n0 = warp / ROW_GROUPS * NT * 8;
-    float acc[NT][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < FA_BWD_KEYS / 16; kk++) {
-        uint32_t t[4];
-        ldmatrix_x4_trans(t, block_row<FA_TILE>(dsT, kk * 16, m0));
-        const uint32_t a[4] = {t[0], t[2], t[1], t[3]};
-#pragma unroll
-        for (int n = 0; n < NT; n += 2) {
-            uint32_t b[4]; // b[0], b[1]: b0, b1 of n tile n; b[2], b[3]: b0, b1 of n tile n + 1
-            ldmatrix_x4_trans(b, block_row<HD>(k_tile, kk * 16, n0 + n * 8));
-            mma_bf16_16816(acc[n], a, b[0], b[1]);
-            mma_bf16_16816(acc[n + 1], a, b[2], b[3]);
-        }
-    }
-    const int g = threadIdx.x % 32 / 4, c = threadIdx.x % 4;
-    for (int r = 0; r < 2; r++) {
-        const int row = qt * FA_TILE + m0 + g + 8 * r;
-        if (row >= T) continue;
-        float* dst = dq_head + (size_t)row * HD + n0 + 2 * c;
-#pragma unroll
-        for (int n = 0; n < NT; n++) atomic_add_float2(dst + n * 8, acc[n][2 * r], acc[n][2 * r + 1]);
-    }
-}
-
-// The backward kernel's shared memory, 91 KB at HD 64 (67 KB at HD 32), so dynamic: two
-// QueryTiles (double buffer), the block's K rows (the B operand of dS K), and dS^T of two steps
-// (step i writes one while step i - 1's dQ product reads the other).
-template <int HD> struct alignas(16) BackwardTiles {
-    QueryTile<HD, FA_BWD_THREADS> qs[2];
-    bf16 k[FA_BWD_KEYS * (HD + 8)];
-    bf16 ds[2][FA_BWD_KEYS * (FA_TILE + 8)];
-};
-
-// Backward: grid (B*KVH, T/128 key blocks, block 0, with the most queries, first), FA_BWD_THREADS
-// threads, sizeof(BackwardTiles<HD>) bytes of dynamic shared memory. dk, dv head-major bf16;
-// dq_accum (B*NH*T*HD fp32, zero on entry) receives dS K unscaled. Step i = head i / tiles, query
-// tile qt0 + i % tiles; its dQ product runs in step i + 1 (after the loop for the last step),
-// behind the barrier that step needs anyway, so a step has one barrier.
-template <int HD>
-__global__ void __launch_bounds__(FA_BWD_THREADS)
-    flash_backward_kernel(bf16* dk, bf16* dv, float* dq_accum, const bf16* q, const bf16* k, const bf16* v,
-                          const bf16* dout, const float* lse2, const float* dsum, HeadShape sh, float scale_log2,
-                          float scale) {
-    static_assert(HD <= FA_TILE, "V is staged in a dS^T buffer");
-    extern __shared__ uint4 flash_backward_smem[];
-    BackwardTiles<HD>& sm = *reinterpret_cast<BackwardTiles<HD>*>(flash_backward_smem);
-    const int T = sh.T, b = blockIdx.x / sh.KVH, kvh = blockIdx.x % sh.KVH, G = sh.NH / sh.KVH;
-    const int key0 = blockIdx.y * FA_BWD_KEYS, qt0 = key0 / FA_TILE, tiles = (T + FA_TILE - 1) / FA_TILE - qt0;
-    const int steps = G * tiles, warp_key0 = key0 + (int)threadIdx.x / 32 * 16;
+__global__ void __launch_bounds__(FA_THREADS)
+    flash_backward_dkv_kernel(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                              const float* lse2, const float* dsum, HeadShape sh, float scale_log2, float scale) {
+    __shared__ QueryTile<HD> qs[2];
+    const int T = sh.T, kt = blockIdx.y, b = blockIdx.x / sh.KVH, kvh = blockIdx.x % sh.KVH, G = sh.NH / sh.KVH;
+    const int tiles = gridDim.y - kt, steps = G * tiles;
     const size_t kv_head = (size_t)blockIdx.x * T * HD;
     int key[2];
-    frag_rows(key, key0);
+    frag_rows(key, kt * FA_TILE);
     auto load_step = [&](int i) { // issues and commits step i's copies into qs[i % 2]
         const int head = kvh * G + i / tiles;
         const size_t bh = (size_t)b * sh.NH + head;
-        sm.qs[i % 2].load(q + bh * T * HD, dout + (size_t)b * T * sh.NH * HD + head * HD, (size_t)sh.NH * HD,
-                          lse2 + bh * T, dsum + bh * T, qt0 + i % tiles, T);
+        qs[i % 2].load(q + bh * T * HD, dout + (size_t)b * T * sh.NH * HD + head * HD, (size_t)sh.NH * HD,
+                       lse2 + bh * T, dsum + bh * T, kt + i % tiles, T);
     };
-    auto add_dq = [&](int i) { // step i's dQ product, from ds[i % 2]
-        const size_t bh = (size_t)b * sh.NH + kvh * G + i / tiles;
-        add_dq_tile<HD>(dq_accum + bh * T * HD, sm.ds[i % 2], sm.k, qt0 + i % tiles, T);
-    };
-    load_tile_async<HD, FA_BWD_KEYS, FA_BWD_THREADS>(sm.k, k + kv_head, HD, key0, T);
-    load_tile_async<HD, FA_BWD_KEYS, FA_BWD_THREADS>(sm.ds[1], v + kv_head, HD, key0, T); // V, staged in step 1's dS^T
+    load_tile_async<HD>(qs[1].q, k + kv_head, HD, kt * FA_TILE, T); // K and V, staged where step 1 goes
+    load_tile_async<HD>(qs[1].dout, v + kv_head, HD, kt * FA_TILE, T);
     load_step(0);
     cp_async_wait_all();
     __syncthreads();
     uint32_t ka[HD / 16][4], va[HD / 16][4];
-    a_fragments<HD>(ka, sm.k);
-    a_fragments<HD>(va, sm.ds[1]);
+    a_fragments<HD>(ka, qs[1].q);
+    a_fragments<HD>(va, qs[1].dout);
     float dk_acc[HD / 8][4] = {}, dv_acc[HD / 8][4] = {};
     for (int i = 0; i < steps; i++) {
         cp_async_wait_all();
-        __syncthreads(); // step i landed and step i - 1's dS^T is written, for all threads; all are done
-                         // with qs[(i + 1) % 2] (step i - 1) and ds[i % 2] (step i - 2's dQ product)
+        __syncthreads(); // step i landed for all threads, and all are done with qs[(i + 1) % 2]
         if (i + 1 < steps) load_step(i + 1);
-        if (i > 0) add_dq(i - 1);
-        const QueryTile<HD, FA_BWD_THREADS>& tile = sm.qs[i % 2];
-        const int qt = qt0 + i % tiles;
+        const QueryTile<HD>& tile = qs[i % 2];
+        const int qt = kt + i % tiles;
         float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
-        if (warp_key0 <= min(qt * FA_TILE + FA_TILE - 1, T - 1)) { // else every key of the warp is masked: dS^T = 0
-            mma_a_tileT<HD>(p, ka, tile.q);     // S^T = K Q^T, rows are keys
-            mma_a_tileT<HD>(dp, va, tile.dout); // dP^T = V dO^T
-            softmax_backward_tile<true>(p, dp, key, qt * FA_TILE, T, scale_log2, tile.lse2, tile.dsum); // P^T, dS^T
-            mma_c_tile<HD>(dv_acc, p, tile.dout); // dV += P^T dO
-            mma_c_tile<HD>(dk_acc, dp, tile.q);   // dK += dS^T Q
-        }
-        store_frag_tile(sm.ds[i % 2], dp);
+        mma_a_tileT<HD>(p, ka, tile.q);     // S^T = K Q^T, rows are keys
+        mma_a_tileT<HD>(dp, va, tile.dout); // dP^T = V dO^T
+        softmax_backward_tile<true>(p, dp, key, qt * FA_TILE, T, scale_log2, tile.lse2, tile.dsum); // P^T, dS^T
+        mma_c_tile<HD>(dv_acc, p, tile.dout); // dV += P^T dO
+        mma_c_tile<HD>(dk_acc, dp, tile.q);   // dK += dS^T Q
     }
-    __syncthreads(); // the last step's dS^T is written
-    add_dq(steps - 1);
     store_head_rows<HD>(dk + kv_head, dk_acc, key, T, scale);
     store_head_rows<HD>(dv + kv_head, dv_acc, key, T, 1.0f);
 }
 
-// dq = bf16(dq_accum * scale): the backward's fp32 dQ sums scaled by 1/sqrt(HD) and rounded once.
-// 8 elements per thread: 32 bytes read, 16 written.
-__global__ void flash_dq_convert_kernel(bf16* dq, const float* dq_accum, size_t n, float scale) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-    if (i >= n) return;
-    Vec16<float> lo = load16(dq_accum + i), hi = load16(dq_accum + i + 4);
-    Vec16<bf16> r;
-    for (int e = 0; e < 4; e++)
-        r.v[e] = __float2bfloat16_rn(lo.v[e] * scale), r.v[4 + e] = __float2bfloat16_rn(hi.v[e] * scale);
-    store16(dq + i, r);
+// dQ: grid (B*NH, T/64 query tiles, the last first), 128 threads; each warp owns 16 queries and
+// loops over the key tiles up to its own (causal), double-buffered, recomputing P and dS.
+template <int HD>
+__global__ void __launch_bounds__(FA_THREADS)
+    flash_backward_dq_kernel(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                             const float* lse2, const float* dsum, HeadShape sh, float scale_log2, float scale) {
+    __shared__ KeyTile<HD> kv[2];
+    const int T = sh.T, qt = gridDim.y - 1 - blockIdx.y, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
+    const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
+    int row[2];
+    frag_rows(row, qt * FA_TILE);
+    load_tile_async<HD>(kv[1].k, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T); // Q and dO, staged where tile 1 goes
+    load_tile_async<HD>(kv[1].v, dout + (size_t)b * T * sh.NH * HD + h * HD, (size_t)sh.NH * HD, qt * FA_TILE, T);
+    kv[0].load(k + kv_head, v + kv_head, 0, T);
+    cp_async_wait_all();
+    __syncthreads();
+    uint32_t qa[HD / 16][4], doa[HD / 16][4];
+    a_fragments<HD>(qa, kv[1].k);
+    a_fragments<HD>(doa, kv[1].v);
+    float lse[2], dsum_row[2], dq_acc[HD / 8][4] = {};
+    for (int r = 0; r < 2; r++) {
+        lse[r] = row[r] < T ? lse2[(size_t)bh * T + row[r]] : 0.0f;
+        dsum_row[r] = row[r] < T ? dsum[(size_t)bh * T + row[r]] : 0.0f;
+    }
+    for (int kt = 0; kt <= qt; kt++) {
+        cp_async_wait_all();
+        __syncthreads(); // tile kt landed for all threads, and all are done with kv[(kt + 1) % 2]
+        if (kt < qt) kv[(kt + 1) % 2].load(k + kv_head, v + kv_head, kt + 1, T);
+        const KeyTile<HD>& tile = kv[kt % 2];
+        float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
+        mma_a_tileT<HD>(p, qa, tile.k);   // S = Q K^T
+        mma_a_tileT<HD>(dp, doa, tile.v); // dP = dO V^T
+        softmax_backward_tile<false>(p, dp, row, kt * FA_TILE, T, scale_log2, lse, dsum_row); // P, dS
+        mma_c_tile<HD>(dq_acc, dp, tile.k); // dQ += dS K
+    }
+    store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, scale);
 }
 
 static bool flash_supported(int HD) { return HD == 32 || HD == 64; }
@@ -1164,37 +1079,22 @@ static void flash_attention_forward(bf16* out, float* lse2, const bf16* q, const
     LAUNCH_CHECK();
 }
 
-// dq, dk, dv (head-major) from dout and out (token-major) and the forward's lse2. Scratch: dsum,
-// B*NH*T floats (rowsum(dO * O)), and dq_accum, B*NH*T*HD floats (the fp32 dQ sums, zeroed
-// here). Around the kernel, three memory passes: the zeroing (4 bytes per dQ element), dsum
-// (reads dO and O) and dQ's rounding (reads 4 bytes per element, writes 2).
-static void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dq_accum, float* dsum, const bf16* dout,
-                                     const bf16* out, const bf16* q, const bf16* k, const bf16* v, const float* lse2,
-                                     HeadShape sh, cudaStream_t s) {
-    // More than 48 KB of dynamic shared memory needs an opt-in per kernel: done at the first call,
-    // which runs eagerly (the trainer captures its CUDA graph from step 2).
-    static bool opted_in = false;
-    if (!opted_in) {
-        CUDA_CHECK(cudaFuncSetAttribute(flash_backward_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)sizeof(BackwardTiles<64>)));
-        CUDA_CHECK(cudaFuncSetAttribute(flash_backward_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)sizeof(BackwardTiles<32>)));
-        opted_in = true;
-    }
-    const size_t n_dq = (size_t)sh.B * sh.NH * sh.T * sh.HD;
-    CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, n_dq * sizeof(float), s));
+// dq, dk, dv (head-major) from dout and out (token-major) and the forward's lse2; dsum is scratch
+// of B*NH*T floats.
+static void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum, const bf16* dout, const bf16* out,
+                                     const bf16* q, const bf16* k, const bf16* v, const float* lse2, HeadShape sh,
+                                     cudaStream_t s) {
     attention_row_dot_kernel<<<ceil_div((size_t)sh.B * sh.T * sh.NH, 256), 256, 0, s>>>(dsum, dout, out, sh);
     LAUNCH_CHECK();
     float scale = 1.0f / sqrtf((float)sh.HD), scale_log2 = 1.4426950408889634f * scale;
-    dim3 grid(sh.B * sh.KVH, ceil_div(sh.T, FA_BWD_KEYS));
-    if (sh.HD == 64)
-        flash_backward_kernel<64><<<grid, FA_BWD_THREADS, sizeof(BackwardTiles<64>), s>>>(
-            dk, dv, dq_accum, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
-    else
-        flash_backward_kernel<32><<<grid, FA_BWD_THREADS, sizeof(BackwardTiles<32>), s>>>(
-            dk, dv, dq_accum, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
-    LAUNCH_CHECK();
-    flash_dq_convert_kernel<<<ceil_div(n_dq / 8, 256), 256, 0, s>>>(dq, dq_accum, n_dq, scale);
+    dim3 grid_kv(sh.B * sh.KVH, ceil_div(sh.T, FA_TILE)), grid_q(sh.B * sh.NH, ceil_div(sh.T, FA_TILE));
+    if (sh.HD == 64) {
+        flash_backward_dkv_kernel<64><<<grid_kv, FA_THREADS, 0, s>>>(dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+        flash_backward_dq_kernel<64><<<grid_q, FA_THREADS, 0, s>>>(dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+    } else {
+        flash_backward_dkv_kernel<32><<<grid_kv, FA_THREADS, 0, s>>>(dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+        flash_backward_dq_kernel<32><<<grid_q, FA_THREADS, 0, s>>>(dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+    }
     LAUNCH_CHECK();
 }
 

@@ -51,7 +51,6 @@ enum {
     A_HEADS_O,      // bf16 (N, C)       unfused attention: output head-major; dO in backward
     A_SCORES,       // fp32 (B, NH, T, T) scores, unfused attention only; dP in backward
     A_DSUM,         // fp32 (B, NH, T)   rowsum(dO * O), flash attention backward
-    A_DQ_ACCUM,     // fp32 (B, NH, T, HD) dq summed over key blocks by atomics, flash attention backward
     A_DHEADS,       // bf16 (N * QKV)    dq, dk, dv head-major
     A_DRESID,       // fp32 (N, C)       gradient of the residual stream
     A_DRESID_BF16,  // bf16 (N, C)       the same, rounded: the branch gradient the GEMMs read
@@ -73,13 +72,12 @@ typedef struct {
 static ActLayout act_layout(const Llama3Config* c, int B, int T, int grad_accum, int sms, bool flash, bool fused_rms) {
     size_t N = (size_t)B * T, C = c->n_embd, L = c->n_layer, F = c->ffn_hidden, V = c->vocab_size;
     size_t QKV = qkv_dim(c), ROWS = (size_t)B * c->n_head * T, ATT = flash ? 0 : ROWS * T, LSE = flash ? ROWS : 0;
-    size_t DQ = flash ? N * C : 0;
     size_t elems[NUM_ACTS] = {(L + 1) * N * C, L * N * C, L * N, L * N, N, L * N * C, L * N * QKV, L * ATT, L * LSE,
                               L * N * C, L * N * C, L * N * 2 * F, L * N * F, N * C, N * V,
-                              N * QKV, N * C, N * C, ATT, LSE, DQ, N * QKV, N * C, N * C, N * F, N * 2 * F,
+                              N * QKV, N * C, N * C, ATT, LSE, N * QKV, N * C, N * C, N * F, N * 2 * F,
                               (size_t)rms_bwd_blocks((int)N, sms) * C, grad_accum * N, fused_rms ? 0 : 3 * N * C,
                               fused_rms ? 0 : 2 * N};
-    int fp32[NUM_ACTS] = {1, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 1, 0, 0, 0, 1, 1, 1, 1};
+    int fp32[NUM_ACTS] = {1, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 0, 1, 1, 1, 1};
     ActLayout a;
     a.total = 0;
     for (int i = 0; i < NUM_ACTS; i++) {
@@ -489,8 +487,7 @@ static void attention_backward(Model* m, int l, bf16* dy) {
     bf16 *k = q + N * C, *v = k + N * KVD;
     if (m->sw.flash_attention) {
         bf16 *dq = act_bf16(m, A_DHEADS), *dk = dq + N * C, *dv = dk + N * KVD;
-        flash_attention_backward(dq, dk, dv, act_f32(m, A_DQ_ACCUM), act_f32(m, A_DSUM), dy,
-                                 act_bf16(m, A_ATT_Y, l * N * C), q, k, v,
+        flash_attention_backward(dq, dk, dv, act_f32(m, A_DSUM), dy, act_bf16(m, A_ATT_Y, l * N * C), q, k, v,
                                  act_f32(m, A_LSE, (size_t)l * sh.B * sh.NH * T), sh, m->stream);
         return;
     }

@@ -26,18 +26,13 @@
 //      registers -> shared, the operands read transposed (V; Q, dO and K in the backward) a second
 //      time from global memory into transposed copies by 2-byte shared stores; mma operands by
 //      32-bit shared loads; every tile load -> __syncthreads -> compute -> __syncthreads.
-//   4  flash attention (flash_attention_forward / flash4_attention_backward, below): version 3's
-//      math on row-major tiles only, loaded once by cp.async and double-buffered, mma operands by
-//      ldmatrix (.trans for the transposed ones), the tiles with the most causal work launched
-//      first. The backward is two kernels, dK/dV per 64 keys and dQ per 64 queries, each
-//      computing S, P, dP and dS: 7 tile products per tile pair. Deterministic.
-//   5  version 4's forward, and a backward of one kernel per 128 keys (flash_attention_backward,
-//      8 warps) that also adds dQ = dS K to an fp32 buffer by atomics: 5 tile products per tile
-//      pair, each exp2 once; plus zeroing and rounding passes over the fp32 dQ. dQ's sum order
-//      varies between runs. The trainer's default.
+//   4  flash attention (flash_attention_forward / _backward): version 3's math on row-major
+//      tiles only, loaded once by cp.async and double-buffered, mma operands by ldmatrix (.trans
+//      for the transposed ones), the tiles with the most causal work launched first; the
+//      trainer's default.
 // sizes: LLaMA3.2-1B (NH 32, KVH 8, HD 64) at B=4, T=64 and B=16, T=1024. Validated against an
 // fp64 CPU reference at B=2, T=17, NH 4, KVH 2, HD 32 (flash attention takes HD 32 or 64) and at
-// B=4, T=64; at B=16, T=1024 (too slow for the CPU) versions 2 to 5 against version 1.
+// B=4, T=64; at B=16, T=1024 (too slow for the CPU) versions 2 to 4 against version 1.
 #include "common.h"
 
 typedef struct {
@@ -49,8 +44,7 @@ typedef struct {
     bf16* probs;   // versions 1, 2: (B, NH, T, T) P; dS after the backward
     bf16* o_heads; // versions 1, 2: (B, NH, T, HD) o; dO in the backward
     bf16 *k_rep, *v_rep, *dk_rep, *dv_rep; // version 1: K, V and their gradients per query head (B, NH, T, HD)
-    float *lse2, *dsum; // versions 3 to 5: (B, NH, T) log2-sum-exp of each query row, rowsum(dO * O)
-    float* dq_accum;    // version 5: (B, NH, T, HD) dQ summed in fp32
+    float *lse2, *dsum; // versions 3, 4: (B, NH, T) log2-sum-exp of each query row, rowsum(dO * O)
 } AttnBuffers;
 
 static size_t qkv_elems(HeadShape sh) { return (size_t)sh.B * sh.T * (sh.NH + 2 * sh.KVH) * sh.HD; }
@@ -64,12 +58,12 @@ static AttnBuffers attn_alloc(HeadShape sh) {
     AttnBuffers b = {dev_alloc<bf16>(QKV), dev_alloc<bf16>(Q),  dev_alloc<bf16>(Q),  dev_alloc<bf16>(QKV),
                      dev_alloc<float>(S),  dev_alloc<bf16>(S),  dev_alloc<bf16>(Q),  dev_alloc<bf16>(Q),
                      dev_alloc<bf16>(Q),   dev_alloc<bf16>(Q),  dev_alloc<bf16>(Q),  dev_alloc<float>(row_elems(sh)),
-                     dev_alloc<float>(row_elems(sh)), dev_alloc<float>(Q)};
+                     dev_alloc<float>(row_elems(sh))};
     return b;
 }
 static void attn_free(AttnBuffers& b) {
     void* all[] = {b.heads, b.dy,    b.att_y,  b.dheads, b.scores, b.probs, b.o_heads,
-                   b.k_rep, b.v_rep, b.dk_rep, b.dv_rep, b.lse2,   b.dsum,   b.dq_accum};
+                   b.k_rep, b.v_rep, b.dk_rep, b.dv_rep, b.lse2,   b.dsum};
     for (void* p : all) CUDA_CHECK(cudaFree(p));
 }
 // Every buffer a version writes, NaN before a validation run.
@@ -78,7 +72,7 @@ static void attn_poison(const AttnBuffers& b, HeadShape sh) {
     dev_poison(b.scores, score_elems(sh)), dev_poison(b.probs, score_elems(sh)), dev_poison(b.o_heads, q_elems(sh));
     dev_poison(b.k_rep, q_elems(sh)), dev_poison(b.v_rep, q_elems(sh));
     dev_poison(b.dk_rep, q_elems(sh)), dev_poison(b.dv_rep, q_elems(sh));
-    dev_poison(b.lse2, row_elems(sh)), dev_poison(b.dsum, row_elems(sh)), dev_poison(b.dq_accum, q_elems(sh));
+    dev_poison(b.lse2, row_elems(sh)), dev_poison(b.dsum, row_elems(sh));
 }
 
 // ---- version 1: K and V repeated per query head ----
@@ -159,7 +153,7 @@ static void backward_stacked(Gemm* g, const AttnBuffers& b, HeadShape sh) {
 }
 
 // ---- version 3: flash attention, scalar transposed tiles, no pipelining ----
-// The trainer's kernels before version 4, with version 4's launcher signatures; they share with it
+// The trainer's kernels before version 4, with its launchers' signatures; they share with it
 // FA_TILE, FA_THREADS, the mma and packing helpers, the math between the products (the forward's
 // online softmax and its output rows, the backward's P and dS), the row stores, and the dsum kernel.
 
@@ -366,116 +360,8 @@ static void flash3_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum,
     LAUNCH_CHECK();
 }
 
-// ---- version 4's backward: dK/dV and dQ in two kernels, P and dS computed by both ----
-// The trainer's backward before version 5 (its forward is still the trainer's), with the same
-// launcher signature; it shares with version 5 the tiles, loads, fragments and products.
+// ---- versions 3 and 4: flash attention (version 4 is the trainer's default) ----
 
-// dK, dV: grid (B*KVH, T/64 key tiles, tile 0, with the most queries, first), 128 threads; each
-// warp owns 16 keys, held as A fragments. The G query heads sharing them times the query tiles at
-// or after them (causal) stream through two double-buffered QueryTiles, step i = head i / tiles,
-// tile i % tiles.
-template <int HD>
-__global__ void __launch_bounds__(FA_THREADS)
-    flash4_backward_dkv_kernel(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                               const float* lse2, const float* dsum, HeadShape sh, float scale_log2, float scale) {
-    __shared__ QueryTile<HD> qs[2];
-    const int T = sh.T, kt = blockIdx.y, b = blockIdx.x / sh.KVH, kvh = blockIdx.x % sh.KVH, G = sh.NH / sh.KVH;
-    const int tiles = gridDim.y - kt, steps = G * tiles;
-    const size_t kv_head = (size_t)blockIdx.x * T * HD;
-    int key[2];
-    frag_rows(key, kt * FA_TILE);
-    auto load_step = [&](int i) { // issues and commits step i's copies into qs[i % 2]
-        const int head = kvh * G + i / tiles;
-        const size_t bh = (size_t)b * sh.NH + head;
-        qs[i % 2].load(q + bh * T * HD, dout + (size_t)b * T * sh.NH * HD + head * HD, (size_t)sh.NH * HD,
-                       lse2 + bh * T, dsum + bh * T, kt + i % tiles, T);
-    };
-    load_tile_async<HD>(qs[1].q, k + kv_head, HD, kt * FA_TILE, T); // K and V, staged where step 1 goes
-    load_tile_async<HD>(qs[1].dout, v + kv_head, HD, kt * FA_TILE, T);
-    load_step(0);
-    cp_async_wait_all();
-    __syncthreads();
-    uint32_t ka[HD / 16][4], va[HD / 16][4];
-    a_fragments<HD>(ka, qs[1].q);
-    a_fragments<HD>(va, qs[1].dout);
-    float dk_acc[HD / 8][4] = {}, dv_acc[HD / 8][4] = {};
-    for (int i = 0; i < steps; i++) {
-        cp_async_wait_all();
-        __syncthreads(); // step i landed for all threads, and all are done with qs[(i + 1) % 2]
-        if (i + 1 < steps) load_step(i + 1);
-        const QueryTile<HD>& tile = qs[i % 2];
-        const int qt = kt + i % tiles;
-        float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
-        mma_a_tileT<HD>(p, ka, tile.q);     // S^T = K Q^T, rows are keys
-        mma_a_tileT<HD>(dp, va, tile.dout); // dP^T = V dO^T
-        softmax_backward_tile<true>(p, dp, key, qt * FA_TILE, T, scale_log2, tile.lse2, tile.dsum); // P^T, dS^T
-        mma_c_tile<HD>(dv_acc, p, tile.dout); // dV += P^T dO
-        mma_c_tile<HD>(dk_acc, dp, tile.q);   // dK += dS^T Q
-    }
-    store_head_rows<HD>(dk + kv_head, dk_acc, key, T, scale);
-    store_head_rows<HD>(dv + kv_head, dv_acc, key, T, 1.0f);
-}
-
-// dQ: grid (B*NH, T/64 query tiles, the last first), 128 threads; each warp owns 16 queries and
-// loops over the key tiles up to its own (causal), double-buffered, recomputing P and dS.
-template <int HD>
-__global__ void __launch_bounds__(FA_THREADS)
-    flash4_backward_dq_kernel(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                              const float* lse2, const float* dsum, HeadShape sh, float scale_log2, float scale) {
-    __shared__ KeyTile<HD> kv[2];
-    const int T = sh.T, qt = gridDim.y - 1 - blockIdx.y, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
-    const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
-    int row[2];
-    frag_rows(row, qt * FA_TILE);
-    load_tile_async<HD>(kv[1].k, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T); // Q and dO, staged where tile 1 goes
-    load_tile_async<HD>(kv[1].v, dout + (size_t)b * T * sh.NH * HD + h * HD, (size_t)sh.NH * HD, qt * FA_TILE, T);
-    kv[0].load(k + kv_head, v + kv_head, 0, T);
-    cp_async_wait_all();
-    __syncthreads();
-    uint32_t qa[HD / 16][4], doa[HD / 16][4];
-    a_fragments<HD>(qa, kv[1].k);
-    a_fragments<HD>(doa, kv[1].v);
-    float lse[2], dsum_row[2], dq_acc[HD / 8][4] = {};
-    for (int r = 0; r < 2; r++) {
-        lse[r] = row[r] < T ? lse2[(size_t)bh * T + row[r]] : 0.0f;
-        dsum_row[r] = row[r] < T ? dsum[(size_t)bh * T + row[r]] : 0.0f;
-    }
-    for (int kt = 0; kt <= qt; kt++) {
-        cp_async_wait_all();
-        __syncthreads(); // tile kt landed for all threads, and all are done with kv[(kt + 1) % 2]
-        if (kt < qt) kv[(kt + 1) % 2].load(k + kv_head, v + kv_head, kt + 1, T);
-        const KeyTile<HD>& tile = kv[kt % 2];
-        float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
-        mma_a_tileT<HD>(p, qa, tile.k);   // S = Q K^T
-        mma_a_tileT<HD>(dp, doa, tile.v); // dP = dO V^T
-        softmax_backward_tile<false>(p, dp, row, kt * FA_TILE, T, scale_log2, lse, dsum_row); // P, dS
-        mma_c_tile<HD>(dq_acc, dp, tile.k); // dQ += dS K
-    }
-    store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, scale);
-}
-
-// dq, dk, dv (head-major) from dout and out (token-major) and the forward's lse2; dsum is scratch
-// of B*NH*T floats.
-static void flash4_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum, const bf16* dout, const bf16* out,
-                                      const bf16* q, const bf16* k, const bf16* v, const float* lse2, HeadShape sh,
-                                      cudaStream_t s) {
-    attention_row_dot_kernel<<<ceil_div((size_t)sh.B * sh.T * sh.NH, 256), 256, 0, s>>>(dsum, dout, out, sh);
-    LAUNCH_CHECK();
-    float scale = 1.0f / sqrtf((float)sh.HD), scale_log2 = 1.4426950408889634f * scale;
-    dim3 grid_kv(sh.B * sh.KVH, ceil_div(sh.T, FA_TILE)), grid_q(sh.B * sh.NH, ceil_div(sh.T, FA_TILE));
-    if (sh.HD == 64) {
-        flash4_backward_dkv_kernel<64><<<grid_kv, FA_THREADS, 0, s>>>(dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
-        flash4_backward_dq_kernel<64><<<grid_q, FA_THREADS, 0, s>>>(dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
-    } else {
-        flash4_backward_dkv_kernel<32><<<grid_kv, FA_THREADS, 0, s>>>(dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
-        flash4_backward_dq_kernel<32><<<grid_q, FA_THREADS, 0, s>>>(dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
-    }
-    LAUNCH_CHECK();
-}
-
-// ---- versions 3 to 5: flash attention (version 5 is the trainer's) ----
-
-// Versions 4 and 5 share the forward (the trainer's).
 static void forward_flash(int version, const AttnBuffers& b, HeadShape sh) {
     bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
     (version == 3 ? flash3_attention_forward : flash_attention_forward)(b.att_y, b.lse2, q, k, v, sh, 0);
@@ -484,11 +370,8 @@ static void forward_flash(int version, const AttnBuffers& b, HeadShape sh) {
 static void backward_flash(int version, const AttnBuffers& b, HeadShape sh) {
     bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
     bf16 *dq = b.dheads, *dk = dq + q_elems(sh), *dv = dk + kv_elems(sh);
-    if (version == 5)
-        flash_attention_backward(dq, dk, dv, b.dq_accum, b.dsum, b.dy, b.att_y, q, k, v, b.lse2, sh, 0);
-    else
-        (version == 3 ? flash3_attention_backward : flash4_attention_backward)(dq, dk, dv, b.dsum, b.dy, b.att_y, q, k,
-                                                                               v, b.lse2, sh, 0);
+    (version == 3 ? flash3_attention_backward : flash_attention_backward)(dq, dk, dv, b.dsum, b.dy, b.att_y, q, k, v,
+                                                                          b.lse2, sh, 0);
 }
 
 static void attention_version(int version, bool backward, Gemm* g, const AttnBuffers& b, HeadShape sh) {
@@ -605,7 +488,7 @@ static void validate_cpu(HeadShape sh, Gemm* g, const DevArgs& a, bool* ok) {
     CUDA_CHECK(cudaMemcpy(b.heads, to_bf16(heads).data(), qkv_elems(sh) * sizeof(bf16), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(b.dy, to_bf16(dy).data(), q_elems(sh) * sizeof(bf16), cudaMemcpyHostToDevice));
     char tag[32];
-    for (int version = 1; version <= 5; version++) {
+    for (int version = 1; version <= 4; version++) {
         if (!dev_selected(a, version)) continue;
         run_version(version, g, b, sh, got);
         snprintf(tag, sizeof(tag), "v%d vs CPU", version);
@@ -614,7 +497,7 @@ static void validate_cpu(HeadShape sh, Gemm* g, const DevArgs& a, bool* ok) {
     attn_free(b);
 }
 
-// Where the CPU is too slow: versions 2 to 5 against version 1 on the same random inputs,
+// Where the CPU is too slow: versions 2 to 4 against version 1 on the same random inputs,
 // relative L2 1e-2 (they differ in summation order, where P and dS are rounded, and version 1
 // rounds dK, dV per query head before summing them).
 static void validate_versions(HeadShape sh, Gemm* g, bool* ok) {
@@ -623,7 +506,7 @@ static void validate_versions(HeadShape sh, Gemm* g, bool* ok) {
     std::vector<float> ref[2], got[2];
     run_version(1, g, b, sh, ref);
     char tag[32];
-    for (int version = 2; version <= 5; version++) {
+    for (int version = 2; version <= 4; version++) {
         run_version(version, g, b, sh, got);
         snprintf(tag, sizeof(tag), "v%d vs v1", version);
         bool same = check_outputs(tag, got, ref, sh, false);
@@ -648,9 +531,9 @@ static void time_versions(HeadShape sh, Gemm* g, const DevArgs& a, const bool* o
     double flops = 4.0 * sh.B * sh.NH * (double)sh.T * sh.T * sh.HD;
     char size[48];
     snprintf(size, sizeof(size), "B=%d T=%d", sh.B, sh.T);
-    const char* labels[6] = {"", "1 unfused, repeated K/V", "2 unfused, stacked GQA", "3 flash, scalar transposed tiles",
-                             "4 flash, cp.async + ldmatrix", "5 flash, v4 + fused dQ (trainer)"};
-    for (int version = 1; version <= 5; version++) {
+    const char* labels[5] = {"", "1 unfused, repeated K/V", "2 unfused, stacked GQA", "3 flash, scalar transposed tiles",
+                             "4 flash, cp.async + ldmatrix (trainer)"};
+    for (int version = 1; version <= 4; version++) {
         if (!dev_selected(a, version)) continue;
         for (int backward = 0; backward <= 1; backward++) {
             if (backward) // P (lse2 for flash, version 1's K, V copies) from the forward
@@ -665,10 +548,10 @@ static void time_versions(HeadShape sh, Gemm* g, const DevArgs& a, const bool* o
 }
 
 int main(int argc, char** argv) {
-    DevArgs a = dev_args(argc, argv, 5);
+    DevArgs a = dev_args(argc, argv, 4);
     static Gemm g; // the trainer's matmul() state; large (its plan table): not on the stack
     gemm_create(&g);
-    bool ok[6] = {true, true, true, true, true, true};
+    bool ok[5] = {true, true, true, true, true};
     const HeadShape small = {2, 17, 4, 2, 32}, b4t64 = {4, 64, 32, 8, 64}, b16t1024 = {16, 1024, 32, 8, 64};
     validate_cpu(small, &g, a, ok);
     validate_cpu(b4t64, &g, a, ok);
