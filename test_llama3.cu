@@ -272,7 +272,12 @@ static void test_training(Model* m, const RefState* r, const float* p0, const ch
         stage_ref_batch(m, r, t - 1, slot);
         train_step(m, t, slot);
         CUDA_CHECK(cudaStreamSynchronize(m->stream));
-        float loss = m->loss_host[slot], tol = t == 1 ? 1e-2f : 2e-2f;
+        // Steps 2..n: 3e-2 (2e-2 until the RMSNorm kernels' fp32 summation order changed). AdamW's
+        // first update is lr * g / |g| per element, so an element whose gradient is within rounding
+        // of zero moves by +-lr at random, and the 1B model's step-2 loss depends on rounding order
+        // alone: two RMSNorm versions, both exact to fp32 rounding in dev/rmsnorm and with the same
+        // step-1 gradient errors, give 10.9411 and 10.9303 against PyTorch's 10.9504.
+        float loss = m->loss_host[slot], tol = t == 1 ? 1e-2f : 3e-2f;
         char name[64];
         snprintf(name, sizeof(name), "train step %d loss (ours %.5f ref %.5f)", t, loss, r->losses[t - 1]);
         check(fabsf(loss - r->losses[t - 1]) <= tol, name, fabsf(loss - r->losses[t - 1]), tol);
