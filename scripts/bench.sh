@@ -64,7 +64,9 @@ row() { # row CONFIG IMPL "ms min max tok_s peak" T OURS_MS
         o=$(ours "$B" "$T")
         row "B=$B, T=$T" "llama3.cu" "$o" "$T" "${o%% *}"
         for p in $peers; do
+            t0=$SECONDS
             j=$(python3 scripts/bench_torch.py --mode "$p" --batch_size "$B" --seq_len "$T" 2>"$tmp/torch.err" | tail -n 1)
+            echo "pytorch $p B=$B T=$T: $((SECONDS - t0)) s wall (compilation included)" >&2
             if [ -z "$j" ]; then echo "| B=$B, T=$T | pytorch $p | failed: $(tail -n 1 "$tmp/torch.err") | | | | | |"; continue; fi
             r=$(echo "$j" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["ms"], d["ms_min"], d["ms_max"], d["tok_s"], d["peak_mib"])')
             row "B=$B, T=$T" "pytorch $p" "$r" "$T" "${o%% *}"
