@@ -45,17 +45,19 @@ __device__ inline float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-// Sum over the block (blockDim.x a multiple of 32); every thread gets the result.
-__device__ inline float block_sum(float v) {
+// Sum, or max with MAX, over the block (blockDim.x a multiple of 32); every thread gets the result.
+template <bool MAX> __device__ inline float block_reduce(float v) {
     __shared__ float partial[32];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    v = warp_sum(v);
+    v = MAX ? warp_max(v) : warp_sum(v);
     __syncthreads(); // a previous call may still be reading partial
     if (lane == 0) partial[warp] = v;
     __syncthreads();
-    v = lane < (int)(blockDim.x / 32) ? partial[lane] : 0.0f;
-    return warp_sum(v);
+    v = lane < (int)(blockDim.x / 32) ? partial[lane] : MAX ? -INFINITY : 0.0f;
+    return MAX ? warp_max(v) : warp_sum(v);
 }
+__device__ inline float block_sum(float v) { return block_reduce<false>(v); }
+__device__ inline float block_max(float v) { return block_reduce<true>(v); }
 
 // 16 bytes moved by one 128-bit load or store: 8 bf16 or 4 floats.
 template <typename T> struct alignas(16) Vec16 {

@@ -28,18 +28,6 @@ __global__ void bf16_to_float_kernel(float* out, const bf16* in, size_t n) {
     if (i < n) out[i] = __bfloat162float(in[i]);
 }
 
-// Max over the block (blockDim.x a multiple of 32); every thread gets the result.
-__device__ inline float block_max(float v) {
-    __shared__ float partial[32];
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    v = warp_max(v);
-    __syncthreads(); // a previous call may still be reading partial
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    v = lane < (int)(blockDim.x / 32) ? partial[lane] : -INFINITY;
-    return warp_max(v);
-}
-
 // logprobs = x - max - log(sum exp(x - max)) over each fp32 row of V, one block per row.
 __global__ void log_softmax_kernel(float* logprobs, const float* logits, int V) {
     const float* x = logits + (size_t)blockIdx.x * V;
