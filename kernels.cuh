@@ -1400,6 +1400,25 @@ static cublasLtMatrixLayout_t gemm_layout(cudaDataType t, int rows, int cols, in
     return l;
 }
 
+// The heuristic's best n algorithms for plan p (its descriptors, the key's alignments, the
+// workspace), best first, into results; returns how many it found. gemm_plan keeps the first;
+// dev/gemm times the others.
+static int gemm_candidates(Gemm* g, const GemmPlan* p, cublasLtMatmulHeuristicResult_t* results, int n) {
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint32_t al_a = p->key.align_b, al_b = p->key.align_a, al_d = p->key.align_d; // cuBLAS's A is our B
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &g->workspace_bytes, sizeof(g->workspace_bytes)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, 4));
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(g->handle, p->op, p->a, p->b, p->d, p->d, pref, n, results, &found));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    return found;
+}
+
 static GemmPlan* gemm_plan(Gemm* g, const GemmKey* k) {
     for (int i = 0; i < g->n_plans; i++)
         if (!memcmp(&g->plans[i].key, k, sizeof(GemmKey))) return &g->plans[i];
@@ -1417,20 +1436,8 @@ static GemmPlan* gemm_plan(Gemm* g, const GemmKey* k) {
     p->a = gemm_layout(CUDA_R_16BF, k->trans_b ? k->K : k->N, k->trans_b ? k->N : k->K, k->batch, k->stride_b);
     p->b = gemm_layout(CUDA_R_16BF, k->trans_a ? k->M : k->K, k->trans_a ? k->K : k->M, k->batch, k->stride_a);
     p->d = gemm_layout(k->out_fp32 ? CUDA_R_32F : CUDA_R_16BF, k->N, k->M, k->batch, k->stride_d);
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    uint32_t al_a = k->align_b, al_b = k->align_a, al_d = k->align_d;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &g->workspace_bytes, sizeof(g->workspace_bytes)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, 4));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, 4));
     cublasLtMatmulHeuristicResult_t result;
-    int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(g->handle, p->op, p->a, p->b, p->d, p->d, pref, 1, &result, &found));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    if (found == 0) {
+    if (gemm_candidates(g, p, &result, 1) == 0) {
         fprintf(stderr, "gemm: cuBLASLt has no algorithm for M=%d N=%d K=%d batch=%d trans_a=%d trans_b=%d\n", k->M,
                 k->N, k->K, k->batch, k->trans_a, k->trans_b);
         exit(EXIT_FAILURE);
