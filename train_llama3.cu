@@ -790,11 +790,11 @@ static void log_step(Model* m, StepLog* lg, int t, int n_steps, int slot, float 
     float ms;
     CUDA_CHECK(cudaEventElapsedTime(&ms, lg->start[slot], lg->end[slot]));
     lg->ms[t - 1] = ms;
-    if (lg->mem_mib == 0.0) { // every buffer is allocated before step 1: this is the peak
-        size_t free_b, total_b;
-        CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-        lg->mem_mib = (total_b - free_b) / 1048576.0;
-    }
+    // Device memory in use, the most seen so far: the buffers are all allocated before step 1, but
+    // the CUDA graph's own memory arrives while step 2 is captured and instantiated.
+    size_t free_b, total_b;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    lg->mem_mib = fmax(lg->mem_mib, (total_b - free_b) / 1048576.0);
     double tok_s = (double)m->grad_accum * m->B * m->T / (ms / 1000.0);
     float loss = m->loss_host[slot];
     printf("step %4d/%d | loss %.6f | lr %.2e | %.2f ms | %.0f tok/s | peak %.0f MiB\n", t, n_steps, loss, lr, ms,

@@ -39,7 +39,7 @@ ours() {
     ./train_llama3 --batch_size "$B" --sequence_length "$T" --total_batch_size $((B * T)) --num_iteration 30 \
         --log_file "$tmp/log.json" "$@" > "$tmp/train.log" 2>&1 || { echo "fail"; return; }
     tail -n +2 "$tmp/log.json" | sed -E 's/.*"ms": ([0-9.]+), "tok_per_s": ([0-9.]+), "peak_mib": ([0-9.]+).*/\1 \3/' |
-        sort -g | awk '{ ms[NR] = $1; peak = $2 } END { m = ms[int((NR + 1) / 2)];
+        sort -g | awk '{ ms[NR] = $1; if ($2 > peak) peak = $2 } END { m = ms[int((NR + 1) / 2)];
             printf "%.2f %.2f %.2f %.0f %.0f\n", m, ms[1], ms[NR], '"$B"' * '"$T"' / (m / 1000), peak }'
 }
 
