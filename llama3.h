@@ -457,6 +457,7 @@ typedef struct {
     int cuda_graph;        // 0: launch every kernel of every step from the host
     int fused_rmsnorm;     // 0: RMSNorm (and its residual add) as separate ops, as autograd runs it
     int deferred_adamw;    // layers 0..K-1 whose AdamW runs during the next step's forward; 0: none
+    int delete_fills;      // 0: zero-fill the attention and head-permute backward outputs first
 } Switches;
 
 typedef struct {
@@ -472,7 +473,7 @@ typedef struct {
 
 static inline TrainArgs train_args_default(void) {
     TrainArgs a = {NULL, NULL, NULL, 100, 4, 64, 256, 1e-5f, 0.0f, 0.9f, 0.999f, 1e-8f, 0, 42,
-                   {1, 1, GRAD_ZERO_NONE, 1, 1, 1, 1, 1, 1, 1, 12}};
+                   {1, 1, GRAD_ZERO_NONE, 1, 1, 1, 1, 1, 1, 1, 12, 1}};
     return a;
 }
 
@@ -504,6 +505,8 @@ static inline void print_usage(FILE* f, const char* prog) {
             "  --bf16_grads B           1: matmul weight gradients in bf16 when grad_accum is 1; 0: fp32\n"
             "  --cuda_graph B           1: steps 2.. replay one CUDA graph (needs metadata_by_value 1)\n"
             "  --fused_rmsnorm B        1: one kernel per RMSNorm forward/backward; 0: separate ops\n"
+            "  --delete_fills B         1: no fill before a kernel that overwrites its whole output; 0: the\n"
+            "                           seed's fills before the attention and head-permute backward outputs\n"
             "  --deferred_adamw K       AdamW of layers 0..K-1 during the next step's forward (12; needs\n"
             "                           overlap_optimizer 1 and grad_zeroing none; 0: all in its own step)\n"
             "  --grad_zeroing MODE      none: first gradient GEMM writes; memset or fill: zero grads each step\n",
@@ -577,6 +580,7 @@ static inline int apply_flag(TrainArgs* a, const char* flag, const char* val, ch
     if (!strcmp(flag, "--bf16_grads")) return parse_bool(flag, val, &a->sw.bf16_grads, err);
     if (!strcmp(flag, "--cuda_graph")) return parse_bool(flag, val, &a->sw.cuda_graph, err);
     if (!strcmp(flag, "--fused_rmsnorm")) return parse_bool(flag, val, &a->sw.fused_rmsnorm, err);
+    if (!strcmp(flag, "--delete_fills")) return parse_bool(flag, val, &a->sw.delete_fills, err);
     if (!strcmp(flag, "--grad_zeroing")) {
         if (!strcmp(val, "none")) a->sw.grad_zeroing = GRAD_ZERO_NONE;
         else if (!strcmp(val, "memset")) a->sw.grad_zeroing = GRAD_ZERO_MEMSET;
@@ -596,7 +600,7 @@ static inline int apply_flag(TrainArgs* a, const char* flag, const char* val, ch
 static inline int is_bool_flag(const char* flag) {
     const char* bools[] = {"--overfit_single_batch", "--sparse_embedding", "--overlap_optimizer",
                            "--shadow_weights", "--vector_adam", "--metadata_by_value", "--flash_attention",
-                           "--bf16_grads", "--cuda_graph", "--fused_rmsnorm"};
+                           "--bf16_grads", "--cuda_graph", "--fused_rmsnorm", "--delete_fills"};
     for (size_t i = 0; i < sizeof(bools) / sizeof(bools[0]); i++)
         if (!strcmp(flag, bools[i])) return 1;
     return 0;

@@ -310,7 +310,7 @@ int main(int argc, char** argv) {
            "flash_attention %d bf16_grads %d grad_zeroing %d\n", a.sw.sparse_embedding, a.sw.overlap_optimizer,
            a.sw.shadow_weights, a.sw.vector_adam, a.sw.metadata_by_value, a.sw.flash_attention, a.sw.bf16_grads,
            a.sw.grad_zeroing);
-    printf("fused_rmsnorm %d\n", a.sw.fused_rmsnorm);
+    printf("fused_rmsnorm %d delete_fills %d\n", a.sw.fused_rmsnorm, a.sw.delete_fills);
 
     Model m;
     OptimConfig o = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay};

@@ -263,7 +263,7 @@ static void test_cli(void) {
     Switches d = a.sw;
     CHECK(d.sparse_embedding && d.overlap_optimizer && d.shadow_weights && d.vector_adam && d.metadata_by_value &&
               d.flash_attention && d.bf16_grads && d.cuda_graph && d.fused_rmsnorm && d.grad_zeroing == GRAD_ZERO_NONE &&
-              d.deferred_adamw == 12,
+              d.deferred_adamw == 12 && d.delete_fills,
           "every optimisation on by default (AdamW of 12 layers deferred)");
     rc = parse(&a, err, "--learning_rate=3e-4 --overfit_single_batch --seed 7 --weight_decay 0.1 --sparse_embedding 0");
     CHECK(rc == 0 && a.learning_rate == 3e-4f && a.overfit_single_batch == 1 && a.seed == 7 &&
@@ -271,10 +271,10 @@ static void test_cli(void) {
           "--flag=value, bare bool flag, our own flags (%s)", rc ? err : "ok");
     rc = parse(&a, err, "--shadow_weights 0 --vector_adam=0 --metadata_by_value false --overlap_optimizer 0 "
                         "--grad_zeroing fill --flash_attention 0 --bf16_grads=false --cuda_graph 0 --fused_rmsnorm 0 "
-                        "--deferred_adamw 0");
+                        "--deferred_adamw 0 --delete_fills 0");
     CHECK(rc == 0 && !a.sw.shadow_weights && !a.sw.vector_adam && !a.sw.metadata_by_value && !a.sw.overlap_optimizer &&
               a.sw.grad_zeroing == GRAD_ZERO_FILL && !a.sw.flash_attention && !a.sw.bf16_grads && !a.sw.cuda_graph && !a.sw.fused_rmsnorm &&
-              a.sw.deferred_adamw == 0,
+              a.sw.deferred_adamw == 0 && !a.sw.delete_fills,
           "ablation switches parse (%s)", rc ? err : "ok");
     expect_error(parse(&a, err, "--grad_zeroing zeros"), err, "bad --grad_zeroing", "--grad_zeroing: bad value 'zeros'",
                  NULL);

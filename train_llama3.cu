@@ -504,6 +504,14 @@ static void attention_backward(Model* m, int l, bf16* dy) {
     matmul(&m->gemm, m->stream, dk, probs, q, T, HD, G * T, true, false, false, scale, 0.0f, batch, sp, sq, skv);
 }
 
+// Ablation only (--delete_fills 0): zero n bf16 that the next kernel overwrites whole, as the
+// seed's framework did in front of its Mask, Tril, RepeatInterleave and Transpose backward until
+// its "P0" change deleted those Fill(0) calls. Their counterparts here: the attention backward
+// (causal mask, GQA head sums) and the head permute's backward.
+static void redundant_fill(Model* m, bf16* buf, size_t n) {
+    if (!m->sw.delete_fills) fill(buf, n, 0.0f, m->stream);
+}
+
 // One block in reverse. On entry dresid holds the gradient of the block's output and
 // dresid_bf16 its rounded copy; on exit they hold the gradient of its input.
 static void block_backward(Model* m, int l, bool accumulate) {
@@ -522,8 +530,10 @@ static void block_backward(Model* m, int l, bool accumulate) {
     // attention: out projection, heads, RoPE, qkv, attention norm
     weight_grad(m, P_ATTN_OUT, l, dresid_bf16, act_bf16(m, A_ATT_Y, l * NC), C, C, accumulate);
     input_grad(m, P_ATTN_OUT, l, dbranch, dresid_bf16, C, C);
-    attention_backward(m, l, dbranch);
     bf16 *dheads = act_bf16(m, A_DHEADS), *dqkv = act_bf16(m, A_QKV);
+    redundant_fill(m, dheads, (size_t)N * QKV);
+    attention_backward(m, l, dbranch);
+    redundant_fill(m, dqkv, (size_t)N * QKV);
     rope_permute(true, dqkv, dheads, dheads + NC, dheads + NC + (size_t)N * (QKV - C) / 2, m->rope_cos, m->rope_sin,
                  head_shape(m), m->stream, m->shape_in_memory);
     weight_grad(m, P_QKV, l, dqkv, act_bf16(m, A_NORMED_ATTN, l * NC), QKV, C, accumulate);
@@ -862,10 +872,10 @@ int main(int argc, char** argv) {
     const Switches* w = &a.sw;
     printf("optimisations: sparse_embedding %d | overlap_optimizer %d | shadow_weights %d | vector_adam %d | "
            "metadata_by_value %d | fused_rmsnorm %d | flash_attention %d | bf16_grads %d | cuda_graph %d | "
-           "deferred_adamw %d | grad_zeroing %s\n",
+           "deferred_adamw %d | delete_fills %d | grad_zeroing %s\n",
            w->sparse_embedding, w->overlap_optimizer, w->shadow_weights, w->vector_adam, w->metadata_by_value,
            w->fused_rmsnorm, w->flash_attention, m.grads_bf16 != NULL, m.use_graph,
-           w->overlap_optimizer && w->grad_zeroing == GRAD_ZERO_NONE ? w->deferred_adamw : 0,
+           w->overlap_optimizer && w->grad_zeroing == GRAD_ZERO_NONE ? w->deferred_adamw : 0, w->delete_fills,
            w->grad_zeroing == GRAD_ZERO_NONE ? "none" : w->grad_zeroing == GRAD_ZERO_MEMSET ? "memset" : "fill");
     if (a.llmc_filepath) {
         if (model_load(&m, a.llmc_filepath, fmt, err)) die(err, argv[0], false);

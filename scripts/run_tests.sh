@@ -71,6 +71,7 @@ if nvidia-smi -L >/dev/null 2>&1; then
         if [ -f ref/small_state.bin ]; then
             for switch in "--flash_attention 0" "--shadow_weights 0" "--vector_adam 0" "--metadata_by_value 0" "--overlap_optimizer 0" \
                 "--bf16_grads 0" "--cuda_graph 0" "--fused_rmsnorm 0" "--deferred_adamw 0" "--deferred_adamw 1" \
+                "--delete_fills 0" \
                 "--grad_zeroing memset" "--grad_zeroing fill"; do
                 run "test_llama3 small $switch" ./test_llama3 ref/small_model.bin ref/small_state.bin $switch
             done
