@@ -1092,9 +1092,11 @@ static void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum, 
     dim3 grid_kv(sh.B * sh.KVH, ceil_div(sh.T, FA_TILE)), grid_q(sh.B * sh.NH, ceil_div(sh.T, FA_TILE));
     if (sh.HD == 64) {
         flash_backward_dkv_kernel<64><<<grid_kv, FA_THREADS, 0, s>>>(dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+        LAUNCH_CHECK();
         flash_backward_dq_kernel<64><<<grid_q, FA_THREADS, 0, s>>>(dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
     } else {
         flash_backward_dkv_kernel<32><<<grid_kv, FA_THREADS, 0, s>>>(dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+        LAUNCH_CHECK();
         flash_backward_dq_kernel<32><<<grid_q, FA_THREADS, 0, s>>>(dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
     }
     LAUNCH_CHECK();
@@ -1461,19 +1463,20 @@ static void matmul(Gemm* g, cudaStream_t s, void* D, const bf16* A, const bf16* 
 }
 
 // A cuBLASLt handle and a 32 MiB workspace; plans are made on first use of each shape.
+#define GEMM_WORKSPACE_BYTES ((size_t)32 << 20)
 static void gemm_create(Gemm* g) {
     memset(g, 0, sizeof(*g));
     CUBLAS_CHECK(cublasLtCreate(&g->handle));
-    g->workspace_bytes = 32 << 20;
+    g->workspace_bytes = GEMM_WORKSPACE_BYTES;
     CUDA_CHECK(cudaMalloc(&g->workspace, g->workspace_bytes));
 }
 
 static void gemm_destroy(Gemm* g) {
     for (int i = 0; i < g->n_plans; i++) {
-        cublasLtMatmulDescDestroy(g->plans[i].op);
-        cublasLtMatrixLayoutDestroy(g->plans[i].a);
-        cublasLtMatrixLayoutDestroy(g->plans[i].b);
-        cublasLtMatrixLayoutDestroy(g->plans[i].d);
+        CUBLAS_CHECK(cublasLtMatmulDescDestroy(g->plans[i].op));
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(g->plans[i].a));
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(g->plans[i].b));
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(g->plans[i].d));
     }
     g->n_plans = 0;
     CUBLAS_CHECK(cublasLtDestroy(g->handle));

@@ -62,6 +62,11 @@ static inline int config_check(const Llama3Config* c, const char* source, char* 
     if (c->vocab_size <= 0 || c->n_layer <= 0 || c->n_head <= 0 || c->n_kv_head <= 0 ||
         c->n_embd <= 0 || c->max_seq_len <= 0 || c->ffn_hidden <= 0)
         return l3_fail(err, "%s: model config has a non-positive size", source);
+    // Bounds far above any LLaMA 3, so that no size computed from them overflows.
+    if (c->n_layer > 1024 || c->n_head > 1024 || c->ffn_hidden > (1 << 20) || c->vocab_size > (1 << 24) ||
+        c->max_seq_len > (1 << 24))
+        return l3_fail(err, "%s: model config out of range (n_layer %d, n_head %d, ffn_hidden %d, vocab_size %d, "
+                       "max_seq_len %d)", source, c->n_layer, c->n_head, c->ffn_hidden, c->vocab_size, c->max_seq_len);
     if (c->n_embd % c->n_head != 0 || c->n_head % c->n_kv_head != 0)
         return l3_fail(err, "%s: n_embd %d, n_head %d, n_kv_head %d do not divide evenly", source,
                        c->n_embd, c->n_head, c->n_kv_head);
@@ -289,7 +294,10 @@ static inline int segments_load(const char* path, const SegmentList* s, float* b
     if (!f) return l3_fail(err, "%s: cannot open: %s", path, strerror(errno));
     for (int i = 0; i < s->n; i++) {
         const FileSegment* g = &s->seg[i];
-        if (fseeko(f, (off_t)g->file_offset, SEEK_SET) != 0) break;
+        if (fseeko(f, (off_t)g->file_offset, SEEK_SET) != 0) {
+            fclose(f);
+            return l3_fail(err, "%s: cannot seek to tensor %s: %s", path, g->name, strerror(errno));
+        }
         for (size_t done = 0; done < g->count;) {
             size_t n = g->count - done < buf_floats ? g->count - done : buf_floats;
             if (fread(buf, sizeof(float), n, f) != n) {
@@ -456,7 +464,8 @@ typedef struct {
     int bf16_grads;        // 0: fp32 matmul weight gradients even when one micro-step makes the step
     int cuda_graph;        // 0: launch every kernel of every step from the host
     int fused_rmsnorm;     // 0: RMSNorm (and its residual add) as separate ops, as autograd runs it
-    int deferred_adamw;    // layers 0..K-1 whose AdamW runs during the next step's forward; 0: none
+    int deferred_adamw;    // layers 0..K-1 whose AdamW runs during the next step's forward; 0: none;
+                           // -1 (not given): deferred_layers()
     int delete_fills;      // 0: zero-fill the attention and head-permute backward outputs first
 } Switches;
 
@@ -469,17 +478,26 @@ typedef struct {
     int overfit_single_batch;
     unsigned long long seed;
     Switches sw;
+    int help; // --help or -h: print the usage and exit
 } TrainArgs;
 
 static inline TrainArgs train_args_default(void) {
     TrainArgs a = {NULL, NULL, NULL, 100, 4, 64, 256, 1e-5f, 0.0f, 0.9f, 0.999f, 1e-8f, 0, 42,
-                   {1, 1, GRAD_ZERO_NONE, 1, 1, 1, 1, 1, 1, 1, 12, 1}};
+                   {1, 1, GRAD_ZERO_NONE, 1, 1, 1, 1, 1, 1, 1, -1, 1}, 0};
     return a;
+}
+
+// Layers whose AdamW is deferred: --deferred_adamw's value, or by default 12, capped at the
+// model's layers (a 2-layer model defers both).
+static inline int deferred_layers(const Switches* sw, int n_layer) {
+    if (sw->deferred_adamw >= 0) return sw->deferred_adamw;
+    return n_layer < 12 ? n_layer : 12;
 }
 
 static inline void print_usage(FILE* f, const char* prog) {
     fprintf(f,
             "usage: %s [flags]  (--flag value or --flag=value)\n"
+            "  --help, -h               this text\n"
             "  --input_bin PATH         llm.c token file (default: embedded tiny shakespeare)\n"
             "  --llmc_filepath PATH     model file, seed or llm.c format (default: random init)\n"
             "  --num_iteration N        optimizer steps (100)\n"
@@ -507,8 +525,9 @@ static inline void print_usage(FILE* f, const char* prog) {
             "  --fused_rmsnorm B        1: one kernel per RMSNorm forward/backward; 0: separate ops\n"
             "  --delete_fills B         1: no fill before a kernel that overwrites its whole output; 0: the\n"
             "                           seed's fills before the attention and head-permute backward outputs\n"
-            "  --deferred_adamw K       AdamW of layers 0..K-1 during the next step's forward (12; needs\n"
-            "                           overlap_optimizer 1 and grad_zeroing none; 0: all in its own step)\n"
+            "  --deferred_adamw K       AdamW of layers 0..K-1 during the next step's forward (12, or all\n"
+            "                           of a smaller model's; needs overlap_optimizer 1 and grad_zeroing\n"
+            "                           none; 0: every layer's AdamW in its own step)\n"
             "  --grad_zeroing MODE      none: first gradient GEMM writes; memset or fill: zero grads each step\n",
             prog);
 }
@@ -540,7 +559,7 @@ static inline int parse_bool(const char* flag, const char* s, int* out, char* er
     return 0;
 }
 
-// Applies one flag. A bool flag given without a value (next arg absent or a flag) means true.
+// Applies one flag and its value.
 static inline int apply_flag(TrainArgs* a, const char* flag, const char* val, char* err) {
     long long v = 0;
     const long long BIG = 1LL << 30;
@@ -606,10 +625,16 @@ static inline int is_bool_flag(const char* flag) {
     return 0;
 }
 
+// --flag value or --flag=value; a bool flag given without a value (next arg absent or a flag)
+// means true. --help or -h stops the parse with a->help set.
 static inline int train_args_parse(TrainArgs* a, int argc, char** argv, char* err) {
     *a = train_args_default();
     for (int i = 1; i < argc; i++) {
         const char* arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            a->help = 1;
+            return 0;
+        }
         if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0') return l3_fail(err, "unexpected argument '%s'", arg);
         char flag[128];
         const char* eq = strchr(arg, '=');
@@ -629,8 +654,17 @@ static inline int train_args_parse(TrainArgs* a, int argc, char** argv, char* er
     return 0;
 }
 
-// Checks that need the model: sequence length, B*T dividing the total batch, deferred layers.
+// The RMSNorm kernels keep one row in a block's registers, 8 values per thread: n_embd <= 8192.
+#define LLAMA3_MAX_N_EMBD 8192
+
+// Checks that need the model: the widths the kernels take, sequence length, B*T dividing the
+// total batch, deferred layers.
 static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, char* err) {
+    if (c->n_embd > LLAMA3_MAX_N_EMBD)
+        return l3_fail(err, "n_embd %d is more than the %d the RMSNorm kernels take", c->n_embd, LLAMA3_MAX_N_EMBD);
+    const int head_dim = c->n_embd / c->n_head;
+    if (a->sw.flash_attention && head_dim != 32 && head_dim != 64)
+        return l3_fail(err, "flash attention supports head_dim 32 or 64, not %d: use --flash_attention 0", head_dim);
     if (a->sw.deferred_adamw > c->n_layer)
         return l3_fail(err, "--deferred_adamw %d is more than the model's %d layers", a->sw.deferred_adamw, c->n_layer);
     if (a->sequence_length > c->max_seq_len)

@@ -61,6 +61,8 @@ static void test_config_and_layout(void) {
     expect_error(config_check(&bad, "cfg", err), err, "n_head not divisible by n_kv_head", "divide", NULL);
     bad = c, bad.vocab_size = 1001;
     expect_error(config_check(&bad, "cfg", err), err, "vocab_size not a multiple of 8", "multiples of 8", NULL);
+    bad = c, bad.n_layer = 1 << 30;
+    expect_error(config_check(&bad, "cfg", err), err, "n_layer past its bound", "out of range", "n_layer 1073741824");
 }
 
 // Every parameter is written by exactly one segment of both file formats.
@@ -141,6 +143,13 @@ static void test_seed_model_file(void) {
     const char* bv = tmp_path("seed_version.bin");
     write_file(bv, bad, 1024, vals, n * 4);
     expect_error(model_header_read(bv, &got, &fmt, err), err, "unknown version", "unknown version 5", NULL);
+    Llama3Config huge = c;
+    huge.n_layer = 0x7fffffff; // sizes computed from it would overflow
+    seed_header_write(bad, &huge);
+    const char* bl = tmp_path("seed_layers.bin");
+    write_file(bl, bad, 1024, vals, n * 4);
+    expect_error(model_header_read(bl, &got, &fmt, err), err, "header with n_layer 2^31-1",
+                 "does not describe a valid model", "seed_layers.bin");
     expect_error(model_header_read(tmp_path("missing.bin"), &got, &fmt, err), err, "missing model file",
                  "cannot open", "missing.bin");
     free(vals), free(params);
@@ -153,7 +162,7 @@ static void test_llmc_model_file(void) {
     float* vals = malloc(s.end - 2048);
     for (int i = 0; i < s.n; i++)
         for (size_t j = 0; j < s.seg[i].count; j++)
-            vals[(s.seg[i].file_offset - 2048) / 4 + j] = s.seg[i].param_offset < 0 ? 0.0f : (float)(j % 997) + 2.0f;
+            vals[(s.seg[i].file_offset - 2048) / 4 + j] = s.seg[i].param_offset < 0 ? 0.0f : (float)(i * 1000 + j % 997);
     int32_t h[512] = {0};
     h[0] = MODEL_MAGIC, h[1] = 3, h[2] = c.max_seq_len, h[3] = c.vocab_size, h[4] = c.n_layer, h[5] = c.n_head;
     h[6] = c.n_kv_head, h[7] = c.n_embd, h[8] = c.multiple_of, h[9] = 1, h[10] = 3, h[11] = 2;
@@ -168,7 +177,10 @@ static void test_llmc_model_file(void) {
     float* params = calloc(param_layout(&c).total, sizeof(float));
     float buf[4096];
     rc = model_file_load(path, &c, fmt, buf, 4096, host_sink, params, err);
-    CHECK(rc == 0 && params[param_layout(&c).offset[P_LM_HEAD] + 5] == 7.0f, "llm.c file loads (lm_head second)");
+    ParamLayout p = param_layout(&c);
+    CHECK(rc == 0 && params[p.offset[P_WTE] + 5] == 5.0f && params[p.offset[P_LM_HEAD] + 5] == 1005.0f &&
+              params[p.offset[P_ATTN_NORM] + 5] == 2005.0f,
+          "llm.c file loads (wte, lm_head, then ln1: segments 0, 1, 2)");
     vals[(s.seg[3].file_offset - 2048) / 4 + 10] = 0.5f; // ln1 bias
     const char* nz = tmp_path("llmc_bias.bin");
     write_file(nz, h, sizeof(h), vals, n_floats * 4);
@@ -230,10 +242,12 @@ static void test_loader(void) {
     loader_next(&l, x, y); // 20 + 10 + 1 > 21: wraps
     ok &= x[0] == 0;
     CHECK(ok, "loader: shifted targets, sequential batches, wrap-around");
-    loader_init(&l, &d, 2, 5, 1, "data", err);
+    rc = loader_init(&l, &d, 2, 5, 1, "data", err);
     loader_next(&l, x, y);
+    for (int i = 0; i < 10; i++) x[i] = y[i] = -1; // poison: the second batch must be written again
     loader_next(&l, x, y);
-    CHECK(x[0] == 0 && y[9] == 10, "loader: overfit_single_batch repeats the first batch");
+    CHECK(rc == 0 && x[0] == 0 && x[9] == 9 && y[0] == 1 && y[9] == 10,
+          "loader: overfit_single_batch repeats the first batch");
     expect_error(loader_init(&l, &d, 4, 6, 0, "shakespeare.bin", err), err, "fewer tokens than one batch",
                  "not enough tokens for one batch", "shakespeare.bin");
 }
@@ -263,8 +277,12 @@ static void test_cli(void) {
     Switches d = a.sw;
     CHECK(d.sparse_embedding && d.overlap_optimizer && d.shadow_weights && d.vector_adam && d.metadata_by_value &&
               d.flash_attention && d.bf16_grads && d.cuda_graph && d.fused_rmsnorm && d.grad_zeroing == GRAD_ZERO_NONE &&
-              d.deferred_adamw == 12 && d.delete_fills,
-          "every optimisation on by default (AdamW of 12 layers deferred)");
+              d.deferred_adamw == -1 && deferred_layers(&d, 16) == 12 && deferred_layers(&d, 2) == 2 && d.delete_fills,
+          "every optimisation on by default (AdamW of 12 layers deferred, all of a 2-layer model's)");
+    rc = parse(&a, err, "--batch_size 8 --help --bogus");
+    CHECK(rc == 0 && a.help, "--help stops the parse (%s)", rc ? err : "ok");
+    rc = parse(&a, err, "-h");
+    CHECK(rc == 0 && a.help, "-h too (%s)", rc ? err : "ok");
     rc = parse(&a, err, "--learning_rate=3e-4 --overfit_single_batch --seed 7 --weight_decay 0.1 --sparse_embedding 0");
     CHECK(rc == 0 && a.learning_rate == 3e-4f && a.overfit_single_batch == 1 && a.seed == 7 &&
               a.weight_decay == 0.1f && a.sw.sparse_embedding == 0,
@@ -288,20 +306,33 @@ static void test_cli(void) {
     expect_error(parse(&a, err, "--device cpu"), err, "unsupported device", "--device", NULL);
     expect_error(parse(&a, err, "--num_iteration"), err, "missing value", "--num_iteration: missing value", NULL);
     expect_error(parse(&a, err, "stray"), err, "stray argument", "unexpected argument 'stray'", NULL);
-    Llama3Config c = llama3_2_1b_config();
-    parse(&a, err, "--sequence_length 9000");
+    Llama3Config c = llama3_2_1b_config(), small = small_config(), wide = c;
+    rc = parse(&a, err, "");
+    int checked = train_args_check(&a, &small, err);
+    CHECK(rc == 0 && checked == 0, "defaults on a 2-layer model (%s)", checked ? err : "ok");
+    wide.n_head = 8, wide.n_kv_head = 2; // head_dim 256
+    expect_error(train_args_check(&a, &wide, err), err, "flash attention with head_dim 256", "head_dim 32 or 64",
+                 "not 256");
+    rc = parse(&a, err, "--flash_attention 0");
+    checked = train_args_check(&a, &wide, err);
+    CHECK(rc == 0 && checked == 0, "head_dim 256 with --flash_attention 0 (%s)", checked ? err : "ok");
+    wide.n_embd = 16384, wide.n_head = 256, wide.n_kv_head = 64;
+    expect_error(train_args_check(&a, &wide, err), err, "n_embd wider than the RMSNorm kernels", "n_embd 16384",
+                 "8192");
+    rc = parse(&a, err, "--sequence_length 9000");
     expect_error(train_args_check(&a, &c, err), err, "sequence longer than the model allows", "--sequence_length 9000",
                  "max_seq_len 8192");
-    parse(&a, err, "--deferred_adamw 17");
+    rc |= parse(&a, err, "--deferred_adamw 17");
     expect_error(train_args_check(&a, &c, err), err, "more deferred layers than the model has", "--deferred_adamw 17",
                  "16 layers");
-    parse(&a, err, "--deferred_adamw 16");
-    CHECK(train_args_check(&a, &c, err) == 0, "--deferred_adamw 16: every layer");
-    parse(&a, err, "--batch_size 3 --sequence_length 64 --total_batch_size 256");
-    expect_error(train_args_check(&a, &c, err), err, "B*T not dividing total_batch_size", "--total_batch_size 256",
-                 "192");
-    parse(&a, err, "--batch_size 4 --sequence_length 64 --total_batch_size 1024");
-    CHECK(train_args_check(&a, &c, err) == 0, "total_batch_size 1024 = 4 micro-steps of 4x64");
+    rc |= parse(&a, err, "--deferred_adamw 16");
+    CHECK(rc == 0 && a.sw.deferred_adamw == 16 && train_args_check(&a, &c, err) == 0, "--deferred_adamw 16: every layer");
+    rc = parse(&a, err, "--batch_size 3 --sequence_length 64 --total_batch_size 256");
+    expect_error(rc ? rc : train_args_check(&a, &c, err), err, "B*T not dividing total_batch_size",
+                 "--total_batch_size 256", "192");
+    rc = parse(&a, err, "--batch_size 4 --sequence_length 64 --total_batch_size 1024");
+    CHECK(rc == 0 && a.total_batch_size == 1024 && train_args_check(&a, &c, err) == 0,
+          "total_batch_size 1024 = 4 micro-steps of 4x64");
 }
 
 static void test_rope(void) {

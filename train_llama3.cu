@@ -5,7 +5,9 @@
 //
 // Precision follows PyTorch autocast(bfloat16) with fp32 master weights: matmuls take bf16
 // operands (the Adam kernel's shadow copies of the weights) and accumulate in fp32; the residual
-// stream, RMSNorm, softmax statistics, the loss and AdamW are fp32; weight gradients are fp32.
+// stream, RMSNorm, softmax statistics, the loss and AdamW are fp32; the matmul weights' gradients
+// are bf16 when one micro-step makes the step [bf16 grads], the other gradients fp32.
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,8 @@
 
 #include "kernels.cuh"
 #include "llama3.h"
+
+static_assert(4 * RMS_VEC * 1024 == LLAMA3_MAX_N_EMBD, "config_check's n_embd bound is the RMSNorm kernels' row width");
 
 #ifndef LLAMA3_NVTX
 #define LLAMA3_NVTX 1
@@ -64,7 +68,6 @@ enum {
 };
 
 typedef struct {
-    size_t bytes[NUM_ACTS];
     size_t offset[NUM_ACTS];
     size_t total;
 } ActLayout;
@@ -81,9 +84,9 @@ static ActLayout act_layout(const Llama3Config* c, int B, int T, int grad_accum,
     ActLayout a;
     a.total = 0;
     for (int i = 0; i < NUM_ACTS; i++) {
-        a.bytes[i] = elems[i] * (fp32[i] ? 4 : 2);
+        size_t bytes = elems[i] * (fp32[i] ? 4 : 2);
         a.offset[i] = a.total;
-        a.total += (a.bytes[i] + 255) / 256 * 256;
+        a.total += (bytes + 255) / 256 * 256;
     }
     return a;
 }
@@ -163,8 +166,8 @@ static void* device_alloc(size_t bytes, const char* what) {
     cudaError_t e = cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
         size_t free_b = 0, total_b = 0;
-        cudaGetLastError();
-        cudaMemGetInfo(&free_b, &total_b);
+        (void)cudaGetLastError(); // clears the failed allocation's error, so that the query below runs
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) free_b = total_b = 0; // prints 0 of 0
         fprintf(stderr, "out of GPU memory: %s needs %.2f GiB, %.2f GiB free of %.2f GiB (%s)\n", what,
                 bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0, cudaGetErrorString(e));
         exit(EXIT_FAILURE);
@@ -188,9 +191,24 @@ static bool uses_bf16_grads(const Switches* sw, int grad_accum) { return sw->bf1
 static size_t grads_f32_count(const ParamLayout* p, bool bf16_grads) {
     return p->total - (bf16_grads ? p->matmul_end - p->matmul_begin : 0);
 }
+// Device bytes of the model's buffers: weights, AdamW state, gradients, bf16 weights, activations
+// and the cuBLASLt workspace (not the token buffers, RoPE table and sort scratch: a few MiB).
 static size_t model_bytes(const ParamLayout* p, const ActLayout* a, const Switches* sw, int grad_accum) {
     size_t f32_n = grads_f32_count(p, uses_bf16_grads(sw, grad_accum)); // the rest are bf16
-    return p->total * 12 + f32_n * 4 + (p->total - f32_n) * 2 + bf16_weight_bytes(p, sw) + a->total;
+    return p->total * 12 + f32_n * 4 + (p->total - f32_n) * 2 + bf16_weight_bytes(p, sw) + a->total +
+           GEMM_WORKSPACE_BYTES;
+}
+
+// Stops with the amounts when the model's buffers do not fit in the GPU's free memory.
+static void check_fits(const Model* m, int grad_accum) {
+    size_t free_b, total_b, need = model_bytes(&m->layout, &m->act, &m->sw, grad_accum);
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (need <= free_b) return;
+    fprintf(stderr, "out of GPU memory: the model needs %.2f GiB (weights, grads, AdamW state, shadow: %.2f; "
+                    "activations for B=%d T=%d: %.2f), %.2f GiB free\n",
+            need / 1073741824.0, (need - m->act.total) / 1073741824.0, m->B, m->T, m->act.total / 1073741824.0,
+            free_b / 1073741824.0);
+    exit(EXIT_FAILURE);
 }
 
 // The (T, HD/2) cos and sin tables of RoPE, computed on the host once.
@@ -228,23 +246,15 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     m->cfg = *cfg, m->opt = *opt, m->sw = *sw, m->B = B, m->T = T, m->grad_accum = grad_accum;
     CUDA_CHECK(cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, 0));
     m->layout = param_layout(cfg);
-    m->sw.deferred_adamw = std::min(sw->deferred_adamw, cfg->n_layer); // the default 12 on a smaller model: all
+    m->sw.deferred_adamw = std::min(deferred_layers(sw, cfg->n_layer), cfg->n_layer);
     if (sw->flash_attention && !flash_supported(cfg->n_embd / cfg->n_head)) {
         fprintf(stderr, "flash attention supports head_dim 32 or 64, not %d: use --flash_attention 0\n",
                 cfg->n_embd / cfg->n_head);
         exit(EXIT_FAILURE);
     }
     m->act = act_layout(cfg, B, T, grad_accum, m->sms, sw->flash_attention, sw->fused_rmsnorm);
-    size_t P = m->layout.total, N = (size_t)B * T, n_step = grad_accum * N, free_b, total_b;
-    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    size_t need = model_bytes(&m->layout, &m->act, sw, grad_accum);
-    if (need > free_b) {
-        fprintf(stderr, "out of GPU memory: the model needs %.2f GiB (weights, grads, AdamW state, shadow: %.2f; "
-                        "activations for B=%d T=%d: %.2f), %.2f GiB free\n",
-                need / 1073741824.0, (need - m->act.total) / 1073741824.0, B, T, m->act.total / 1073741824.0,
-                free_b / 1073741824.0);
-        exit(EXIT_FAILURE);
-    }
+    check_fits(m, grad_accum);
+    size_t P = m->layout.total, N = (size_t)B * T, n_step = grad_accum * N;
     m->params = (float*)device_alloc(P * 4, "fp32 weights");
     size_t grads_f32_n = grads_f32_count(&m->layout, uses_bf16_grads(sw, grad_accum));
     m->grads = (float*)device_alloc(grads_f32_n * 4, "fp32 gradients");
@@ -368,16 +378,15 @@ static void attention_forward(Model* m, int l) {
     permute_heads(false, act_bf16(m, A_ATT_Y, l * N * m->cfg.n_embd), o, sh, m->stream, m->shape_in_memory);
 }
 
-// One transformer block. Its first RMSNorm also adds the previous block's MLP output into the
-// residual stream (resid[l] = h[l-1] + branch) [fused RMSNorm].
-// One RMSNorm, with the residual add first when branch != NULL: the fused kernel, or (ablation,
-// --fused_rmsnorm 0) the separate ops autograd would run.
+// The --fused_rmsnorm 0 ops' scratch buffers.
 static RmsScratch rms_scratch(Model* m) {
     size_t NC = (size_t)m->B * m->T * m->cfg.n_embd, N = (size_t)m->B * m->T;
     RmsScratch s = {{act_f32(m, A_RMS_OPS), act_f32(m, A_RMS_OPS, NC), act_f32(m, A_RMS_OPS, 2 * NC)},
                     {act_f32(m, A_RMS_ROWS), act_f32(m, A_RMS_ROWS, N)}};
     return s;
 }
+// One RMSNorm, with the residual add first when branch != NULL: the fused kernel, or (ablation,
+// --fused_rmsnorm 0) the separate ops autograd would run.
 static void norm_forward(Model* m, int tensor, int layer, float* resid_out, bf16* normed, float* rstd,
                          const float* resid_in, const bf16* branch) {
     int N = m->B * m->T, C = m->cfg.n_embd;
@@ -390,6 +399,8 @@ static void norm_forward(Model* m, int tensor, int layer, float* resid_out, bf16
     }
 }
 
+// One transformer block. Its first RMSNorm also adds the previous block's MLP output into the
+// residual stream (resid[l] = h[l-1] + branch) [fused RMSNorm].
 static void block_forward(Model* m, int l) {
     const Llama3Config* c = &m->cfg;
     int N = m->B * m->T, C = c->n_embd, F = c->ffn_hidden, QKV = qkv_dim(c);
@@ -814,11 +825,12 @@ static void log_step(Model* m, StepLog* lg, int t, int n_steps, int slot, float 
                 t, loss, lr, ms, tok_s, lg->mem_mib);
 }
 
-static void train(Model* m, const TrainArgs* a, DataLoader* loader) {
+// The training loop; log_json (NULL: none) gets one JSON line per step and is closed at the end.
+static void train(Model* m, const TrainArgs* a, DataLoader* loader, FILE* log_json) {
     StepLog lg = {};
     lg.ms = (double*)calloc(a->num_iteration, sizeof(double));
+    lg.json = log_json;
     for (int s = 0; s < 2; s++) CUDA_CHECK(cudaEventCreate(&lg.start[s])), CUDA_CHECK(cudaEventCreate(&lg.end[s]));
-    if (a->log_file && !(lg.json = fopen(a->log_file, "w"))) die("cannot open --log_file for writing", "", false);
     for (int t = 1; t <= a->num_iteration; t++) {
         int slot = t % 2;
         CUDA_CHECK(cudaEventSynchronize(lg.end[slot])); // step t-2 used this staging slot
@@ -843,12 +855,21 @@ int main(int argc, char** argv) {
     char err[L3_ERR_LEN];
     TrainArgs a;
     if (train_args_parse(&a, argc, argv, err)) die(err, argv[0], true);
+    if (a.help) {
+        print_usage(stdout, argv[0]);
+        return 0;
+    }
 
     // Every input is checked before the GPU is touched.
     Llama3Config cfg = llama3_2_1b_config();
     ModelFileFormat fmt = MODEL_FILE_SEED;
     if (a.llmc_filepath && model_header_read(a.llmc_filepath, &cfg, &fmt, err)) die(err, argv[0], false);
-    if (train_args_check(&a, &cfg, err)) die(err, argv[0], true);
+    if (train_args_check(&a, &cfg, err)) die(err, argv[0], false);
+    FILE* log_json = NULL;
+    if (a.log_file && !(log_json = fopen(a.log_file, "w"))) {
+        snprintf(err, sizeof(err), "--log_file %s: cannot open for writing: %s", a.log_file, strerror(errno));
+        die(err, argv[0], false);
+    }
     if (a.llmc_filepath) printf("model: %s, %s format\n", a.llmc_filepath, model_format_name(fmt));
     else printf("model: LLaMA3.2-1B shape, random init (seed %llu)\n", a.seed);
     config_print(stdout, &cfg);
@@ -875,14 +896,14 @@ int main(int argc, char** argv) {
            "deferred_adamw %d | delete_fills %d | grad_zeroing %s\n",
            w->sparse_embedding, w->overlap_optimizer, w->shadow_weights, w->vector_adam, w->metadata_by_value,
            w->fused_rmsnorm, w->flash_attention, m.grads_bf16 != NULL, m.use_graph,
-           w->overlap_optimizer && w->grad_zeroing == GRAD_ZERO_NONE ? w->deferred_adamw : 0, w->delete_fills,
+           w->overlap_optimizer && w->grad_zeroing == GRAD_ZERO_NONE ? m.sw.deferred_adamw : 0, w->delete_fills,
            w->grad_zeroing == GRAD_ZERO_NONE ? "none" : w->grad_zeroing == GRAD_ZERO_MEMSET ? "memset" : "fill");
     if (a.llmc_filepath) {
         if (model_load(&m, a.llmc_filepath, fmt, err)) die(err, argv[0], false);
     } else {
         model_init_random(&m, a.seed);
     }
-    train(&m, &a, &loader);
+    train(&m, &a, &loader, log_json);
     model_free(&m);
     tokens_free(&tokens);
     return 0;

@@ -56,6 +56,15 @@ expect_error "bad token magic" "bad magic" ./train_llama3 --input_bin "$tmp/junk
 expect_error "sequence too long" "longer than the model allows" ./train_llama3 --sequence_length 8193
 expect_error "B*T not dividing total" "is not a multiple of" ./train_llama3 --batch_size 3
 expect_error "too few tokens" "not enough tokens for one batch" ./train_llama3 --input_bin data/tiny_shakespeare_val.bin --batch_size 8 --sequence_length 8192 --total_batch_size 65536
+expect_error "unwritable log file" "cannot open for writing" ./train_llama3 --log_file "$tmp/no/such/dir/log.json"
+help_out=$(./train_llama3 --help 2>&1)
+if [ $? -eq 0 ] && echo "$help_out" | grep -q "^usage: "; then
+    echo "ok   --help: the usage text, exit 0"
+    passed=$((passed + 1))
+else
+    echo "FAIL --help: no usage text, or a non-zero exit"
+    failed=$((failed + 1))
+fi
 
 if nvidia-smi -L >/dev/null 2>&1; then
     if ! python3 -c "import torch, transformers" >/dev/null 2>&1; then
