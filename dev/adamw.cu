@@ -24,7 +24,7 @@
 // walks each range of the parameter block in one launch.
 #include "common.h"
 
-// Step t's hyperparameters, bias corrections in double as optimizer_step (train_llama3.cu) does.
+// Step t's hyperparameters, bias corrections in double as adamw_next_step_kernel (kernels.cuh) does.
 static AdamWParams step_params(float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
     AdamWParams h = {lr, beta1, beta2, eps, weight_decay, (float)(lr / (1.0 - pow(beta1, t))),
                      (float)sqrt(1.0 - pow(beta2, t))};

@@ -352,9 +352,11 @@ static void flash3_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum,
     dim3 grid_kv(ceil_div(sh.T, FA_TILE), sh.B * sh.KVH), grid_q(ceil_div(sh.T, FA_TILE), sh.B * sh.NH);
     if (sh.HD == 64) {
         flash3_backward_dkv_kernel<64><<<grid_kv, FA_THREADS, 0, s>>>(dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+        LAUNCH_CHECK();
         flash3_backward_dq_kernel<64><<<grid_q, FA_THREADS, 0, s>>>(dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
     } else {
         flash3_backward_dkv_kernel<32><<<grid_kv, FA_THREADS, 0, s>>>(dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+        LAUNCH_CHECK();
         flash3_backward_dq_kernel<32><<<grid_q, FA_THREADS, 0, s>>>(dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
     }
     LAUNCH_CHECK();

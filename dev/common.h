@@ -192,6 +192,7 @@ template <typename F> static double median_ms(F fn, int warmup = 5, int reps = 3
     std::vector<float> ms(reps);
     for (int i = 0; i < reps; i++) {
         spin_kernel<<<1, 1>>>(50 * 1000); // 50 us
+        CUDA_CHECK(cudaGetLastError());
         CUDA_CHECK(cudaEventRecord(a));
         fn();
         CUDA_CHECK(cudaEventRecord(b));

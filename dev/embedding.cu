@@ -87,7 +87,7 @@ static void step_adamw(int version, const Wte* t, const TokenSorter* ts, int N, 
 }
 
 // Step 3 of AdamW(lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1), bias corrections as
-// optimizer_step computes them: weight decay and the bias corrections all show in the result.
+// adamw_next_step_kernel computes them: weight decay and the bias corrections all show in the result.
 static AdamWParams adamw_params(void) {
     const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f;
     const int t = 3;
