@@ -1069,9 +1069,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, scale);
 }
 
-static bool flash_supported(int HD) { return HD == 32 || HD == 64; }
-
-// out (token-major) and lse2 (B*NH*T) from head-major q, k, v.
+// out (token-major) and lse2 (B*NH*T) from head-major q, k, v; HD 32 or 64 (llama3.h kernel_limits_check).
 static void flash_attention_forward(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
                                     cudaStream_t s) {
     dim3 grid(sh.B * sh.NH, ceil_div(sh.T, FA_TILE));

@@ -487,11 +487,11 @@ static inline TrainArgs train_args_default(void) {
     return a;
 }
 
-// Layers whose AdamW is deferred: --deferred_adamw's value, or by default 12, capped at the
+// Layers whose AdamW is deferred: --deferred_adamw's value (12 when not given), capped at the
 // model's layers (a 2-layer model defers both).
 static inline int deferred_layers(const Switches* sw, int n_layer) {
-    if (sw->deferred_adamw >= 0) return sw->deferred_adamw;
-    return n_layer < 12 ? n_layer : 12;
+    int k = sw->deferred_adamw >= 0 ? sw->deferred_adamw : 12;
+    return k < n_layer ? k : n_layer;
 }
 
 static inline void print_usage(FILE* f, const char* prog) {
@@ -654,17 +654,23 @@ static inline int train_args_parse(TrainArgs* a, int argc, char** argv, char* er
     return 0;
 }
 
-// The RMSNorm kernels keep one row in a block's registers, 8 values per thread: n_embd <= 8192.
+// The widths the kernels of kernels.cuh take: RMSNorm rows of at most 8192 (one row in a block's
+// registers, 8 values per thread; train_llama3.cu ties this to the kernel's constant) and, for
+// flash attention, head_dim 32 or 64.
 #define LLAMA3_MAX_N_EMBD 8192
+static inline int kernel_limits_check(const Llama3Config* c, int flash_attention, char* err) {
+    if (c->n_embd > LLAMA3_MAX_N_EMBD)
+        return l3_fail(err, "n_embd %d is more than the %d the RMSNorm kernels take", c->n_embd, LLAMA3_MAX_N_EMBD);
+    const int head_dim = c->n_embd / c->n_head;
+    if (flash_attention && head_dim != 32 && head_dim != 64)
+        return l3_fail(err, "flash attention supports head_dim 32 or 64, not %d: use --flash_attention 0", head_dim);
+    return 0;
+}
 
 // Checks that need the model: the widths the kernels take, sequence length, B*T dividing the
 // total batch, deferred layers.
 static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, char* err) {
-    if (c->n_embd > LLAMA3_MAX_N_EMBD)
-        return l3_fail(err, "n_embd %d is more than the %d the RMSNorm kernels take", c->n_embd, LLAMA3_MAX_N_EMBD);
-    const int head_dim = c->n_embd / c->n_head;
-    if (a->sw.flash_attention && head_dim != 32 && head_dim != 64)
-        return l3_fail(err, "flash attention supports head_dim 32 or 64, not %d: use --flash_attention 0", head_dim);
+    if (kernel_limits_check(c, a->sw.flash_attention, err)) return -1;
     if (a->sw.deferred_adamw > c->n_layer)
         return l3_fail(err, "--deferred_adamw %d is more than the model's %d layers", a->sw.deferred_adamw, c->n_layer);
     if (a->sequence_length > c->max_seq_len)

@@ -16,7 +16,7 @@
 #include "kernels.cuh"
 #include "llama3.h"
 
-static_assert(4 * RMS_VEC * 1024 == LLAMA3_MAX_N_EMBD, "config_check's n_embd bound is the RMSNorm kernels' row width");
+static_assert(4 * RMS_VEC * 1024 == LLAMA3_MAX_N_EMBD, "kernel_limits_check's n_embd bound is the RMSNorm row width");
 
 #ifndef LLAMA3_NVTX
 #define LLAMA3_NVTX 1
@@ -246,10 +246,10 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     m->cfg = *cfg, m->opt = *opt, m->sw = *sw, m->B = B, m->T = T, m->grad_accum = grad_accum;
     CUDA_CHECK(cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, 0));
     m->layout = param_layout(cfg);
-    m->sw.deferred_adamw = std::min(deferred_layers(sw, cfg->n_layer), cfg->n_layer);
-    if (sw->flash_attention && !flash_supported(cfg->n_embd / cfg->n_head)) {
-        fprintf(stderr, "flash attention supports head_dim 32 or 64, not %d: use --flash_attention 0\n",
-                cfg->n_embd / cfg->n_head);
+    m->sw.deferred_adamw = deferred_layers(sw, cfg->n_layer);
+    char err[L3_ERR_LEN];
+    if (kernel_limits_check(cfg, sw->flash_attention, err)) { // test_llama3 comes here without train_args_check
+        fprintf(stderr, "%s\n", err);
         exit(EXIT_FAILURE);
     }
     m->act = act_layout(cfg, B, T, grad_accum, m->sms, sw->flash_attention, sw->fused_rmsnorm);
