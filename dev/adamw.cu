@@ -2,6 +2,8 @@
 // (kernels.cuh adamw_update), and the bf16 copy of the parameters that the GEMMs read:
 //   p -= lr * wd * p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps);  shadow = bf16(p)
+// The kernels read step t's hyperparameters as the trainer's adamw_next_step writes them; the
+// reference (common.h adamw_cpu, fp64) computes the bias corrections itself.
 // Memory-bound: g, p, m, v read (16 bytes per element; 14 with bf16 g), p, m, v written (12),
 // shadow written (2).
 //
@@ -24,16 +26,11 @@
 // walks each range of the parameter block in one launch.
 #include "common.h"
 
-// Step t's hyperparameters, bias corrections in double as adamw_next_step_kernel (kernels.cuh) does.
-static AdamWParams step_params(float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
-    AdamWParams h = {lr, beta1, beta2, eps, weight_decay, (float)(lr / (1.0 - pow(beta1, t))),
-                     (float)sqrt(1.0 - pow(beta2, t))};
-    return h;
-}
-// Step 10, lr 1e-3, weight decay 0.1 (non-zero so that its term is tested).
-static const AdamWParams H = step_params(1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 10);
-static const AdamWParams* H_device(void) { // where the kernels read H
-    static const AdamWParams* h = dev_adamw_params(H);
+// Step 10 of AdamW(lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.1): weight decay non-zero
+// so that its term is tested, the bias corrections far from 1.
+static const AdamWStep STEP = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 10};
+static const AdamWParams* H_device(void) { // where the kernels read STEP's hyperparameters
+    static const AdamWParams* h = dev_adamw_params(STEP);
     return h;
 }
 
@@ -83,19 +80,7 @@ static void adamw_version(int version, const AdamBuffers& b, size_t n, const Ada
     }
 }
 
-// ---- CPU reference ----
-
-// adamw_update in fp64, from the same fp32 inputs and hyperparameters.
-static void adamw_cpu(std::vector<float>& p, std::vector<float>& m, std::vector<float>& v, const std::vector<float>& g,
-                      const AdamWParams& h) {
-    for (size_t i = 0; i < p.size(); i++) {
-        double pi = p[i] - (double)h.lr * h.weight_decay * p[i];
-        double mi = h.beta1 * (double)m[i] + (1.0 - h.beta1) * g[i];
-        double vi = h.beta2 * (double)v[i] + (1.0 - h.beta2) * (double)g[i] * g[i];
-        pi -= h.step_size * mi / (sqrt(vi) / h.bias_corr2_sqrt + h.eps);
-        p[i] = (float)pi, m[i] = (float)mi, v[i] = (float)vi;
-    }
-}
+// ---- validation (the CPU reference is common.h's adamw_cpu) ----
 
 static void to_device(float* dst, const std::vector<float>& src) {
     CUDA_CHECK(cudaMemcpy(dst, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -106,15 +91,16 @@ static void to_device(float* dst, const std::vector<float>& src) {
 // pointer `offset` floats into its allocation and the shadow poisoned; version 4 reads
 // bf16(g), and its reference starts from the same rounded g.
 // Tolerances: rtol 1e-6, about 8 fp32 ulps: the GPU does these fp32 operations with a few
-// roundings, the reference none. atol 1e-6 of each array's scale (p 0.02, m 1e-3, v 1e-7) for
-// elements whose update cancels to about 0, where the error is an ulp of the operands rather
-// than of the result. The shadow must be bf16(p) of the GPU's own p, bit for bit.
+// roundings (its bias corrections are fp32 too), the reference none. atol 1e-6 of each array's
+// scale (p 0.02, m 1e-3, v 1e-7) for elements whose update cancels to about 0, where the error is
+// an ulp of the operands rather than of the result. The shadow must be bf16(p) of the GPU's own
+// p, bit for bit.
 static void validate(size_t n, size_t offset, int sms, const DevArgs& a, bool* ok) {
     std::vector<float> p = random_normal(n, 0.02f), m = random_normal(n, 1e-3f), v = random_uniform(n, 1e-8f, 1e-6f),
                        g = random_normal(n, 1e-3f);
     std::vector<float> g_bf16 = from_bf16(to_bf16(g)), ref_of[2][3] = {{p, m, v}, {p, m, v}};
-    adamw_cpu(ref_of[0][0], ref_of[0][1], ref_of[0][2], g, H);
-    adamw_cpu(ref_of[1][0], ref_of[1][1], ref_of[1][2], g_bf16, H);
+    adamw_cpu(ref_of[0][0].data(), ref_of[0][1].data(), ref_of[0][2].data(), g.data(), n, STEP);
+    adamw_cpu(ref_of[1][0].data(), ref_of[1][1].data(), ref_of[1][2].data(), g_bf16.data(), n, STEP);
     AdamBuffers base = adam_alloc(n + offset), b = adam_at(base, offset);
     upload_into(b.grads_bf16, g_bf16);
     for (int version = 1; version <= 4; version++) {

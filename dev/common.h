@@ -206,11 +206,43 @@ template <typename F> static double median_ms(F fn, int warmup = 5, int reps = 3
     return ms[reps / 2];
 }
 
-// AdamW's hyperparameters where the kernels read them: device memory (kernels.cuh, [graphs]).
-static const AdamWParams* dev_adamw_params(const AdamWParams& h) {
-    AdamWParams* d = dev_alloc<AdamWParams>(1);
-    CUDA_CHECK(cudaMemcpy(d, &h, sizeof(h), cudaMemcpyHostToDevice));
-    return d;
+// ---- AdamW ----
+// Step t (from 1) of torch.optim.AdamW(lr, (beta1, beta2), eps, weight_decay).
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    int t;
+} AdamWStep;
+
+// The kernels' hyperparameters for step s where they read them, device memory (kernels.cuh,
+// [graphs]), written by the trainer's adamw_next_step from step t - 1: its bias corrections are
+// under test with the kernels (the reference, adamw_cpu, computes its own).
+static const AdamWParams* dev_adamw_params(const AdamWStep& s) {
+    AdamWParams* h = dev_alloc<AdamWParams>(2); // adamw_next_step also moves the old h[0] to h[1]
+    CUDA_CHECK(cudaMemset(h, 0, 2 * sizeof(AdamWParams)));
+    int* step = dev_upload(std::vector<int>{s.t - 1});
+    AdamWParams base = {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, 0.0f, 0.0f};
+    adamw_next_step(h, step, base, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaFree(step));
+    return h;
+}
+
+// torch.optim.AdamW's step s on n elements in fp64 from the fp32 state, bias corrections included,
+// in the kernels' order of operations:
+//   p -= lr * wd * p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+//   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+static void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, const AdamWStep& s) {
+    double b1 = s.beta1, b2 = s.beta2;
+    double step_size = s.lr / (1.0 - pow(b1, s.t)), bias_corr2_sqrt = sqrt(1.0 - pow(b2, s.t));
+    for (size_t i = 0; i < n; i++) {
+        double pi = p[i] - (double)s.lr * s.weight_decay * p[i];
+        double mi = b1 * m[i] + (1.0 - b1) * g[i];
+        double vi = b2 * v[i] + (1.0 - b2) * (double)g[i] * g[i];
+        pi -= step_size * mi / (sqrt(vi) / bias_corr2_sqrt + s.eps);
+        p[i] = (float)pi;
+        m[i] = (float)mi;
+        v[i] = (float)vi;
+    }
 }
 
 // ---- ceilings, measured in this run ----

@@ -86,15 +86,11 @@ static void step_adamw(int version, const Wte* t, const TokenSorter* ts, int N, 
     else adamw_sparse_rows(t->params, t->m, t->v, t->grad, ts->sorted_tokens, N, t->C, h, 0);
 }
 
-// Step 3 of AdamW(lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1), bias corrections as
-// adamw_next_step_kernel computes them: weight decay and the bias corrections all show in the result.
-static AdamWParams adamw_params(void) {
-    const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f;
-    const int t = 3;
-    return {lr, beta1, beta2, 1e-8f, 0.1f, (float)(lr / (1.0 - pow(beta1, t))), (float)sqrt(1.0 - pow(beta2, t))};
-}
-static const AdamWParams* H_device(void) { // where the kernels read adamw_params()
-    static const AdamWParams* h = dev_adamw_params(adamw_params());
+// Step 3 of AdamW(lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1): weight decay and the
+// bias corrections all show in the result.
+static const AdamWStep STEP = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3};
+static const AdamWParams* H_device(void) { // where the kernels read STEP's hyperparameters
+    static const AdamWParams* h = dev_adamw_params(STEP);
     return h;
 }
 
@@ -107,7 +103,7 @@ static double step_bytes(int version, int V, int C, int N, size_t touched) {
     return version == 1 ? 32.0 * V * C + dresid : 40.0 * touched * C + dresid;
 }
 
-// ---- CPU reference ----
+// ---- CPU reference (AdamW's is common.h's adamw_cpu) ----
 
 enum Dist { ZIPF, UNIFORM };
 static const char* DIST_NAMES[] = {"zipf", "uniform"};
@@ -143,17 +139,6 @@ static std::vector<float> grad_ref(const std::vector<float>& dresid, const std::
     for (size_t j = 0; j < touched.size(); j++)
         for (int c = 0; c < C; c++) grad[(size_t)touched[j] * C + c] = (float)sums[j * C + c];
     return grad;
-}
-
-// torch.optim.AdamW on n elements in fp64 from the fp32 state, in the kernel's order of operations.
-static void adamw_ref(float* p, float* m, float* v, const float* g, size_t n, const AdamWParams& h) {
-    for (size_t i = 0; i < n; i++) {
-        double pi = p[i] - (double)h.lr * h.weight_decay * p[i];
-        double mi = h.beta1 * (double)m[i] + (1.0 - h.beta1) * g[i];
-        double vi = h.beta2 * (double)v[i] + (1.0 - h.beta2) * (double)g[i] * g[i];
-        pi -= h.step_size * mi / (sqrt(vi) / h.bias_corr2_sqrt + h.eps);
-        p[i] = (float)pi, m[i] = (float)mi, v[i] = (float)vi;
-    }
 }
 
 // ---- validation ----
@@ -215,16 +200,15 @@ static bool check_version(int version, const Case& c, const Wte* t, TokenSorter*
     else CUDA_CHECK(cudaMemset(t->grad, 0, VC * sizeof(float)));
     step_backward(version, t, ts, c.dresid_dev, c.tokens_dev, c.N);
     std::vector<float> grad = dev_download(t->grad, VC);
-    AdamWParams h = adamw_params();
     step_adamw(version, t, ts, c.N, H_device(), sms);
-    // the reference AdamW takes the gradient the kernel produced (checked against fp64 below), so
-    // that the p, m, v checks see the Adam step's own rounding only
+    // the reference AdamW (common.h adamw_cpu) takes the gradient the kernel produced (checked
+    // against fp64 below), so that the p, m, v checks see the Adam step's own rounding only
     std::vector<float> p = c.p0, m = c.m0, v = c.v0;
-    if (version == 1) adamw_ref(p.data(), m.data(), v.data(), grad.data(), VC, h);
+    if (version == 1) adamw_cpu(p.data(), m.data(), v.data(), grad.data(), VC, STEP);
     else
         for (int r : c.touched) {
             size_t o = (size_t)r * c.C;
-            adamw_ref(p.data() + o, m.data() + o, v.data() + o, grad.data() + o, c.C, h);
+            adamw_cpu(p.data() + o, m.data() + o, v.data() + o, grad.data() + o, c.C, STEP);
         }
     bool ok = check_rows(version, "grad", std::move(grad), c.grad, c, 1e-6f, 1e-5f, 0.0f, 0.0f);
     float rest = version == 1 ? 1.0f : 0.0f;

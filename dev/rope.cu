@@ -1,11 +1,13 @@
 // dev/rope.cu: RoPE and the head layout of attention (kernels.cuh rope_permute). Forward: the qkv
 // GEMM's token-major rows (B*T, [Q | K | V]) -> head-major q (B, NH, T, HD), k and v (B, KVH, T, HD)
-// (one block, q then k then v, as the trainer stores them), llama3 RoPE on q and k with the rotary
-// pairs adjacent (2i, 2i+1):
+// (one block, q then k then v, as the trainer stores them), RoPE on q and k with the rotary
+// pairs adjacent (2i, 2i+1), pair i of position t turned by the angle whose cos and sin the tables hold:
 //   y0 = bf16(x0 cos - x1 sin),  y1 = bf16(x1 cos + x0 sin),  products rounded before the add,
 // and v copied. Inverse (the backward): head-major -> token-major, rotating by -angle.
 // Memory-bound: each direction reads and writes the B*T*(NH + 2 KVH)*HD bf16 once, plus the
-// (T, HD/2) fp32 cos and sin tables (rope_table of ../llama3.h).
+// (T, HD/2) fp32 cos and sin tables. The tables are an input of the kernels (the trainer fills
+// them with llama3's frequencies, checked against HF transformers by test_llama3); here they hold
+// random angles, made in this file, so the reference depends on nothing of the trainer's.
 //
 // build: make dev/rope
 // run:   ./dev/rope          validate every version against a CPU reference, then time them
@@ -20,7 +22,6 @@
 // sizes: LLaMA3.2-1B (NH 32, KVH 8, HD 64) at B=4, T=64 and B=16, T=1024; validated at B=2, T=17,
 // NH 4, KVH 2, HD 16 and at B=4, T=64.
 #include "common.h"
-#include "../llama3.h"
 
 // Where element e of token n's qkv row [Q | K | V] lives in the head-major block q, k, v.
 __host__ __device__ inline size_t head_major_index(HeadShape sh, int n, int e) {
@@ -114,17 +115,20 @@ static std::vector<float> tail(const std::vector<float>& v, size_t from) {
     return std::vector<float>(v.begin() + from, v.end());
 }
 
-// The trainer's cos/sin tables for shape sh: the 1B config with this head count and head size.
-static std::vector<float> rope_tables(HeadShape sh) {
-    Llama3Config cfg = llama3_2_1b_config();
-    cfg.n_head = sh.NH, cfg.n_kv_head = sh.KVH, cfg.n_embd = sh.NH * sh.HD;
-    std::vector<float> table((size_t)sh.T * sh.HD); // cos (T, HD/2) then sin
-    rope_table(&cfg, sh.T, table.data(), table.data() + (size_t)sh.T * sh.HD / 2);
+// cos a and sin a of a random angle a in [-pi, pi) per (position, pair): cos (T, HD/2), then sin.
+static std::vector<float> random_rope_tables(HeadShape sh) {
+    size_t n = (size_t)sh.T * sh.HD / 2;
+    std::vector<float> table(2 * n);
+    for (size_t i = 0; i < n; i++) {
+        double angle = rng_uniform(-3.14159265f, 3.14159265f);
+        table[i] = (float)cos(angle);
+        table[n + i] = (float)sin(angle);
+    }
     return table;
 }
 
-// Fresh N(0, 1) qkv rows (for the forward and the round trip) and head-major gradients (for the
-// inverse). Tolerances:
+// Fresh random tables, N(0, 1) qkv rows (for the forward and the round trip) and head-major
+// gradients (for the inverse). Tolerances:
 //   forward and inverse, rotated part: rtol 2^-7, one bf16 ulp (2^-8..2^-7 of the value); the
 //     reference does the kernels' fp32 operations, so they should agree bit for bit.
 //   v (and V columns): copied, exact.
@@ -134,8 +138,9 @@ static std::vector<float> rope_tables(HeadShape sh) {
 static void validate(HeadShape sh, const DevArgs& a, bool* ok) {
     size_t N = (size_t)sh.B * sh.T, total = N * qkv_width(sh), rot_heads = N * (sh.NH + sh.KVH) * sh.HD;
     int QKV = qkv_width(sh), rot_cols = (sh.NH + sh.KVH) * sh.HD, v_cols = sh.KVH * sh.HD;
-    std::vector<float> table = rope_tables(sh), rope_cos(table.begin(), table.begin() + table.size() / 2),
-                       rope_sin(table.begin() + table.size() / 2, table.end());
+    std::vector<float> table = random_rope_tables(sh);
+    std::vector<float> rope_cos(table.begin(), table.begin() + table.size() / 2);
+    std::vector<float> rope_sin(table.begin() + table.size() / 2, table.end());
     std::vector<float> x = from_bf16(to_bf16(random_normal(total))), dheads = from_bf16(to_bf16(random_normal(total)));
     std::vector<float> heads_ref(total), dx_ref(total);
     rope_cpu(false, x, heads_ref, rope_cos, rope_sin, sh);
@@ -185,7 +190,7 @@ static void time_versions(HeadShape sh, const DevArgs& a, const bool* ok) {
     size_t total = (size_t)sh.B * sh.T * qkv_width(sh);
     double bytes = 4.0 * total + 4.0 * sh.T * sh.HD; // bf16 in and out, fp32 cos and sin (T, HD/2)
     int sets = rotations((size_t)bytes);
-    std::vector<float> table = rope_tables(sh);
+    std::vector<float> table = random_rope_tables(sh);
     float* tables = dev_upload(table);
     std::vector<bf16*> tok(sets), heads(sets);
     for (int s = 0; s < sets; s++) {
