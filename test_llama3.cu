@@ -1,70 +1,106 @@
 // test_llama3.cu: checks the trainer's own code paths against the PyTorch reference
-// (scripts/ref_llama3.py, HF LlamaForCausalLM under bf16 autocast with fp32 master weights).
-//   ./test_llama3 MODEL.bin STATE.bin [trainer switches, e.g. --shadow_weights 0]
-// MODEL.bin is the reference's random model in the seed format; STATE.bin holds its batches,
-// step-1 logits (bf16 autocast, and plain fp32 for context), per-step losses, step-1 gradients, and parameters after one and after n_steps AdamW
-// steps (layout: ref_state_read below). Errors are relative L2, ||ours - ref|| / ||ref||, per
-// tensor and layer. The output ends with "N passed, M failed"; the exit code is M > 0.
-//
-// Tolerances, fixed before measuring, and why:
-//   logits 2e-2, gradients 5e-2: both sides round every matmul operand and activation to bf16
-//     (2^-9 relative) in different orders (cuBLASLt vs PyTorch kernels, flash vs unfused
-//     attention); over 2L layers that compounds to about 1e-2.
-//   logits against PyTorch in fp32: ours no further from it than 1.5x PyTorch's own bf16
-//     autocast is (two independent bf16 roundings of the same model should land alike).
-//   loss 1e-2 absolute (on ~11.8), later steps' losses 3e-2 absolute (why: test_training).
-//   one AdamW step from the reference's own gradients, 1e-3 on the update: the same fp32 formula,
-//     so only fp32 rounding of p (6e-8 of 1 for norm weights) against an update of ~lr = 1e-3.
-//   parameters after n_steps, 2.5e-1 on the update p_n - p_0: Adam divides by |g|, so elements
-//     whose gradient is near zero move by +-lr on a bf16-level difference in g (see README).
+// (scripts/ref_llama3.py: HF LlamaForCausalLM under bf16 autocast with fp32 master weights and AdamW).
+//   ./test_llama3 REF [trainer switches, e.g. --shadow_weights 0]
+//   ./test_llama3 --train_args REF      prints the train_llama3 flags that repeat REF's run
+//   ./test_llama3 --log LOG.jsonl REF   every step's loss of a `train_llama3 --log_file` run against REF's
+// REF is the prefix of a reference's files: REF_model.bin (its random model, seed format),
+// REF_state.bin (layout at ref_state_read) and REF_tokens.bin (the token stream of its steps).
+// The output ends with "N passed, M failed"; the exit code is M > 0. What runs:
+//   rope       our llama3 inverse frequencies and the device cos/sin table against HF's
+//   files      the batches the data loader stages from REF_tokens.bin (and the uint16 REF_tokens16.bin)
+//              against PyTorch's, and the llm.c-format REF_model_llmc.bin against REF_model.bin
+//   step 1     logits, loss and every gradient of the first step (all its micro-steps), the qkv
+//              gradient apart per KV group: the q rows of the group's query heads, its k rows, v rows
+//   AdamW path every step through train_step (AdamW overlapped with the backward, deferred into the
+//              next step, replayed from the CUDA graph) with each gradient replaced by PyTorch's as
+//              soon as the backward writes it [reference gradients]: each step's loss and the
+//              weights after each step against torch.optim.AdamW's, then after the final flush
+//   train()    the training loop itself on REF_tokens.bin (data loader, batch staging, the final
+//              flush), PyTorch's gradients again: each step's loss and the weights at the end
+//   free run   every step on our own gradients: losses, and the weights after the last step; with
+//              micro-steps also the gradients train_step accumulated in step 1
+// Each check is counted once: rope and files run only when no switch is given (no switch changes
+// them), step 1 only when a switch could change the forward or backward pass.
 #define TESTING
 #include "train_llama3.cu"
 
+#include <unistd.h>
+
 #define STATE_MAGIC 20241129
+#define STATE_VERSION 3
+
+// ---- tolerances, fixed before measuring, and why ----
+// Logits and gradients: both sides round every matmul operand and activation to bf16 (2^-9
+// relative) in different orders (cuBLASLt vs PyTorch kernels, flash vs unfused attention); over
+// 2L layers that compounds to about 1e-2.
+static const double TOL_LOGITS = 2e-2, TOL_GRAD = 5e-2;
+// Logits against PyTorch in fp32: ours no further from them than 1.5x PyTorch's own bf16 autocast
+// (two independent bf16 roundings of the same model should land alike).
+static const double TOL_LOGITS_FP32_RATIO = 1.5;
+// Loss of a step whose weights equal PyTorch's (step 1, and every step on PyTorch's gradients),
+// absolute on ~7 (small) or ~12 (1B): the logits' bf16 error averaged over the batch.
+static const double TOL_LOSS = 1e-2;
+// Losses of steps 2..n on our own gradients, absolute. AdamW's first update is lr * g / |g| per
+// element, so an element whose gradient is within rounding of zero moves by +-lr at random: the
+// 1B model's step-2 loss moved by 1e-2 when only the RMSNorm kernels' fp32 summation order changed.
+static const double TOL_LOSS_FREE = 3e-2;
+// AdamW given PyTorch's gradients: ||ours - torch|| / ||torch's update of that step||. The same
+// fp32 formula on the same gradients, so only fp32 rounding of p (about 1e-7 of |p|) remains
+// against an update of about lr = 1e-3 per element.
+static const double TOL_ADAMW = 1e-3;
+// Weights after n steps on our own gradients, relative to the update p_n - p_0: Adam's division
+// by |g| turns bf16-level gradient differences on near-zero gradients into +-lr moves (README).
+static const double TOL_FREE_PARAMS = 2.5e-1;
+// RoPE: HF computes the inverse frequencies in fp32 torch ops, we round a double: a few ulp
+// (measured 2e-7 relative). The angle t * inv_freq (fp32) carries t times that, so cos and sin
+// are compared to 1e-6 * (1 + angle): the ulp of the angle and of the result, with margin.
+static const double TOL_ROPE_FREQ = 1e-6, TOL_ROPE_TABLE = 1e-6;
 
 static int n_passed = 0, n_failed = 0;
 
 static void check(bool ok, const char* what, double err, double tol) {
-    printf("%s %-40s %.3e (tol %.1e)\n", ok ? "ok  " : "FAIL", what, err, tol);
+    printf("%s %-56s %.3e (tol %.1e)\n", ok ? "ok  " : "FAIL", what, err, tol);
     ok ? n_passed++ : n_failed++;
 }
 
-static double rel_l2(const float* ours, const float* ref, size_t n) {
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)ours[i] - ref[i];
-        num += d * d, den += (double)ref[i] * ref[i];
-        if (ours[i] != ours[i]) return INFINITY; // NaN never passes
-    }
-    return den > 0.0 ? sqrt(num / den) : sqrt(num);
+static void fail_exit(const char* msg) {
+    fprintf(stderr, "%s\n", msg);
+    exit(EXIT_FAILURE);
 }
 
-// rel L2 of the updates (ours - p0) vs (ref - p0): the part of the parameters a step changed.
-static double rel_l2_update(const float* ours, const float* ref, const float* p0, size_t n) {
+// ||ours - want|| / ||ref - base|| (base NULL: / ||ref||), over n elements; NaN never passes.
+static double rel_err(const float* ours, const float* want, const float* ref, const float* base, size_t n) {
     double num = 0.0, den = 0.0;
     for (size_t i = 0; i < n; i++) {
-        double d = (double)ours[i] - ref[i], u = (double)ref[i] - p0[i];
-        num += d * d, den += u * u;
         if (ours[i] != ours[i]) return INFINITY;
+        double d = (double)ours[i] - want[i], u = (double)ref[i] - (base ? base[i] : 0.0f);
+        num += d * d;
+        den += u * u;
     }
     return den > 0.0 ? sqrt(num / den) : sqrt(num);
 }
 
-// ---- reference state file ----
-// Header: 256 int32: [0] magic 20241129, [1] version 2, [2] B, [3] T, [4] n_steps, [5] vocab_size,
-// [6] 1 if the embedding was updated by lazy (row-sparse) AdamW, 0 if dense;
-// float32 at [16] lr, [17] beta1, [18] beta2, [19] eps, [20] weight_decay. Then inputs and
-// targets (n_steps, B*T) int32 each, logits of step 1 (B*T, V) fp32 under bf16 autocast and the
-// same logits computed in plain fp32, losses (n_steps) fp32, and
-// three parameter-sized fp32 blocks in the seed file's tensor order: step-1 gradients, parameters
-// after one AdamW step from those gradients, parameters after n_steps training steps.
+// ---- the reference ----
+// State file: 256 int32 header: [0] magic 20241129, [1] version 3, [2] B, [3] T, [4] n_steps,
+// [5] vocab_size, [6] 1 if the embedding was updated by lazy (row-sparse) AdamW, 0 if dense,
+// [7] grad_accum (micro-steps per step); float32 at [16] lr, [17] beta1, [18] beta2, [19] eps,
+// [20] weight_decay. Then int32 inputs and targets (n_steps, grad_accum, B*T) each; fp32 HF RoPE
+// inv_freq (HD/2), cos and sin (T, HD/2) each; step 1's first micro-batch logits (B*T, V) under
+// bf16 autocast and the same in plain fp32; per step t = 1..n_steps two parameter-sized blocks in
+// the seed file's tensor order: the step's gradients, the parameters after its AdamW; last the
+// n_steps losses (each the mean over the step's micro-batches).
 typedef struct {
-    int B, T, n_steps, sparse_embedding;
+    char model[512], state[512], tokens[512], tokens16[512], model_llmc[512]; // the last two may not exist
+    Llama3Config cfg;
+    ModelFileFormat fmt;
+    size_t n_params;
+    int B, T, n_steps, sparse_embedding, grad_accum;
     float lr, beta1, beta2, eps, weight_decay;
     int32_t *inputs, *targets;
+    float *inv_freq, *rope_cos, *rope_sin;
     float *logits, *logits_fp32, *losses;
-    size_t grads_offset, params1_offset, params_n_offset; // byte offsets of the three blocks
-} RefState;
+    size_t steps_offset; // byte offset of step 1's gradient block
+} Ref;
 
 static void read_exact(FILE* f, void* dst, size_t bytes, const char* path) {
     if (fread(dst, 1, bytes, f) != bytes) {
@@ -72,36 +108,66 @@ static void read_exact(FILE* f, void* dst, size_t bytes, const char* path) {
         exit(EXIT_FAILURE);
     }
 }
+static void* read_array(FILE* f, size_t bytes, const char* path) {
+    void* p = malloc(bytes ? bytes : 1);
+    read_exact(f, p, bytes, path);
+    return p;
+}
 
-static void ref_state_read(RefState* r, const char* path, const Llama3Config* c, size_t n_params) {
-    FILE* f = fopen(path, "rb");
-    if (!f) { fprintf(stderr, "%s: cannot open\n", path); exit(EXIT_FAILURE); }
+static void ref_state_read(Ref* r) {
+    FILE* f = fopen(r->state, "rb");
+    if (!f) { fprintf(stderr, "%s: cannot open\n", r->state); exit(EXIT_FAILURE); }
     int32_t h[256];
-    read_exact(f, h, sizeof(h), path);
-    if (h[0] != STATE_MAGIC || h[1] != 2 || h[5] != c->vocab_size) {
-        fprintf(stderr, "%s: not a version-2 reference state for this model (regenerate it)\n", path);
+    read_exact(f, h, sizeof(h), r->state);
+    if (h[0] != STATE_MAGIC || h[1] != STATE_VERSION || h[5] != r->cfg.vocab_size) {
+        fprintf(stderr, "%s: not a version-3 reference state for this model (regenerate it)\n", r->state);
         exit(EXIT_FAILURE);
     }
-    r->B = h[2], r->T = h[3], r->n_steps = h[4], r->sparse_embedding = h[6];
-    memcpy(&r->lr, &h[16], 4), memcpy(&r->beta1, &h[17], 4), memcpy(&r->beta2, &h[18], 4);
-    memcpy(&r->eps, &h[19], 4), memcpy(&r->weight_decay, &h[20], 4);
-    size_t bt = (size_t)r->B * r->T, toks = r->n_steps * bt;
-    r->inputs = (int32_t*)malloc(toks * 4), r->targets = (int32_t*)malloc(toks * 4);
-    r->logits = (float*)malloc(bt * c->vocab_size * 4), r->logits_fp32 = (float*)malloc(bt * c->vocab_size * 4);
-    r->losses = (float*)malloc(r->n_steps * 4);
-    read_exact(f, r->inputs, toks * 4, path);
-    read_exact(f, r->targets, toks * 4, path);
-    read_exact(f, r->logits, bt * c->vocab_size * 4, path);
-    read_exact(f, r->logits_fp32, bt * c->vocab_size * 4, path);
-    read_exact(f, r->losses, r->n_steps * 4, path);
-    r->grads_offset = 1024 + 2 * toks * 4 + 2 * bt * c->vocab_size * 4 + r->n_steps * 4;
-    r->params1_offset = r->grads_offset + n_params * 4;
-    r->params_n_offset = r->params1_offset + n_params * 4;
+    r->B = h[2];
+    r->T = h[3];
+    r->n_steps = h[4];
+    r->sparse_embedding = h[6];
+    r->grad_accum = h[7];
+    memcpy(&r->lr, &h[16], 4);
+    memcpy(&r->beta1, &h[17], 4);
+    memcpy(&r->beta2, &h[18], 4);
+    memcpy(&r->eps, &h[19], 4);
+    memcpy(&r->weight_decay, &h[20], 4);
+    size_t bt = (size_t)r->B * r->T, toks = (size_t)r->n_steps * r->grad_accum * bt, V = r->cfg.vocab_size;
+    size_t half = r->cfg.n_embd / r->cfg.n_head / 2;
+    r->inputs = (int32_t*)read_array(f, toks * 4, r->state);
+    r->targets = (int32_t*)read_array(f, toks * 4, r->state);
+    r->inv_freq = (float*)read_array(f, half * 4, r->state);
+    r->rope_cos = (float*)read_array(f, r->T * half * 4, r->state);
+    r->rope_sin = (float*)read_array(f, r->T * half * 4, r->state);
+    r->logits = (float*)read_array(f, bt * V * 4, r->state);
+    r->logits_fp32 = (float*)read_array(f, bt * V * 4, r->state);
+    r->steps_offset = 1024 + 2 * toks * 4 + (half + 2 * r->T * half) * 4 + 2 * bt * V * 4;
+    size_t losses_offset = r->steps_offset + 2 * (size_t)r->n_steps * r->n_params * 4;
+    if (fseeko(f, (off_t)losses_offset, SEEK_SET) != 0) { fprintf(stderr, "%s: truncated\n", r->state); exit(1); }
+    r->losses = (float*)read_array(f, r->n_steps * 4, r->state);
     fclose(f);
-    if (file_size_of(path) != (long long)(r->params_n_offset + n_params * 4)) {
-        fprintf(stderr, "%s: size does not match its header\n", path);
+    if (file_size_of(r->state) != (long long)(losses_offset + r->n_steps * 4)) {
+        fprintf(stderr, "%s: size does not match its header\n", r->state);
         exit(EXIT_FAILURE);
     }
+}
+
+static void ref_open(Ref* r, const char* prefix) {
+    snprintf(r->model, sizeof(r->model), "%s_model.bin", prefix);
+    snprintf(r->state, sizeof(r->state), "%s_state.bin", prefix);
+    snprintf(r->tokens, sizeof(r->tokens), "%s_tokens.bin", prefix);
+    snprintf(r->tokens16, sizeof(r->tokens16), "%s_tokens16.bin", prefix);
+    snprintf(r->model_llmc, sizeof(r->model_llmc), "%s_model_llmc.bin", prefix);
+    char err[L3_ERR_LEN];
+    r->fmt = MODEL_FILE_SEED;
+    if (model_header_read(r->model, &r->cfg, &r->fmt, err)) fail_exit(err);
+    r->n_params = param_layout(&r->cfg).total;
+    ref_state_read(r);
+}
+
+static size_t grads_offset(const Ref* r, int step) {
+    return r->steps_offset + 2 * (size_t)(step - 1) * r->n_params * 4;
 }
 
 static void host_sink(void* ctx, size_t offset, const float* src, size_t count) {
@@ -109,16 +175,25 @@ static void host_sink(void* ctx, size_t offset, const float* src, size_t count) 
 }
 
 // A parameter-sized block of the state file (seed order) into our layout on the host.
-static float* read_param_block(const char* path, const Llama3Config* c, size_t offset, size_t n_params) {
-    float* out = (float*)malloc(n_params * sizeof(float));
+static float* read_param_block(const Ref* r, size_t offset) {
+    float* out = (float*)malloc(r->n_params * sizeof(float));
     float* buf = (float*)malloc((16 << 20) * sizeof(float));
     char err[L3_ERR_LEN];
-    SegmentList s = seed_file_segments(c, offset);
-    if (segments_load(path, &s, buf, 16 << 20, host_sink, out, err)) {
-        fprintf(stderr, "%s\n", err);
-        exit(EXIT_FAILURE);
-    }
-    free(s.seg), free(buf);
+    SegmentList s = seed_file_segments(&r->cfg, offset);
+    if (segments_load(r->state, &s, buf, 16 << 20, host_sink, out, err)) fail_exit(err);
+    free(s.seg);
+    free(buf);
+    return out;
+}
+static float* ref_grads(const Ref* r, int step) { return read_param_block(r, grads_offset(r, step)); }
+// PyTorch's parameters after `step` steps; step 0: the model file.
+static float* ref_params(const Ref* r, int step) {
+    if (step > 0) return read_param_block(r, grads_offset(r, step) + r->n_params * 4);
+    float* out = (float*)malloc(r->n_params * sizeof(float));
+    float* buf = (float*)malloc((16 << 20) * sizeof(float));
+    char err[L3_ERR_LEN];
+    if (model_file_load(r->model, &r->cfg, r->fmt, buf, 16 << 20, host_sink, out, err)) fail_exit(err);
+    free(buf);
     return out;
 }
 
@@ -128,26 +203,65 @@ static float* to_host(const float* device, size_t n) {
     return h;
 }
 
-// Per-tensor, per-layer check of a parameter-sized block (gradients or updated parameters).
-static void check_blocks(Model* m, const char* what, const float* ours, const float* ref, const float* p0, double tol) {
-    const ParamLayout* p = &m->layout;
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        int layers = (int)(p->size[t] / p->layer_size[t]);
-        for (int l = 0; l < layers; l++) {
-            size_t off = p->offset[t] + (size_t)l * p->layer_size[t], n = p->layer_size[t];
-            double e = p0 ? rel_l2_update(ours + off, ref + off, p0 + off, n) : rel_l2(ours + off, ref + off, n);
+// ---- checks over the parameter block ----
+
+static bool is_layer_tensor(int t) { return t >= P_QKV && t <= P_FFN_NORM; } // LAYER_TENSORS
+
+// The qkv block of layer l (rows [Q | K | V] x C) per KV group g: the q rows of its G query heads,
+// its k rows, its v rows. A 10 % error in dQ or dK hides in the whole block, whose norm the v rows
+// dominate.
+static void check_qkv_groups(const Model* m, const char* what, int l, const float* ours, const float* ref,
+                             double tol) {
+    const Llama3Config* c = &m->cfg;
+    size_t C = c->n_embd, HD = C / c->n_head, G = c->n_head / c->n_kv_head, KVD = c->n_kv_head * HD;
+    size_t base = m->layout.offset[P_QKV] + (size_t)l * m->layout.layer_size[P_QKV];
+    for (int g = 0; g < c->n_kv_head; g++) {
+        const size_t first_row[3] = {g * G * HD, C + g * HD, C + KVD + g * HD}, rows[3] = {G * HD, HD, HD};
+        const char* part[3] = {"q", "k", "v"};
+        for (int i = 0; i < 3; i++) {
+            size_t off = base + first_row[i] * C, n = rows[i] * C;
             char name[96];
-            snprintf(name, sizeof(name), "%s %s[%d]", what, PARAM_NAMES[t], l);
+            snprintf(name, sizeof(name), "%s qkv[%d] %s rows of kv group %d", what, l, part[i], g);
+            double e = rel_err(ours + off, ref + off, ref + off, NULL, n);
             check(e <= tol, name, e, tol);
         }
     }
 }
 
-static void stage_ref_batch(Model* m, const RefState* r, int step, int slot) {
-    size_t bt = (size_t)r->B * r->T;
-    int32_t* dst = m->tokens_host + (size_t)slot * 2 * bt;
-    memcpy(dst, r->inputs + step * bt, bt * 4);
-    memcpy(dst + bt, r->targets + step * bt, bt * 4);
+// Per tensor from `first` on and per layer: ||ours - ref|| / ||ref - base|| (base NULL: / ||ref||);
+// the qkv gradient per KV group when qkv_groups.
+static void check_blocks(const Model* m, const char* what, const float* ours, const float* ref, const float* base,
+                         double tol, bool qkv_groups, int first = P_WTE) {
+    const ParamLayout* p = &m->layout;
+    for (int t = first; t < NUM_PARAM_TENSORS; t++)
+        for (int l = 0; l < (int)(p->size[t] / p->layer_size[t]); l++) {
+            if (qkv_groups && t == P_QKV) {
+                check_qkv_groups(m, what, l, ours, ref, tol);
+                continue;
+            }
+            size_t off = p->offset[t] + (size_t)l * p->layer_size[t], n = p->layer_size[t];
+            char name[96];
+            snprintf(name, sizeof(name), "%s %s[%d]", what, PARAM_NAMES[t], l);
+            double e = rel_err(ours + off, ref + off, ref + off, base ? base + off : NULL, n);
+            check(e <= tol, name, e, tol);
+        }
+}
+
+// The weights after step t on PyTorch's gradients, per tensor and layer, against torch's p_t
+// (`cur`), except layers 0..pending-1 whose AdamW is deferred into the next step [deferred
+// AdamW]: those must still hold p_{t-1} (`prev`). Errors relative to the step's update cur - prev.
+static void check_step_weights(const Model* m, const char* what, const float* ours, const float* prev,
+                               const float* cur, int pending) {
+    const ParamLayout* p = &m->layout;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++)
+        for (int l = 0; l < (int)(p->size[t] / p->layer_size[t]); l++) {
+            size_t off = p->offset[t] + (size_t)l * p->layer_size[t], n = p->layer_size[t];
+            bool deferred = is_layer_tensor(t) && l < pending;
+            char name[96];
+            snprintf(name, sizeof(name), "%s %s[%d]%s", what, PARAM_NAMES[t], l, deferred ? " (deferred: p_t-1)" : "");
+            double e = rel_err(ours + off, (deferred ? prev : cur) + off, cur + off, prev + off, n);
+            check(e <= TOL_ADAMW, name, e, TOL_ADAMW);
+        }
 }
 
 static uint16_t bf16_bits_rne(float x) { // host round-to-nearest-even, as __float2bfloat16_rn
@@ -156,93 +270,11 @@ static uint16_t bf16_bits_rne(float x) { // host round-to-nearest-even, as __flo
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-// Every gradient as fp32 in parameter order: the fp32 block, and with [bf16 grads] the matmul
-// weights' bf16 block widened; and the way back (PyTorch's matmul weight gradients under
-// autocast are bf16 values, so the rounding there is exact).
-static float* grads_to_host(Model* m) {
-    const ParamLayout* p = &m->layout;
-    if (!m->grads_bf16) return to_host(m->grads, p->total);
-    float* g = (float*)malloc(p->total * sizeof(float));
-    size_t n = p->matmul_end - p->matmul_begin;
-    CUDA_CHECK(cudaMemcpy(g, m->grads, p->matmul_begin * 4, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(g + p->matmul_end, grad_f32(m, p->matmul_end), (p->total - p->matmul_end) * 4,
-                          cudaMemcpyDeviceToHost));
-    bf16* h = (bf16*)malloc(n * 2);
-    CUDA_CHECK(cudaMemcpy(h, m->grads_bf16, n * 2, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n; i++) g[p->matmul_begin + i] = __bfloat162float(h[i]);
-    free(h);
-    return g;
-}
-static void grads_from_host(Model* m, const float* g) {
-    const ParamLayout* p = &m->layout;
-    if (!m->grads_bf16) {
-        CUDA_CHECK(cudaMemcpy(m->grads, g, p->total * 4, cudaMemcpyHostToDevice));
-        return;
-    }
-    size_t n = p->matmul_end - p->matmul_begin;
-    CUDA_CHECK(cudaMemcpy(m->grads, g, p->matmul_begin * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(grad_f32(m, p->matmul_end), g + p->matmul_end, (p->total - p->matmul_end) * 4,
-                          cudaMemcpyHostToDevice));
-    uint16_t* h = (uint16_t*)malloc(n * 2);
-    for (size_t i = 0; i < n; i++) h[i] = bf16_bits_rne(g[p->matmul_begin + i]);
-    CUDA_CHECK(cudaMemcpy(m->grads_bf16, h, n * 2, cudaMemcpyHostToDevice));
-    free(h);
-}
-
-// Step 1 forward and backward: logits, loss, every gradient.
-static void test_forward_backward(Model* m, const RefState* r, const float* ref_grads) {
-    size_t bt = (size_t)r->B * r->T, V = m->cfg.vocab_size;
-    stage_ref_batch(m, r, 0, 0);
-    CUDA_CHECK(cudaMemcpy(m->tokens, m->tokens_host, 2 * bt * 4, cudaMemcpyHostToDevice));
-    forward(m, m->tokens);
-    bf16* logits_bf16 = (bf16*)malloc(bt * V * 2);
-    CUDA_CHECK(cudaMemcpy(logits_bf16, act_bf16(m, A_LOGITS), bt * V * 2, cudaMemcpyDeviceToHost));
-    float* logits = (float*)malloc(bt * V * 4);
-    for (size_t i = 0; i < bt * V; i++) logits[i] = __bfloat162float(logits_bf16[i]);
-    double err = rel_l2(logits, r->logits, bt * V);
-    check(err <= 2e-2, "logits", err, 2e-2);
-    double ours_fp32 = rel_l2(logits, r->logits_fp32, bt * V), torch_fp32 = rel_l2(r->logits, r->logits_fp32, bt * V);
-    printf("     logits against PyTorch fp32: ours %.3e, PyTorch bf16 autocast %.3e\n", ours_fp32, torch_fp32);
-    check(ours_fp32 <= 1.5 * torch_fp32, "logits vs fp32, ours / PyTorch bf16", ours_fp32 / torch_fp32, 1.5);
-    free(logits_bf16), free(logits);
-
-    classifier(m, m->tokens + bt, 0);
-    mean(m->loss, act_f32(m, A_LOSSES), (int)bt, m->stream);
-    float loss;
-    CUDA_CHECK(cudaMemcpy(&loss, m->loss, 4, cudaMemcpyDeviceToHost));
-    printf("     loss ours %.6f ref %.6f\n", loss, r->losses[0]);
-    check(fabs(loss - r->losses[0]) <= 1e-2, "loss", fabs(loss - r->losses[0]), 1e-2);
-
-    backward(m, m->tokens, false);
-    float* grads = grads_to_host(m);
-    check_blocks(m, "grad", grads, ref_grads, NULL, 5e-2);
-    free(grads);
-}
-
-// One AdamW step (t = 1) from the reference's gradients: updates, shadow = bf16(params) exactly,
-// and wte's gradient rows zeroed again by the sparse update.
-static void check_shadow(Model* m, const float* params);
-static void check_wte_grad_zero(Model* m);
-
-static void test_optimizer(Model* m, const RefState* r, const float* p0, const float* ref_grads, const char* state_path) {
-    size_t P = m->layout.total;
-    grads_from_host(m, ref_grads);
-    optimizer_begin_step(m); // step 1
-    optimizer_step(m);       // the sorter still holds step 1's sorted inputs from backward
-    float* params = to_host(m->params, P);
-    float* ref = read_param_block(state_path, &m->cfg, r->params1_offset, P);
-    check_blocks(m, "adamw step", params, ref, p0, 1e-3);
-    if (m->sw.shadow_weights) check_shadow(m, params);
-    if (m->sw.sparse_embedding) check_wte_grad_zero(m);
-    free(params), free(ref);
-}
-
 // [shadow weights] The shadow block is bf16(master) exactly after AdamW wrote both.
 static void check_shadow(Model* m, const float* params) {
-    size_t n_shadow = m->layout.matmul_end - m->layout.matmul_begin;
+    size_t n_shadow = m->layout.matmul_end - m->layout.matmul_begin, mismatched = 0;
     uint16_t* shadow = (uint16_t*)malloc(n_shadow * 2);
     CUDA_CHECK(cudaMemcpy(shadow, m->shadow, n_shadow * 2, cudaMemcpyDeviceToHost));
-    size_t mismatched = 0;
     for (size_t i = 0; i < n_shadow; i++) mismatched += shadow[i] != bf16_bits_rne(params[m->layout.matmul_begin + i]);
     check(mismatched == 0, "shadow == bf16(params) (mismatches)", (double)mismatched, 0);
     free(shadow);
@@ -257,76 +289,383 @@ static void check_wte_grad_zero(Model* m) {
     free(grads);
 }
 
-// n_steps full training steps from the initial model on the reference's batches.
-static void test_training(Model* m, const RefState* r, const float* p0, const char* model_path, ModelFileFormat fmt,
-                          const char* state_path) {
+// ---- [reference gradients] ----
+// PyTorch's gradients of every step on the device, fp32 in our parameter order, step t at
+// (t - 1) * n_params. While set, grad_written (the trainer's test seam) overwrites each gradient
+// the backward writes with step t's, t read from the device step counter so that a replayed
+// graph takes each step's own. NULL: the backward's own gradients stay.
+static float* ref_grads_device = NULL;
+
+__device__ inline void store_grad(float* g, float v) { *g = v; }
+__device__ inline void store_grad(bf16* g, float v) { *g = __float2bfloat16_rn(v); } // exact: autocast's are bf16
+template <typename G>
+__global__ void copy_ref_grad_kernel(G* grad, const float* ref_steps, size_t step_stride, const int* step, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) store_grad(grad + i, ref_steps[(size_t)(*step - 1) * step_stride + i]);
+}
+
+static void grad_written(Model* m, size_t offset, size_t count) {
+    if (!ref_grads_device) return;
+    const ParamLayout* p = &m->layout;
+    const float* src = ref_grads_device + offset;
+    unsigned blocks = ceil_div(count, 256);
+    if (m->grads_bf16 && offset >= p->matmul_begin && offset < p->matmul_end)
+        copy_ref_grad_kernel<<<blocks, 256, 0, m->stream>>>(grad_bf16(m, offset), src, p->total, m->adam_step, count);
+    else
+        copy_ref_grad_kernel<<<blocks, 256, 0, m->stream>>>(grad_f32(m, offset), src, p->total, m->adam_step, count);
+    LAUNCH_CHECK();
+}
+
+static void use_ref_grads(const Ref* r) {
+    size_t P = r->n_params;
+    CUDA_CHECK(cudaMalloc(&ref_grads_device, (size_t)r->n_steps * P * sizeof(float)));
+    for (int t = 1; t <= r->n_steps; t++) {
+        float* g = ref_grads(r, t);
+        CUDA_CHECK(cudaMemcpy(ref_grads_device + (size_t)(t - 1) * P, g, P * sizeof(float), cudaMemcpyHostToDevice));
+        free(g);
+    }
+}
+static void use_own_grads(void) {
+    CUDA_CHECK(cudaFree(ref_grads_device));
+    ref_grads_device = NULL;
+}
+
+// ---- runs ----
+
+// Back to the model file's weights and a fresh optimizer, as model_create leaves them; the CUDA
+// graph is dropped so that the next run captures its own (with or without the seam's copies).
+static void reset_training(Model* m, const Ref* r) {
     char err[L3_ERR_LEN];
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
+    m->step_graph = NULL;
+    if (model_load(m, r->model, r->fmt, err)) fail_exit(err);
     size_t P = m->layout.total;
-    if (model_load(m, model_path, fmt, err)) { fprintf(stderr, "%s\n", err); exit(EXIT_FAILURE); }
     CUDA_CHECK(cudaMemset(m->adam_m, 0, P * 4));
     CUDA_CHECK(cudaMemset(m->adam_v, 0, P * 4));
     CUDA_CHECK(cudaMemset(m->adam_step, 0, sizeof(int)));
+    CUDA_CHECK(cudaMemset(m->adam, 0, 2 * sizeof(AdamWParams)));
     CUDA_CHECK(cudaMemset(m->grads, 0, grads_f32_count(&m->layout, m->grads_bf16 != NULL) * 4));
+    if (m->grads_bf16) CUDA_CHECK(cudaMemset(m->grads_bf16, 0, (m->layout.matmul_end - m->layout.matmul_begin) * 2));
+    m->adam_pending = 0;
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// Step `step`'s micro-batches into staging slot `slot`: all inputs, then all targets.
+static void stage_ref_batch(Model* m, const Ref* r, int step, int slot) {
+    size_t n_step = (size_t)r->grad_accum * r->B * r->T;
+    int32_t* dst = m->tokens_host + (size_t)slot * 2 * n_step;
+    memcpy(dst, r->inputs + step * n_step, n_step * 4);
+    memcpy(dst + n_step, r->targets + step * n_step, n_step * 4);
+}
+
+// Optimizer step t through the training path; returns its loss.
+static float run_step(Model* m, const Ref* r, int t) {
+    int slot = t % 2;
+    stage_ref_batch(m, r, t - 1, slot);
+    m->loss_host[slot] = NAN; // poison: a step that does not copy its loss back fails
+    train_step(m, t, slot);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return m->loss_host[slot];
+}
+
+static void check_loss(const char* what, int t, float loss, float ref, double tol) {
+    char name[96];
+    snprintf(name, sizeof(name), "%s step %d loss (ours %.5f ref %.5f)", what, t, loss, ref);
+    check(fabsf(loss - ref) <= tol, name, fabsf(loss - ref), tol);
+}
+
+// The inverse frequencies (host) and the cos/sin table the kernels read (device) against HF's.
+static void test_rope(Model* m, const Ref* r) {
+    int half = m->cfg.n_embd / m->cfg.n_head / 2;
+    float* inv_freq = (float*)malloc(half * sizeof(float));
+    rope_inv_freq(&m->cfg, inv_freq);
+    double freq_err = 0.0, table_err = 0.0;
+    for (int i = 0; i < half; i++)
+        freq_err = fmax(freq_err, fabs((double)inv_freq[i] - r->inv_freq[i]) / r->inv_freq[i]);
+    float* table = to_host(m->rope_cos, 2 * (size_t)r->T * half); // cos, then sin
+    for (int t = 0; t < r->T; t++)
+        for (int i = 0; i < half; i++) {
+            size_t k = (size_t)t * half + i;
+            double bound = TOL_ROPE_TABLE * (1.0 + t * (double)r->inv_freq[i]);
+            double e = fmax(fabs(table[k] - r->rope_cos[k]), fabs(table[(size_t)r->T * half + k] - r->rope_sin[k]));
+            table_err = fmax(table_err, e != e ? INFINITY : e / bound);
+        }
+    check(freq_err <= TOL_ROPE_FREQ, "rope inv_freq vs HF llama3 (max rel)", freq_err, TOL_ROPE_FREQ);
+    check(table_err <= 1.0, "rope cos/sin table vs HF (max err / 1e-6(1+angle))", table_err, 1.0);
+    free(inv_freq);
+    free(table);
+}
+
+// The data path of train(): the loader over a token file, staged by stage_batches, gives exactly
+// PyTorch's batches at every step (mismatched token ids counted).
+static void check_token_file(Model* m, const Ref* r, const char* path) {
+    char err[L3_ERR_LEN], name[96];
+    TokenData tokens = {};
+    DataLoader loader;
+    if (tokens_load_file(&tokens, path, r->cfg.vocab_size, err) ||
+        loader_init(&loader, &tokens, r->B, r->T, 0, path, err))
+        fail_exit(err);
+    size_t n_step = (size_t)r->grad_accum * r->B * r->T, mismatched = 0;
+    for (int t = 0; t < r->n_steps; t++) {
+        stage_batches(m, &loader, 0);
+        for (size_t i = 0; i < n_step; i++) {
+            mismatched += m->tokens_host[i] != r->inputs[t * n_step + i];
+            mismatched += m->tokens_host[n_step + i] != r->targets[t * n_step + i];
+        }
+    }
+    snprintf(name, sizeof(name), "batches staged from %s (mismatched ids)", path);
+    check(mismatched == 0, name, (double)mismatched, 0);
+    tokens_free(&tokens);
+}
+
+// The reference's token files (uint32; uint16 when written) and, when written, its llm.c-format
+// model, which must load to the seed-format model's weights bit for bit.
+static void test_files(Model* m, const Ref* r) {
+    check_token_file(m, r, r->tokens);
+    if (file_size_of(r->tokens16) >= 0) check_token_file(m, r, r->tokens16);
+    if (file_size_of(r->model_llmc) < 0) return;
+    char err[L3_ERR_LEN];
+    Llama3Config cfg;
+    ModelFileFormat fmt;
+    if (model_header_read(r->model_llmc, &cfg, &fmt, err)) fail_exit(err);
+    float *seed = ref_params(r, 0), *llmc = (float*)malloc(r->n_params * sizeof(float));
+    float* buf = (float*)malloc((16 << 20) * sizeof(float));
+    if (model_file_load(r->model_llmc, &cfg, fmt, buf, 16 << 20, host_sink, llmc, err)) fail_exit(err);
+    size_t mismatched = fmt == MODEL_FILE_LLMC ? 0 : r->n_params;
+    for (size_t i = 0; i < r->n_params; i++) mismatched += memcmp(&seed[i], &llmc[i], 4) != 0;
+    check(mismatched == 0, "llm.c-format model == seed-format model (mismatches)", (double)mismatched, 0);
+    free(seed);
+    free(llmc);
+    free(buf);
+}
+
+static void check_logits(Model* m, const Ref* r) {
+    size_t n = (size_t)r->B * r->T * m->cfg.vocab_size;
+    bf16* logits_bf16 = (bf16*)malloc(n * 2);
+    CUDA_CHECK(cudaMemcpy(logits_bf16, act_bf16(m, A_LOGITS), n * 2, cudaMemcpyDeviceToHost));
+    float* logits = (float*)malloc(n * 4);
+    for (size_t i = 0; i < n; i++) logits[i] = __bfloat162float(logits_bf16[i]);
+    double err = rel_err(logits, r->logits, r->logits, NULL, n);
+    check(err <= TOL_LOGITS, "logits", err, TOL_LOGITS);
+    double ours = rel_err(logits, r->logits_fp32, r->logits_fp32, NULL, n);
+    double torch = rel_err(r->logits, r->logits_fp32, r->logits_fp32, NULL, n);
+    printf("     logits against PyTorch fp32: ours %.3e, PyTorch bf16 autocast %.3e\n", ours, torch);
+    check(ours <= TOL_LOGITS_FP32_RATIO * torch, "logits vs fp32, ours / PyTorch bf16", ours / torch,
+          TOL_LOGITS_FP32_RATIO);
+    free(logits_bf16);
+    free(logits);
+}
+
+// Every gradient as fp32 in parameter order: the fp32 block, and with [bf16 grads] the matmul
+// weights' bf16 block widened.
+static float* grads_to_host(Model* m) {
+    const ParamLayout* p = &m->layout;
+    if (!m->grads_bf16) return to_host(m->grads, p->total);
+    float* g = (float*)malloc(p->total * sizeof(float));
+    size_t n = p->matmul_end - p->matmul_begin;
+    CUDA_CHECK(cudaMemcpy(g, m->grads, p->matmul_begin * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(g + p->matmul_end, grad_f32(m, p->matmul_end), (p->total - p->matmul_end) * 4,
+                          cudaMemcpyDeviceToHost));
+    bf16* h = (bf16*)malloc(n * 2);
+    CUDA_CHECK(cudaMemcpy(h, m->grads_bf16, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) g[p->matmul_begin + i] = __bfloat162float(h[i]);
+    free(h);
+    return g;
+}
+
+// Step 1's forward and backward over all its micro-steps: the first micro-batch's logits, the
+// step's loss, every gradient (accumulated over the micro-steps).
+static void test_step1(Model* m, const Ref* r) {
+    size_t N = (size_t)r->B * r->T, n_step = r->grad_accum * N;
+    reset_training(m, r);
+    stage_ref_batch(m, r, 0, 0);
+    CUDA_CHECK(cudaMemcpy(m->tokens, m->tokens_host, 2 * n_step * 4, cudaMemcpyHostToDevice));
+    for (int micro = 0; micro < r->grad_accum; micro++) {
+        const int* inputs = m->tokens + micro * N;
+        forward(m, inputs);
+        if (micro == 0) check_logits(m, r);
+        classifier(m, m->tokens + n_step + micro * N, micro);
+        backward(m, inputs, micro > 0);
+    }
+    mean(m->loss, act_f32(m, A_LOSSES), (int)n_step, m->stream);
+    float loss;
+    CUDA_CHECK(cudaMemcpy(&loss, m->loss, 4, cudaMemcpyDeviceToHost));
+    check_loss("first", 1, loss, r->losses[0], TOL_LOSS);
+    float *grads = grads_to_host(m), *ref = ref_grads(r, 1);
+    check_blocks(m, "grad", grads, ref, NULL, TOL_GRAD, true);
+    free(grads);
+    free(ref);
+}
+
+// Every step through train_step on PyTorch's gradients: loss and weights after each step (the
+// deferred layers still at p_{t-1}), then after the flush, the shadow and wte's gradient.
+static void test_adamw_path(Model* m, const Ref* r) {
+    reset_training(m, r);
+    use_ref_grads(r);
+    float* prev = ref_params(r, 0);
     for (int t = 1; t <= r->n_steps; t++) {
-        int slot = t % 2;
-        stage_ref_batch(m, r, t - 1, slot);
-        m->loss_host[slot] = NAN; // poison: a step that does not copy its loss back fails
-        train_step(m, t, slot);
-        CUDA_CHECK(cudaStreamSynchronize(m->stream));
-        // Steps 2..n: 3e-2 (2e-2 until the RMSNorm kernels' fp32 summation order changed). AdamW's
-        // first update is lr * g / |g| per element, so an element whose gradient is within rounding
-        // of zero moves by +-lr at random, and the 1B model's step-2 loss depends on rounding order
-        // alone: two RMSNorm versions, both exact to fp32 rounding in dev/rmsnorm and with the same
-        // step-1 gradient errors, give 10.9411 and 10.9303 against PyTorch's 10.9504.
-        float loss = m->loss_host[slot], tol = t == 1 ? 1e-2f : 3e-2f;
-        char name[64];
-        snprintf(name, sizeof(name), "train step %d loss (ours %.5f ref %.5f)", t, loss, r->losses[t - 1]);
-        check(fabsf(loss - r->losses[t - 1]) <= tol, name, fabsf(loss - r->losses[t - 1]), tol);
+        check_loss("adamw path", t, run_step(m, r, t), r->losses[t - 1], TOL_LOSS);
+        float *ours = to_host(m->params, m->layout.total), *cur = ref_params(r, t);
+        char what[48];
+        snprintf(what, sizeof(what), "adamw step %d", t);
+        check_step_weights(m, what, ours, prev, cur, m->adam_pending);
+        free(ours);
+        free(prev);
+        prev = cur;
     }
     optimizer_flush(m); // [deferred AdamW] the last step's deferred layers
-    float* params = to_host(m->params, P);
-    float* ref = read_param_block(state_path, &m->cfg, r->params_n_offset, P);
-    check_blocks(m, "after steps", params, ref, p0, 2.5e-1);
-    free(params), free(ref);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    float *ours = to_host(m->params, m->layout.total), *before = ref_params(r, r->n_steps - 1);
+    check_step_weights(m, "adamw after flush", ours, before, prev, 0); // prev: p_n
+    if (m->sw.shadow_weights) check_shadow(m, ours);
+    if (m->sw.sparse_embedding) check_wte_grad_zero(m);
+    use_own_grads();
+    free(ours);
+    free(before);
+    free(prev);
+}
+
+// Every step's loss in a train() JSON log (one line per step, in order) against the reference's:
+// step 1 within TOL_LOSS, later steps within `later_tol`.
+static void check_log(const char* log_path, const char* what, const Ref* r, double later_tol) {
+    FILE* f = fopen(log_path, "r");
+    if (!f) fail_exit("cannot open the log file");
+    char line[512], name[64];
+    int step, n = 0, lines = 0; // n: lines that are steps 1, 2, ... in order
+    float loss;
+    while (fgets(line, sizeof(line), f)) {
+        lines++;
+        if (sscanf(line, "{\"step\": %d, \"loss\": %f", &step, &loss) != 2 || step != n + 1 || step > r->n_steps)
+            continue;
+        check_loss(what, step, loss, r->losses[step - 1], step == 1 ? TOL_LOSS : later_tol);
+        n++;
+    }
+    fclose(f);
+    snprintf(name, sizeof(name), "%s logged steps 1..%d, nothing else (lines)", what, r->n_steps);
+    check(n == r->n_steps && lines == n, name, lines, r->n_steps);
+}
+
+// train() itself on the reference's token file, on PyTorch's gradients: the losses it logs and
+// the weights it leaves.
+static void test_train_loop(Model* m, const Ref* r) {
+    char err[L3_ERR_LEN], log_path[] = "/tmp/test_llama3_log_XXXXXX";
+    TokenData tokens = {};
+    DataLoader loader;
+    if (tokens_load_file(&tokens, r->tokens, r->cfg.vocab_size, err) ||
+        loader_init(&loader, &tokens, r->B, r->T, 0, r->tokens, err))
+        fail_exit(err);
+    int fd = mkstemp(log_path);
+    FILE* log = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!log) fail_exit("cannot create a temporary log file");
+    TrainArgs a = train_args_default();
+    a.num_iteration = r->n_steps;
+    a.learning_rate = r->lr;
+    reset_training(m, r);
+    use_ref_grads(r);
+    train(m, &a, &loader, log); // closes the log
+    CUDA_CHECK(cudaDeviceSynchronize());
+    use_own_grads();
+    check_log(log_path, "train()", r, TOL_LOSS);
+    unlink(log_path);
+    float *ours = to_host(m->params, m->layout.total), *prev = ref_params(r, r->n_steps - 1);
+    float* last = ref_params(r, r->n_steps);
+    check_step_weights(m, "train() weights", ours, prev, last, 0);
+    free(ours);
+    free(prev);
+    free(last);
+    tokens_free(&tokens);
+}
+
+// Every step on our own gradients: the losses, and the weights after the last step and the flush.
+// With micro-steps, also the gradients step 1 accumulated in train_step's own loop (test_step1
+// runs its own; wte's rows are zeroed again by the sparse AdamW, so wte is left out then).
+static void test_free_run(Model* m, const Ref* r) {
+    reset_training(m, r);
+    for (int t = 1; t <= r->n_steps; t++) {
+        check_loss("free run", t, run_step(m, r, t), r->losses[t - 1], t == 1 ? TOL_LOSS : TOL_LOSS_FREE);
+        if (t > 1 || r->grad_accum == 1) continue;
+        float *grads = grads_to_host(m), *ref = ref_grads(r, 1);
+        int first = r->sparse_embedding ? P_LM_HEAD : P_WTE;
+        check_blocks(m, "free run step 1 grad", grads, ref, NULL, TOL_GRAD, false, first);
+        free(grads);
+        free(ref);
+    }
+    optimizer_flush(m);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    float *ours = to_host(m->params, m->layout.total), *p0 = ref_params(r, 0), *last = ref_params(r, r->n_steps);
+    check_blocks(m, "free run weights", ours, last, p0, TOL_FREE_PARAMS, false);
+    free(ours);
+    free(p0);
+    free(last);
+}
+
+// ---- the trainer's own runs ----
+
+// The flags that make train_llama3 repeat the reference's steps (its files are given apart).
+static int print_train_args(const char* prefix) {
+    Ref r;
+    ref_open(&r, prefix);
+    printf("--batch_size %d --sequence_length %d --total_batch_size %d --num_iteration %d --learning_rate %.9g "
+           "--beta1 %.9g --beta2 %.9g --eps %.9g --weight_decay %.9g --sparse_embedding %d\n",
+           r.B, r.T, r.grad_accum * r.B * r.T, r.n_steps, r.lr, r.beta1, r.beta2, r.eps, r.weight_decay,
+           r.sparse_embedding);
+    return 0;
+}
+
+// Every step's loss in a train_llama3 JSON log against the reference's (the trainer's own gradients).
+static int compare_log(const char* log_path, const char* prefix) {
+    Ref r;
+    ref_open(&r, prefix);
+    check_log(log_path, "train_llama3", &r, TOL_LOSS_FREE);
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+// Whether the switches leave the forward and backward passes as by default (the others only
+// change when and how AdamW runs).
+static bool forward_backward_default(const Switches* sw) {
+    Switches d = train_args_default().sw;
+    return sw->shadow_weights == d.shadow_weights && sw->grad_zeroing == d.grad_zeroing &&
+           sw->metadata_by_value == d.metadata_by_value && sw->flash_attention == d.flash_attention &&
+           sw->bf16_grads == d.bf16_grads && sw->fused_rmsnorm == d.fused_rmsnorm &&
+           sw->delete_fills == d.delete_fills;
 }
 
 int main(int argc, char** argv) {
-    if (argc < 3) { fprintf(stderr, "usage: %s MODEL.bin STATE.bin [switches]\n", argv[0]); return EXIT_FAILURE; }
-    const char *model_path = argv[1], *state_path = argv[2];
+    if (argc == 3 && !strcmp(argv[1], "--train_args")) return print_train_args(argv[2]);
+    if (argc == 4 && !strcmp(argv[1], "--log")) return compare_log(argv[2], argv[3]);
+    if (argc < 2 || argv[1][0] == '-') {
+        fprintf(stderr, "usage: %s REF [switches] | --train_args REF | --log LOG.jsonl REF\n", argv[0]);
+        return EXIT_FAILURE;
+    }
     char err[L3_ERR_LEN];
-    TrainArgs a; // only its optimisation switches are used; argv[2] stands in for the program name
-    if (train_args_parse(&a, argc - 2, argv + 2, err)) { fprintf(stderr, "%s\n", err); return EXIT_FAILURE; }
-    Llama3Config cfg;
-    ModelFileFormat fmt = MODEL_FILE_SEED;
-    if (model_header_read(model_path, &cfg, &fmt, err)) { fprintf(stderr, "%s\n", err); return EXIT_FAILURE; }
-    printf("model %s (%s)\n", model_path, model_format_name(fmt));
-    config_print(stdout, &cfg);
-    size_t P = param_layout(&cfg).total;
-    RefState r;
-    ref_state_read(&r, state_path, &cfg, P);
+    TrainArgs a; // only its optimisation switches are used; argv[1] stands in for the program name
+    if (train_args_parse(&a, argc - 1, argv + 1, err)) fail_exit(err);
+    Ref r;
+    ref_open(&r, argv[1]);
     a.sw.sparse_embedding = r.sparse_embedding; // the reference decides how the embedding is updated
-    printf("reference: B %d T %d, %d steps, lr %g wd %g betas %g %g eps %g, %s embedding AdamW\n", r.B, r.T,
-           r.n_steps, r.lr, r.weight_decay, r.beta1, r.beta2, r.eps, r.sparse_embedding ? "lazy" : "dense");
-    printf("switches: sparse_embedding %d overlap_optimizer %d shadow_weights %d vector_adam %d metadata_by_value %d "
-           "flash_attention %d bf16_grads %d grad_zeroing %d\n", a.sw.sparse_embedding, a.sw.overlap_optimizer,
-           a.sw.shadow_weights, a.sw.vector_adam, a.sw.metadata_by_value, a.sw.flash_attention, a.sw.bf16_grads,
-           a.sw.grad_zeroing);
-    printf("fused_rmsnorm %d delete_fills %d\n", a.sw.fused_rmsnorm, a.sw.delete_fills);
-
+    printf("model %s\n", r.model);
+    config_print(stdout, &r.cfg);
+    printf("reference: B %d T %d, %d steps of %d micro-steps, lr %g wd %g betas %g %g eps %g, %s embedding AdamW\n",
+           r.B, r.T, r.n_steps, r.grad_accum, r.lr, r.weight_decay, r.beta1, r.beta2, r.eps,
+           r.sparse_embedding ? "lazy" : "dense");
     Model m;
     OptimConfig o = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay};
-    model_create(&m, &cfg, &o, &a.sw, r.B, r.T, 1);
-    printf("cuda_graph %d (test_training replays steps 2..n from it), deferred_adamw %d\n", m.use_graph,
-           m.sw.deferred_adamw);
-    if (model_load(&m, model_path, fmt, err)) { fprintf(stderr, "%s\n", err); return EXIT_FAILURE; }
-    float* p0 = to_host(m.params, P);
-    float* ref_grads = read_param_block(state_path, &cfg, r.grads_offset, P);
-
-    test_forward_backward(&m, &r, ref_grads);
-    test_optimizer(&m, &r, p0, ref_grads, state_path);
-    test_training(&m, &r, p0, model_path, fmt, state_path);
-
-    free(p0), free(ref_grads);
+    model_create(&m, &r.cfg, &o, &a.sw, r.B, r.T, r.grad_accum);
+    printf("switches given: %d | bf16 grads %d | cuda graph %d | deferred layers %d | overlap %d\n", argc - 2,
+           m.grads_bf16 != NULL, m.use_graph, m.sw.deferred_adamw, m.sw.overlap_optimizer);
+    if (argc == 2) {
+        test_rope(&m, &r);
+        test_files(&m, &r);
+    } else {
+        printf("     rope and files: not run again (no switch changes them)\n");
+    }
+    if (argc == 2 || !forward_backward_default(&a.sw)) test_step1(&m, &r);
+    else printf("     step 1: not run again (these switches change only the optimizer)\n");
+    test_adamw_path(&m, &r);
+    test_train_loop(&m, &r);
+    test_free_run(&m, &r);
     model_free(&m);
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed > 0 ? EXIT_FAILURE : EXIT_SUCCESS;

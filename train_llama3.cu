@@ -457,6 +457,16 @@ static void classifier(Model* m, const int* targets, int micro) {
 
 // ---- backward ----
 
+// Test seam [reference gradients]: called after the backward writes a gradient (count elements at
+// parameter offset `offset`). test_llama3 defines it to overwrite them with PyTorch's, so that
+// the optimizer path training runs (overlapped, deferred, replayed from the graph) is checked on
+// the reference's own gradients; the trainer compiles it away.
+#ifdef TESTING
+static void grad_written(Model* m, size_t offset, size_t count);
+#else
+static inline void grad_written(Model*, size_t, size_t) {}
+#endif
+
 // Weight gradient of a linear layer y = x W^T: dW (out, in) (+)= dy^T x, bf16 [bf16 grads] or
 // fp32. The first micro-step writes (beta 0), later ones accumulate: no zeroing of grads needed.
 static void weight_grad(Model* m, int tensor, int layer, const bf16* dy, const bf16* x, int out, int in, bool accumulate) {
@@ -464,6 +474,7 @@ static void weight_grad(Model* m, int tensor, int layer, const bf16* dy, const b
     void* dw = m->grads_bf16 ? (void*)grad_bf16(m, offset) : (void*)grad_f32(m, offset);
     matmul(&m->gemm, m->stream, dw, dy, x, out, in, m->B * m->T, true, false, !m->grads_bf16, 1.0f,
            accumulate ? 1.0f : 0.0f);
+    grad_written(m, offset, (size_t)out * in);
 }
 // Input gradient of a linear layer: dx (N, in) = dy (N, out) @ W (out, in), bf16.
 static void input_grad(Model* m, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in) {
@@ -484,6 +495,7 @@ static void norm_backward(Model* m, int tensor, int layer, const float* x, const
         rmsnorm_backward_ops(act_f32(m, A_DRESID), act_bf16(m, A_DRESID_BF16), dw, act_bf16(m, A_BRANCH), x, weight,
                              rstd, N, C, accumulate_dx, accumulate, &s, m->stream);
     }
+    grad_written(m, param_offset(m, tensor, layer), C);
 }
 
 // Attention backward from dy (token-major gradient of att_y[l]) to dq, dk, dv (head-major, in
@@ -588,6 +600,7 @@ static void backward(Model* m, const int* inputs, bool accumulate) {
     }
     token_sort(&m->sorter, inputs, N, m->stream);
     embedding_backward(grad_f32(m, m->layout.offset[P_WTE]), act_f32(m, A_DRESID), &m->sorter, N, C, m->stream);
+    grad_written(m, m->layout.offset[P_WTE], m->layout.size[P_WTE]);
     if (m->adam_overlap) optimizer_stream_waits(m), adamw_embedding(m, m->opt_stream);
     NVTX_POP();
 }
@@ -763,34 +776,7 @@ static void stage_batches(Model* m, DataLoader* loader, int slot) {
     for (int micro = 0; micro < m->grad_accum; micro++) loader_next(loader, base + micro * N, base + n_step + micro * N);
 }
 
-#ifndef TESTING
-// ---- main ----
-
-// The default data set, linked into the binary (see the Makefile): LLaMA-3 tokens of
-// tiny shakespeare, so that `./train_llama3` runs with no files at all.
-extern "C" const unsigned char _binary_data_tiny_shakespeare_train_bin_start[];
-extern "C" const unsigned char _binary_data_tiny_shakespeare_train_bin_end[];
-
-static void die(const char* msg, const char* prog, bool usage) {
-    fprintf(stderr, "error: %s\n", msg);
-    if (usage) print_usage(stderr, prog);
-    exit(EXIT_FAILURE);
-}
-
-static void load_tokens(TokenData* d, const TrainArgs* a, int vocab_size) {
-    char err[L3_ERR_LEN];
-    int rc;
-    if (a->input_bin) {
-        rc = tokens_load_file(d, a->input_bin, vocab_size, err);
-    } else {
-        const unsigned char* b = _binary_data_tiny_shakespeare_train_bin_start;
-        rc = tokens_parse(d, b, _binary_data_tiny_shakespeare_train_bin_end - b,
-                          "embedded data/tiny_shakespeare_train.bin", vocab_size, err);
-    }
-    if (rc) die(err, "", false);
-    printf("data: %s, %zu tokens\n", a->input_bin ? a->input_bin : "embedded tiny shakespeare (LLaMA-3 tokens)",
-           d->n_tokens);
-}
+// ---- training loop ----
 
 static double median(double* v, int n) {
     for (int i = 1; i < n; i++)
@@ -848,7 +834,40 @@ static void train(Model* m, const TrainArgs* a, DataLoader* loader, FILE* log_js
                (double)m->grad_accum * m->B * m->T / (med / 1000.0), lg.mem_mib);
     }
     if (lg.json) fclose(lg.json);
+    for (int s = 0; s < 2; s++) {
+        CUDA_CHECK(cudaEventDestroy(lg.start[s]));
+        CUDA_CHECK(cudaEventDestroy(lg.end[s]));
+    }
     free(lg.ms);
+}
+
+#ifndef TESTING
+// ---- main ----
+
+// The default data set, linked into the binary (see the Makefile): LLaMA-3 tokens of
+// tiny shakespeare, so that `./train_llama3` runs with no files at all.
+extern "C" const unsigned char _binary_data_tiny_shakespeare_train_bin_start[];
+extern "C" const unsigned char _binary_data_tiny_shakespeare_train_bin_end[];
+
+static void die(const char* msg, const char* prog, bool usage) {
+    fprintf(stderr, "error: %s\n", msg);
+    if (usage) print_usage(stderr, prog);
+    exit(EXIT_FAILURE);
+}
+
+static void load_tokens(TokenData* d, const TrainArgs* a, int vocab_size) {
+    char err[L3_ERR_LEN];
+    int rc;
+    if (a->input_bin) {
+        rc = tokens_load_file(d, a->input_bin, vocab_size, err);
+    } else {
+        const unsigned char* b = _binary_data_tiny_shakespeare_train_bin_start;
+        rc = tokens_parse(d, b, _binary_data_tiny_shakespeare_train_bin_end - b,
+                          "embedded data/tiny_shakespeare_train.bin", vocab_size, err);
+    }
+    if (rc) die(err, "", false);
+    printf("data: %s, %zu tokens\n", a->input_bin ? a->input_bin : "embedded tiny shakespeare (LLaMA-3 tokens)",
+           d->n_tokens);
 }
 
 int main(int argc, char** argv) {

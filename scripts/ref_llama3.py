@@ -2,13 +2,25 @@
 trained with fp32 master weights under torch.autocast(bfloat16), AdamW on every dense parameter and
 the same AdamW restricted to the touched rows ("lazy", as SparseAdam) on the token embedding.
 
-    python scripts/ref_llama3.py --shape small   # 2 layers, seconds
-    python scripts/ref_llama3.py --shape 1b      # LLaMA3.2-1B shape, ~24 GB of files
-    python scripts/ref_llama3.py --shape small --dense_embedding   # plain AdamW on the embedding too
+    python scripts/ref_llama3.py --name small_t64 --shape small --batch_size 4 --seq_len 64
+    python scripts/ref_llama3.py --name small_accum --shape small --grad_accum 3
+    python scripts/ref_llama3.py --name 1b --shape 1b --steps 2            # ~30 GB of files
+    python scripts/ref_llama3.py --name small_dense --shape small --dense_embedding
 
-Writes OUT_DIR/{shape}_model.bin (the random model, seed/InfiniTrain format) and
-OUT_DIR/{shape}_state.bin (batches, step-1 logits in bf16 autocast and in fp32, losses, step-1 gradients, parameters after one
-step and after --steps steps). The state layout is documented in test_llama3.cu (ref_state_read).
+The batches are consecutive windows of real text, the embedded Tiny Shakespeare
+(data/tiny_shakespeare_train.bin), read as the trainer's data loader reads a token file, so that
+the loss moves. The small shape's vocabulary is 1000: its ids are the text's 999 most frequent
+LLaMA-3 tokens by rank, every other token becomes 0. Weights are N(0, 0.02) (the q and k projections
+N(0, --qk_std)), norm weights U(0.5, 1.5) (all 1 would hide a norm reading another norm's weight).
+
+Writes into OUT_DIR, each file to a temporary name, fsynced, then renamed:
+  NAME_model.bin       the random model, seed/InfiniTrain format (q/k rows in Meta's pair order)
+  NAME_model_llmc.bin  the same model, llm.c llama3 format (--llmc)
+  NAME_tokens.bin      the token stream the steps consume, llm.c uint32 format
+  NAME_tokens16.bin    the same stream, llm.c uint16 format (vocabularies up to 65536)
+  NAME_state.bin       batches, HF's RoPE tables, step-1 logits (bf16 autocast and plain fp32),
+                       every step's loss, and every step's gradients and parameters after AdamW
+                       (layout: ref_state_read in test_llama3.cu)
 """
 import argparse
 import math
@@ -18,12 +30,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 SHAPES = {  # n_layer, n_embd, n_head, n_kv_head, vocab_size, max_seq_len
     "small": (2, 256, 8, 2, 1000, 8192),
     "1b": (16, 2048, 32, 8, 128256, 8192),
 }
 FFN_MULTIPLIER, MULTIPLE_OF, NORM_EPS, ROPE_THETA = 1.5, 256, 1e-5, 500000.0
+TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "tiny_shakespeare_train.bin")
+STATE_MAGIC, STATE_VERSION = 20241129, 3
 
 
 def ffn_hidden(C):
@@ -31,7 +46,7 @@ def ffn_hidden(C):
     return MULTIPLE_OF * ((hidden + MULTIPLE_OF - 1) // MULTIPLE_OF)
 
 
-def make_model(shape, device, seed):
+def make_model(shape, device, seed, qk_std):
     L, C, NH, KVH, V, max_T = SHAPES[shape]
     cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=ffn_hidden(C), num_hidden_layers=L,
                       num_attention_heads=NH, num_key_value_heads=KVH, max_position_embeddings=max_T,
@@ -42,9 +57,12 @@ def make_model(shape, device, seed):
     with torch.device(device):
         model = LlamaForCausalLM(cfg).float()
     gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():  # the trainer's random init: N(0, 0.02) matrices, norm weights 1
-        for p in model.parameters():
-            p.normal_(0.0, 0.02, generator=gen) if p.dim() == 2 else p.fill_(1.0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5, generator=gen)
+            else:
+                p.normal_(0.0, qk_std if name.endswith(("q_proj.weight", "k_proj.weight")) else 0.02, generator=gen)
     return model, cfg
 
 
@@ -53,24 +71,49 @@ def to_meta_rows(w, n_heads):
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, -1).transpose(1, 2).reshape(w.shape)
 
 
+def layer_tensors(model, cfg, get):
+    """Per-layer tensors by name, q/k rows in Meta order, of get(param) (weights or gradients)."""
+    out = {k: [] for k in ("attn_norm", "qkv", "attn_out", "ffn_norm", "gate", "up", "down")}
+    for l in model.model.layers:
+        a, m = l.self_attn, l.mlp
+        out["attn_norm"].append(get(l.input_layernorm.weight))
+        out["qkv"].append(torch.cat([to_meta_rows(get(a.q_proj.weight), cfg.num_attention_heads),
+                                     to_meta_rows(get(a.k_proj.weight), cfg.num_key_value_heads),
+                                     get(a.v_proj.weight)]))
+        out["attn_out"].append(get(a.o_proj.weight))
+        out["ffn_norm"].append(get(l.post_attention_layernorm.weight))
+        out["gate"].append(get(m.gate_proj.weight))
+        out["up"].append(get(m.up_proj.weight))
+        out["down"].append(get(m.down_proj.weight))
+    return out
+
+
+def flat(tensors):
+    return np.concatenate([t.detach().float().cpu().reshape(-1).numpy() for t in tensors])
+
+
 def seed_order(model, cfg, get):
-    """The tensors of the seed model file, in its order, of get(param) (weights or gradients)."""
-    m, layers = model.model, model.model.layers
-    out = [get(m.embed_tokens.weight)]
-    out += [get(l.input_layernorm.weight) for l in layers]
-    out += [torch.cat([to_meta_rows(get(l.self_attn.q_proj.weight), cfg.num_attention_heads),
-                       to_meta_rows(get(l.self_attn.k_proj.weight), cfg.num_key_value_heads),
-                       get(l.self_attn.v_proj.weight)]) for l in layers]
-    out += [get(l.self_attn.o_proj.weight) for l in layers]
-    out += [get(l.post_attention_layernorm.weight) for l in layers]
-    out += [get(l.mlp.gate_proj.weight) for l in layers]
-    out += [get(l.mlp.up_proj.weight) for l in layers]
-    out += [get(l.mlp.down_proj.weight) for l in layers]
-    out += [get(m.norm.weight), get(model.lm_head.weight)]
-    return np.concatenate([t.detach().float().cpu().reshape(-1).numpy() for t in out])
+    """The tensors of the seed model file, in its order: wte, attn_norm, qkv, attn_out, ffn_norm, gate, up,
+    down (each of all layers), final_norm, lm_head."""
+    t = layer_tensors(model, cfg, get)
+    return flat([get(model.model.embed_tokens.weight), *t["attn_norm"], *t["qkv"], *t["attn_out"], *t["ffn_norm"],
+                 *t["gate"], *t["up"], *t["down"], get(model.model.norm.weight), get(model.lm_head.weight)])
 
 
-def model_header(cfg):
+def llmc_order(model, cfg):
+    """llm.c's llama3 file: wte, lm_head, then each weight of all layers followed by its zero bias; fc packs
+    each layer's gate rows then up rows."""
+    t = layer_tensors(model, cfg, lambda p: p)
+    L, C, F_ = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size
+    qkv_rows = t["qkv"][0].shape[0]
+    zeros = lambda n: torch.zeros(n)
+    fc = [torch.cat([g, u]) for g, u in zip(t["gate"], t["up"])]
+    return flat([model.model.embed_tokens.weight, model.lm_head.weight, *t["attn_norm"], zeros(L * C), *t["qkv"],
+                 zeros(L * qkv_rows), *t["attn_out"], zeros(L * C), *t["ffn_norm"], zeros(L * C), *fc,
+                 zeros(L * 2 * F_), *t["down"], zeros(L * C), model.model.norm.weight, zeros(C)])
+
+
+def seed_header(cfg):
     ints = np.zeros(256, dtype=np.int32)
     ints[:8] = [20240803, 3, cfg.max_position_embeddings, cfg.vocab_size, cfg.num_hidden_layers,
                 cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size]
@@ -80,16 +123,41 @@ def model_header(cfg):
     return ints
 
 
-def batches(shape, V, B, T, steps, gen):
-    """1b: consecutive windows of real text (repeated tokens exercise the sparse rows); small: random ids."""
-    path = os.path.join(os.path.dirname(__file__), "..", "data", "tiny_shakespeare_val.bin")
-    if shape == "1b" and os.path.exists(path):
-        tokens = torch.from_numpy(np.fromfile(path, dtype=np.uint32, offset=1024).astype(np.int64))
-    else:
-        tokens = torch.randint(0, V, (steps * B * T + 1,), generator=gen)
-    x = torch.stack([tokens[s * B * T: (s + 1) * B * T] for s in range(steps)]).view(steps, B, T)
-    y = torch.stack([tokens[s * B * T + 1: (s + 1) * B * T + 1] for s in range(steps)]).view(steps, B, T)
-    return x, y
+def llmc_header(cfg):
+    ints = np.zeros(512, dtype=np.int32)
+    ints[:10] = [20240803, 3, cfg.max_position_embeddings, cfg.vocab_size, cfg.num_hidden_layers,
+                 cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size, MULTIPLE_OF, 1]
+    ints[256:259] = np.array([FFN_MULTIPLIER, NORM_EPS, ROPE_THETA], dtype=np.float32).view(np.int32)
+    return ints
+
+
+def token_file(tokens, uint16):
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = [20240520, 1, len(tokens)] if uint16 else [20240801, 7, len(tokens)]
+    return [header, tokens.astype(np.uint16 if uint16 else np.uint32)]
+
+
+def text_tokens(V, count):
+    """The first `count` tokens of the embedded text; for V < the LLaMA-3 vocab, ids by frequency rank."""
+    tokens = np.fromfile(TEXT, dtype=np.uint32, offset=1024).astype(np.int64)
+    if count > len(tokens):
+        raise SystemExit(f"{TEXT}: {len(tokens)} tokens, {count} needed")
+    if V < 128256:
+        ids, counts = np.unique(tokens, return_counts=True)
+        by_rank = ids[np.argsort(-counts, kind="stable")][: V - 1]
+        remap = np.zeros(int(tokens.max()) + 1, dtype=np.int64)
+        remap[by_rank] = np.arange(1, len(by_rank) + 1)
+        tokens = remap[tokens]
+    return tokens[:count]
+
+
+def rope_tables(cfg, T):
+    """HF's llama3 inverse frequencies and its cos/sin for positions 0..T-1 (first HD/2 columns), on the CPU."""
+    rope = LlamaRotaryEmbedding(cfg)  # built outside make_model's device: on the CPU
+    x = torch.zeros(1, 1, T, cfg.hidden_size // cfg.num_attention_heads)
+    cos, sin = rope(x, torch.arange(T)[None])
+    half = x.shape[-1] // 2
+    return [rope.inv_freq.float().numpy(), cos[0, :, :half].numpy(), sin[0, :, :half].numpy()]
 
 
 @torch.no_grad()
@@ -104,66 +172,106 @@ def lazy_adamw_(p, m, v, rows, step, lr, beta1, beta2, eps, wd):
     m[rows], v[rows] = m_r, v_r
 
 
+def train(model, cfg, args, x, y, dev):
+    """Yields each step's loss, its first micro-batch's logits, and its gradients and parameters after AdamW
+    (seed order)."""
+    emb = model.model.embed_tokens.weight
+    dense = [p for p in model.parameters() if p is not emb or args.dense_embedding]
+    opt = torch.optim.AdamW(dense, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
+                            weight_decay=args.weight_decay, fused=dev.startswith("cuda"))
+    emb_m, emb_v = torch.zeros_like(emb), torch.zeros_like(emb)
+    for step in range(1, args.steps + 1):
+        model.zero_grad(set_to_none=True)
+        losses = []
+        for micro in range(args.grad_accum):
+            with torch.autocast(device_type=dev.split(":")[0], dtype=torch.bfloat16):
+                logits = model(input_ids=x[step - 1, micro].to(dev)).logits
+            loss = F.cross_entropy(logits.float().view(-1, cfg.vocab_size), y[step - 1, micro].to(dev).view(-1))
+            (loss / args.grad_accum).backward()  # the step's loss is the mean over all its micro-batches
+            losses.append(loss.item())
+            if micro == 0:
+                first_logits = logits.detach()
+        grads = seed_order(model, cfg, lambda p: p.grad)
+        opt.step()
+        if not args.dense_embedding:
+            lazy_adamw_(emb, emb_m, emb_v, torch.unique(x[step - 1].to(dev)), step, args.lr, args.beta1, args.beta2,
+                        args.eps, args.weight_decay)
+        print(f"step {step}: loss {np.mean(losses):.6f}")
+        yield np.mean(losses), first_logits, grads, seed_order(model, cfg, lambda p: p)
+
+
+def write_atomic(path, arrays, inputs):
+    """Writes the arrays to path through a temporary file in the same folder: flushed, fsynced, renamed."""
+    if any(os.path.exists(path) and os.path.samefile(path, i) for i in inputs):
+        raise SystemExit(f"{path}: is one of the inputs, not overwritten")
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            for a in arrays:
+                f.write(np.ascontiguousarray(a).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--name", required=True, help="file prefix in --out_dir")
     ap.add_argument("--shape", choices=SHAPES, default="small")
     ap.add_argument("--out_dir", default="ref")
-    ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch_size", type=int, default=4)
     ap.add_argument("--seq_len", type=int, default=64)
+    ap.add_argument("--grad_accum", type=int, default=1, help="micro-steps per optimizer step")
+    ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--beta1", type=float, default=0.9)
     ap.add_argument("--beta2", type=float, default=0.95)
     ap.add_argument("--eps", type=float, default=1e-8)
     ap.add_argument("--weight_decay", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=1337)
-    ap.add_argument("--dense_embedding", action="store_true", help="dense AdamW on the embedding (state file *_dense_state.bin)")
+    ap.add_argument("--qk_std", type=float, default=0.02,
+                    help="init std of the q and k projections: larger peaks the attention, so that a row's max "
+                         "moves between key tiles (at 0.02 the scores are ~N(0, 0.1) and the softmax nearly flat)")
+    ap.add_argument("--dense_embedding", action="store_true", help="plain AdamW on the embedding too")
+    ap.add_argument("--llmc", action="store_true", help="also write the model in llm.c's format")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
-    dev, B, T = args.device, args.batch_size, args.seq_len
-    model, cfg = make_model(args.shape, dev, args.seed)
+    dev, B, T, A, n = args.device, args.batch_size, args.seq_len, args.grad_accum, args.steps
+    model, cfg = make_model(args.shape, dev, args.seed, args.qk_std)
+    out = lambda suffix: os.path.join(args.out_dir, f"{args.name}_{suffix}")
     os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, f"{args.shape}_model.bin"), "wb") as f:
-        f.write(model_header(cfg).tobytes())
-        f.write(seed_order(model, cfg, lambda p: p).tobytes())
+    inputs = [TEXT]
 
-    emb = model.model.embed_tokens.weight
-    dense = [p for p in model.parameters() if p is not emb or args.dense_embedding]
-    opt = torch.optim.AdamW(dense, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
-                            weight_decay=args.weight_decay, fused=dev.startswith("cuda"))
-    emb_m, emb_v = torch.zeros_like(emb), torch.zeros_like(emb)
-    x, y = batches(args.shape, cfg.vocab_size, B, T, args.steps, torch.Generator().manual_seed(args.seed))
+    tokens = text_tokens(cfg.vocab_size, n * A * B * T + 1)  # the loader's x, y windows, pos += B*T
+    x = torch.from_numpy(tokens[:-1].reshape(n, A, B, T))
+    y = torch.from_numpy(tokens[1:].reshape(n, A, B, T))
+    write_atomic(out("model.bin"), [seed_header(cfg), seed_order(model, cfg, lambda p: p)], inputs)
+    if args.llmc:
+        write_atomic(out("model_llmc.bin"), [llmc_header(cfg), llmc_order(model, cfg)], inputs)
+    write_atomic(out("tokens.bin"), token_file(tokens, False), inputs)
+    if cfg.vocab_size <= 65536:
+        write_atomic(out("tokens16.bin"), token_file(tokens, True), inputs)
+
     with torch.no_grad():  # context for the bf16 errors: the same model's logits in plain fp32
-        logits_fp32 = model(input_ids=x[0].to(dev)).logits.float().cpu().numpy()
-    losses = []
-    for step in range(1, args.steps + 1):
-        inputs, targets = x[step - 1].to(dev), y[step - 1].to(dev)
-        with torch.autocast(device_type=dev.split(":")[0], dtype=torch.bfloat16):
-            logits = model(input_ids=inputs).logits
-        loss = F.cross_entropy(logits.float().view(-1, cfg.vocab_size), targets.view(-1))
-        model.zero_grad(set_to_none=True)
-        loss.backward()
-        losses.append(loss.item())
-        if step == 1:
-            logits1 = logits.detach().float().cpu().numpy()
-            grads1 = seed_order(model, cfg, lambda p: p.grad)
-        opt.step()
-        if not args.dense_embedding:
-            lazy_adamw_(emb, emb_m, emb_v, torch.unique(inputs), step, args.lr, args.beta1, args.beta2, args.eps,
-                        args.weight_decay)
-        if step == 1:
-            params1 = seed_order(model, cfg, lambda p: p)
-        print(f"step {step}: loss {losses[-1]:.6f}")
-
+        logits_fp32 = model(input_ids=x[0, 0].to(dev)).logits.float().cpu().numpy()
     header = np.zeros(256, dtype=np.int32)
-    header[:7] = [20241129, 2, B, T, args.steps, cfg.vocab_size, 0 if args.dense_embedding else 1]
+    header[:8] = [STATE_MAGIC, STATE_VERSION, B, T, n, cfg.vocab_size, 0 if args.dense_embedding else 1, A]
     header[16:21] = np.array([args.lr, args.beta1, args.beta2, args.eps, args.weight_decay], np.float32).view(np.int32)
-    state_path = os.path.join(args.out_dir, f"{args.shape}{'_dense' if args.dense_embedding else ''}_state.bin")
-    with open(state_path, "wb") as f:
-        for arr in (header, x.numpy().astype(np.int32), y.numpy().astype(np.int32), logits1, logits_fp32,
-                    np.array(losses, dtype=np.float32), grads1, params1, seed_order(model, cfg, lambda p: p)):
-            f.write(np.ascontiguousarray(arr).tobytes())
-    print(f"wrote {args.out_dir}/{args.shape}_model.bin and {state_path}")
+
+    def state():  # streamed: the 1B's per-step blocks are 6 GB each
+        losses = []
+        for step, (loss, logits, grads, params) in enumerate(train(model, cfg, args, x, y, dev), 1):
+            if step == 1:
+                yield from [header, x.numpy().astype(np.int32), y.numpy().astype(np.int32), *rope_tables(cfg, T),
+                            logits.float().cpu().numpy(), logits_fp32]
+            losses.append(loss)
+            yield from [grads, params]
+        yield np.array(losses, dtype=np.float32)
+    write_atomic(out("state.bin"), state(), inputs)
+    print(f"wrote {out('*')} ({n} steps of {A} x {B} x {T} tokens)")
 
 
 if __name__ == "__main__":
