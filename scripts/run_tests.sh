@@ -1,14 +1,31 @@
 #!/usr/bin/env bash
-# The driver of `make test` (run after `make all`). Everywhere: the host unit tests of llama3.h
-# and the trainer's bad-input errors. On a machine with a GPU, also: the PyTorch reference
-# comparison (test_llama3) on the small and the 1B shape, the training smoke run, and every dev/
-# kernel check. Ends with "N passed, M failed"; exits non-zero if anything failed.
-# LLAMA3_TEST_SHAPES="small" skips the 1B comparison (it writes ~24 GB of reference files).
+# The driver of `make test` (run after `make all`). Everywhere: the host unit tests of llama3.h and
+# the trainer's bad-input errors. On a machine with a GPU, also: test_llama3 against PyTorch
+# references (scripts/ref_llama3.py, written to ref/ when missing or older than the script) that
+# exercise every path, the trainer itself on a reference's files, the training smoke run, and every
+# dev/ kernel check. Ends with "N passed, M failed, K skipped" after the list of skipped parts and
+# why; exits non-zero if anything failed.
+#   LLAMA3_TEST_SHAPES="small"  leaves the 1B shape out (its reference writes ~30 GB to ref/)
+#   LLAMA3_DEV_CHECKS=0         leaves the dev/ kernel checks out
+#   LLAMA3_HOST_TESTS=0         leaves the host unit tests and the bad-input errors out (scripts/mutants.py
+#                               --gpu_only: what the GPU tests alone catch)
+#   LLAMA3_FAIL_FAST=1          stops after the first failing part (scripts/mutants.py)
 set -u
 cd "$(dirname "$0")/.."
 passed=0
 failed=0
 skipped=()
+
+finish() {
+    for s in "${skipped[@]+"${skipped[@]}"}"; do echo "SKIPPED $s"; done
+    echo "$passed passed, $failed failed, ${#skipped[@]} skipped"
+    [ "$failed" -eq 0 ]
+    exit
+}
+count_failure() {
+    failed=$((failed + $1))
+    if [ "$1" -gt 0 ] && [ "${LLAMA3_FAIL_FAST:-0}" = 1 ]; then finish; fi
+}
 
 # run NAME CMD...: a program that prints its own "N passed, M failed" line.
 run() {
@@ -18,12 +35,12 @@ run() {
     out=$("$@" 2>&1)
     rc=$?
     echo "$out"
-    line=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
+    line=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
     p=0 f=0
-    if [ -n "$line" ]; then p=${line%% passed*}; f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed$/\1/'); fi
+    if [ -n "$line" ]; then p=${line%% passed*}; f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/'); fi
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "FAIL $name exited with $rc"; fi
     passed=$((passed + p))
-    failed=$((failed + f))
+    count_failure "$f"
 }
 
 # expect_error NAME FRAGMENT CMD...: the command must exit non-zero and say FRAGMENT.
@@ -37,66 +54,141 @@ expect_error() {
         passed=$((passed + 1))
     else
         echo "FAIL $name (exit $rc, wanted '$frag'): $(echo "$out" | head -n 3)"
-        failed=$((failed + 1))
+        count_failure 1
     fi
 }
 
-run "host unit tests (llama3.h)" ./test_llama3_host
-
-echo "== trainer bad-input errors"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-printf 'not a model file at all, just text padding it out to more than 1024 bytes %01100d' 0 > "$tmp/junk.bin"
-expect_error "unknown flag" "unknown flag '--bogus'" ./train_llama3 --bogus 1
-expect_error "bad value" "--batch_size: bad value 'x'" ./train_llama3 --batch_size x
-expect_error "missing model file" "cannot open model file" ./train_llama3 --llmc_filepath "$tmp/none.bin"
-expect_error "bad model magic" "bad magic" ./train_llama3 --llmc_filepath "$tmp/junk.bin"
-expect_error "missing token file" "cannot open token file" ./train_llama3 --input_bin "$tmp/none.bin"
-expect_error "bad token magic" "bad magic" ./train_llama3 --input_bin "$tmp/junk.bin"
-expect_error "sequence too long" "longer than the model allows" ./train_llama3 --sequence_length 8193
-expect_error "B*T not dividing total" "is not a multiple of" ./train_llama3 --batch_size 3
-expect_error "too few tokens" "not enough tokens for one batch" ./train_llama3 --input_bin data/tiny_shakespeare_val.bin --batch_size 8 --sequence_length 8192 --total_batch_size 65536
-expect_error "unwritable log file" "cannot open for writing" ./train_llama3 --log_file "$tmp/no/such/dir/log.json"
-help_out=$(./train_llama3 --help 2>&1)
-if [ $? -eq 0 ] && echo "$help_out" | grep -q "^usage: "; then
-    echo "ok   --help: the usage text, exit 0"
-    passed=$((passed + 1))
+
+# The host unit tests of llama3.h and the trainer's bad-input errors (no GPU needed).
+host_tests() {
+    run "host unit tests (llama3.h)" ./test_llama3_host
+
+    echo "== trainer bad-input errors"
+    printf 'not a model file at all, just text padding it out to more than 1024 bytes %01100d' 0 > "$tmp/junk.bin"
+    expect_error "unknown flag" "unknown flag '--bogus'" ./train_llama3 --bogus 1
+    expect_error "bad value" "--batch_size: bad value 'x'" ./train_llama3 --batch_size x
+    expect_error "missing model file" "cannot open model file" ./train_llama3 --llmc_filepath "$tmp/none.bin"
+    expect_error "bad model magic" "bad magic" ./train_llama3 --llmc_filepath "$tmp/junk.bin"
+    expect_error "missing token file" "cannot open token file" ./train_llama3 --input_bin "$tmp/none.bin"
+    expect_error "bad token magic" "bad magic" ./train_llama3 --input_bin "$tmp/junk.bin"
+    expect_error "sequence too long" "longer than the model allows" ./train_llama3 --sequence_length 8193
+    expect_error "B*T not dividing total" "is not a multiple of" ./train_llama3 --batch_size 3
+    expect_error "too few tokens" "not enough tokens for one batch" ./train_llama3 --input_bin data/tiny_shakespeare_val.bin --batch_size 8 --sequence_length 8192 --total_batch_size 65536
+    expect_error "unwritable log file" "cannot open for writing" ./train_llama3 --log_file "$tmp/no/such/dir/log.json"
+    help_out=$(./train_llama3 --help 2>&1)
+    if [ $? -eq 0 ] && echo "$help_out" | grep -q "^usage: "; then
+        echo "ok   --help: the usage text, exit 0"
+        passed=$((passed + 1))
+    else
+        echo "FAIL --help: no usage text, or a non-zero exit"
+        count_failure 1
+    fi
+}
+if [ "${LLAMA3_HOST_TESTS:-1}" = 0 ]; then
+    skipped+=("host unit tests and the trainer's bad-input errors (left out by LLAMA3_HOST_TESTS=0)")
 else
-    echo "FAIL --help: no usage text, or a non-zero exit"
-    failed=$((failed + 1))
+    host_tests
 fi
 
-if nvidia-smi -L >/dev/null 2>&1; then
-    if ! python3 -c "import torch, transformers" >/dev/null 2>&1; then
-        skipped+=("test_llama3 (python3 with torch and transformers is needed for the reference)")
-    else
-        for shape in ${LLAMA3_TEST_SHAPES:-small 1b}; do
-            if [ ! -f "ref/${shape}_state.bin" ]; then
-                python3 scripts/ref_llama3.py --shape "$shape" --out_dir ref || { failed=$((failed + 1)); continue; }
-            fi
-            run "test_llama3 $shape" ./test_llama3 "ref/${shape}_model.bin" "ref/${shape}_state.bin"
-        done
-        # Each optimisation switched off alone (small shape); the dense embedding against a dense reference.
-        if [ -f ref/small_state.bin ]; then
-            for switch in "--flash_attention 0" "--shadow_weights 0" "--vector_adam 0" "--metadata_by_value 0" "--overlap_optimizer 0" \
-                "--bf16_grads 0" "--cuda_graph 0" "--fused_rmsnorm 0" "--deferred_adamw 0" "--deferred_adamw 1" \
-                "--delete_fills 0" \
-                "--grad_zeroing memset" "--grad_zeroing fill"; do
-                run "test_llama3 small $switch" ./test_llama3 ref/small_model.bin ref/small_state.bin $switch
-            done
-            [ -f ref/small_dense_state.bin ] || python3 scripts/ref_llama3.py --shape small --dense_embedding --out_dir ref
-            run "test_llama3 small, dense embedding AdamW" ./test_llama3 ref/small_model.bin ref/small_dense_state.bin
+# The references: name, then scripts/ref_llama3.py's arguments. Each exercises a path the others
+# do not: one key tile (T=64, every switch), 16 key tiles of flash attention (T=1024, q and k
+# initialised larger so that the softmax is peaked and its running max moves between tiles), B=8
+# at two tiles, gradient accumulation (3 micro-steps per step), dense embedding AdamW, and the 1B.
+SMALL_REFS=(
+    "small_t64 --shape small --batch_size 4 --seq_len 64 --llmc"
+    "small_t1024 --shape small --batch_size 2 --seq_len 1024 --qk_std 0.1"
+    "small_b8 --shape small --batch_size 8 --seq_len 128"
+    "small_accum --shape small --batch_size 4 --seq_len 64 --grad_accum 3"
+    "small_dense --shape small --batch_size 4 --seq_len 64 --dense_embedding"
+)
+BIG_REF="1b --shape 1b --batch_size 4 --seq_len 64 --steps 2"
+SWITCHES=("--flash_attention 0" "--shadow_weights 0" "--vector_adam 0" "--metadata_by_value 0"
+    "--overlap_optimizer 0" "--bf16_grads 0" "--cuda_graph 0" "--fused_rmsnorm 0" "--deferred_adamw 0"
+    "--deferred_adamw 1" "--delete_fills 0" "--grad_zeroing memset" "--grad_zeroing fill")
+
+# make_refs SPEC...: writes each missing or stale reference, all at once; prints the names made.
+make_refs() {
+    local spec name pids=() names=()
+    mkdir -p ref
+    for spec in "$@"; do
+        name=${spec%% *}
+        if [ -f "ref/${name}_state.bin" ] && [ "ref/${name}_state.bin" -nt scripts/ref_llama3.py ]; then
+            names+=("$name")
+            continue
         fi
+        # shellcheck disable=SC2086
+        python3 scripts/ref_llama3.py --name ${spec} --out_dir ref > "ref/${name}.log" 2>&1 &
+        pids+=($!)
+        names+=("$name")
+    done
+    for pid in "${pids[@]+"${pids[@]}"}"; do wait "$pid" || true; done
+    for name in "${names[@]}"; do
+        if [ -f "ref/${name}_state.bin" ]; then echo "$name"; else
+            echo "FAIL reference $name: $(tail -n 3 "ref/${name}.log")" >&2
+        fi
+    done
+}
+
+# trainer_run NAME REF MODEL TOKENS: ./train_llama3 on the reference's files with its flags, every
+# step's loss from --log_file against PyTorch's.
+trainer_run() {
+    local name=$1 ref=$2 model=$3 tokens=$4 flags
+    flags=$(./test_llama3 --train_args "ref/$ref") || { count_failure 1; return; }
+    # shellcheck disable=SC2086
+    run "$name: train_llama3" ./train_llama3 $flags --llmc_filepath "$model" --input_bin "$tokens" \
+        --log_file "$tmp/$ref.jsonl"
+    run "$name: its losses against PyTorch" ./test_llama3 --log "$tmp/$ref.jsonl" "ref/$ref"
+}
+
+gpu_reference_tests() {
+    local refs spec name switch specs=("${SMALL_REFS[@]}")
+    case " ${LLAMA3_TEST_SHAPES:-small 1b} " in
+        *" 1b "*) specs+=("$BIG_REF") ;;
+        *) skipped+=("test_llama3 1b and its train_llama3 run (left out by LLAMA3_TEST_SHAPES)") ;;
+    esac
+    refs=" $(make_refs "${specs[@]}" | tr '\n' ' ') "
+    for spec in "${specs[@]}"; do
+        name=${spec%% *}
+        if [[ "$refs" != *" $name "* ]]; then count_failure 1; continue; fi
+        run "test_llama3 $name" ./test_llama3 "ref/$name"
+        if [ "$name" = small_t64 ]; then
+            for switch in "${SWITCHES[@]}"; do
+                # shellcheck disable=SC2086
+                run "test_llama3 $name $switch" ./test_llama3 "ref/$name" $switch
+            done
+            trainer_run "small_t64, seed model, uint32 tokens" small_t64 ref/small_t64_model.bin \
+                ref/small_t64_tokens.bin
+            trainer_run "small_t64, llm.c model, uint16 tokens" small_t64 ref/small_t64_model_llmc.bin \
+                ref/small_t64_tokens16.bin
+        fi
+        [ "$name" = small_accum ] && trainer_run "small_accum, 3 micro-steps" small_accum \
+            ref/small_accum_model.bin ref/small_accum_tokens.bin
+        [ "$name" = 1b ] && trainer_run "1b" 1b ref/1b_model.bin ref/1b_tokens.bin
+    done
+}
+
+dev_binaries=$(ls dev/*.cu 2>/dev/null | sed 's/\.cu$//')
+if nvidia-smi -L >/dev/null 2>&1; then
+    if python3 -c "import torch, transformers" >/dev/null 2>&1; then
+        gpu_reference_tests
+    else
+        skipped+=("test_llama3 against every reference, and train_llama3 on their files (GPU present, but"\
+" python3 has no torch and transformers for the reference)")
     fi
     expect_error "out of GPU memory" "out of GPU memory" ./train_llama3 --batch_size 32 --sequence_length 8192 --total_batch_size 262144 --num_iteration 1
     run "training smoke run (10 steps, loss must fall)" bash scripts/check_loss_falls.sh
-    for bin in $(ls dev/*.cu 2>/dev/null | sed 's/\.cu$//'); do run "$bin --check" "$bin" --check; done
+    if [ "${LLAMA3_DEV_CHECKS:-1}" = 0 ]; then
+        skipped+=("dev/ kernel checks (left out by LLAMA3_DEV_CHECKS=0)")
+    else
+        for bin in $dev_binaries; do run "$bin --check" "$bin" --check; done
+    fi
 else
-    skipped+=("test_llama3 small and 1b (PyTorch comparison), and small with each optimisation off" \
-        "out-of-memory error" "training smoke run")
-    for bin in $(ls dev/*.cu 2>/dev/null | sed 's/\.cu$//'); do skipped+=("$bin --check"); done
+    skipped+=("test_llama3 against the PyTorch references (small T=64 with every switch, T=1024, B=8,"\
+" 3 micro-steps, dense embedding, 1B) (no GPU on this machine)"
+        "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens) (no GPU on this machine)"
+        "out-of-memory error (no GPU on this machine)" "training smoke run (no GPU on this machine)")
+    for bin in $dev_binaries; do skipped+=("$bin --check (no GPU on this machine)"); done
 fi
-
-for s in "${skipped[@]+"${skipped[@]}"}"; do echo "SKIPPED (no GPU on this machine): $s"; done
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

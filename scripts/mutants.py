@@ -1,0 +1,177 @@
+"""Mutation check of the GPU tests: plants one realistic bug at a time into a copy of the tree, builds
+the copy, and runs the GPU part of `make test` on it (scripts/run_tests.sh, stopping at the first
+failing part, on the references already in ref/). Every mutant must fail. Prints a table: the bug,
+the first check that failed, its error against its tolerance.
+
+    python3 scripts/mutants.py [--jobs 16] [--only NAME ...] [--gpu_only] [--out TABLE.md] [--keep DIR]
+
+Run it on a GPU machine after `make test` has written the small references (ref/small_*). The
+copies are built for sm_90a only, in parallel; the dev/ kernel checks are left out (they are not
+rebuilt per mutant), so every bug here must be caught by test_llama3 or the trainer's own runs.
+--gpu_only leaves the host unit tests and bad-input checks out, to show what the GPU tests
+alone catch of a bug that the host tests see first. Each mutant replaces a piece of code that
+must occur exactly once: when the code moves, the script stops and says which mutant to update.
+"""
+import argparse
+import concurrent.futures as cf
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+GENCODE = "-gencode arch=compute_90a,code=sm_90a"
+
+# name, kind, file, what the bug does, code, its replacement
+MUTANTS = [
+    ("ffn_norm_weight", "wiring", "train_llama3.cu", "the FFN RMSNorm reads the layer's attention-norm weight",
+     "norm_forward(m, P_FFN_NORM, l, h, normed_ffn,", "norm_forward(m, P_ATTN_NORM, l, h, normed_ffn,"),
+    ("norm_backward_weight", "wiring", "train_llama3.cu", "every RMSNorm backward reads layer 0's weight",
+     "*weight = param_ptr(m, m->params, tensor, layer);", "*weight = param_ptr(m, m->params, tensor, 0);"),
+    ("softmax_no_rescale", "kernel", "kernels.cuh", "flash forward: the running sum and output not rescaled "
+     "when the row max moves to a later key tile",
+     "float correction = exp2f(row_max[r] - base[r]);", "float correction = 1.0f;"),
+    ("wrong_tile_prefetched", "kernel", "kernels.cuh", "flash forward: the current key tile prefetched again "
+     "instead of the next",
+     "kt + 1, T);\n        const KeyTile<HD>& tile = kv[kt % 2];\n        float s[",
+     "kt, T);\n        const KeyTile<HD>& tile = kv[kt % 2];\n        float s["),
+    ("dq_10pct", "kernel", "kernels.cuh", "flash backward: dQ 10 % too large",
+     "store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, scale);",
+     "store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, 1.1f * scale);"),
+    ("dk_10pct", "kernel", "kernels.cuh", "flash backward: dK 10 % too large",
+     "store_head_rows<HD>(dk + kv_head, dk_acc, key, T, scale);",
+     "store_head_rows<HD>(dk + kv_head, dk_acc, key, T, 1.1f * scale);"),
+    ("rms_dw_slice_dropped", "kernel", "kernels.cuh", "RMSNorm weight gradient: the column sum drops its "
+     "last row slice",
+     "for (int y = 0; y < 32; y++) total += s[y * 32 + t];", "for (int y = 0; y < 31; y++) total += s[y * 32 + t];"),
+    ("swiglu_backward", "kernel", "kernels.cuh", "SwiGLU backward: d gate = d silu * sigmoid (the silu "
+     "derivative's second term lost)",
+     "dsilu * (sig * (1.0f + gv * (1.0f - sig)))", "dsilu * sig"),
+    ("sparse_grad_not_zeroed", "kernel", "kernels.cuh", "sparse AdamW leaves the used wte gradient rows "
+     "(the next step adds onto them)",
+     "            store16(grads + row + c, Vec16<float>{});\n", ""),
+    ("deferred_wrong_step", "optimizer path", "train_llama3.cu", "deferred AdamW with the current step's "
+     "bias corrections instead of its own step's",
+     "adamw_deferred(m, m->adam + 1, m->opt_stream)", "adamw_deferred(m, m->adam, m->opt_stream)"),
+    ("overlapped_wrong_step", "optimizer path", "train_llama3.cu", "overlapped per-layer AdamW with the "
+     "previous step's hyperparameters",
+     "for (int t : LAYER_TENSORS) adamw_tensor(m, t, l, m->adam, m->opt_stream);",
+     "for (int t : LAYER_TENSORS) adamw_tensor(m, t, l, m->adam + 1, m->opt_stream);"),
+    ("previous_step_not_kept", "optimizer path", "kernels.cuh", "the step counter kernel does not keep the "
+     "previous step's hyperparameters for the deferred layers",
+     "    h[1] = h[0];\n", ""),
+    ("flush_skipped", "optimizer path", "train_llama3.cu", "the final flush applies nothing: the last "
+     "step's deferred layers are never updated",
+     "    adamw_deferred(m, m->adam, m->stream);\n    m->adam_pending = 0;",
+     "    m->adam_pending = 0;"),
+    ("micro_steps_overwrite", "accumulation", "train_llama3.cu", "every micro-step's weight-gradient GEMM "
+     "overwrites (beta 0) instead of adding",
+     "accumulate ? 1.0f : 0.0f);", "0.0f);"),
+    ("step_work_overwrite", "accumulation", "train_llama3.cu", "the training step's later micro-steps do not "
+     "accumulate (only the last micro-batch's gradient is used)",
+     "backward(m, inputs, micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE);",
+     "backward(m, inputs, m->sw.grad_zeroing != GRAD_ZERO_NONE);"),
+    ("loss_scale_ignores_accum", "accumulation", "train_llama3.cu", "dlogits scaled by 1/N instead of "
+     "1/(N * micro-steps)",
+     "1.0f / ((float)N * m->grad_accum), m->stream);", "1.0f / (float)N, m->stream);"),
+    ("loader_no_advance", "loader", "llama3.h", "the data loader never moves past the first batch",
+     "    if (!l->overfit_single_batch) l->pos += l->batch_tokens;\n", ""),
+    ("uint16_offset", "loader", "llama3.h", "uint16 token files read one token late",
+     "memcpy(&t16, bytes + 1024 + 2 * i, 2);", "memcpy(&t16, bytes + 1024 + 2 * i + 2, 2);"),
+    ("rope_factor", "rope", "llama3.h", "llama3 RoPE scaling factor 8 instead of 32",
+     "const double factor = 32.0,", "const double factor = 8.0,"),
+]
+
+
+def copy_tree(dest):
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for f in files:
+        os.makedirs(os.path.join(dest, os.path.dirname(f)), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, f), os.path.join(dest, f))  # mtimes kept: ref/ stays newer than the script
+    os.symlink(os.path.join(ROOT, "ref"), os.path.join(dest, "ref"))
+
+
+def plant(dest, mutant):
+    name, _, path, _, old, new = mutant
+    full = os.path.join(dest, path)
+    text = open(full).read()
+    if text.count(old) != 1:
+        sys.exit(f"mutant {name}: its code occurs {text.count(old)} times in {path} (expected once): update it")
+    open(full, "w").write(text.replace(old, new))
+
+
+def build(dest):
+    r = subprocess.run(["make", "-s", "train_llama3", "test_llama3", "test_llama3_host", f"GENCODE={GENCODE}"],
+                       cwd=dest, capture_output=True, text=True)
+    return r.returncode, r.stdout + r.stderr
+
+
+FAIL_CHECK = re.compile(r"^FAIL (.*?)\s+([-+0-9.e]+|inf|nan) \(tol ([-+0-9.e]+)\)$")
+
+
+def first_failure(output):
+    """(part, check, error, tolerance) of the first FAIL line and the '== part' header above it."""
+    part = ""
+    for line in output.splitlines():
+        if line.startswith("== "):
+            part = line[3:].split(":")[0]
+        elif line.startswith("FAIL"):
+            m = FAIL_CHECK.match(line.strip())
+            if m:
+                return part, m.group(1).strip(), m.group(2), m.group(3)
+            return part, line[5:].strip()[:100], "", ""
+    return None
+
+
+def run_tests(dest, gpu_only):
+    env = dict(os.environ, LLAMA3_FAIL_FAST="1", LLAMA3_TEST_SHAPES="small", LLAMA3_DEV_CHECKS="0",
+               LLAMA3_HOST_TESTS="0" if gpu_only else "1")
+    r = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=dest, env=env, capture_output=True, text=True,
+                       timeout=900)
+    return r.returncode, r.stdout + r.stderr
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=os.cpu_count())
+    ap.add_argument("--only", nargs="*", help="mutant names")
+    ap.add_argument("--gpu_only", action="store_true", help="leave the host tests out")
+    ap.add_argument("--out", help="also write the table (markdown) here")
+    ap.add_argument("--keep", help="build the copies in this folder and keep them")
+    args = ap.parse_args()
+    mutants = [m for m in MUTANTS if not args.only or m[0] in args.only]
+    for ref in ("small_t64", "small_t1024", "small_b8", "small_accum", "small_dense"):
+        if not os.path.exists(os.path.join(ROOT, "ref", f"{ref}_state.bin")):
+            sys.exit(f"ref/{ref}_state.bin is missing: run `make test` on this GPU machine first")
+    base = args.keep or tempfile.mkdtemp(prefix="mutants_")
+    dests = [os.path.join(base, m[0]) for m in mutants]
+    for dest, m in zip(dests, mutants):
+        shutil.rmtree(dest, ignore_errors=True)
+        copy_tree(dest)
+        plant(dest, m)
+    with cf.ThreadPoolExecutor(args.jobs) as pool:
+        builds = list(pool.map(build, dests))
+    rows, survived = [], 0
+    for dest, m, (rc, log) in zip(dests, mutants, builds):
+        if rc != 0:
+            sys.exit(f"mutant {m[0]} does not build:\n{log[-2000:]}")
+        rc, out = run_tests(dest, args.gpu_only)
+        hit = first_failure(out) if rc != 0 else None
+        survived += hit is None
+        part, check, err, tol = hit or ("SURVIVED", "", "", "")
+        rows.append(f"| {m[0]} | {m[1]} | {m[3]} | {part} | {check} | {err} | {tol} |")
+        print(rows[-1], flush=True)
+    table = "\n".join(["| mutant | kind | the bug | first failing part | first failing check | error | tolerance |",
+                       "|---|---|---|---|---|---|---|", *rows])
+    print(f"\n{table}\n\n{len(mutants) - survived} of {len(mutants)} mutants caught")
+    if args.out:
+        open(args.out, "w").write(table + "\n")
+    if not args.keep:
+        shutil.rmtree(base)
+    sys.exit(1 if survived else 0)
+
+
+if __name__ == "__main__":
+    main()
