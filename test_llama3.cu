@@ -174,27 +174,23 @@ static void host_sink(void* ctx, size_t offset, const float* src, size_t count) 
     memcpy((float*)ctx + offset, src, count * sizeof(float));
 }
 
-// A parameter-sized block of the state file (seed order) into our layout on the host.
-static float* read_param_block(const Ref* r, size_t offset) {
+// The floats of a file's segments into our parameter layout on the host.
+static float* load_params(const Ref* r, const char* path, SegmentList s) {
     float* out = (float*)malloc(r->n_params * sizeof(float));
     float* buf = (float*)malloc((16 << 20) * sizeof(float));
     char err[L3_ERR_LEN];
-    SegmentList s = seed_file_segments(&r->cfg, offset);
-    if (segments_load(r->state, &s, buf, 16 << 20, host_sink, out, err)) fail_exit(err);
+    if (segments_load(path, &s, buf, 16 << 20, host_sink, out, err)) fail_exit(err);
     free(s.seg);
     free(buf);
     return out;
 }
-static float* ref_grads(const Ref* r, int step) { return read_param_block(r, grads_offset(r, step)); }
+static float* ref_grads(const Ref* r, int step) {
+    return load_params(r, r->state, seed_file_segments(&r->cfg, grads_offset(r, step)));
+}
 // PyTorch's parameters after `step` steps; step 0: the model file.
 static float* ref_params(const Ref* r, int step) {
-    if (step > 0) return read_param_block(r, grads_offset(r, step) + r->n_params * 4);
-    float* out = (float*)malloc(r->n_params * sizeof(float));
-    float* buf = (float*)malloc((16 << 20) * sizeof(float));
-    char err[L3_ERR_LEN];
-    if (model_file_load(r->model, &r->cfg, r->fmt, buf, 16 << 20, host_sink, out, err)) fail_exit(err);
-    free(buf);
-    return out;
+    if (step == 0) return load_params(r, r->model, seed_file_segments(&r->cfg, 1024));
+    return load_params(r, r->state, seed_file_segments(&r->cfg, grads_offset(r, step) + r->n_params * 4));
 }
 
 static float* to_host(const float* device, size_t n) {
@@ -429,15 +425,12 @@ static void test_files(Model* m, const Ref* r) {
     Llama3Config cfg;
     ModelFileFormat fmt;
     if (model_header_read(r->model_llmc, &cfg, &fmt, err)) fail_exit(err);
-    float *seed = ref_params(r, 0), *llmc = (float*)malloc(r->n_params * sizeof(float));
-    float* buf = (float*)malloc((16 << 20) * sizeof(float));
-    if (model_file_load(r->model_llmc, &cfg, fmt, buf, 16 << 20, host_sink, llmc, err)) fail_exit(err);
+    float *seed = ref_params(r, 0), *llmc = load_params(r, r->model_llmc, llmc_file_segments(&r->cfg, 2048));
     size_t mismatched = fmt == MODEL_FILE_LLMC ? 0 : r->n_params;
     for (size_t i = 0; i < r->n_params; i++) mismatched += memcmp(&seed[i], &llmc[i], 4) != 0;
     check(mismatched == 0, "llm.c-format model == seed-format model (mismatches)", (double)mismatched, 0);
     free(seed);
     free(llmc);
-    free(buf);
 }
 
 static void check_logits(Model* m, const Ref* r) {
