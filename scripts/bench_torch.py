@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """The PyTorch peer of scripts/bench.sh: HF LlamaForCausalLM in the LLaMA3.2-1B shape (random
 init, untied, sdpa attention) trained with fp32 master weights under bf16 autocast and fused
 AdamW, on random tokens. Prints one JSON line: the median step time over --steps timed steps

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Mutation check of the GPU tests: plants one realistic bug at a time into a copy of the tree, builds
 the copy, and runs the GPU part of `make test` on it (scripts/run_tests.sh, stopping at the first
 failing part, on the references already in ref/). Every mutant must fail. Prints a table: the bug,

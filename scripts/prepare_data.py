@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Tokenize Tiny Shakespeare with the LLaMA-3 tokenizer into llm.c-format token files.
 
 The text is split into sections on blank lines ("\\n\\n"); each section gets a

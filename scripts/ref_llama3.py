@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """PyTorch reference for test_llama3: HF transformers' LlamaForCausalLM (rope_type llama3, untied)
 trained with fp32 master weights under torch.autocast(bfloat16), AdamW on every dense parameter and
 the same AdamW restricted to the touched rows ("lazy", as SparseAdam) on the token embedding.

@@ -77,6 +77,13 @@ host_tests() {
     expect_error "B*T not dividing total" "is not a multiple of" ./train_llama3 --batch_size 3
     expect_error "too few tokens" "not enough tokens for one batch" ./train_llama3 --input_bin data/tiny_shakespeare_val.bin --batch_size 8 --sequence_length 8192 --total_batch_size 65536
     expect_error "unwritable log file" "cannot open for writing" ./train_llama3 --log_file "$tmp/no/such/dir/log.json"
+    # Every script the README names runs as it is named: executable, with a #! line.
+    local s bad=""
+    for s in $(grep -o 'scripts/[a-z_]*\.\(sh\|py\)' README.md | sort -u); do
+        [ -x "$s" ] && head -n 1 "$s" | grep -q '^#!' || bad="$bad $s"
+    done
+    if [ -z "$bad" ]; then echo "ok   the README's scripts are executable"; passed=$((passed + 1)); else
+        echo "FAIL the README names scripts that do not run as named:$bad"; count_failure 1; fi
     help_out=$(./train_llama3 --help 2>&1)
     if [ $? -eq 0 ] && echo "$help_out" | grep -q "^usage: "; then
         echo "ok   --help: the usage text, exit 0"
