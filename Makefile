@@ -30,8 +30,11 @@ train_llama3: train_llama3.cu kernels.cuh llama3.h build/default_data.o
 test_llama3: test_llama3.cu train_llama3.cu kernels.cuh llama3.h
 	$(NVCC) $(NVCC_FLAGS) test_llama3.cu $(LIBS) -o $@
 
+# The host tests run under AddressSanitizer and UndefinedBehaviorSanitizer: a hostile file must end
+# in an error message, never in a sanitizer report (-fno-sanitize-recover: a report fails the run).
+SANITIZE = -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -g
 test_llama3_host: test_llama3_host.c llama3.h
-	$(CC) $(CFLAGS) test_llama3_host.c -lm -o $@
+	$(CC) $(CFLAGS) $(SANITIZE) test_llama3_host.c -lm -o $@
 
 dev: $(DEV_BINARIES)
 dev/%: dev/%.cu dev/common.h kernels.cuh llama3.h

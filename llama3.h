@@ -12,9 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
-#define L3_ERR_LEN 512
+#define L3_ERR_LEN 1024
 #define MODEL_MAGIC 20240803
 #define MODEL_VERSION_FP32 3
 #define TOKENS_MAGIC_LLAMA3 20240801 // uint32 tokens, version 7
@@ -45,10 +47,16 @@ typedef struct {
     int use_scaled_rope; // llama3 frequency scaling: factor 32, low 1, high 4, original 8192
 } Llama3Config;
 
-// LLaMA 3's FFN width: 4C, two thirds of it, times the multiplier, rounded up to multiple_of.
+#define LLAMA3_MAX_FFN (1 << 20)
+
+// LLaMA 3's FFN width: 4C, two thirds of it, times the multiplier (a float product, as Meta's
+// code computes it), rounded up to multiple_of. -1 when the product is not in [1, 2^20]: its
+// cast to int would overflow. n_embd and multiple_of must be in range (config_check).
 static inline int ffn_hidden_dim(int n_embd, float multiplier, int multiple_of) {
     int hidden = 2 * (4 * n_embd) / 3;
-    hidden = (int)(multiplier * hidden);
+    float scaled = multiplier * hidden;
+    if (!(scaled >= 1.0f && scaled <= (float)LLAMA3_MAX_FFN)) return -1;
+    hidden = (int)scaled;
     return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
 }
 
@@ -58,23 +66,37 @@ static inline Llama3Config llama3_2_1b_config(void) {
     return c;
 }
 
-static inline int config_check(const Llama3Config* c, const char* source, char* err) {
-    if (c->vocab_size <= 0 || c->n_layer <= 0 || c->n_head <= 0 || c->n_kv_head <= 0 ||
-        c->n_embd <= 0 || c->max_seq_len <= 0 || c->ffn_hidden <= 0)
-        return l3_fail(err, "%s: model config has a non-positive size", source);
-    // Bounds far above any LLaMA 3, so that no size computed from them overflows.
-    if (c->n_layer > 1024 || c->n_head > 1024 || c->ffn_hidden > (1 << 20) || c->vocab_size > (1 << 24) ||
-        c->max_seq_len > (1 << 24))
-        return l3_fail(err, "%s: model config out of range (n_layer %d, n_head %d, ffn_hidden %d, vocab_size %d, "
-                       "max_seq_len %d)", source, c->n_layer, c->n_head, c->ffn_hidden, c->vocab_size, c->max_seq_len);
+// Checks every field of a config read from `source` against its range (bounds far above any
+// LLaMA 3, so that no size computed from them overflows), then derives ffn_hidden. The message
+// names the field, its value and the range.
+static inline int config_check(Llama3Config* c, const char* source, char* err) {
+    const struct { const char* name; long long value, lo, hi; } ints[] = {
+        {"max_seq_len", c->max_seq_len, 1, 1 << 24},   {"vocab_size", c->vocab_size, 8, 1 << 24},
+        {"n_layer", c->n_layer, 1, 1024},              {"n_head", c->n_head, 1, 1024},
+        {"n_kv_head", c->n_kv_head, 1, 1024},          {"n_embd", c->n_embd, 8, 1 << 20},
+        {"multiple_of", c->multiple_of, 1, 1 << 20},   {"use_scaled_rope", c->use_scaled_rope, 0, 1}};
+    for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
+        if (ints[i].value < ints[i].lo || ints[i].value > ints[i].hi)
+            return l3_fail(err, "%s: %s %lld is out of range [%lld, %lld]", source, ints[i].name, ints[i].value,
+                           ints[i].lo, ints[i].hi);
+    const struct { const char* name; double value, lo, hi; } floats[] = {
+        {"ffn_dim_multiplier", c->ffn_dim_multiplier, 1e-2, 64.0}, {"norm_eps", c->norm_eps, 1e-12, 1.0},
+        {"rope_theta", c->rope_theta, 1.0, 1e12}};
+    for (size_t i = 0; i < sizeof(floats) / sizeof(floats[0]); i++)
+        if (!(floats[i].value >= floats[i].lo && floats[i].value <= floats[i].hi)) // NaN fails too
+            return l3_fail(err, "%s: %s %g is out of range [%g, %g]", source, floats[i].name, floats[i].value,
+                           floats[i].lo, floats[i].hi);
+    c->ffn_hidden = ffn_hidden_dim(c->n_embd, c->ffn_dim_multiplier, c->multiple_of);
+    if (c->ffn_hidden < 1 || c->ffn_hidden > LLAMA3_MAX_FFN)
+        return l3_fail(err, "%s: ffn_dim_multiplier %g with n_embd %d gives an FFN width out of range [1, %d]", source,
+                       c->ffn_dim_multiplier, c->n_embd, LLAMA3_MAX_FFN);
     if (c->n_embd % c->n_head != 0 || c->n_head % c->n_kv_head != 0)
         return l3_fail(err, "%s: n_embd %d, n_head %d, n_kv_head %d do not divide evenly", source,
                        c->n_embd, c->n_head, c->n_kv_head);
     // The kernels move 8 bf16 (16 bytes) at a time along C, F, V and the head dimension.
     if (c->n_embd % 8 != 0 || c->ffn_hidden % 8 != 0 || c->vocab_size % 8 != 0 || (c->n_embd / c->n_head) % 8 != 0)
-        return l3_fail(err, "%s: n_embd, ffn_hidden, vocab_size and head_dim must be multiples of 8", source);
-    if (!(c->norm_eps > 0.0f) || !(c->rope_theta > 0.0f))
-        return l3_fail(err, "%s: norm_eps and rope_theta must be positive", source);
+        return l3_fail(err, "%s: n_embd %d, ffn_hidden %d, vocab_size %d and head_dim %d must be multiples of 8",
+                       source, c->n_embd, c->ffn_hidden, c->vocab_size, c->n_embd / c->n_head);
     return 0;
 }
 
@@ -222,6 +244,35 @@ static inline long long file_size_of(const char* path) {
     return stat(path, &st) == 0 ? (long long)st.st_size : -1;
 }
 
+// Opens `path` (a `what`: "model file", "token file") for reading if it is a regular file, with its
+// size. Anything else is refused by name: a FIFO would block in open (so it is opened
+// non-blocking and looked at first), a directory reads as empty, a pipe such as <(cat f) has no
+// size to check against the file's header.
+static inline FILE* open_regular(const char* path, const char* what, long long* size, char* err) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) {
+        l3_fail(err, "%s: cannot open %s: %s", path, what, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a pipe or FIFO" :
+                           S_ISCHR(st.st_mode) ? "a character device" : S_ISBLK(st.st_mode) ? "a block device" :
+                           S_ISSOCK(st.st_mode) ? "a socket" : "not a regular file";
+        close(fd);
+        l3_fail(err, "%s: is %s, not a %s (a regular file, whose size is checked against its header)", path, kind,
+                what);
+        return NULL;
+    }
+    *size = (long long)st.st_size;
+    FILE* f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        l3_fail(err, "%s: cannot open %s: %s", path, what, strerror(errno));
+    }
+    return f;
+}
+
 static inline int32_t read_i32(const unsigned char* b, int byte) { int32_t v; memcpy(&v, b + byte, 4); return v; }
 static inline float read_f32(const unsigned char* b, int byte) { float v; memcpy(&v, b + byte, 4); return v; }
 
@@ -243,14 +294,9 @@ static inline Llama3Config llmc_header_config(const unsigned char* h) {
     return c;
 }
 
-// Size a header interpretation implies, or 0 when its fields are not a model.
-static inline size_t implied_file_size(Llama3Config* c, ModelFileFormat fmt) {
-    if (c->multiple_of <= 0 || c->multiple_of > (1 << 20) || !(c->ffn_dim_multiplier > 0.0f) ||
-        c->n_embd <= 0 || c->n_embd > (1 << 20))
-        return 0;
-    c->ffn_hidden = ffn_hidden_dim(c->n_embd, c->ffn_dim_multiplier, c->multiple_of);
-    char scratch[L3_ERR_LEN];
-    if (config_check(c, "", scratch) != 0) return 0;
+// Size a header interpretation implies, or 0 with the reason in err when its fields are not a model.
+static inline size_t implied_file_size(Llama3Config* c, ModelFileFormat fmt, const char* source, char* err) {
+    if (config_check(c, source, err) != 0) return 0;
     SegmentList s = fmt == MODEL_FILE_SEED ? seed_file_segments(c, 1024) : llmc_file_segments(c, 2048);
     free(s.seg);
     return s.end;
@@ -259,9 +305,9 @@ static inline size_t implied_file_size(Llama3Config* c, ModelFileFormat fmt) {
 // Reads the header of `path`, tells the two formats apart by the file size each header implies,
 // and returns the config and the format.
 static inline int model_header_read(const char* path, Llama3Config* cfg, ModelFileFormat* fmt, char* err) {
-    long long size = file_size_of(path);
-    FILE* f = fopen(path, "rb");
-    if (!f || size < 0) return l3_fail(err, "%s: cannot open model file: %s", path, strerror(errno));
+    long long size;
+    FILE* f = open_regular(path, "model file", &size, err);
+    if (!f) return -1;
     unsigned char h[2048] = {0};
     size_t got = fread(h, 1, sizeof(h), f);
     fclose(f);
@@ -271,16 +317,23 @@ static inline int model_header_read(const char* path, Llama3Config* cfg, ModelFi
     if (read_i32(h, 4) != MODEL_VERSION_FP32)
         return l3_fail(err, "%s: unknown version %d (this trainer reads version 3, fp32 weights)", path, read_i32(h, 4));
     Llama3Config seed = seed_header_config(h), llmc = llmc_header_config(h);
-    size_t seed_size = implied_file_size(&seed, MODEL_FILE_SEED);
-    size_t llmc_size = got == 2048 ? implied_file_size(&llmc, MODEL_FILE_LLMC) : 0;
-    if (seed_size && (long long)seed_size == size) { *cfg = seed, *fmt = MODEL_FILE_SEED; }
-    else if (llmc_size && (long long)llmc_size == size) { *cfg = llmc, *fmt = MODEL_FILE_LLMC; }
-    else if (!seed_size && !llmc_size)
-        return l3_fail(err, "%s: header does not describe a valid model in either format", path);
-    else
-        return l3_fail(err, "%s: truncated or corrupt: %lld bytes, but its header implies %zu (seed format) or %zu (llm.c format)",
-                       path, size, seed_size, llmc_size);
-    return config_check(cfg, path, err);
+    char seed_err[L3_ERR_LEN], llmc_err[L3_ERR_LEN] = "llm.c format: the file is shorter than its 2048-byte header";
+    size_t seed_size = implied_file_size(&seed, MODEL_FILE_SEED, "seed format", seed_err);
+    size_t llmc_size = got == 2048 ? implied_file_size(&llmc, MODEL_FILE_LLMC, "llm.c format", llmc_err) : 0;
+    if (seed_size && (long long)seed_size == size) {
+        *cfg = seed;
+        *fmt = MODEL_FILE_SEED;
+        return 0;
+    }
+    if (llmc_size && (long long)llmc_size == size) {
+        *cfg = llmc;
+        *fmt = MODEL_FILE_LLMC;
+        return 0;
+    }
+    if (!seed_size && !llmc_size)
+        return l3_fail(err, "%s: not a valid model header (read as the %s; read as the %s)", path, seed_err, llmc_err);
+    return l3_fail(err, "%s: truncated or corrupt: %lld bytes, but its header implies %zu (seed format) or %zu (llm.c "
+                   "format)", path, size, seed_size, llmc_size);
 }
 
 // Receives the file's floats for one span of the parameter block (a device copy in the trainer,
@@ -290,8 +343,9 @@ typedef void (*ParamSink)(void* ctx, size_t param_offset, const float* src, size
 // Streams every segment through `buf` (buf_floats long) into `sink`; checks llm.c's biases are zero.
 static inline int segments_load(const char* path, const SegmentList* s, float* buf, size_t buf_floats,
                          ParamSink sink, void* ctx, char* err) {
-    FILE* f = fopen(path, "rb");
-    if (!f) return l3_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    long long size;
+    FILE* f = open_regular(path, "model file", &size, err);
+    if (!f) return -1;
     for (int i = 0; i < s->n; i++) {
         const FileSegment* g = &s->seg[i];
         if (fseeko(f, (off_t)g->file_offset, SEEK_SET) != 0) {
@@ -326,6 +380,19 @@ static inline int model_file_load(const char* path, const Llama3Config* cfg, Mod
     return rc;
 }
 
+// What can be known of a model file's data before the GPU is touched, beyond its header and size:
+// llm.c's bias tensors must be zero (LLaMA has none). Reads only those, a few MB at the 1B.
+static inline int model_file_check(const char* path, const Llama3Config* cfg, ModelFileFormat fmt, char* err) {
+    if (fmt != MODEL_FILE_LLMC) return 0;
+    SegmentList s = llmc_file_segments(cfg, 2048), biases = {s.seg, 0, s.end};
+    for (int i = 0; i < s.n; i++)
+        if (s.seg[i].param_offset < 0) biases.seg[biases.n++] = s.seg[i]; // in place: n <= i
+    float buf[4096];
+    int rc = segments_load(path, &biases, buf, 4096, NULL, NULL, err);
+    free(s.seg);
+    return rc;
+}
+
 // Writes a header for the seed format (the reference script writes the same bytes).
 static inline void seed_header_write(unsigned char h[1024], const Llama3Config* c) {
     int32_t ints[256] = {0};
@@ -346,46 +413,87 @@ typedef struct {
     size_t n_tokens;
 } TokenData;
 
-// Parses an llm.c token file image (header + tokens) and checks every token against the vocab.
-static inline int tokens_parse(TokenData* d, const unsigned char* bytes, size_t nbytes, const char* name,
-                        int vocab_size, char* err) {
+// The 1024-byte header of an llm.c token file against the file's size: magic and version give
+// the token width (4 or 2 bytes), and the count must fill the file exactly.
+static inline int tokens_header_check(const unsigned char* h, size_t nbytes, const char* name, size_t* width,
+                                      size_t* count, char* err) {
     if (nbytes < 1024) return l3_fail(err, "%s: truncated: %zu bytes, shorter than the 1024-byte header", name, nbytes);
-    int32_t magic = read_i32(bytes, 0), version = read_i32(bytes, 4), count = read_i32(bytes, 8);
-    size_t width;
-    if (magic == TOKENS_MAGIC_LLAMA3 && version == 7) width = 4;
-    else if (magic == TOKENS_MAGIC_GPT2 && version == 1) width = 2;
+    int32_t magic = read_i32(h, 0), version = read_i32(h, 4), n = read_i32(h, 8);
+    if (magic == TOKENS_MAGIC_LLAMA3 && version == 7) *width = 4;
+    else if (magic == TOKENS_MAGIC_GPT2 && version == 1) *width = 2;
     else if (magic == TOKENS_MAGIC_LLAMA3 || magic == TOKENS_MAGIC_GPT2)
         return l3_fail(err, "%s: unknown version %d for magic %d", name, version, magic);
     else return l3_fail(err, "%s: bad magic %d (expected %d for LLaMA 3 or %d for GPT-2 tokens)", name,
                         magic, TOKENS_MAGIC_LLAMA3, TOKENS_MAGIC_GPT2);
-    if (count < 0 || (nbytes - 1024) != (size_t)count * width)
+    if (n < 0 || (nbytes - 1024) != (size_t)n * *width)
         return l3_fail(err, "%s: truncated or corrupt: header says %d tokens of %zu bytes, file holds %zu bytes of tokens",
-                       name, count, width, nbytes - 1024);
-    d->n_tokens = (size_t)count;
+                       name, n, *width, nbytes - 1024);
+    *count = (size_t)n;
+    return 0;
+}
+
+// Room for `count` tokens, or the amount that could not be had named.
+static inline int tokens_alloc(TokenData* d, size_t count, const char* name, char* err) {
+    d->n_tokens = count;
     d->tokens = (uint32_t*)malloc(sizeof(uint32_t) * (count ? count : 1));
-    for (size_t i = 0; i < d->n_tokens; i++) {
+    if (!d->tokens)
+        return l3_fail(err, "%s: out of host memory: its %zu tokens need %.2f GiB", name, count,
+                       count * 4.0 / 1073741824.0);
+    return 0;
+}
+
+// Widens `n` tokens of `width` bytes from src into dst[first..] and checks each against the vocab.
+static inline int tokens_widen(uint32_t* dst, const unsigned char* src, size_t n, size_t width, size_t first,
+                               int vocab_size, const char* name, char* err) {
+    for (size_t i = 0; i < n; i++) {
         uint32_t t;
-        if (width == 4) memcpy(&t, bytes + 1024 + 4 * i, 4);
-        else { uint16_t t16; memcpy(&t16, bytes + 1024 + 2 * i, 2); t = t16; }
-        if (t >= (uint32_t)vocab_size) {
-            free(d->tokens), d->tokens = NULL;
-            return l3_fail(err, "%s: token id %u at position %zu is >= vocab_size %d", name, t, i, vocab_size);
-        }
-        d->tokens[i] = t;
+        if (width == 4) memcpy(&t, src + 4 * i, 4);
+        else { uint16_t t16; memcpy(&t16, src + 2 * i, 2); t = t16; }
+        if (t >= (uint32_t)vocab_size)
+            return l3_fail(err, "%s: token id %u at position %zu is >= vocab_size %d", name, t, first + i, vocab_size);
+        dst[first + i] = t;
     }
     return 0;
 }
 
+// Parses an llm.c token file image (header + tokens) and checks every token against the vocab.
+static inline int tokens_parse(TokenData* d, const unsigned char* bytes, size_t nbytes, const char* name,
+                        int vocab_size, char* err) {
+    *d = (TokenData){NULL, 0};
+    size_t width, count;
+    if (tokens_header_check(bytes, nbytes, name, &width, &count, err) || tokens_alloc(d, count, name, err)) return -1;
+    if (tokens_widen(d->tokens, bytes + 1024, count, width, 0, vocab_size, name, err)) {
+        free(d->tokens);
+        d->tokens = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+// Reads a token file: the header first (so that a wrong file is refused before it is read), then
+// the tokens in chunks straight into their array, each checked against the vocab.
 static inline int tokens_load_file(TokenData* d, const char* path, int vocab_size, char* err) {
-    long long size = file_size_of(path);
-    FILE* f = fopen(path, "rb");
-    if (!f || size < 0) return l3_fail(err, "%s: cannot open token file: %s", path, strerror(errno));
-    unsigned char* bytes = (unsigned char*)malloc(size ? size : 1);
-    size_t got = fread(bytes, 1, size, f);
+    *d = (TokenData){NULL, 0};
+    long long size;
+    FILE* f = open_regular(path, "token file", &size, err);
+    if (!f) return -1;
+    unsigned char h[1024], chunk[1 << 16];
+    size_t width, count, got = fread(h, 1, sizeof(h), f);
+    int rc = got < sizeof(h) ? tokens_header_check(h, got, path, &width, &count, err)
+                             : tokens_header_check(h, (size_t)size, path, &width, &count, err);
+    if (rc == 0) rc = tokens_alloc(d, count, path, err);
+    for (size_t done = 0; rc == 0 && done < count;) {
+        size_t n = count - done < sizeof(chunk) / width ? count - done : sizeof(chunk) / width;
+        if (fread(chunk, width, n, f) != n) rc = l3_fail(err, "%s: read failed after %zu of %zu tokens: %s", path,
+                                                         done, count, ferror(f) ? strerror(errno) : "end of file");
+        else rc = tokens_widen(d->tokens, chunk, n, width, done, vocab_size, path, err);
+        done += n;
+    }
     fclose(f);
-    int rc = got == (size_t)size ? tokens_parse(d, bytes, size, path, vocab_size, err)
-                                 : l3_fail(err, "%s: read %zu of %lld bytes", path, got, size);
-    free(bytes);
+    if (rc && d->tokens) {
+        free(d->tokens);
+        d->tokens = NULL;
+    }
     return rc;
 }
 
@@ -532,23 +640,39 @@ static inline void print_usage(FILE* f, const char* prog) {
             prog);
 }
 
+// A number as the flag's value must start with a digit, '-' or '.': strtoll and strtod would also
+// take leading spaces and '+', which a typo can produce.
+static inline int number_start(const char* s) { return (*s >= '0' && *s <= '9') || *s == '-' || *s == '.'; }
+
 static inline int parse_int(const char* flag, const char* s, long long lo, long long hi, long long* out, char* err) {
     char* end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
+    if (!number_start(s) || errno || end == s || *end || v < lo || v > hi)
         return l3_fail(err, "%s: bad value '%s' (an integer in [%lld, %lld])", flag, s, lo, hi);
     *out = v;
     return 0;
 }
 
+// The range holds for the value as the trainer uses it, a 32-bit float: --beta2 0.99999999 rounds
+// to 1 (AdamW's bias correction would divide by zero), --learning_rate 1e-50 to 0.
 static inline int parse_float(const char* flag, const char* s, double lo, double hi, float* out, char* err) {
     char* end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi))
-        return l3_fail(err, "%s: bad value '%s' (a number in [%g, %g])", flag, s, lo, hi);
-    *out = (float)v;
+    float f = (float)v;
+    if (!number_start(s) || errno || end == s || *end || !(f >= lo && f <= hi))
+        return l3_fail(err, "%s: bad value '%s' (a number in [%g, %g] as a 32-bit float)", flag, s, lo, hi);
+    if (v != 0.0 && !(fabsf(f) >= 1.17549435e-38f)) // 0 or subnormal in float: FLT_MIN
+        return l3_fail(err, "%s: bad value '%s' (too small for a 32-bit float: it becomes %g)", flag, s, f);
+    *out = f;
+    return 0;
+}
+
+// A file flag's value: a path, not empty.
+static inline int parse_path(const char* flag, const char* s, const char** out, char* err) {
+    if (!*s) return l3_fail(err, "%s: empty path", flag);
+    *out = s;
     return 0;
 }
 
@@ -571,9 +695,9 @@ static inline int apply_flag(TrainArgs* a, const char* flag, const char* val, ch
     }
 #define FLOAT_FLAG(NAME, FIELD, LO, HI) \
     if (!strcmp(flag, NAME)) return parse_float(flag, val, LO, HI, &a->FIELD, err);
-    if (!strcmp(flag, "--input_bin")) { a->input_bin = val; return 0; }
-    if (!strcmp(flag, "--llmc_filepath")) { a->llmc_filepath = val; return 0; }
-    if (!strcmp(flag, "--log_file")) { a->log_file = val; return 0; }
+    if (!strcmp(flag, "--input_bin")) return parse_path(flag, val, &a->input_bin, err);
+    if (!strcmp(flag, "--llmc_filepath")) return parse_path(flag, val, &a->llmc_filepath, err);
+    if (!strcmp(flag, "--log_file")) return parse_path(flag, val, &a->log_file, err);
     INT_FLAG("--num_iteration", num_iteration, 1, BIG)
     INT_FLAG("--batch_size", batch_size, 1, BIG)
     INT_FLAG("--sequence_length", sequence_length, 1, BIG)
@@ -658,19 +782,43 @@ static inline int train_args_parse(TrainArgs* a, int argc, char** argv, char* er
 // registers, 8 values per thread; train_llama3.cu ties this to the kernel's constant) and, for
 // flash attention, head_dim 32 or 64.
 #define LLAMA3_MAX_N_EMBD 8192
-static inline int kernel_limits_check(const Llama3Config* c, int flash_attention, char* err) {
+static inline int kernel_limits_check(const Llama3Config* c, int flash_attention, const char* source, char* err) {
     if (c->n_embd > LLAMA3_MAX_N_EMBD)
-        return l3_fail(err, "n_embd %d is more than the %d the RMSNorm kernels take", c->n_embd, LLAMA3_MAX_N_EMBD);
+        return l3_fail(err, "%s: n_embd %d is more than the %d the RMSNorm kernels take", source, c->n_embd,
+                       LLAMA3_MAX_N_EMBD);
     const int head_dim = c->n_embd / c->n_head;
     if (flash_attention && head_dim != 32 && head_dim != 64)
-        return l3_fail(err, "flash attention supports head_dim 32 or 64, not %d: use --flash_attention 0", head_dim);
+        return l3_fail(err, "%s: head_dim %d: flash attention takes head_dim 32 or 64 (--flash_attention 0 runs "
+                       "attention unfused)", source, head_dim);
+    return 0;
+}
+
+// Where the model's config comes from, for messages.
+static inline const char* model_source(const TrainArgs* a) {
+    return a->llmc_filepath ? a->llmc_filepath : "the default LLaMA3.2-1B config";
+}
+
+// Whether two paths name one file (device and inode, links followed); false if either is missing.
+static inline int same_file(const char* x, const char* y) {
+    struct stat sx, sy;
+    return x && y && stat(x, &sx) == 0 && stat(y, &sy) == 0 && sx.st_dev == sy.st_dev && sx.st_ino == sy.st_ino;
+}
+
+// No output may be one of the inputs: a --log_file naming the model or the token file (directly or
+// through a link) would empty it before anything is read.
+static inline int outputs_check(const TrainArgs* a, char* err) {
+    const char* inputs[2][2] = {{"--llmc_filepath", a->llmc_filepath}, {"--input_bin", a->input_bin}};
+    for (int i = 0; i < 2; i++)
+        if (same_file(a->log_file, inputs[i][1]))
+            return l3_fail(err, "--log_file %s is the same file as %s %s, an input: not overwritten", a->log_file,
+                           inputs[i][0], inputs[i][1]);
     return 0;
 }
 
 // Checks that need the model: the widths the kernels take, sequence length, B*T dividing the
 // total batch, deferred layers.
 static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, char* err) {
-    if (kernel_limits_check(c, a->sw.flash_attention, err)) return -1;
+    if (kernel_limits_check(c, a->sw.flash_attention, model_source(a), err)) return -1;
     if (a->sw.deferred_adamw > c->n_layer)
         return l3_fail(err, "--deferred_adamw %d is more than the model's %d layers", a->sw.deferred_adamw, c->n_layer);
     if (a->sequence_length > c->max_seq_len)

@@ -248,7 +248,7 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     m->layout = param_layout(cfg);
     m->sw.deferred_adamw = deferred_layers(sw, cfg->n_layer);
     char err[L3_ERR_LEN];
-    if (kernel_limits_check(cfg, sw->flash_attention, err)) { // test_llama3 comes here without train_args_check
+    if (kernel_limits_check(cfg, sw->flash_attention, "model", err)) { // test_llama3 comes here without train_args_check
         fprintf(stderr, "%s\n", err);
         exit(EXIT_FAILURE);
     }
@@ -788,8 +788,16 @@ typedef struct {
     cudaEvent_t start[2], end[2];
     double* ms;
     FILE* json;
+    const char* json_path;
     double mem_mib;
 } StepLog;
+
+// A write to the JSON log failed (a full disk, /dev/full): the run stops, since a log that ends
+// early would read as a shorter run.
+static void log_write_failed(const char* path) {
+    fprintf(stderr, "error: --log_file %s: write failed: %s\n", path, strerror(errno));
+    exit(EXIT_FAILURE);
+}
 
 // Waits for step t (staged in `slot`) to finish, then prints its line: loss, lr, time, tok/s, memory.
 static void log_step(Model* m, StepLog* lg, int t, int n_steps, int slot, float lr) {
@@ -806,16 +814,19 @@ static void log_step(Model* m, StepLog* lg, int t, int n_steps, int slot, float 
     float loss = m->loss_host[slot];
     printf("step %4d/%d | loss %.6f | lr %.2e | %.2f ms | %.0f tok/s | peak %.0f MiB\n", t, n_steps, loss, lr, ms,
            tok_s, lg->mem_mib);
-    if (lg->json)
-        fprintf(lg->json, "{\"step\": %d, \"loss\": %.6f, \"lr\": %g, \"ms\": %.3f, \"tok_per_s\": %.1f, \"peak_mib\": %.0f}\n",
-                t, loss, lr, ms, tok_s, lg->mem_mib);
+    if (!lg->json) return;
+    if (fprintf(lg->json, "{\"step\": %d, \"loss\": %.6f, \"lr\": %g, \"ms\": %.3f, \"tok_per_s\": %.1f, "
+                "\"peak_mib\": %.0f}\n", t, loss, lr, ms, tok_s, lg->mem_mib) < 0 || fflush(lg->json) != 0)
+        log_write_failed(lg->json_path);
 }
 
-// The training loop; log_json (NULL: none) gets one JSON line per step and is closed at the end.
+// The training loop; log_json (NULL: none, else a->log_file opened) gets one JSON line per step
+// and is closed at the end.
 static void train(Model* m, const TrainArgs* a, DataLoader* loader, FILE* log_json) {
     StepLog lg = {};
     lg.ms = (double*)calloc(a->num_iteration, sizeof(double));
     lg.json = log_json;
+    lg.json_path = a->log_file;
     for (int s = 0; s < 2; s++) CUDA_CHECK(cudaEventCreate(&lg.start[s])), CUDA_CHECK(cudaEventCreate(&lg.end[s]));
     for (int t = 1; t <= a->num_iteration; t++) {
         int slot = t % 2;
@@ -833,7 +844,7 @@ static void train(Model* m, const TrainArgs* a, DataLoader* loader, FILE* log_js
         printf("steady state (steps 2..%d): median %.2f ms/step, %.0f tok/s, peak %.0f MiB\n", a->num_iteration, med,
                (double)m->grad_accum * m->B * m->T / (med / 1000.0), lg.mem_mib);
     }
-    if (lg.json) fclose(lg.json);
+    if (lg.json && fclose(lg.json) != 0) log_write_failed(lg.json_path);
     for (int s = 0; s < 2; s++) {
         CUDA_CHECK(cudaEventDestroy(lg.start[s]));
         CUDA_CHECK(cudaEventDestroy(lg.end[s]));
@@ -866,8 +877,29 @@ static void load_tokens(TokenData* d, const TrainArgs* a, int vocab_size) {
                           "embedded data/tiny_shakespeare_train.bin", vocab_size, err);
     }
     if (rc) die(err, "", false);
-    printf("data: %s, %zu tokens\n", a->input_bin ? a->input_bin : "embedded tiny shakespeare (LLaMA-3 tokens)",
-           d->n_tokens);
+}
+
+// Every input, checked before the GPU is touched: no output names an input, the model file (header,
+// size, llm.c's biases), the flags against the model, the token file and enough tokens for one
+// batch. Then the outputs, opened only now: the JSON log (NULL: none).
+static FILE* check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat* fmt, TokenData* tokens,
+                          DataLoader* loader, const char* prog) {
+    char err[L3_ERR_LEN];
+    if (outputs_check(a, err)) die(err, prog, false);
+    if (a->llmc_filepath && (model_header_read(a->llmc_filepath, cfg, fmt, err) ||
+                             model_file_check(a->llmc_filepath, cfg, *fmt, err)))
+        die(err, prog, false);
+    if (train_args_check(a, cfg, err)) die(err, prog, false);
+    load_tokens(tokens, a, cfg->vocab_size);
+    if (loader_init(loader, tokens, a->batch_size, a->sequence_length, a->overfit_single_batch,
+                    a->input_bin ? a->input_bin : "embedded data", err))
+        die(err, prog, false);
+    FILE* log_json = NULL;
+    if (a->log_file && !(log_json = fopen(a->log_file, "w"))) {
+        snprintf(err, sizeof(err), "--log_file %s: cannot open for writing: %s", a->log_file, strerror(errno));
+        die(err, prog, false);
+    }
+    return log_json;
 }
 
 int main(int argc, char** argv) {
@@ -878,27 +910,16 @@ int main(int argc, char** argv) {
         print_usage(stdout, argv[0]);
         return 0;
     }
-
-    // Every input is checked before the GPU is touched.
     Llama3Config cfg = llama3_2_1b_config();
     ModelFileFormat fmt = MODEL_FILE_SEED;
-    if (a.llmc_filepath && model_header_read(a.llmc_filepath, &cfg, &fmt, err)) die(err, argv[0], false);
-    if (train_args_check(&a, &cfg, err)) die(err, argv[0], false);
-    FILE* log_json = NULL;
-    if (a.log_file && !(log_json = fopen(a.log_file, "w"))) {
-        snprintf(err, sizeof(err), "--log_file %s: cannot open for writing: %s", a.log_file, strerror(errno));
-        die(err, argv[0], false);
-    }
+    TokenData tokens = {}; // zeroed: gcc cannot see that load_tokens fills it or exits
+    DataLoader loader;
+    FILE* log_json = check_inputs(&a, &cfg, &fmt, &tokens, &loader, argv[0]);
     if (a.llmc_filepath) printf("model: %s, %s format\n", a.llmc_filepath, model_format_name(fmt));
     else printf("model: LLaMA3.2-1B shape, random init (seed %llu)\n", a.seed);
     config_print(stdout, &cfg);
-
-    TokenData tokens = {}; // zeroed: gcc cannot see that load_tokens fills it or exits
-    load_tokens(&tokens, &a, cfg.vocab_size);
-    DataLoader loader;
-    if (loader_init(&loader, &tokens, a.batch_size, a.sequence_length, a.overfit_single_batch,
-                    a.input_bin ? a.input_bin : "embedded data", err))
-        die(err, argv[0], false);
+    printf("data: %s, %zu tokens\n", a.input_bin ? a.input_bin : "embedded tiny shakespeare (LLaMA-3 tokens)",
+           tokens.n_tokens);
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) die("no CUDA device found", argv[0], false);
 

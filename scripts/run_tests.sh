@@ -39,6 +39,7 @@ run() {
     p=0 f=0
     if [ -n "$line" ]; then p=${line%% passed*}; f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/'); fi
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "FAIL $name exited with $rc"; fi
+    if echo "$out" | grep -qE "ERROR: (Address|Leak)Sanitizer|runtime error:"; then f=$((f + 1)); echo "FAIL $name: a sanitizer report"; fi
     passed=$((passed + p))
     count_failure "$f"
 }
@@ -61,9 +62,51 @@ expect_error() {
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
+# Every file of the hostile corpus through ./train_llama3 as a model and as a token file: each run
+# must end with exactly one line on stderr, "error: ..." naming the file, and a non-zero exit,
+# within 10 s (a FIFO must not block). No GPU needed: every check comes before the GPU.
+corpus_through_trainer() {
+    local f flag lines n=0 bad=""
+    for f in "$tmp"/corpus/model_* "$tmp"/corpus/tokens_*; do
+        [ -e "$f" ] || continue
+        case $(basename "$f") in model_*) flag=--llmc_filepath ;; *) flag=--input_bin ;; esac
+        n=$((n + 1))
+        timeout 10 ./train_llama3 "$flag" "$f" > "$tmp/out" 2> "$tmp/err" && { bad="$bad $f(exit 0)"; continue; }
+        lines=$(wc -l < "$tmp/err")
+        if [ "$lines" -ne 1 ] || ! grep -q "^error: .*$f" "$tmp/err"; then bad="$bad $f($(head -c 200 "$tmp/err"))"; fi
+    done
+    if [ "$n" -gt 0 ] && [ -z "$bad" ]; then echo "ok   train_llama3 refuses each of the $n corpus files in one line naming it"
+        passed=$((passed + 1)); else echo "FAIL train_llama3 on the hostile corpus ($n files):$bad"; count_failure 1; fi
+}
+
+# Nothing is lost: no output is one of the inputs, and an output opens only after every input check.
+files_never_lost() {
+    local model="$tmp/corpus/model_llmc_bias_nonzero" keep="$tmp/keep.log" before
+    cp "$tmp/corpus/valid_seed_valid" "$tmp/model.bin" && before=$(cksum < "$tmp/model.bin")
+    expect_error "--log_file naming the model file" "is the same file as --llmc_filepath" \
+        ./train_llama3 --llmc_filepath "$tmp/model.bin" --log_file "$tmp/model.bin"
+    ln -sf "$tmp/model.bin" "$tmp/link.json"
+    expect_error "--log_file through a link to the model file" "is the same file as --llmc_filepath" \
+        ./train_llama3 --llmc_filepath "$tmp/model.bin" --log_file "$tmp/link.json"
+    echo "an earlier run's log" > "$keep"
+    expect_error "a run that fails on its token file" "cannot open token file" \
+        ./train_llama3 --input_bin "$tmp/none.bin" --log_file "$keep"
+    if [ "$(cksum < "$tmp/model.bin")" = "$before" ] && [ "$(cat "$keep")" = "an earlier run's log" ]; then
+        echo "ok   the model file and an earlier log are unchanged after those runs"; passed=$((passed + 1))
+    else echo "FAIL a refused run changed the model file or emptied an earlier log"; count_failure 1; fi
+    expect_error "an llm.c bias that is not zero, before the GPU" "is not zero" ./train_llama3 --llmc_filepath "$model"
+    expect_error "a token file through a pipe, <(cat ...)" "is a pipe or FIFO" \
+        ./train_llama3 --input_bin <(cat data/tiny_shakespeare_val.bin)
+    expect_error "an empty path" "--llmc_filepath: empty path" ./train_llama3 --llmc_filepath ""
+}
+
 # The host unit tests of llama3.h and the trainer's bad-input errors (no GPU needed).
 host_tests() {
-    run "host unit tests (llama3.h)" ./test_llama3_host
+    LLAMA3_CORPUS_DIR="$tmp/corpus" run "host unit tests (llama3.h, ASan + UBSan) and the hostile corpus" \
+        ./test_llama3_host
+    corpus_through_trainer
+    files_never_lost
+    run "the scripts' file writing (scripts/safe_write.py)" python3 scripts/test_safe_write.py
 
     echo "== trainer bad-input errors"
     printf 'not a model file at all, just text padding it out to more than 1024 bytes %01100d' 0 > "$tmp/junk.bin"
@@ -185,6 +228,8 @@ if nvidia-smi -L >/dev/null 2>&1; then
 " python3 has no torch and transformers for the reference)")
     fi
     expect_error "out of GPU memory" "out of GPU memory" ./train_llama3 --batch_size 32 --sequence_length 8192 --total_batch_size 262144 --num_iteration 1
+    expect_error "a log that cannot be written stops the run" "--log_file /dev/full: write failed" \
+        ./train_llama3 --num_iteration 3 --log_file /dev/full
     run "training smoke run (10 steps, loss must fall)" bash scripts/check_loss_falls.sh
     if [ "${LLAMA3_DEV_CHECKS:-1}" = 0 ]; then
         skipped+=("dev/ kernel checks (left out by LLAMA3_DEV_CHECKS=0)")
@@ -195,7 +240,8 @@ else
     skipped+=("test_llama3 against the PyTorch references (small T=64 with every switch, T=1024, B=8,"\
 " 3 micro-steps, dense embedding, 1B) (no GPU on this machine)"
         "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens) (no GPU on this machine)"
-        "out-of-memory error (no GPU on this machine)" "training smoke run (no GPU on this machine)")
+        "out-of-memory error (no GPU on this machine)" "training smoke run (no GPU on this machine)"
+        "a log that cannot be written (/dev/full) stops the run (no GPU on this machine)")
     for bin in $dev_binaries; do skipped+=("$bin --check (no GPU on this machine)"); done
 fi
 finish
