@@ -20,6 +20,8 @@ from pathlib import Path
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
+from safe_write import write_atomic
+
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TOKENIZER_SHA256 = "82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55"
 PAT_STR = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -47,10 +49,9 @@ def default_tokenizer_path():
     return path
 
 
-def write_datafile(filename, tokens):
+def write_datafile(filename, tokens, inputs):
     header = struct.pack("<256i", MAGIC, VERSION, len(tokens), *([0] * 253))
-    with open(filename, "wb") as f:
-        f.write(header + struct.pack(f"<{len(tokens)}I", *tokens))
+    write_atomic(filename, [header, struct.pack(f"<{len(tokens)}I", *tokens)], inputs)
     print(f"wrote {len(tokens):,} tokens to {filename} ({1024 + 4 * len(tokens):,} bytes)")
 
 
@@ -75,8 +76,9 @@ def main():
     print(f"{len(sections):,} sections, {len(tokens):,} tokens, max token id {max(tokens)}")
 
     os.makedirs(args.out_dir, exist_ok=True)
-    write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_val.bin"), tokens[:VAL_TOKENS])
-    write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_train.bin"), tokens[VAL_TOKENS:])
+    inputs = [p for p in (args.text, args.tokenizer) if p]
+    write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_val.bin"), tokens[:VAL_TOKENS], inputs)
+    write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_train.bin"), tokens[VAL_TOKENS:], inputs)
 
 
 if __name__ == "__main__":

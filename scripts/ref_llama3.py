@@ -33,6 +33,8 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from safe_write import write_atomic
+
 SHAPES = {  # n_layer, n_embd, n_head, n_kv_head, vocab_size, max_seq_len
     "small": (2, 256, 8, 2, 1000, 8192),
     "1b": (16, 2048, 32, 8, 128256, 8192),
@@ -158,7 +160,7 @@ def rope_tables(cfg, T):
     x = torch.zeros(1, 1, T, cfg.hidden_size // cfg.num_attention_heads)
     cos, sin = rope(x, torch.arange(T)[None])
     half = x.shape[-1] // 2
-    return [rope.inv_freq.float().numpy(), cos[0, :, :half].numpy(), sin[0, :, :half].numpy()]
+    return [np.ascontiguousarray(t) for t in (rope.inv_freq.float().numpy(), cos[0, :, :half], sin[0, :, :half])]
 
 
 @torch.no_grad()
@@ -199,23 +201,6 @@ def train(model, cfg, args, x, y, dev):
                         args.eps, args.weight_decay)
         print(f"step {step}: loss {np.mean(losses):.6f}")
         yield np.mean(losses), first_logits, grads, seed_order(model, cfg, lambda p: p)
-
-
-def write_atomic(path, arrays, inputs):
-    """Writes the arrays to path through a temporary file in the same folder: flushed, fsynced, renamed."""
-    if any(os.path.exists(path) and os.path.samefile(path, i) for i in inputs):
-        raise SystemExit(f"{path}: is one of the inputs, not overwritten")
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            for a in arrays:
-                f.write(np.ascontiguousarray(a).tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def main():
@@ -262,7 +247,7 @@ def main():
     header[:8] = [STATE_MAGIC, STATE_VERSION, B, T, n, cfg.vocab_size, 0 if args.dense_embedding else 1, A]
     header[16:21] = np.array([args.lr, args.beta1, args.beta2, args.eps, args.weight_decay], np.float32).view(np.int32)
 
-    def state():  # streamed: the 1B's per-step blocks are 6 GB each
+    def state():  # streamed: the 1B's per-step blocks are 6 GB each; each array contiguous for write()
         losses = []
         for step, (loss, logits, grads, params) in enumerate(train(model, cfg, args, x, y, dev), 1):
             if step == 1:
