@@ -19,8 +19,9 @@
 //              flush), PyTorch's gradients again: each step's loss and the weights at the end
 //   free run   every step on our own gradients: losses, and the weights after the last step; with
 //              micro-steps also the gradients train_step accumulated in step 1
-// Each check is counted once: rope and files run only when no switch is given (no switch changes
-// them), step 1 only when a switch could change the forward or backward pass.
+//   determinism the free run twice over 50 steps: bit-identical losses and weights
+// Each check is counted once: rope, files and determinism run only when no switch is given, step 1
+// only when a switch could change the forward or backward pass.
 #define TESTING
 #include "train_llama3.cu"
 
@@ -355,10 +356,10 @@ static void stage_ref_batch(Model* m, const Ref* r, int step, int slot) {
     memcpy(dst + n_step, r->targets + step * n_step, n_step * 4);
 }
 
-// Optimizer step t through the training path; returns its loss.
-static float run_step(Model* m, const Ref* r, int t) {
+// Optimizer step t through the training path on the reference's step `batch`; returns its loss.
+static float run_step(Model* m, const Ref* r, int t, int batch) {
     int slot = t % 2;
-    stage_ref_batch(m, r, t - 1, slot);
+    stage_ref_batch(m, r, batch, slot);
     m->loss_host[slot] = NAN; // poison: a step that does not copy its loss back fails
     train_step(m, t, slot);
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -498,7 +499,7 @@ static void test_adamw_path(Model* m, const Ref* r) {
     use_ref_grads(r);
     float* prev = ref_params(r, 0);
     for (int t = 1; t <= r->n_steps; t++) {
-        check_loss("adamw path", t, run_step(m, r, t), r->losses[t - 1], TOL_LOSS);
+        check_loss("adamw path", t, run_step(m, r, t, t - 1), r->losses[t - 1], TOL_LOSS);
         float *ours = to_host(m->params, m->layout.total), *cur = ref_params(r, t);
         char what[48];
         snprintf(what, sizeof(what), "adamw step %d", t);
@@ -576,7 +577,7 @@ static void test_train_loop(Model* m, const Ref* r) {
 static void test_free_run(Model* m, const Ref* r) {
     reset_training(m, r);
     for (int t = 1; t <= r->n_steps; t++) {
-        check_loss("free run", t, run_step(m, r, t), r->losses[t - 1], t == 1 ? TOL_LOSS : TOL_LOSS_FREE);
+        check_loss("free run", t, run_step(m, r, t, t - 1), r->losses[t - 1], t == 1 ? TOL_LOSS : TOL_LOSS_FREE);
         if (t > 1 || r->grad_accum == 1) continue;
         float *grads = grads_to_host(m), *ref = ref_grads(r, 1);
         int first = r->sparse_embedding ? P_LM_HEAD : P_WTE;
@@ -591,6 +592,33 @@ static void test_free_run(Model* m, const Ref* r) {
     free(ours);
     free(p0);
     free(last);
+}
+
+// Determinism: the free run twice from the same start over `steps` steps (the reference's batches
+// in turn), bit for bit: every step's loss and the weights after the flush, with the CUDA graph,
+// deferred AdamW and sparse embedding as configured. No kernel adds with atomics, so nothing may
+// differ.
+static void test_determinism(Model* m, const Ref* r, int steps) {
+    size_t P = m->layout.total, losses_differ = 0, weights_differ = 0;
+    float* losses = (float*)malloc(2 * steps * sizeof(float));
+    float* weights[2];
+    for (int run = 0; run < 2; run++) {
+        reset_training(m, r);
+        for (int t = 1; t <= steps; t++) losses[run * steps + t - 1] = run_step(m, r, t, (t - 1) % r->n_steps);
+        optimizer_flush(m);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        weights[run] = to_host(m->params, P);
+    }
+    for (int t = 0; t < steps; t++) losses_differ += memcmp(&losses[t], &losses[steps + t], 4) != 0;
+    for (size_t i = 0; i < P; i++) weights_differ += memcmp(&weights[0][i], &weights[1][i], 4) != 0;
+    char name[96];
+    snprintf(name, sizeof(name), "determinism: %d steps twice, losses that differ", steps);
+    check(losses_differ == 0, name, (double)losses_differ, 0);
+    snprintf(name, sizeof(name), "determinism: %d steps twice, weights that differ", steps);
+    check(weights_differ == 0, name, (double)weights_differ, 0);
+    free(losses);
+    free(weights[0]);
+    free(weights[1]);
 }
 
 // ---- the trainer's own runs ----
@@ -659,6 +687,7 @@ int main(int argc, char** argv) {
     test_adamw_path(&m, &r);
     test_train_loop(&m, &r);
     test_free_run(&m, &r);
+    if (argc == 2) test_determinism(&m, &r, 50);
     model_free(&m);
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed > 0 ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -231,6 +231,13 @@ if nvidia-smi -L >/dev/null 2>&1; then
     expect_error "a log that cannot be written stops the run" "--log_file /dev/full: write failed" \
         ./train_llama3 --num_iteration 3 --log_file /dev/full
     run "training smoke run (10 steps, loss must fall)" bash scripts/check_loss_falls.sh
+    # Two processes, the same seed and flags (the default 1B at B=4, T=64: graph, deferred AdamW, sparse
+    # embedding on): every logged loss the same (test_llama3 compares weights and losses bit for bit).
+    for run in 1 2; do ./train_llama3 --num_iteration 50 --log_file "$tmp/det$run.jsonl" > /dev/null 2>&1; done
+    if [ -s "$tmp/det1.jsonl" ] && cmp -s <(grep -o '"loss": [^,]*' "$tmp/det1.jsonl") \
+        <(grep -o '"loss": [^,]*' "$tmp/det2.jsonl") && [ "$(wc -l < "$tmp/det1.jsonl")" -eq 50 ]; then
+        echo "ok   two runs of 50 steps log the same losses"; passed=$((passed + 1))
+    else echo "FAIL two runs of 50 steps with the same seed log different losses"; count_failure 1; fi
     if [ "${LLAMA3_DEV_CHECKS:-1}" = 0 ]; then
         skipped+=("dev/ kernel checks (left out by LLAMA3_DEV_CHECKS=0)")
     else
@@ -241,7 +248,8 @@ else
 " 3 micro-steps, dense embedding, 1B) (no GPU on this machine)"
         "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens) (no GPU on this machine)"
         "out-of-memory error (no GPU on this machine)" "training smoke run (no GPU on this machine)"
-        "a log that cannot be written (/dev/full) stops the run (no GPU on this machine)")
+        "a log that cannot be written (/dev/full) stops the run (no GPU on this machine)"
+        "two runs of 50 steps log the same losses (no GPU on this machine)")
     for bin in $dev_binaries; do skipped+=("$bin --check (no GPU on this machine)"); done
 fi
 finish
