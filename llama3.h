@@ -255,7 +255,12 @@ static inline FILE* open_regular(const char* path, const char* what, long long* 
         return NULL;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
+        l3_fail(err, "%s: cannot open %s: %s", path, what, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
         const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a pipe or FIFO" :
                            S_ISCHR(st.st_mode) ? "a character device" : S_ISBLK(st.st_mode) ? "a block device" :
                            S_ISSOCK(st.st_mode) ? "a socket" : "not a regular file";

@@ -450,7 +450,10 @@ static void corpus_models(void) {
         CHECK(!refused, "the tiny %s model loads (%s)", name, refused ? err : "ok");
         size_t at[64] = {0, 1, 3, 4, 8, 512, header - 1, header, header + 1, size - 1};
         int n_at = 10;
-        for (int i = 1; i < s.n && n_at + 2 < 64; i++) at[n_at++] = s.seg[i].file_offset, at[n_at++] = s.seg[i].file_offset + 2;
+        for (int i = 1; i < s.n && n_at + 2 < 64; i++) { // a tensor's first byte, and mid-float
+            at[n_at++] = s.seg[i].file_offset;
+            at[n_at++] = s.seg[i].file_offset + 2;
+        }
         for (int i = 0; i < n_at; i++) {
             snprintf(label, sizeof(label), "%s_cut_%zu", name, at[i]);
             const char* p = corpus_file("model", label, b, at[i]);
@@ -494,7 +497,9 @@ static void corpus_models(void) {
             const char* p = corpus_file("model", "llmc_bias_nonzero", m, size);
             tally(&other, p, model_refused(p, err), err);
         }
-        free(m), free(b), free(s.seg);
+        free(m);
+        free(b);
+        free(s.seg);
     }
     tally_check(&cuts, "model files cut at every header and tensor boundary");
     tally_check(&fields, "model headers with a field at 0, -1, INT_MAX, INT_MIN, 2^30, +-0, NaN, +-inf, denormal");
@@ -546,14 +551,17 @@ static void corpus_tokens(void) {
         snprintf(label, sizeof(label), "u%d_too_few_for_a_batch", width * 8);
         const char* p = corpus_file("tokens", label, b, size);
         tally(&t, p, tokens_refused(p, err), err);
-        free(m), free(b);
+        free(m);
+        free(b);
     }
     tally_check(&t, "token files: cuts, counts at extremes, ids past the vocab, magic, version, too short");
 }
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint64_t rng_next(void) { // xorshift64
-    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
     return rng_state;
 }
 
@@ -598,6 +606,7 @@ static void mutation_loop(int rounds) {
     int32_t toks[1024 / 4 + 300] = {TOKENS_MAGIC_LLAMA3, 7, 300};
     base[2] = (unsigned char*)toks, sizes[2] = sizeof(toks);
     unsigned char* m = malloc(sizes[1] + 4096);
+    const int32_t extremes[4] = {INT_MAX, INT_MIN, -1, 0};
     Tally t = {0};
     for (int r = 0; r < rounds; r++) {
         int which = (int)(rng_next() % 3);
@@ -606,7 +615,7 @@ static void mutation_loop(int rounds) {
         for (int k = 1 + (int)(rng_next() % 4); k > 0; k--) {
             uint64_t op = rng_next() % 4, x = rng_next();
             if (op == 0) m[x % header] = (unsigned char)(x >> 32);
-            else if (op == 1) memcpy(m + (x % (header / 4)) * 4, &(int32_t[]){INT_MAX, INT_MIN, -1, 0}[x >> 62], 4);
+            else if (op == 1) memcpy(m + (x % (header / 4)) * 4, &extremes[x >> 62], 4);
             else if (op == 2) n = x % (n + 1);
             else if (n + 16 <= sizes[1] + 4096) n += 1 + x % 16;
         }
@@ -616,7 +625,11 @@ static void mutation_loop(int rounds) {
     }
     CHECK(t.refused == t.cases, "random mutations of valid files: %d rounds, %d refused in one line, %d not%s%s", rounds,
           t.refused, t.cases - t.refused, t.first_bad[0] ? "; first: " : "", t.first_bad);
-    free(m), free(base[0]), free(base[1]), free(segs[0].seg), free(segs[1].seg);
+    free(m);
+    free(base[0]);
+    free(base[1]);
+    free(segs[0].seg);
+    free(segs[1].seg);
 }
 
 // The mends of issue 11 that are not a whole corpus: messages that name the field, and values that
