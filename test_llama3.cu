@@ -394,15 +394,20 @@ static void test_rope(Model* m, const Ref* r) {
     free(table);
 }
 
+// The trainer's data loader over a token file of the reference (B and T as its steps).
+static void open_loader(const Ref* r, const char* path, TokenData* tokens, DataLoader* loader) {
+    char err[L3_ERR_LEN];
+    if (tokens_load_file(tokens, path, r->cfg.vocab_size, err) || loader_init(loader, tokens, r->B, r->T, 0, path, err))
+        fail_exit(err);
+}
+
 // The data path of train(): the loader over a token file, staged by stage_batches, gives exactly
 // PyTorch's batches at every step (mismatched token ids counted).
 static void check_token_file(Model* m, const Ref* r, const char* path) {
-    char err[L3_ERR_LEN], name[96];
-    TokenData tokens = {};
+    char name[96];
+    TokenData tokens;
     DataLoader loader;
-    if (tokens_load_file(&tokens, path, r->cfg.vocab_size, err) ||
-        loader_init(&loader, &tokens, r->B, r->T, 0, path, err))
-        fail_exit(err);
+    open_loader(r, path, &tokens, &loader);
     size_t n_step = (size_t)r->grad_accum * r->B * r->T, mismatched = 0;
     for (int t = 0; t < r->n_steps; t++) {
         stage_batches(m, &loader, 0);
@@ -543,18 +548,17 @@ static void check_log(const char* log_path, const char* what, const Ref* r, doub
 // train() itself on the reference's token file, on PyTorch's gradients: the losses it logs and
 // the weights it leaves.
 static void test_train_loop(Model* m, const Ref* r) {
-    char err[L3_ERR_LEN], log_path[] = "/tmp/test_llama3_log_XXXXXX";
-    TokenData tokens = {};
+    char log_path[] = "/tmp/test_llama3_log_XXXXXX";
+    TokenData tokens;
     DataLoader loader;
-    if (tokens_load_file(&tokens, r->tokens, r->cfg.vocab_size, err) ||
-        loader_init(&loader, &tokens, r->B, r->T, 0, r->tokens, err))
-        fail_exit(err);
+    open_loader(r, r->tokens, &tokens, &loader);
     int fd = mkstemp(log_path);
     FILE* log = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!log) fail_exit("cannot create a temporary log file");
     TrainArgs a = train_args_default();
     a.num_iteration = r->n_steps;
     a.learning_rate = r->lr;
+    a.log_file = log_path; // for train()'s write-error message
     reset_training(m, r);
     use_ref_grads(r);
     train(m, &a, &loader, log); // closes the log
