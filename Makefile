@@ -15,7 +15,7 @@ CFLAGS = -std=gnu11 -O2 -Wall -Wextra
 DEV_SOURCES = $(wildcard dev/*.cu)
 DEV_BINARIES = $(DEV_SOURCES:.cu=)
 
-.PHONY: all dev test clean bench-kernels
+.PHONY: all dev test sanitize clean bench-kernels
 all: train_llama3 test_llama3 test_llama3_host dev
 
 # The default data set is linked into the trainer as a binary blob (symbols
@@ -44,6 +44,11 @@ dev/%: dev/%.cu dev/common.h kernels.cuh llama3.h
 # and the dev/ kernel checks. Ends with "N passed, M failed".
 test: all
 	bash scripts/run_tests.sh
+
+# compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over small-shape training runs and every
+# dev/ kernel check; error counts per tool, ours apart from NVIDIA's libraries (needs a GPU).
+sanitize: train_llama3 dev
+	bash scripts/sanitize.sh
 
 # Every dev/ microbenchmark, validated then timed, and one table of all rows (needs a GPU).
 bench-kernels: dev

@@ -83,6 +83,16 @@ MUTANTS = [
      "memcpy(&t16, bytes + 1024 + 2 * i, 2);", "memcpy(&t16, bytes + 1024 + 2 * i + 2, 2);"),
     ("rope_factor", "rope", "llama3.h", "llama3 RoPE scaling factor 8 instead of 32",
      "const double factor = 32.0,", "const double factor = 8.0,"),
+    ("init_seed_from_clock", "determinism", "train_llama3.cu", "the random init seeded from the clock as "
+     "well as --seed", "model_init_random(&m, a.seed);", "model_init_random(&m, a.seed ^ (uint64_t)time(NULL));"),
+    ("embedding_grad_atomic", "determinism", "kernels.cuh", "the embedding gradient added row by row with "
+     "atomicAdd in arrival order (right values, order-dependent rounding)",
+     """    if (!owns_row(sorted_tokens, j)) return;
+    int tok = sorted_tokens[j], end = j + 1;""",
+     """    int tok = sorted_tokens[j], end = j + 1;
+    for (int c = threadIdx.x * 4; c < C; c += blockDim.x * 4)
+        for (int e = 0; e < 4; e++) atomicAdd(dwte + (size_t)tok * C + c + e, dresid[(size_t)sorted_positions[j] * C + c + e]);
+    return;"""),
 ]
 
 

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# make sanitize (GPU machine): compute-sanitizer's four tools over small-shape training runs and every
+# dev/ kernel check. memcheck: out-of-bounds and misaligned accesses, and CUDA API errors; racecheck:
+# shared-memory hazards; initcheck: reads of global memory nothing wrote; synccheck: barriers that
+# not every thread reaches. Each report is attributed to the kernel it names: ours, or NVIDIA's
+# libraries (cuBLASLt's GEMMs, CUB's sort), which are listed apart with the reason they are not ours.
+# Ends with a table of error counts per tool and case, then "N passed, M failed" (a case passes with
+# zero reports in our kernels, finished within its time limit).
+#   SANITIZE_TOOLS="memcheck racecheck"  a subset of the tools
+#   SANITIZE_TIMEOUT=900                 seconds per case (initcheck and racecheck are the slow ones)
+#   SANITIZE_JOBS=4                      cases run at once (timing is not measured; at 12 and 16 at once the
+#                                        racecheck training runs were killed by signal 9, alone they finish)
+#   SANITIZE_CASES="train_default dev_cast"  a subset of the cases (names as in the table)
+#   SANITIZE_OUT=DIR                     keep every sanitizer log there (default: a temporary folder)
+set -u
+cd "$(dirname "$0")/.."
+tools=${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
+out=${SANITIZE_OUT:-$(mktemp -d)}
+mkdir -p "$out"
+command -v compute-sanitizer > /dev/null || { echo "error: compute-sanitizer is not on the PATH"; exit 1; }
+nvidia-smi -L > /dev/null 2>&1 || { echo "error: make sanitize needs a GPU (nvidia-smi finds none)"; exit 1; }
+
+# The small model (2 layers, C=256, vocab 1000) and its token file, from the PyTorch reference script
+# (make test writes the same files; they are made here when missing).
+if [ ! -f ref/small_t64_model.bin ] || [ ! -f ref/small_t64_tokens.bin ]; then
+    mkdir -p ref
+    python3 scripts/ref_llama3.py --name small_t64 --shape small --batch_size 4 --seq_len 64 --llmc \
+        --out_dir ref > "$out/ref.log" 2>&1 || { echo "error: the small model: $(tail -n 3 "$out/ref.log")"; exit 1; }
+fi
+small="--llmc_filepath ref/small_t64_model.bin --input_bin ref/small_t64_tokens.bin --batch_size 4 --sequence_length 64"
+
+# Cases: name, then the command. The two training runs cover every kernel of the step: the default
+# (CUDA graph replayed from step 2, deferred and overlapped AdamW, sparse embedding, flash attention,
+# fused RMSNorm, bf16 weight gradients) and the other paths (2 micro-steps accumulating fp32
+# gradients, unfused attention, separate RMSNorm ops, dense embedding AdamW, scalar AdamW, fills).
+cases=("train_default ./train_llama3 $small --num_iteration 3 --total_batch_size 256"
+    "train_other_paths ./train_llama3 $small --num_iteration 2 --total_batch_size 512 --flash_attention 0\
+ --fused_rmsnorm 0 --sparse_embedding 0 --vector_adam 0 --delete_fills 0 --grad_zeroing fill --cuda_graph 0")
+for src in dev/*.cu; do cases+=("dev_$(basename "${src%.cu}") ${src%.cu} --check"); done
+
+run_case() { # TOOL NAME CMD...: one case under one tool; writes NAME.TOOL.log and .rc
+    local tool=$1 name=$2
+    shift 2
+    # dev/gemm's version 2 validates eight of cuBLASLt's candidate kernels at B=16,T=1024 sizes: only
+    # library code, and hours under the slower tools; they check its version 1 (the trainer's matmul).
+    [ "$name" = dev_gemm ] && [ "$tool" != memcheck ] && set -- "$@" 1
+    # --nvtx: matmul() marks each GEMM output written (NVTX's memory extension), for initcheck.
+    timeout "${SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" --nvtx true --print-limit 100000 \
+        --log-file "$out/$name.$tool.log" "$@" > "$out/$name.$tool.stdout" 2>&1
+    echo $? > "$out/$name.$tool.rc"
+}
+export -f run_case
+export out
+for tool in $tools; do
+    for c in "${cases[@]}"; do
+        [ -z "${SANITIZE_CASES:-}" ] || [[ " $SANITIZE_CASES " == *" ${c%% *} "* ]] && echo "$tool $c"
+    done
+done | tr '\n' '\0' | xargs -0 -P "${SANITIZE_JOBS:-4}" -I{} bash -c 'run_case {}'
+
+python3 scripts/sanitize_report.py "$out" $tools

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""The table of `make sanitize`: reads the compute-sanitizer logs scripts/sanitize.sh wrote
+(DIR/CASE.TOOL.log, with the exit status in CASE.TOOL.rc) and counts each tool's reports per case,
+attributed to our kernels or to NVIDIA's libraries by the kernel the report names.
+
+    python3 scripts/sanitize_report.py DIR memcheck racecheck initcheck synccheck
+
+A report is one block of the log: a line "========= <what happened>" and its indented lines. The
+library kernels are cuBLASLt's GEMMs (nvjet_*, cutlass/xmma kernels) and CUB's radix sort, which the
+token sort of the sparse embedding gradient instantiates: their code is NVIDIA's, we cannot change
+it, and their results are checked against the references by make test. A case passes when it
+finished (a summary line, within the time limit), its program exited 0, and no report names a
+kernel of ours. Ends with "N passed, M failed"; exits 1 if any case failed.
+"""
+import collections
+import os
+import re
+import sys
+
+LIBRARY = re.compile(r"nvjet|cublas|cutlass|xmma|\bsm\d\d_|cub::|CUB_\d")
+NOT_A_REPORT = re.compile(r"COMPUTE-SANITIZER|(ERROR|RACECHECK|LEAK) SUMMARY|Target application returned|"
+                          r"process didn't terminate successfully")
+SUMMARY = re.compile(r"(ERROR|RACECHECK) SUMMARY")
+
+
+def reports(log_text):
+    """The blocks of a compute-sanitizer log, each its lines without the ========= prefix; only the
+    device-side part (before the host backtrace), which names the kernel."""
+    blocks, current = [], None
+    for line in log_text.splitlines():
+        if not line.startswith("========="):
+            continue
+        body = line[len("========="):]
+        if body.startswith(" ") and not body.startswith("  ") and body.strip():
+            current = None
+            if not NOT_A_REPORT.search(body):
+                current = [body.strip()]
+                blocks.append(current)
+        elif current is not None and "host backtrace" in body:
+            current = None
+        elif current is not None and body.strip():
+            current.append(body.strip())
+    return blocks
+
+
+def kernel_of(block):
+    """The first kernel the block names (the text before its argument list), or the first line."""
+    for line in block:
+        m = re.search(r"(?:at|in) (?:void )?([A-Za-z_][\w:<>, ]*?)(?:\(|\+0x)", line)
+        if m:
+            return m.group(1)[:90]
+    return block[0][:90]
+
+
+def read_case(path_stem):
+    text = open(path_stem + ".log", errors="replace").read() if os.path.exists(path_stem + ".log") else ""
+    rc_text = open(path_stem + ".rc").read().strip() if os.path.exists(path_stem + ".rc") else "?"
+    ours, library = [], []
+    for block in reports(text):
+        (library if LIBRARY.search("\n".join(block)) else ours).append(block)
+    return ours, library, rc_text, bool(SUMMARY.search(text))
+
+
+def status_of(ours, rc_text, finished):
+    if rc_text == "124":
+        return "timed out"
+    if not finished:
+        return f"no summary (exit {rc_text})"
+    if ours:
+        return "FAIL"
+    return "ok" if rc_text == "0" else f"exit {rc_text}"
+
+
+def main():
+    out, tools = sys.argv[1], sys.argv[2:]
+    cases = sorted({f.rsplit(".", 2)[0] for f in os.listdir(out) if f.endswith(".rc")})
+    groups = collections.Counter()
+    totals = collections.Counter()
+    passed = failed = 0
+    print("| tool | case | reports in our kernels | in NVIDIA libraries | status |")
+    print("|---|---|---|---|---|")
+    for tool in tools:
+        for case in cases:
+            ours, library, rc_text, finished = read_case(os.path.join(out, f"{case}.{tool}"))
+            status = status_of(ours, rc_text, finished)
+            print(f"| {tool} | {case} | {len(ours)} | {len(library)} | {status} |")
+            totals[(tool, "ours")] += len(ours)
+            totals[(tool, "library")] += len(library)
+            for who, blocks in (("OURS", ours), ("library", library)):
+                for b in blocks:
+                    groups[(tool, who, b[0][:70], kernel_of(b))] += 1
+            passed, failed = (passed + 1, failed) if status == "ok" else (passed, failed + 1)
+    for (tool, who, what, kernel), n in sorted(groups.items()):
+        print(f"{who:7s} {tool:9s} {n:6d} x {what} | {kernel}")
+    if any(who == "library" for _, who, _, _ in groups):
+        print("library: reports inside cuBLASLt's or CUB's own kernels, not code of this project")
+    for tool in tools:
+        print(f"{tool}: {totals[(tool, 'ours')]} reports in our kernels, {totals[(tool, 'library')]} in NVIDIA's libraries")
+    print(f"logs in {out}")
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
