@@ -1,24 +1,48 @@
 #!/usr/bin/env python3
-"""Tokenize Tiny Shakespeare with the LLaMA-3 tokenizer into llm.c-format token files.
+"""Tokenize text with the LLaMA-3 tokenizer into llm.c-format token files: Tiny Shakespeare by
+default, or your own text with --input.
 
-The text is split into sections on blank lines ("\\n\\n"); each section gets a
-<|begin_of_text|> (BOS, id 128000) in front and is encoded as ordinary text (no
-special tokens recognised), keeping its trailing "\\n\\n" as llm.c's
-dev/data/tinyshakespeare.py does. The first 32768 tokens are the val split,
-the rest are train.
+  scripts/prepare_data.py                      # Tiny Shakespeare -> data/tiny_shakespeare_{val,train}.bin
+  scripts/prepare_data.py --text input.txt --tokenizer tokenizer.model
+  scripts/prepare_data.py --input my_texts/ --tokenizer Llama-3.2-1B/tokenizer.json
+  scripts/prepare_data.py --input corpus.jsonl --text_field content \\
+      --tokenizer Llama-3.2-1B/original/tokenizer.model --name corpus --val_tokens 100000
+  scripts/prepare_data.py --input a.txt b.txt --input c.jsonl --name mine
+  ./train_llama3 --input_bin data/mine_train.bin
 
-Output (in --out_dir): tiny_shakespeare_val.bin and tiny_shakespeare_train.bin.
-Each file: a header of 256 little-endian int32 ([0]=20240801 magic,
-[1]=7 version, [2]=number of tokens, rest 0), then the tokens as
-little-endian uint32.
+Tiny Shakespeare (no --input): the text (downloaded, or --text) is split into sections on blank
+lines ("\\n\\n"); each section gets a <|begin_of_text|> (BOS, id 128000) in front and is encoded as
+ordinary text (no special tokens recognised), keeping its trailing "\\n\\n" as llm.c's
+dev/data/tinyshakespeare.py does. The first 32768 tokens are the val split, the rest are train:
+tiny_shakespeare_val.bin and tiny_shakespeare_train.bin in --out_dir.
 
-Needs only tiktoken and Meta's tokenizer.model (pip install tiktoken llama-models).
+Your own text (--input PATH..., repeatable): a file is one document, except a .jsonl file, whose
+every non-blank line is a JSON object with the document in --text_field (default "text"); a folder
+gives every file in it and its subfolders, sorted by path, names starting with "." skipped. Each
+document gets BOS in front and is encoded as ordinary text; empty documents are skipped (counted).
+The val split is the first documents: up to the document boundary nearest to the target size
+(--val_tokens, or --val_fraction of all tokens, default 0.005) when that boundary lies within a factor
+of 2 of the target, else at exactly the target, inside a document. Each split must hold at least 257
+tokens (one batch of the trainer's default 4 x 64, plus the last target). Output in --out_dir:
+NAME_val.bin and NAME_train.bin (--name; default: the one input's name, or "data").
+
+--tokenizer (default: tokenizer.model of the llama-models package) is told apart by its content:
+a tiktoken tokenizer.model ("base64token rank" lines; Meta's file is recognised by its sha256) or
+an HF tokenizer.json (a byte-level BPE: model.vocab's keys are bytes through GPT-2's byte-to-unicode
+table, the ids are the ranks, added_tokens the special tokens, the pre_tokenizer a Split regex then
+ByteLevel). Either way the result must be the LLaMA-3 vocabulary: n_vocab 128256, BOS 128000 and
+LLaMA-3's pre-tokenizer regex. The HF LLaMA 3.2-1B download has both files: Llama-3.2-1B/tokenizer.json
+and Llama-3.2-1B/original/tokenizer.model, which give the same tokens.
+
+Each file: a header of 256 little-endian int32 ([0]=20240801 magic, [1]=7 version, [2]=number of
+tokens, rest 0), then the tokens as little-endian uint32; written whole (safe_write.write_atomic),
+never over an input. Needs tiktoken and numpy (and llama-models for the default tokenizer).
 """
-import argparse, hashlib, importlib.util, os, struct, sys, urllib.request
+import argparse, base64, bisect, hashlib, importlib.util, json, os, struct, sys, urllib.request
 from pathlib import Path
 
+import numpy as np
 import tiktoken
-from tiktoken.load import load_tiktoken_bpe
 
 from safe_write import write_atomic
 
@@ -30,15 +54,142 @@ NAMED_SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_tok
                  "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
                  "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>",
                  "<|python_tag|>", "<|image|>"]
+BOS_NAME, LLAMA3_BOS, LLAMA3_VOCAB = "<|begin_of_text|>", 128000, 128256
 MAGIC, VERSION, VAL_TOKENS = 20240801, 7, 32768
+MIN_SPLIT_TOKENS = 4 * 64 + 1
+CHUNK_CHARS = 1 << 20  # a text file is read and encoded in pieces of about this many characters
+BLOCK_TOKENS = 1 << 20  # tokens are moved from a Python list into a numpy block every this many
+
+# ---- tokenizers ----
 
 
-def llama3_encoding(path):
-    """The same tiktoken Encoding Meta's llama3 Tokenizer builds (vocab 128256)."""
-    ranks = load_tiktoken_bpe(str(path), expected_hash=TOKENIZER_SHA256)
-    names = NAMED_SPECIAL + [f"<|reserved_special_token_{i}|>" for i in range(2, 2 + NUM_SPECIAL - len(NAMED_SPECIAL))]
-    special = {name: len(ranks) + i for i, name in enumerate(names)}
-    return tiktoken.Encoding(name="llama3", pat_str=PAT_STR, mergeable_ranks=ranks, special_tokens=special)
+def llama3_specials(n_ranks):
+    """Meta's special tokens, numbered after the ranks as its llama3 Tokenizer does."""
+    reserved = range(2, 2 + NUM_SPECIAL - len(NAMED_SPECIAL))
+    names = NAMED_SPECIAL + [f"<|reserved_special_token_{i}|>" for i in reserved]
+    return {name: n_ranks + i for i, name in enumerate(names)}
+
+
+def make_encoding(path, ranks, pat_str, special):
+    """The tiktoken Encoding, once the ranks can encode any text (every single byte a token)."""
+    if not ranks:
+        sys.exit(f"{path}: no tokens in the vocabulary")
+    if len(set(ranks.values())) != len(ranks):
+        sys.exit(f"{path}: two vocabulary entries share an id")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        sys.exit(f"{path}: not a byte-level BPE: {len(missing)} single bytes are not tokens "
+                 f"(0x{missing[0]:02x} ...)")
+    return tiktoken.Encoding(name="llama3", pat_str=pat_str, mergeable_ranks=ranks, special_tokens=special)
+
+
+def tiktoken_ranks(path, data):
+    """{token bytes: rank} from a tokenizer.model's "base64token rank" lines."""
+    ranks = {}
+    for n, line in enumerate(data.splitlines(), 1):
+        if line:
+            try:
+                token, rank = line.split()
+                ranks[base64.b64decode(token, validate=True)] = int(rank)
+            except ValueError:  # binascii.Error is a ValueError too
+                sys.exit(f"{path}:{n}: neither a tokenizer.model line ('base64token rank') "
+                         "nor a tokenizer.json")
+    return ranks
+
+
+def gpt2_unicode_to_byte():
+    """The inverse of GPT-2's bytes_to_unicode: printable bytes stand for themselves, the other 68
+    bytes for the characters from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    table = {chr(b): b for b in printable}
+    table.update({chr(256 + i): b for i, b in enumerate(others)})
+    return table
+
+
+def hf_split_pattern(pre, refuse):
+    """The regex of a pre_tokenizer that is a Split (regex, isolated) followed by ByteLevel."""
+    steps = pre.get("pretokenizers", []) if isinstance(pre, dict) and pre.get("type") == "Sequence" else [pre]
+    steps = [s for s in steps if isinstance(s, dict)]
+    splits = [s for s in steps if s.get("type") == "Split" and "Regex" in (s.get("pattern") or {})]
+    byte_level = [s for s in steps if s.get("type") == "ByteLevel"]
+    if len(splits) != 1 or not byte_level:
+        refuse(f"its pre_tokenizer is not a Split regex and ByteLevel ({[s.get('type') for s in steps]})")
+    if byte_level[0].get("use_regex") or splits[0].get("behavior") != "Isolated" or splits[0].get("invert"):
+        refuse("its pre_tokenizer's Split or ByteLevel settings differ from LLaMA-3's")
+    return splits[0]["pattern"]["Regex"]
+
+
+def hf_ranks(vocab, refuse):
+    """{token bytes: id} from model.vocab, each key mapped back to bytes through GPT-2's table."""
+    to_byte = gpt2_unicode_to_byte()
+    ranks = {}
+    for key, i in vocab.items():
+        try:
+            ranks[bytes(to_byte[c] for c in key)] = i
+        except KeyError:
+            refuse(f"vocabulary entry {key!r} has a character outside GPT-2's byte-to-unicode table")
+        if not isinstance(i, int):
+            refuse(f"vocabulary entry {key!r} has id {i!r}")
+    return ranks
+
+
+def hf_encoding(path, data):
+    """The Encoding of an HF tokenizer.json holding a byte-level BPE (ranks = ids), as LLaMA-3's."""
+    def refuse(why):
+        sys.exit(f"{path}: not a LLaMA-3 byte-level BPE tokenizer.json: {why}")
+    try:
+        tok = json.loads(data)
+    except ValueError as e:
+        sys.exit(f"{path}: not valid JSON ({e})")
+    model = tok.get("model") if isinstance(tok, dict) else None
+    model = model if isinstance(model, dict) else {}
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+        refuse(f"model.type is {model.get('type')!r}, not 'BPE' with a vocab")
+    if tok.get("normalizer"):
+        refuse(f"it has a normalizer ({tok['normalizer'].get('type')})")
+    pat_str = hf_split_pattern(tok.get("pre_tokenizer"), refuse)
+    ranks = hf_ranks(model["vocab"], refuse)
+    ids = set(ranks.values())
+    special = {}
+    for t in tok.get("added_tokens", []):
+        if not (isinstance(t, dict) and isinstance(t.get("content"), str) and isinstance(t.get("id"), int)):
+            refuse(f"added token {t!r} has no content and id")
+        if t["content"] in model["vocab"]:
+            continue  # an ordinary token listed again
+        if t["id"] in ids:
+            refuse(f"added token {t['content']!r} has id {t['id']}, which the vocabulary also uses")
+        special[t["content"]] = t["id"]
+    return make_encoding(path, ranks, pat_str, special)
+
+
+def load_tokenizer(path):
+    """(Encoding, what the file is) from a tiktoken tokenizer.model or an HF tokenizer.json."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        sys.exit(f"{path}: cannot read the tokenizer ({e.strerror})")
+    if data.lstrip()[:1] == b"{":  # base64 has no "{": JSON
+        return hf_encoding(path, data), "HF tokenizer.json"
+    ranks = tiktoken_ranks(path, data)
+    sha = hashlib.sha256(data).hexdigest()
+    what = "Meta's LLaMA-3 tokenizer.model"
+    if sha != TOKENIZER_SHA256:
+        what = f"tokenizer.model, not Meta's (sha256 {sha})"
+    return make_encoding(path, ranks, PAT_STR, llama3_specials(len(ranks))), what
+
+
+def llama3_mismatch(enc):
+    """Why enc is not the LLaMA-3 tokenizer ("" when it is)."""
+    why = []
+    if enc.n_vocab != LLAMA3_VOCAB:
+        why.append(f"n_vocab {enc.n_vocab}, not {LLAMA3_VOCAB}")
+    if enc._special_tokens.get(BOS_NAME) != LLAMA3_BOS:
+        why.append(f"{BOS_NAME} is {enc._special_tokens.get(BOS_NAME)}, not {LLAMA3_BOS}")
+    if enc._pat_str != PAT_STR:
+        why.append("its pre-tokenizer regex is not LLaMA-3's")
+    return "; ".join(why)
 
 
 def default_tokenizer_path():
@@ -49,36 +200,244 @@ def default_tokenizer_path():
     return path
 
 
+# ---- documents ----
+
+
+def input_files(paths):
+    """Every file the --input paths name: a file as given, a folder's files sorted by path."""
+    files = []
+    for p in paths:
+        if os.path.isdir(p):
+            found = walk_files(p)
+            if not found:
+                sys.exit(f"{p}: no files in this folder")
+            files += found
+        elif os.path.exists(p):
+            files.append(p)
+        else:
+            sys.exit(f"{p}: no such file or folder")
+    return files
+
+
+def walk_files(folder):
+    """The files under folder, sorted by path, names starting with "." (files and folders) skipped."""
+    found = []
+    for d, dirs, names in os.walk(folder):
+        dirs[:] = [x for x in dirs if not x.startswith(".")]
+        found += [os.path.join(d, f) for f in names if not f.startswith(".")]
+    return sorted(found)
+
+
+def last_cut(text, start):
+    """The last index >= start just after a newline followed by an ASCII letter or digit, else 0."""
+    i = text.rfind("\n", start, len(text) - 1)
+    while i >= 0:
+        if text[i + 1].isascii() and text[i + 1].isalnum():
+            return i + 1
+        i = text.rfind("\n", start, i)
+    return 0
+
+
+def text_chunks(path, size=CHUNK_CHARS):
+    """A text file in pieces of about `size` characters, each cut after a newline that a letter or
+    digit follows: no piece of LLaMA-3's pre-tokenizer spans such a point, so the tokens of the
+    pieces are those of the whole text."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            rest = ""
+            while block := f.read(size):
+                rest += block
+                cut = last_cut(rest, max(0, len(rest) - len(block) - 1))
+                if cut:
+                    yield rest[:cut]
+                    rest = rest[cut:]
+            yield rest
+    except UnicodeDecodeError as e:
+        sys.exit(f"{path}: not UTF-8 text ({e.reason} in a block read at byte {e.start})")
+
+
+def jsonl_documents(path, field):
+    """The `field` of every non-blank line of a JSONL file, each one document (a list of one text)."""
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                text = line.decode("utf-8")
+                if not text.strip():
+                    continue
+                obj = json.loads(text)
+            except ValueError as e:  # UnicodeDecodeError and JSONDecodeError both
+                sys.exit(f"{path}:{n}: not a line of UTF-8 JSON ({e})")
+            if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
+                sys.exit(f"{path}:{n}: no string field {field!r}")
+            yield [obj[field]]
+
+
+def documents(files, field):
+    """Every document as an iterable of its text pieces."""
+    for path in files:
+        if path.lower().endswith(".jsonl"):
+            yield from jsonl_documents(path, field)
+        else:
+            yield text_chunks(path)
+
+
+# ---- token files ----
+
+
+class Tokens:
+    """uint32 tokens gathered in numpy blocks (a Python int costs 8-36 bytes, a token here 4)."""
+
+    def __init__(self):
+        self.blocks, self.pending, self.count = [], [], 0
+
+    def extend(self, ids):
+        self.pending.extend(ids)
+        self.count += len(ids)
+        if len(self.pending) >= BLOCK_TOKENS:
+            self.blocks.append(np.array(self.pending, dtype="<u4"))
+            self.pending = []
+
+    def array(self):
+        return np.concatenate(self.blocks + [np.array(self.pending, dtype="<u4")])
+
+
+def encode_documents(enc, files, field):
+    """(tokens, document start offsets, documents, empty documents skipped): BOS before each."""
+    bos = enc.encode_single_token(BOS_NAME)
+    tokens, starts, empty = Tokens(), [], 0
+    for doc in documents(files, field):
+        start = tokens.count
+        for piece in doc:
+            ids = enc.encode_ordinary(piece)
+            if ids and tokens.count == start:
+                tokens.extend([bos])
+            tokens.extend(ids)
+        if tokens.count == start:
+            empty += 1
+        else:
+            starts.append(start)
+    return tokens.array(), starts, len(starts), empty
+
+
+def val_split(starts, total, target):
+    """Where val ends: the document boundary nearest to target if within a factor of 2, else target."""
+    bounds = starts + [total]
+    i = bisect.bisect_left(bounds, target)
+    near = min(bounds[max(i - 1, 0):i + 1], key=lambda b: abs(b - target))
+    return near if target / 2 <= near <= 2 * target else target
+
+
 def write_datafile(filename, tokens, inputs):
+    if len(tokens) >= 2**31:
+        sys.exit(f"{filename}: {len(tokens):,} tokens do not fit the header's int32 count")
     header = struct.pack("<256i", MAGIC, VERSION, len(tokens), *([0] * 253))
-    write_atomic(filename, [header, struct.pack(f"<{len(tokens)}I", *tokens)], inputs)
+    write_atomic(filename, [header, np.ascontiguousarray(tokens, dtype="<u4")], inputs)
     print(f"wrote {len(tokens):,} tokens to {filename} ({1024 + 4 * len(tokens):,} bytes)")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--text", help="local text file (default: download tiny shakespeare)")
-    ap.add_argument("--tokenizer", help="LLaMA-3 tokenizer.model (default: from the llama_models package)")
-    ap.add_argument("--out_dir", default="data")
-    args = ap.parse_args()
+def refuse_overwrite(outputs, inputs):
+    """Before any work: an output that is one of the inputs stops the run (write_atomic checks again)."""
+    for out in outputs:
+        for i in inputs:
+            if os.path.exists(out) and os.path.exists(i) and os.path.samefile(out, i):
+                sys.exit(f"{out}: is the input {i}; not overwritten")
 
+
+# ---- main ----
+
+
+def shakespeare(args, enc, inputs):
     raw = Path(args.text).read_bytes() if args.text else urllib.request.urlopen(URL, timeout=60).read()
     print(f"text: {len(raw):,} bytes, sha256 {hashlib.sha256(raw).hexdigest()}")
-    enc = llama3_encoding(args.tokenizer or default_tokenizer_path())
-    bos = enc.encode_single_token("<|begin_of_text|>")
-    assert bos == 128000 and enc.n_vocab == 128256
+    tokens = shakespeare_tokens(raw.decode("utf-8"), enc)
+    sections = int((tokens == enc.encode_single_token(BOS_NAME)).sum())
+    print(f"{sections:,} sections, {len(tokens):,} tokens, max token id {tokens.max()}")
+    os.makedirs(args.out_dir, exist_ok=True)
+    write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_val.bin"), tokens[:VAL_TOKENS], inputs)
+    write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_train.bin"), tokens[VAL_TOKENS:], inputs)
 
-    sections = raw.decode("utf-8").split("\n\n")
+
+def shakespeare_tokens(text, enc):
+    """BOS, then each blank-line-separated section with its trailing "\\n\\n", as ordinary text."""
+    bos = enc.encode_single_token(BOS_NAME)
+    sections = text.split("\n\n")
     tokens = []
     for i, s in enumerate(sections):
         tokens.append(bos)
         tokens.extend(enc.encode_ordinary(s + "\n\n" if i < len(sections) - 1 else s))
-    print(f"{len(sections):,} sections, {len(tokens):,} tokens, max token id {max(tokens)}")
+    return np.array(tokens, dtype="<u4")
 
+
+def own_data(args, enc, inputs):
+    files = input_files(args.input)
+    name = args.name or (Path(os.path.abspath(args.input[0])).stem if len(args.input) == 1 else "data")
+    outputs = [os.path.join(args.out_dir, f"{name}_{split}.bin") for split in ("val", "train")]
+    refuse_overwrite(outputs, files + inputs)
+    tokens, starts, n_docs, empty = encode_documents(enc, files, args.text_field)
+    if n_docs == 0:
+        sys.exit(f"no text: {len(files)} input files hold {empty} documents, all empty")
+    print(f"{n_docs:,} documents from {len(files):,} files ({empty:,} empty, skipped), "
+          f"{len(tokens):,} tokens, max token id {tokens.max()}")
+    target = args.val_tokens or max(1, round(args.val_fraction * len(tokens)))
+    cut = val_split(starts, len(tokens), target)
+    if min(cut, len(tokens) - cut) < MIN_SPLIT_TOKENS:
+        sys.exit(f"too little text: val would get {cut:,} tokens and train {len(tokens) - cut:,} "
+                 f"of {len(tokens):,}; each needs {MIN_SPLIT_TOKENS} (one batch of 4 x 64, plus 1): "
+                 "more text, or another --val_fraction / --val_tokens")
+    where = "at a document boundary" if cut in starts else "inside a document"
+    print(f"val: tokens [0, {cut:,}) (target {target:,}, cut {where})")
     os.makedirs(args.out_dir, exist_ok=True)
+    write_datafile(outputs[0], tokens[:cut], files + inputs)
+    write_datafile(outputs[1], tokens[cut:], files + inputs)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap.add_argument("--text", help="local text file for Tiny Shakespeare (default: download it)")
+    ap.add_argument("--input", nargs="+", action="extend", metavar="PATH",
+                    help="your own text: files, folders of them, .jsonl files (instead of Tiny Shakespeare)")
+    ap.add_argument("--text_field", help="the document's field in a .jsonl line (default: text)")
+    ap.add_argument("--name", help="with --input: output names NAME_{val,train}.bin")
+    split = ap.add_mutually_exclusive_group()
+    split.add_argument("--val_fraction", type=float,
+                       help="with --input: val's share of the tokens (default 0.005)")
+    split.add_argument("--val_tokens", type=int, help="with --input: val's size in tokens")
+    ap.add_argument("--tokenizer",
+                    help="LLaMA-3 tokenizer.model or tokenizer.json (default: from llama_models)")
+    ap.add_argument("--out_dir", default="data")
+    args = ap.parse_args(argv)
+    own = [f for f in ("text_field", "name", "val_fraction", "val_tokens") if getattr(args, f) is not None]
+    if args.input is None and own:
+        ap.error(f"--{own[0]} applies to --input only")
+    if args.input is not None and args.text:
+        ap.error("--text (Tiny Shakespeare) and --input exclude each other")
+    if args.val_fraction is not None and not 0 < args.val_fraction < 1:
+        ap.error(f"--val_fraction {args.val_fraction}: not in (0, 1)")
+    if args.val_tokens is not None and args.val_tokens < 1:
+        ap.error(f"--val_tokens {args.val_tokens}: not positive")
+    args.text_field = args.text_field or "text"
+    args.val_fraction = args.val_fraction or 0.005
+    return args
+
+
+def main(argv=None, llama3_only=True):
+    """llama3_only=False (tests only) takes any byte-level BPE with a <|begin_of_text|> token."""
+    args = parse_args(argv)
+    tokenizer = args.tokenizer or default_tokenizer_path()
+    enc, what = load_tokenizer(tokenizer)
+    print(f"tokenizer: {tokenizer}: {what}, n_vocab {enc.n_vocab}")
+    why = llama3_mismatch(enc)
+    if llama3_only and why:
+        sys.exit(f"{tokenizer}: not the LLaMA-3 tokenizer: {why}")
+    if BOS_NAME not in enc._special_tokens:
+        sys.exit(f"{tokenizer}: no {BOS_NAME} token")
     inputs = [p for p in (args.text, args.tokenizer) if p]
-    write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_val.bin"), tokens[:VAL_TOKENS], inputs)
-    write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_train.bin"), tokens[VAL_TOKENS:], inputs)
+    if args.input:
+        own_data(args, enc, inputs)
+    else:
+        shakespeare(args, enc, inputs)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""Host test of scripts/prepare_data.py (no GPU, no network): a small byte-level BPE learned here is
+written as a tiktoken tokenizer.model and as an HF tokenizer.json (keys through GPT-2's
+byte-to-unicode table, as HF stores them); both must give the same tokens. Then --input with a
+folder, a JSONL file and a list of files must give token files with BOS before every document,
+every document once and in order; bad inputs must stop with one line; the Tiny Shakespeare path
+keeps its sections and split. The checks run prepare_data.main(..., llama3_only=False), since the
+command line takes the LLaMA-3 vocabulary only (also checked). Ends with "N passed, M failed"."""
+import base64, json, os, random, re, subprocess, sys, tempfile
+from collections import Counter
+
+try:
+    import numpy as np
+    import tiktoken  # noqa: F401 (prepare_data's dependency)
+except ImportError as e:
+    print(f"skipped: scripts/test_prepare_data.py needs {e.name} (pip install tiktoken numpy)")
+    sys.exit(0)
+
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, SCRIPTS)
+import prepare_data as pd  # noqa: E402
+
+MIXED = ("Hello, World! It's 2024: 1234567 tokens.\n\n  indented\tand tabbed\r\nCRLF line\n"
+         "café naïve Ελληνικά русский 数字と日本語 🙂👍\u00a0nbsp   trailing spaces   \n\n\n"
+         "x=3.14159; y = [1, 22, 333]; don't WON'T we'll\n")
+WORDS = ("the of and to in that it was for on are with as his they be at one have this from or had by "
+         "word but some what there we can out other were all your when up use how said an each she which "
+         "Shakespeare Romeo Juliet thou thee hath doth café Straße ελληνικά 東京 🙂 1599 42 3.5").split()
+results = []
+
+
+def check(ok, what):
+    results.append(bool(ok))
+    print(f"{'ok  ' if ok else 'FAIL'} {what}")
+
+
+def bytes_to_unicode():
+    """GPT-2's table (encoder.py), written out here so that the loader's inverse is checked against it."""
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+          + list(range(ord("®"), ord("ÿ") + 1)))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def merge(word, a, b):
+    out, i = [], 0
+    while i < len(word):
+        if i + 1 < len(word) and word[i] == a and word[i + 1] == b:
+            out.append(a + b)
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return tuple(out)
+
+
+def learn_bpe(text, n_merges=300):
+    """Ranks: the 256 bytes in GPT-2's table order (not byte order), then the most frequent pairs."""
+    ranks = {bytes([b]): i for i, b in enumerate(bytes_to_unicode())}
+    words = Counter(tuple(bytes([b]) for b in w.encode()) for w in re.findall(r" ?\w+| ?[^\w\s]+|\s+", text))
+    merges = []
+    for _ in range(n_merges):
+        pairs = Counter()
+        for w, n in words.items():
+            for a, b in zip(w, w[1:]):
+                pairs[a, b] += n
+        if not pairs:
+            break
+        (a, b), _ = pairs.most_common(1)[0]
+        merges.append((a, b))
+        ranks.setdefault(a + b, len(ranks))
+        words = Counter({merge(w, a, b): n for w, n in words.items()})
+    return ranks, merges
+
+
+def write_tokenizer_model(path, ranks):
+    with open(path, "wb") as f:
+        for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+            f.write(base64.b64encode(token) + b" %d\n" % rank)
+
+
+def write_tokenizer_json(path, ranks, merges):
+    """The layout of Llama-3.2-1B/tokenizer.json, with this vocabulary."""
+    u = bytes_to_unicode()
+    s = lambda t: "".join(u[b] for b in t)  # noqa: E731
+    added = [{"id": i, "content": name, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for name, i in pd.llama3_specials(len(ranks)).items()]
+    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+           "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+               {"type": "Split", "pattern": {"Regex": pd.PAT_STR}, "behavior": "Isolated", "invert": False},
+               {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+           "post_processor": None, "decoder": {"type": "ByteLevel", "add_prefix_space": True,
+                                               "trim_offsets": True, "use_regex": True},
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                     "ignore_merges": True, "vocab": {s(t): i for t, i in ranks.items()},
+                     "merges": [[s(a), s(b)] for a, b in merges]}}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(tok, f, ensure_ascii=False)
+
+
+def make_doc(rng, n_words):
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(n_words // 7)]
+    return "\n".join(lines) + "\n"
+
+
+def run_cli(*args, strict=False):
+    """(exit status, stdout, stderr) of prepare_data.py; llama3_only=False unless strict."""
+    if strict:
+        cmd = [sys.executable, os.path.join(SCRIPTS, "prepare_data.py"), *args]
+    else:
+        cmd = [sys.executable, "-c", f"import sys; sys.path.insert(0, {SCRIPTS!r}); import prepare_data; "
+               "prepare_data.main(sys.argv[1:], llama3_only=False)", *args]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def said(rc, err):
+    return f" (exit {rc}: {err.strip()})" if rc else ""
+
+
+def read_tokens(path):
+    """The tokens of a token file whose header is right (magic, version, count = size, rest 0), else None."""
+    if not os.path.exists(path):
+        return None
+    raw = open(path, "rb").read()
+    header = np.frombuffer(raw[:1024], dtype="<i4")
+    ok = (header[0] == 20240801 and header[1] == 7 and not header[3:].any()
+          and len(raw) == 1024 + 4 * int(header[2]))
+    return np.frombuffer(raw[1024:], dtype="<u4").tolist() if ok else None
+
+
+def expected_stream(enc, docs):
+    bos = enc.encode_single_token(pd.BOS_NAME)
+    return [t for d in docs if d for t in [bos] + enc.encode_ordinary(d)]
+
+
+def check_outputs(enc, out_dir, name, docs, what, val_len=None):
+    val = read_tokens(os.path.join(out_dir, f"{name}_val.bin"))
+    train = read_tokens(os.path.join(out_dir, f"{name}_train.bin"))
+    want = expected_stream(enc, docs)
+    ok = val is not None and train is not None and val + train == want
+    check(ok, f"{what}: headers right, train+val = BOS + tokens of each of the {len(docs)} documents, "
+          "in order, once")
+    if val_len is not None:
+        check(ok and len(val) == val_len, f"{what}: val is the first {val_len} tokens")
+
+
+def check_tokenizers(d, text):
+    ranks, merges = learn_bpe(text)
+    model, hf = os.path.join(d, "tokenizer.model"), os.path.join(d, "tok.json")
+    write_tokenizer_model(model, ranks)
+    write_tokenizer_json(hf, ranks, merges)
+    u = bytes_to_unicode()
+    check(u[ord(" ")] == "Ġ" and u[ord("\n")] == "Ċ" and u[0xAD] == "Ń",
+          "the test's GPT-2 table: ' '->Ġ, \\n->Ċ, 0xad->Ń")
+    enc_m, what_m = pd.load_tokenizer(model)
+    enc_j, what_j = pd.load_tokenizer(hf)
+    ids_m, ids_j = enc_m.encode_ordinary(MIXED), enc_j.encode_ordinary(MIXED)
+    check(ids_m == ids_j and len(ids_m) < len(MIXED.encode()) * 0.8,
+          f"tokenizer.model and tokenizer.json give the same {len(ids_m)} ids on mixed text "
+          f"({len(MIXED.encode())} bytes)")
+    check(enc_m.decode(ids_m) == MIXED and enc_j.decode(ids_j) == MIXED,
+          "decoding gives the text back, both loaders")
+    check("not Meta's" in what_m and what_j == "HF tokenizer.json", "told apart by content")
+    bos = enc_j.encode_single_token(pd.BOS_NAME)
+    check(bos == len(ranks) == enc_m.encode_single_token(pd.BOS_NAME) and enc_j.n_vocab == len(ranks) + 256,
+          f"BOS = {bos} (after the ranks) and n_vocab = ranks + 256 in both")
+    return enc_j, model, hf
+
+
+def check_tokenizer_refusals(d, hf, text_file):
+    rc, _, err = run_cli("--text", text_file, "--tokenizer", hf, "--out_dir", d, strict=True)
+    check(rc != 0 and "not the LLaMA-3 tokenizer: n_vocab" in err and err.count("\n") == 1,
+          f"the command line refuses a vocabulary that is not LLaMA-3's: {err.strip()[:90]}...")
+    spm = os.path.join(d, "spm.json")
+    json.dump({"model": {"type": "BPE", "vocab": {"▁the": 0}}, "normalizer": None,
+               "pre_tokenizer": {"type": "Metaspace", "replacement": "▁"}}, open(spm, "w"))
+    rc, _, err = run_cli("--input", text_file, "--tokenizer", spm, "--out_dir", d)
+    check(rc != 0 and "not a LLaMA-3 byte-level BPE tokenizer.json" in err,
+          f"a SentencePiece-style tokenizer.json is refused: {err.strip()}")
+
+
+def check_chunks(d, enc):
+    rng = random.Random(7)
+    text = "".join(rng.choice(["a", "B", "7", "42", " ", "  ", "\n", "\n\n", "\r\n", "\t", "é", "!?\n", "🙂"])
+                   for _ in range(5000))
+    path = os.path.join(d, "chunky.txt")
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    chunks = list(pd.text_chunks(path, size=37))
+    ids = [t for c in chunks for t in enc.encode_ordinary(c)]
+    check(len(chunks) > 50 and "".join(chunks) == text and ids == enc.encode_ordinary(text),
+          f"a text read in {len(chunks)} pieces encodes to the tokens of the whole")
+
+
+def check_own_data(d, enc, hf, docs):
+    folder = os.path.join(d, "texts")
+    os.makedirs(os.path.join(folder, "sub"))
+    for name, doc in zip(["b.txt", "a.txt", "sub/c.txt"], [docs[1], docs[0], docs[2]]):
+        open(os.path.join(folder, name), "w", encoding="utf-8").write(doc)
+    open(os.path.join(folder, ".hidden.txt"), "w").write("never read")
+    n0 = len(expected_stream(enc, docs[:1]))
+    rc, out, err = run_cli("--input", folder, "--tokenizer", hf, "--out_dir", d, "--val_tokens", str(n0 - 10))
+    check(rc == 0 and "3 documents" in out, f"--input a folder: exit 0, 3 documents{said(rc, err)}")
+    check_outputs(enc, d, "texts", docs[:3], "folder (sorted by path, subfolder read, hidden file skipped)",
+                  n0)
+
+    jsonl = os.path.join(d, "docs.jsonl")
+    with open(jsonl, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"text": docs[3]}) + "\n\n" + json.dumps({"text": "", "id": 2}) + "\n")
+        f.write(json.dumps({"id": 3, "text": docs[4]}, ensure_ascii=False) + "\n")
+    rc, out, err = run_cli("--input", jsonl, "--tokenizer", hf, "--out_dir", d, "--name", "j",
+                           "--val_fraction", "0.4")
+    check(rc == 0 and "2 documents" in out and "1 empty" in out,
+          f"--input a JSONL file: 2 documents, 1 empty{said(rc, err)}")
+    check_outputs(enc, d, "j", docs[3:5], "JSONL")
+
+    a, b = os.path.join(folder, "a.txt"), os.path.join(folder, "b.txt")
+    rc, out, err = run_cli("--input", b, jsonl, "--input", a, "--tokenizer", hf, "--out_dir", d,
+                           "--val_tokens", "300")
+    check(rc == 0 and "inside a document" in out, f"--input a list of files: exit 0{said(rc, err)}")
+    listed = [docs[1], docs[3], docs[4], docs[0]]
+    check_outputs(enc, d, "data", listed, "list (b.txt, docs.jsonl, a.txt)", 300)
+    check_blocks(enc, [b, jsonl, a], listed)
+
+
+def check_blocks(enc, files, docs):
+    """encode_documents with numpy blocks of 100 tokens: the same stream and document starts."""
+    block, pd.BLOCK_TOKENS = pd.BLOCK_TOKENS, 100
+    tokens, starts, n_docs, empty = pd.encode_documents(enc, files, "text")
+    pd.BLOCK_TOKENS = block
+    sizes = [1 + len(enc.encode_ordinary(x)) for x in docs]
+    check(tokens.dtype == np.uint32 and tokens.tolist() == expected_stream(enc, docs)
+          and (n_docs, empty) == (4, 1) and starts == [sum(sizes[:i]) for i in range(4)],
+          "tokens gathered in numpy blocks of 100: the same stream, document starts and counts")
+
+
+def check_refusals(d, hf, docs):
+    bad = os.path.join(d, "bad.jsonl")
+    open(bad, "w").write(json.dumps({"text": "one"}) + "\n" + json.dumps({"text": "two"}) + "\n"
+                         + json.dumps({"body": "three"}) + "\n")
+    rc, _, err = run_cli("--input", bad, "--tokenizer", hf, "--out_dir", d)
+    check(rc != 0 and err.count("\n") == 1 and f"{bad}:3: no string field 'text'" in err,
+          f"a JSONL line without the field: {err.strip()}")
+    open(bad, "w").write(json.dumps({"text": "one"}) + "\n{not json\n")
+    rc, _, err = run_cli("--input", bad, "--tokenizer", hf, "--out_dir", d)
+    check(rc != 0 and err.count("\n") == 1 and f"{bad}:2: not a line of UTF-8 JSON" in err,
+          f"a JSONL line that is not JSON: {err.strip()[:100]}")
+    same = os.path.join(d, "mine_train.bin")
+    open(same, "w").write(docs[0] * 3)
+    rc, _, err = run_cli("--input", same, "--tokenizer", hf, "--out_dir", d, "--name", "mine",
+                         "--val_tokens", "300")
+    check(rc != 0 and "not overwritten" in err and open(same).read() == docs[0] * 3
+          and not os.path.exists(os.path.join(d, "mine_val.bin")),
+          f"an output that is an input is refused before anything is written: {err.strip()}")
+    empty = os.path.join(d, "empty")
+    os.makedirs(empty)
+    rc, _, err = run_cli("--input", empty, "--tokenizer", hf, "--out_dir", d)
+    check(rc != 0 and "no files" in err, f"an empty folder: {err.strip()}")
+    open(os.path.join(empty, "e.txt"), "w").close()
+    rc, _, err = run_cli("--input", empty, "--tokenizer", hf, "--out_dir", d)
+    check(rc != 0 and "no text" in err and "all empty" in err, f"only empty documents: {err.strip()}")
+    small = os.path.join(d, "small.txt")
+    open(small, "w").write(docs[0])
+    rc, _, err = run_cli("--input", small, "--tokenizer", hf, "--out_dir", d)
+    check(rc != 0 and re.search(r"val would get \d+ tokens and train [\d,]+ of [\d,]+", err),
+          f"a split too small, the sizes named: {err.strip()[:110]}...")
+
+
+def check_shakespeare(d, enc, model):
+    bos = enc.encode_single_token(pd.BOS_NAME)
+    want = ([bos] + enc.encode_ordinary("First:\nHi.\n\n") + [bos] + enc.encode_ordinary("Second, two\n\n")
+            + [bos] + enc.encode_ordinary("Third"))
+    check(pd.shakespeare_tokens("First:\nHi.\n\nSecond, two\n\nThird", enc).tolist() == want,
+          "Tiny Shakespeare: BOS before each blank-line section, its \"\\n\\n\" kept")
+    rng = random.Random(3)
+    text = "\n\n".join(make_doc(rng, 60).rstrip("\n") for _ in range(1200))
+    path = os.path.join(d, "input.txt")
+    open(path, "w", encoding="utf-8").write(text)
+    rc, _, err = run_cli("--text", path, "--tokenizer", model, "--out_dir", d)
+    val = read_tokens(os.path.join(d, "tiny_shakespeare_val.bin"))
+    train = read_tokens(os.path.join(d, "tiny_shakespeare_train.bin"))
+    ok = rc == 0 and val is not None and train is not None
+    check(ok and len(val) == 32768 and val + train == pd.shakespeare_tokens(text, enc).tolist(),
+          "Tiny Shakespeare from --text: tiny_shakespeare_{val,train}.bin, first 32768 tokens val"
+          + said(rc, err))
+
+
+def main():
+    rng = random.Random(1)
+    docs = [make_doc(rng, n) for n in (900, 700, 800, 600, 750)]
+    with tempfile.TemporaryDirectory() as d:
+        enc, model, hf = check_tokenizers(d, "".join(docs) + MIXED)
+        text_file = os.path.join(d, "one.txt")
+        open(text_file, "w").write(docs[0])
+        check_tokenizer_refusals(d, hf, text_file)
+        check_chunks(d, enc)
+        check_own_data(d, enc, hf, docs)
+        check_refusals(d, hf, docs)
+        check_shakespeare(d, enc, model)
+    print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
+    sys.exit(0 if all(results) else 1)
+
+
+if __name__ == "__main__":
+    main()
