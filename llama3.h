@@ -4,6 +4,7 @@
 // Functions that can fail on bad input return 0 on success and -1 with a message in `err`
 // (L3_ERR_LEN bytes) that names the file or flag and what is wrong; callers decide to exit.
 #pragma once
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,6 +21,7 @@
 #define L3_ERR_LEN 1024
 #define MODEL_MAGIC 20240803
 #define MODEL_VERSION_FP32 3
+#define MODEL_VERSION_BF16 5 // llm.c's bf16 llama3 files
 #define TOKENS_MAGIC_LLAMA3 20240801 // uint32 tokens, version 7
 #define TOKENS_MAGIC_GPT2 20240520   // uint16 tokens, version 1
 
@@ -167,10 +170,11 @@ static inline ParamLayout param_layout(const Llama3Config* c) {
 // A file is read as a list of segments: `count` floats at `file_offset` that go to
 // `param_offset` in our layout, or that must be zero (llm.c's biases, param_offset < 0).
 
-typedef enum { MODEL_FILE_SEED = 1, MODEL_FILE_LLMC = 2 } ModelFileFormat;
+typedef enum { MODEL_FILE_SEED = 1, MODEL_FILE_LLMC = 2, MODEL_FILE_LLMC_BF16 = 3 } ModelFileFormat;
 static inline const char* model_format_name(ModelFileFormat f) {
     return f == MODEL_FILE_SEED ? "seed (InfiniTrain llmc_filepath, 1024-byte header)"
-                                : "llm.c llama3 (2048-byte header, zero biases)";
+           : f == MODEL_FILE_LLMC ? "llm.c llama3 (2048-byte header, zero biases)"
+                                  : "llm.c llama3 bf16 (version 5, 2048-byte header, zero biases; widened to fp32)";
 }
 
 typedef struct {
@@ -183,12 +187,13 @@ typedef struct {
 typedef struct {
     FileSegment* seg;
     int n;
-    size_t end; // file offset after the last segment = expected file size
+    size_t end;     // file offset after the last segment = expected file size
+    int elem_bytes; // 4: fp32; 2: bf16 (llm.c version 5)
 } SegmentList;
 
 static inline void seg_push(SegmentList* s, size_t* pos, size_t count, long long param_offset, const char* name) {
     s->seg[s->n++] = (FileSegment){*pos, count, param_offset, name};
-    *pos += count * sizeof(float);
+    *pos += count * s->elem_bytes;
 }
 
 // The seed format's order: wte, attn_norm(L), qkv(L), attn_out(L), ffn_norm(L), gate(L), up(L),
@@ -196,7 +201,7 @@ static inline void seg_push(SegmentList* s, size_t* pos, size_t count, long long
 // Also the order of the gradient and parameter blocks of the reference state file.
 static inline SegmentList seed_file_segments(const Llama3Config* c, size_t header_bytes) {
     ParamLayout p = param_layout(c);
-    SegmentList s = {(FileSegment*)malloc(sizeof(FileSegment) * (8 + 2 * c->n_layer)), 0, 0};
+    SegmentList s = {(FileSegment*)malloc(sizeof(FileSegment) * (8 + 2 * c->n_layer)), 0, 0, 4};
     size_t pos = header_bytes, FC = (size_t)c->ffn_hidden * c->n_embd;
     seg_push(&s, &pos, p.size[P_WTE], p.offset[P_WTE], "wte");
     seg_push(&s, &pos, p.size[P_ATTN_NORM], p.offset[P_ATTN_NORM], "attn_norm");
@@ -214,10 +219,11 @@ static inline SegmentList seed_file_segments(const Llama3Config* c, size_t heade
 }
 
 // llm.c's order: wte, lm_head, then each weight (L-stacked) followed by its zero bias; its fc
-// weight already packs gate rows then up rows per layer, as our gate_up does.
-static inline SegmentList llmc_file_segments(const Llama3Config* c, size_t header_bytes) {
+// weight already packs gate rows then up rows per layer, as our gate_up does. elem_bytes: 4 for
+// version 3 (fp32), 2 for version 5 (bf16).
+static inline SegmentList llmc_file_segments(const Llama3Config* c, size_t header_bytes, int elem_bytes) {
     ParamLayout p = param_layout(c);
-    SegmentList s = {(FileSegment*)malloc(sizeof(FileSegment) * 16), 0, 0};
+    SegmentList s = {(FileSegment*)malloc(sizeof(FileSegment) * 16), 0, 0, elem_bytes};
     size_t pos = header_bytes, L = c->n_layer, C = c->n_embd, F = c->ffn_hidden, QKV = qkv_dim(c);
     seg_push(&s, &pos, p.size[P_WTE], p.offset[P_WTE], "wte");
     seg_push(&s, &pos, p.size[P_LM_HEAD], p.offset[P_LM_HEAD], "lm_head");
@@ -299,10 +305,15 @@ static inline Llama3Config llmc_header_config(const unsigned char* h) {
     return c;
 }
 
+static inline SegmentList file_segments(const Llama3Config* c, ModelFileFormat fmt) {
+    return fmt == MODEL_FILE_SEED ? seed_file_segments(c, 1024)
+                                  : llmc_file_segments(c, 2048, fmt == MODEL_FILE_LLMC_BF16 ? 2 : 4);
+}
+
 // Size a header interpretation implies, or 0 with the reason in err when its fields are not a model.
 static inline size_t implied_file_size(Llama3Config* c, ModelFileFormat fmt, const char* source, char* err) {
     if (config_check(c, source, err) != 0) return 0;
-    SegmentList s = fmt == MODEL_FILE_SEED ? seed_file_segments(c, 1024) : llmc_file_segments(c, 2048);
+    SegmentList s = file_segments(c, fmt);
     free(s.seg);
     return s.end;
 }
@@ -319,12 +330,17 @@ static inline int model_header_read(const char* path, Llama3Config* cfg, ModelFi
     if (got < 1024) return l3_fail(err, "%s: truncated: %zu bytes, shorter than a model header", path, got);
     if (read_i32(h, 0) != MODEL_MAGIC)
         return l3_fail(err, "%s: bad magic %d (expected %d, a LLaMA 3 model file)", path, read_i32(h, 0), MODEL_MAGIC);
-    if (read_i32(h, 4) != MODEL_VERSION_FP32)
-        return l3_fail(err, "%s: unknown version %d (this trainer reads version 3, fp32 weights)", path, read_i32(h, 4));
+    int version = read_i32(h, 4);
+    if (version != MODEL_VERSION_FP32 && version != MODEL_VERSION_BF16)
+        return l3_fail(err, "%s: unknown version %d (this trainer reads version 3, fp32 weights, and llm.c's version "
+                       "5, bf16)", path, version);
+    int bf16 = version == MODEL_VERSION_BF16; // only llm.c writes bf16 files
     Llama3Config seed = seed_header_config(h), llmc = llmc_header_config(h);
-    char seed_err[L3_ERR_LEN], llmc_err[L3_ERR_LEN] = "llm.c format: the file is shorter than its 2048-byte header";
-    size_t seed_size = implied_file_size(&seed, MODEL_FILE_SEED, "seed format", seed_err);
-    size_t llmc_size = got == 2048 ? implied_file_size(&llmc, MODEL_FILE_LLMC, "llm.c format", llmc_err) : 0;
+    char seed_err[L3_ERR_LEN] = "seed format: version 5 (bf16) is llm.c's only";
+    char llmc_err[L3_ERR_LEN] = "llm.c format: the file is shorter than its 2048-byte header";
+    size_t seed_size = bf16 ? 0 : implied_file_size(&seed, MODEL_FILE_SEED, "seed format", seed_err);
+    ModelFileFormat llmc_fmt = bf16 ? MODEL_FILE_LLMC_BF16 : MODEL_FILE_LLMC;
+    size_t llmc_size = got == 2048 ? implied_file_size(&llmc, llmc_fmt, "llm.c format", llmc_err) : 0;
     if (seed_size && (long long)seed_size == size) {
         *cfg = seed;
         *fmt = MODEL_FILE_SEED;
@@ -332,7 +348,7 @@ static inline int model_header_read(const char* path, Llama3Config* cfg, ModelFi
     }
     if (llmc_size && (long long)llmc_size == size) {
         *cfg = llmc;
-        *fmt = MODEL_FILE_LLMC;
+        *fmt = llmc_fmt;
         return 0;
     }
     if (!seed_size && !llmc_size)
@@ -344,6 +360,16 @@ static inline int model_header_read(const char* path, Llama3Config* cfg, ModelFi
 // Receives the file's floats for one span of the parameter block (a device copy in the trainer,
 // a memcpy in the host tests).
 typedef void (*ParamSink)(void* ctx, size_t param_offset, const float* src, size_t count);
+
+// bf16 values (the upper half of an fp32's bits) in the first n*2 bytes of buf, widened in place to
+// n floats: from the last, so that each float lands on bf16 values already read.
+static inline void widen_bf16_in_place(float* buf, size_t n) {
+    const uint16_t* b16 = (const uint16_t*)buf;
+    for (size_t i = n; i-- > 0;) {
+        uint32_t bits = (uint32_t)b16[i] << 16;
+        memcpy(&buf[i], &bits, 4);
+    }
+}
 
 // Streams every segment through `buf` (buf_floats long) into `sink`; checks llm.c's biases are zero.
 static inline int segments_load(const char* path, const SegmentList* s, float* buf, size_t buf_floats,
@@ -359,10 +385,11 @@ static inline int segments_load(const char* path, const SegmentList* s, float* b
         }
         for (size_t done = 0; done < g->count;) {
             size_t n = g->count - done < buf_floats ? g->count - done : buf_floats;
-            if (fread(buf, sizeof(float), n, f) != n) {
+            if (fread(buf, s->elem_bytes, n, f) != n) {
                 fclose(f);
                 return l3_fail(err, "%s: truncated inside tensor %s", path, g->name);
             }
+            if (s->elem_bytes == 2) widen_bf16_in_place(buf, n);
             if (g->param_offset >= 0) sink(ctx, (size_t)g->param_offset + done, buf, n);
             else
                 for (size_t j = 0; j < n; j++)
@@ -379,7 +406,7 @@ static inline int segments_load(const char* path, const SegmentList* s, float* b
 
 static inline int model_file_load(const char* path, const Llama3Config* cfg, ModelFileFormat fmt,
                            float* buf, size_t buf_floats, ParamSink sink, void* ctx, char* err) {
-    SegmentList s = fmt == MODEL_FILE_SEED ? seed_file_segments(cfg, 1024) : llmc_file_segments(cfg, 2048);
+    SegmentList s = file_segments(cfg, fmt);
     int rc = segments_load(path, &s, buf, buf_floats, sink, ctx, err);
     free(s.seg);
     return rc;
@@ -388,8 +415,8 @@ static inline int model_file_load(const char* path, const Llama3Config* cfg, Mod
 // What can be known of a model file's data before the GPU is touched, beyond its header and size:
 // llm.c's bias tensors must be zero (LLaMA has none). Reads only those, a few MB at the 1B.
 static inline int model_file_check(const char* path, const Llama3Config* cfg, ModelFileFormat fmt, char* err) {
-    if (fmt != MODEL_FILE_LLMC) return 0;
-    SegmentList s = llmc_file_segments(cfg, 2048), biases = {s.seg, 0, s.end};
+    if (fmt == MODEL_FILE_SEED) return 0;
+    SegmentList s = file_segments(cfg, fmt), biases = {s.seg, 0, s.end, s.elem_bytes};
     for (int i = 0; i < s.n; i++)
         if (s.seg[i].param_offset < 0) biases.seg[biases.n++] = s.seg[i]; // in place: n <= i
     float buf[4096];
@@ -592,11 +619,15 @@ typedef struct {
     unsigned long long seed;
     Switches sw;
     int help; // --help or -h: print the usage and exit
+    const char* checkpoint_dir; // NULL: no checkpoints
+    int checkpoint_every;       // 0: only after the last step
+    int checkpoint_keep;        // complete checkpoints kept
+    const char* resume;         // NULL: a fresh run; else a checkpoint folder or a --checkpoint_dir
 } TrainArgs;
 
 static inline TrainArgs train_args_default(void) {
     TrainArgs a = {NULL, NULL, NULL, 100, 4, 64, 256, 1e-5f, 0.0f, 0.9f, 0.999f, 1e-8f, 0, 42,
-                   {1, 1, GRAD_ZERO_NONE, 1, 1, 1, 1, 1, 1, 1, -1, 1}, 0};
+                   {1, 1, GRAD_ZERO_NONE, 1, 1, 1, 1, 1, 1, 1, -1, 1}, 0, NULL, 0, 2, NULL};
     return a;
 }
 
@@ -624,6 +655,11 @@ static inline void print_usage(FILE* f, const char* prog) {
             "  --seed N                 random init seed (42)\n"
             "  --overfit_single_batch B 1: train on the first batch only (0)\n"
             "  --log_file PATH          write one JSON line per step\n"
+            "  --checkpoint_dir DIR     save checkpoints there (DIR/step_N/, DIR/latest), always after the last step\n"
+            "  --checkpoint_every N     also every N steps (0: only after the last)\n"
+            "  --checkpoint_keep K      complete checkpoints kept, older ones deleted (2)\n"
+            "  --resume PATH            continue a run: a checkpoint folder, or a --checkpoint_dir (its latest);\n"
+            "                           --num_iteration is the last step to reach\n"
             "  --dtype bfloat16         the only precision (bf16 matmuls, fp32 master weights)\n"
             "  --device cuda            the only device\n"
             "optimisations (all on by default; off for the ablation):\n"
@@ -703,6 +739,10 @@ static inline int apply_flag(TrainArgs* a, const char* flag, const char* val, ch
     if (!strcmp(flag, "--input_bin")) return parse_path(flag, val, &a->input_bin, err);
     if (!strcmp(flag, "--llmc_filepath")) return parse_path(flag, val, &a->llmc_filepath, err);
     if (!strcmp(flag, "--log_file")) return parse_path(flag, val, &a->log_file, err);
+    if (!strcmp(flag, "--checkpoint_dir")) return parse_path(flag, val, &a->checkpoint_dir, err);
+    if (!strcmp(flag, "--resume")) return parse_path(flag, val, &a->resume, err);
+    INT_FLAG("--checkpoint_every", checkpoint_every, 0, BIG)
+    INT_FLAG("--checkpoint_keep", checkpoint_keep, 1, BIG)
     INT_FLAG("--num_iteration", num_iteration, 1, BIG)
     INT_FLAG("--batch_size", batch_size, 1, BIG)
     INT_FLAG("--sequence_length", sequence_length, 1, BIG)
@@ -817,6 +857,12 @@ static inline int outputs_check(const TrainArgs* a, char* err) {
         if (same_file(a->log_file, inputs[i][1]))
             return l3_fail(err, "--log_file %s is the same file as %s %s, an input: not overwritten", a->log_file,
                            inputs[i][0], inputs[i][1]);
+    if (a->resume && a->llmc_filepath)
+        return l3_fail(err, "--resume loads the checkpoint's model: --llmc_filepath %s cannot be used with it",
+                       a->llmc_filepath);
+    struct stat st;
+    if (a->checkpoint_dir && stat(a->checkpoint_dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return l3_fail(err, "--checkpoint_dir %s: exists and is not a directory", a->checkpoint_dir);
     return 0;
 }
 
@@ -834,5 +880,342 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
     if (a->total_batch_size % bt != 0)
         return l3_fail(err, "--total_batch_size %d is not a multiple of batch_size*sequence_length = %lld",
                        a->total_batch_size, bt);
+    return 0;
+}
+
+// ---- checkpoints ----
+// --checkpoint_dir DIR holds one folder per saved step and a pointer to the newest complete one:
+//   DIR/step_00000020/model.bin  the weights after step 20, seed format, fp32 (--llmc_filepath reads it)
+//   DIR/step_00000020/state.bin  CheckpointState (256 bytes), then AdamW m and v (fp32, our layout)
+//   DIR/latest                   "step_00000020\n"
+// Every file is written to a temporary name in its folder, fsynced and renamed, the folder fsynced;
+// model.bin first, then state.bin (a folder with state.bin is complete), then latest. A process
+// killed at any moment of a save leaves the previous checkpoint, and latest naming it, intact.
+
+#define CKPT_MAGIC 20241201
+#define CKPT_VERSION 1
+#define CKPT_HEADER_BYTES 256
+#define CKPT_HASH_TOKENS 65536
+
+// What resumes a run exactly, besides the weights and AdamW's m and v. Fixed-width fields in
+// natural alignment: the struct's bytes are the file's (little-endian hosts).
+typedef struct {
+    int32_t magic, version;
+    int32_t step; // optimizer steps taken, AdamW's step counter (its bias corrections; the lazy
+                  // embedding AdamW uses the same global count, as torch's SparseAdam)
+    int32_t batch_size, sequence_length, total_batch_size; // must match on resume
+    int32_t num_iteration;                                 // the saving run's, for the reader
+    int32_t overfit_single_batch;
+    float learning_rate, weight_decay, beta1, beta2, eps; // the saving run's; a resume may change them
+    int32_t switches[12];                                  // the saving run's Switches, for the reader
+    uint64_t seed;        // the random init's seed: the run's only randomness (no dropout)
+    uint64_t n_params;    // parameters of the model (m and v hold this many floats each)
+    uint64_t loader_pos;  // token offset of the next batch
+    uint64_t data_tokens; // the token data's identity: its length and a hash of its first tokens
+    uint64_t data_hash;
+} CheckpointState;
+static_assert(sizeof(CheckpointState) <= CKPT_HEADER_BYTES, "the state header fits its 256 bytes");
+static_assert(sizeof(Switches) == 12 * sizeof(int32_t), "CheckpointState.switches holds a Switches");
+
+// FNV-1a over the first CKPT_HASH_TOKENS tokens: tells a different token file from the one a
+// checkpoint's data position belongs to, without reading a large file twice.
+static inline uint64_t tokens_hash(const TokenData* d) {
+    uint64_t h = 1469598103934665603ULL;
+    size_t n = d->n_tokens < CKPT_HASH_TOKENS ? d->n_tokens : CKPT_HASH_TOKENS;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t t = d->tokens[i];
+        for (int b = 0; b < 4; b++) h = (h ^ ((t >> (8 * b)) & 0xff)) * 1099511628211ULL;
+    }
+    return h;
+}
+
+static inline CheckpointState checkpoint_state_make(const TrainArgs* a, int step, size_t n_params,
+                                                    const DataLoader* l) {
+    CheckpointState st;
+    memset(&st, 0, sizeof(st));
+    st.magic = CKPT_MAGIC, st.version = CKPT_VERSION, st.step = step;
+    st.batch_size = a->batch_size, st.sequence_length = a->sequence_length, st.total_batch_size = a->total_batch_size;
+    st.num_iteration = a->num_iteration, st.overfit_single_batch = a->overfit_single_batch;
+    st.learning_rate = a->learning_rate, st.weight_decay = a->weight_decay;
+    st.beta1 = a->beta1, st.beta2 = a->beta2, st.eps = a->eps;
+    memcpy(st.switches, &a->sw, sizeof(a->sw));
+    st.seed = a->seed, st.n_params = n_params, st.loader_pos = l->pos;
+    st.data_tokens = l->data->n_tokens, st.data_hash = tokens_hash(l->data);
+    return st;
+}
+
+#define L3_PATH_LEN 4352
+
+// Formats a path into out (L3_PATH_LEN bytes); -1 with a message in err when it does not fit.
+static inline int path_fmt(char* out, char* err, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, L3_PATH_LEN, fmt, ap);
+    va_end(ap);
+    return n < 0 || n >= L3_PATH_LEN ? l3_fail(err, "path too long: %.200s...", out) : 0;
+}
+
+// One piece of a file being written: `bytes` bytes at `data`.
+typedef struct {
+    const void* data;
+    size_t bytes;
+} Chunk;
+
+static inline int write_all(int fd, const void* data, size_t bytes) {
+    const char* p = (const char*)data;
+    while (bytes) {
+        ssize_t w = write(fd, p, bytes < (1u << 30) ? bytes : (1u << 30));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w, bytes -= (size_t)w;
+    }
+    return 0;
+}
+
+static inline int fsync_dir_of(const char* path) {
+    char dir[L3_PATH_LEN], err[L3_ERR_LEN];
+    if (path_fmt(dir, err, "%s", path)) return -1;
+    char* slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    int fd = open(slash ? (dir[0] ? dir : "/") : ".", O_RDONLY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+// Writes the chunks to `path` whole or not at all: a temporary file beside it, fsynced, renamed
+// over `path`, then the folder fsynced so that the rename itself survives a crash.
+static inline int write_file_atomic(const char* path, const Chunk* chunks, int n, char* err) {
+    char tmp[L3_PATH_LEN];
+    if (path_fmt(tmp, err, "%s.tmp.%d", path, (int)getpid())) return -1;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return l3_fail(err, "%s: cannot create: %s", tmp, strerror(errno));
+    for (int i = 0; i < n; i++)
+        if (write_all(fd, chunks[i].data, chunks[i].bytes)) {
+            l3_fail(err, "%s: write failed: %s", tmp, strerror(errno));
+            close(fd), unlink(tmp);
+            return -1;
+        }
+    if (fsync(fd) || close(fd)) {
+        l3_fail(err, "%s: write failed: %s", tmp, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    if (rename(tmp, path) || fsync_dir_of(path)) {
+        l3_fail(err, "%s: cannot rename into place: %s", path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+// The weights (our layout, host memory) as a seed-format model file.
+static inline int model_file_write(const char* path, const Llama3Config* c, const float* params, char* err) {
+    unsigned char header[1024];
+    seed_header_write(header, c);
+    SegmentList s = seed_file_segments(c, 1024);
+    Chunk* chunks = (Chunk*)malloc(sizeof(Chunk) * (s.n + 1));
+    chunks[0] = (Chunk){header, sizeof(header)};
+    for (int i = 0; i < s.n; i++) chunks[i + 1] = (Chunk){params + s.seg[i].param_offset, s.seg[i].count * 4};
+    int rc = write_file_atomic(path, chunks, s.n + 1, err);
+    free(chunks), free(s.seg);
+    return rc;
+}
+
+static inline int state_file_write(const char* path, const CheckpointState* st, const float* adam_m,
+                                   const float* adam_v, char* err) {
+    unsigned char header[CKPT_HEADER_BYTES] = {0};
+    memcpy(header, st, sizeof(*st));
+    Chunk chunks[3] = {{header, sizeof(header)}, {adam_m, st->n_params * 4}, {adam_v, st->n_params * 4}};
+    return write_file_atomic(path, chunks, 3, err);
+}
+
+// A checkpoint folder's files (L3_PATH_LEN bytes each); the folder's name is "step_%08d".
+static inline int checkpoint_paths(const char* dir, int step, char* folder, char* model, char* state, char* err) {
+    return path_fmt(folder, err, "%s/step_%08d", dir, step) || path_fmt(model, err, "%s/model.bin", folder) ||
+           path_fmt(state, err, "%s/state.bin", folder) ? -1 : 0;
+}
+
+static inline int make_dir(const char* path, char* err) {
+    if (mkdir(path, 0755) == 0 || errno == EEXIST) {
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return 0;
+        return l3_fail(err, "%s: exists and is not a directory", path);
+    }
+    return l3_fail(err, "%s: cannot create directory: %s", path, strerror(errno));
+}
+
+// The whole save of step `step` from host copies: model.bin, state.bin, then the latest pointer.
+static inline int checkpoint_write(const char* dir, const Llama3Config* c, const CheckpointState* st,
+                                   const float* params, const float* adam_m, const float* adam_v, char* err) {
+    char folder[L3_PATH_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN], latest[L3_PATH_LEN], name[32];
+    if (checkpoint_paths(dir, st->step, folder, model, state, err) || path_fmt(latest, err, "%s/latest", dir) ||
+        make_dir(folder, err) || model_file_write(model, c, params, err) ||
+        state_file_write(state, st, adam_m, adam_v, err))
+        return -1;
+    int n = snprintf(name, sizeof(name), "step_%08d\n", st->step);
+    Chunk chunk = {name, (size_t)n};
+    return write_file_atomic(latest, &chunk, 1, err);
+}
+
+// The step of a folder name "step_%08d", or -1.
+static inline int checkpoint_step_of(const char* name) {
+    if (strncmp(name, "step_", 5) != 0 || strlen(name) != 13) return -1;
+    for (int i = 5; i < 13; i++)
+        if (name[i] < '0' || name[i] > '9') return -1;
+    return atoi(name + 5);
+}
+
+static inline int checkpoint_complete(const char* dir, int step) {
+    char folder[L3_PATH_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN], err[L3_ERR_LEN];
+    return !checkpoint_paths(dir, step, folder, model, state, err) && file_size_of(model) > 0 &&
+           file_size_of(state) > 0;
+}
+
+// The steps of DIR's checkpoint folders, complete or not, ascending, in steps[max]; their count.
+static inline int checkpoint_list(const char* dir, int* steps, int max) {
+    DIR* d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    for (struct dirent* e; (e = readdir(d)) != NULL && n < max;) {
+        int step = checkpoint_step_of(e->d_name);
+        if (step >= 0) steps[n++] = step;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && steps[j - 1] > steps[j]; j--) { int t = steps[j]; steps[j] = steps[j - 1], steps[j - 1] = t; }
+    return n;
+}
+
+// Deletes a checkpoint folder and everything in it (temporary files a killed save left included).
+static inline int checkpoint_delete(const char* dir, int step, char* err) {
+    char folder[L3_PATH_LEN], path[L3_PATH_LEN];
+    if (path_fmt(folder, err, "%s/step_%08d", dir, step)) return -1;
+    DIR* d = opendir(folder);
+    if (!d) return l3_fail(err, "%s: cannot open: %s", folder, strerror(errno));
+    for (struct dirent* e; (e = readdir(d)) != NULL;) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (path_fmt(path, err, "%s/%s", folder, e->d_name)) {
+            closedir(d);
+            return -1;
+        }
+        if (unlink(path)) {
+            closedir(d);
+            return l3_fail(err, "%s: cannot delete: %s", path, strerror(errno));
+        }
+    }
+    closedir(d);
+    return rmdir(folder) ? l3_fail(err, "%s: cannot delete: %s", folder, strerror(errno)) : 0;
+}
+
+// After a save of step `newest` is complete: keeps the `keep` newest complete checkpoints and
+// deletes the rest older than `newest` (and incomplete folders older than it, which no resume
+// can use). Never touches a folder newer than `newest`.
+static inline int checkpoint_prune(const char* dir, int newest, int keep, char* err) {
+    int steps[4096], n = checkpoint_list(dir, steps, 4096), kept = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        if (steps[i] > newest) continue;
+        int complete = checkpoint_complete(dir, steps[i]);
+        if (complete && kept < keep) {
+            kept++;
+            continue;
+        }
+        if (checkpoint_delete(dir, steps[i], err)) return -1;
+    }
+    return 0;
+}
+
+// --resume PATH: a checkpoint folder (it has state.bin), or a --checkpoint_dir (its latest names
+// the folder). Writes the folder's model.bin and state.bin paths (L3_PATH_LEN bytes each).
+static inline int checkpoint_resolve(const char* path, char* model, char* state, char* err) {
+    if (path_fmt(state, err, "%s/state.bin", path) || path_fmt(model, err, "%s/model.bin", path)) return -1;
+    if (file_size_of(state) >= 0) return 0;
+    char latest[L3_PATH_LEN], name[64] = {0};
+    if (path_fmt(latest, err, "%s/latest", path)) return -1;
+    FILE* f = fopen(latest, "rb");
+    if (!f) {
+        if (file_size_of(path) < 0) return l3_fail(err, "--resume %s: no such file or directory", path);
+        return l3_fail(err, "--resume %s: neither a checkpoint (no state.bin) nor a checkpoint folder (no latest)", path);
+    }
+    size_t got = fread(name, 1, sizeof(name) - 1, f);
+    fclose(f);
+    if (got > 0 && name[got - 1] == '\n') name[got - 1] = '\0';
+    if (checkpoint_step_of(name) < 0) return l3_fail(err, "%s: does not name a checkpoint (\"%.20s\")", latest, name);
+    if (path_fmt(state, err, "%s/%s/state.bin", path, name) || path_fmt(model, err, "%s/%s/model.bin", path, name))
+        return -1;
+    if (file_size_of(state) < 0) return l3_fail(err, "%s: missing (%s names an incomplete checkpoint)", state, latest);
+    return 0;
+}
+
+// Reads and checks a state file's header against the model it goes with (n_params).
+static inline int state_header_read(const char* path, size_t n_params, CheckpointState* st, char* err) {
+    long long size;
+    FILE* f = open_regular(path, "checkpoint state file", &size, err);
+    if (!f) return -1;
+    unsigned char h[CKPT_HEADER_BYTES];
+    size_t got = fread(h, 1, sizeof(h), f);
+    fclose(f);
+    if (got < sizeof(h)) return l3_fail(err, "%s: truncated: %zu bytes, shorter than its header", path, got);
+    memcpy(st, h, sizeof(*st));
+    if (st->magic != CKPT_MAGIC)
+        return l3_fail(err, "%s: bad magic %d (expected %d, a checkpoint state file)", path, st->magic, CKPT_MAGIC);
+    if (st->version != CKPT_VERSION) return l3_fail(err, "%s: unknown version %d (expected %d)", path, st->version, CKPT_VERSION);
+    if (st->n_params != n_params)
+        return l3_fail(err, "%s: from another model: %llu parameters, but its model.bin has %zu", path,
+                       (unsigned long long)st->n_params, n_params);
+    long long expected = CKPT_HEADER_BYTES + 8LL * (long long)n_params;
+    if (size != expected) return l3_fail(err, "%s: truncated or corrupt: %lld bytes, expected %lld", path, size, expected);
+    if (st->step < 1 || st->batch_size < 1 || st->sequence_length < 1 || st->total_batch_size < 1)
+        return l3_fail(err, "%s: corrupt header (step %d, B %d, T %d)", path, st->step, st->batch_size, st->sequence_length);
+    return 0;
+}
+
+// Reads m and v (n_params floats each) after the header.
+static inline int state_arrays_read(const char* path, size_t n_params, float* adam_m, float* adam_v, char* err) {
+    long long size;
+    FILE* f = open_regular(path, "checkpoint state file", &size, err);
+    if (!f) return -1;
+    int ok = fseeko(f, CKPT_HEADER_BYTES, SEEK_SET) == 0 && fread(adam_m, 4, n_params, f) == n_params &&
+             fread(adam_v, 4, n_params, f) == n_params;
+    fclose(f);
+    return ok ? 0 : l3_fail(err, "%s: truncated inside AdamW's state", path);
+}
+
+// A resume continues the saved run: the same batch shape and token data (the data position and
+// AdamW's steps mean nothing otherwise), and steps left to run. The lr, the betas, weight decay,
+// --num_iteration and the switches may change.
+static inline int resume_check(const CheckpointState* st, const TrainArgs* a, const TokenData* d, const char* path,
+                               char* err) {
+    const struct { const char* flag; int now, saved; } same[] = {
+        {"--batch_size", a->batch_size, st->batch_size},
+        {"--sequence_length", a->sequence_length, st->sequence_length},
+        {"--total_batch_size", a->total_batch_size, st->total_batch_size},
+        {"--overfit_single_batch", a->overfit_single_batch, st->overfit_single_batch}};
+    for (int i = 0; i < 4; i++)
+        if (same[i].now != same[i].saved)
+            return l3_fail(err, "--resume %s: %s %d differs from the checkpoint's %d (B, T and the total batch must stay "
+                           "as saved)", path, same[i].flag, same[i].now, same[i].saved);
+    if (st->data_tokens != d->n_tokens || st->data_hash != tokens_hash(d))
+        return l3_fail(err, "--resume %s: the token data differs from the checkpoint's (%llu tokens, hash %016llx; "
+                       "now %zu, %016llx)", path, (unsigned long long)st->data_tokens,
+                       (unsigned long long)st->data_hash, d->n_tokens, (unsigned long long)tokens_hash(d));
+    if (st->loader_pos > d->n_tokens)
+        return l3_fail(err, "--resume %s: data position %llu is past the token data", path,
+                       (unsigned long long)st->loader_pos);
+    if (a->num_iteration <= st->step)
+        return l3_fail(err, "--resume %s: the checkpoint is at step %d; --num_iteration %d (the last step to reach) "
+                       "leaves nothing to run", path, st->step, a->num_iteration);
+    return 0;
+}
+
+// The checkpoints this run will write must not replace another run's: --checkpoint_dir may not
+// hold a complete checkpoint after the step the run starts from (0, or the resumed step).
+static inline int checkpoint_dir_check(const char* dir, int start_step, char* err) {
+    int steps[4096], n = checkpoint_list(dir, steps, 4096);
+    for (int i = n - 1; i >= 0; i--)
+        if (steps[i] > start_step && checkpoint_complete(dir, steps[i]))
+            return l3_fail(err, "--checkpoint_dir %s already holds step_%08d, after this run's start (step %d): "
+                           "--resume from it, or use another folder", dir, steps[i], start_step);
     return 0;
 }

@@ -79,7 +79,7 @@ static void test_segments_cover_params(void) {
     Llama3Config c = small_config();
     ParamLayout p = param_layout(&c);
     for (int fmt = MODEL_FILE_SEED; fmt <= MODEL_FILE_LLMC; fmt++) {
-        SegmentList s = fmt == MODEL_FILE_SEED ? seed_file_segments(&c, 1024) : llmc_file_segments(&c, 2048);
+        SegmentList s = fmt == MODEL_FILE_SEED ? seed_file_segments(&c, 1024) : llmc_file_segments(&c, 2048, 4);
         unsigned char* hits = calloc(p.total, 1);
         for (int i = 0; i < s.n; i++)
             if (s.seg[i].param_offset >= 0)
@@ -148,10 +148,10 @@ static void test_seed_model_file(void) {
     write_file(bm, bad, 1024, vals, n * 4);
     expect_error(model_header_read(bm, &got, &fmt, err), err, "bad magic", "bad magic", "seed_magic.bin");
     memcpy(bad, h, 1024);
-    bad[4] = 5;
+    bad[4] = 4;
     const char* bv = tmp_path("seed_version.bin");
     write_file(bv, bad, 1024, vals, n * 4);
-    expect_error(model_header_read(bv, &got, &fmt, err), err, "unknown version", "unknown version 5", NULL);
+    expect_error(model_header_read(bv, &got, &fmt, err), err, "unknown version", "unknown version 4", NULL);
     Llama3Config huge = c;
     huge.n_layer = 0x7fffffff; // sizes computed from it would overflow
     seed_header_write(bad, &huge);
@@ -166,7 +166,7 @@ static void test_seed_model_file(void) {
 
 static void test_llmc_model_file(void) {
     Llama3Config c = small_config(), got;
-    SegmentList s = llmc_file_segments(&c, 2048);
+    SegmentList s = llmc_file_segments(&c, 2048, 4);
     size_t n_floats = (s.end - 2048) / 4;
     float* vals = malloc(s.end - 2048);
     for (int i = 0; i < s.n; i++)
@@ -414,7 +414,7 @@ static unsigned char* tiny_model(ModelFileFormat fmt, size_t* size, SegmentList*
     char err[L3_ERR_LEN];
     config_check(&c, "tiny", err);
     size_t header = fmt == MODEL_FILE_SEED ? 1024 : 2048;
-    *segs = fmt == MODEL_FILE_SEED ? seed_file_segments(&c, header) : llmc_file_segments(&c, header);
+    *segs = fmt == MODEL_FILE_SEED ? seed_file_segments(&c, header) : llmc_file_segments(&c, header, 4);
     *size = segs->end;
     unsigned char* b = calloc(*size, 1);
     if (fmt == MODEL_FILE_SEED) {
@@ -702,6 +702,163 @@ static void test_hostile_sizes(void) {
           err);
 }
 
+
+// llm.c's bf16 files (version 5): each value widened exactly (bf16 is the top half of an fp32).
+static void test_llmc_bf16_file(void) {
+    Llama3Config c = small_config(), got;
+    SegmentList s = llmc_file_segments(&c, 2048, 2);
+    unsigned char h[2048] = {0};
+    int32_t ints[12] = {MODEL_MAGIC, MODEL_VERSION_BF16, c.max_seq_len, c.vocab_size, c.n_layer, c.n_head,
+                        c.n_kv_head, c.n_embd, c.multiple_of, c.use_scaled_rope, 3, 2};
+    float floats[3] = {c.ffn_dim_multiplier, c.norm_eps, c.rope_theta};
+    memcpy(h, ints, sizeof(ints)), memcpy(h + 1024, floats, sizeof(floats));
+    size_t n16 = (s.end - 2048) / 2;
+    uint16_t* vals = calloc(n16, 2);
+    for (int i = 0; i < s.n; i++)
+        if (s.seg[i].param_offset >= 0)
+            for (size_t j = 0; j < s.seg[i].count; j++) vals[(s.seg[i].file_offset - 2048) / 2 + j] = 0x3f80 + (j % 97);
+    const char* path = tmp_path("llmc_bf16.bin");
+    write_file(path, h, 2048, vals, n16 * 2);
+    char err[L3_ERR_LEN];
+    ModelFileFormat fmt;
+    int rc = model_header_read(path, &got, &fmt, err);
+    CHECK(rc == 0 && fmt == MODEL_FILE_LLMC_BF16, "llm.c version 5 (bf16) detected (%s)", rc ? err : "ok");
+    size_t n = param_layout(&c).total, wrong = 0;
+    float* params = calloc(n, sizeof(float));
+    float buf[777];
+    rc = model_file_load(path, &c, MODEL_FILE_LLMC_BF16, buf, 777, host_sink, params, err);
+    for (int i = 0; i < s.n && rc == 0; i++)
+        for (size_t j = 0; s.seg[i].param_offset >= 0 && j < s.seg[i].count; j++) {
+            uint32_t bits = (uint32_t)(0x3f80 + (j % 97)) << 16;
+            float want;
+            memcpy(&want, &bits, 4);
+            wrong += params[s.seg[i].param_offset + j] != want;
+        }
+    CHECK(rc == 0 && wrong == 0, "bf16 file: every value widened exactly (%zu wrong; %s)", wrong, rc ? err : "ok");
+    vals[(s.seg[3].file_offset - 2048) / 2] = 0x3f80; // a bias that is not zero
+    write_file(path, h, 2048, vals, n16 * 2);
+    expect_error(model_file_check(path, &c, MODEL_FILE_LLMC_BF16, err), err, "bf16 file with a bias", "is not zero", NULL);
+    write_file(path, h, 2048, vals, n16 * 2 - 2);
+    expect_error(model_header_read(path, &got, &fmt, err), err, "bf16 file one value short", "truncated", NULL);
+    free(s.seg), free(vals), free(params);
+}
+
+static TrainArgs ckpt_args(void) {
+    TrainArgs a = train_args_default();
+    a.batch_size = 2, a.sequence_length = 8, a.total_batch_size = 16, a.num_iteration = 30;
+    return a;
+}
+
+// A checkpoint written from host arrays reads back bit for bit; latest names the newest.
+static void test_checkpoint_round_trip(void) {
+    Llama3Config c = small_config(), got;
+    size_t n = param_layout(&c).total;
+    float *params = malloc(n * 4), *m = malloc(n * 4), *v = malloc(n * 4), *back = calloc(3 * n, 4);
+    for (size_t i = 0; i < n; i++) params[i] = (float)i * 0.5f, m[i] = -(float)i, v[i] = (float)(i % 7919);
+    uint32_t toks[300];
+    for (int i = 0; i < 300; i++) toks[i] = i % 1000;
+    TokenData d = {toks, 300};
+    DataLoader l;
+    TrainArgs a = ckpt_args();
+    char err[L3_ERR_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN];
+    loader_init(&l, &d, 2, 8, 0, "t", err);
+    l.pos = 48;
+    const char* dir = tmp_path("ckpt");
+    make_dir(dir, err);
+    CheckpointState st = checkpoint_state_make(&a, 10, n, &l), rd;
+    int rc = checkpoint_write(dir, &c, &st, params, m, v, err);
+    CHECK(rc == 0, "checkpoint_write (%s)", rc ? err : "ok");
+    rc = checkpoint_resolve(dir, model, state, err);
+    CHECK(rc == 0 && strstr(state, "step_00000010/state.bin"), "--resume DIR finds latest: %s", rc ? err : state);
+    ModelFileFormat fmt;
+    float buf[777];
+    rc = model_header_read(model, &got, &fmt, err) || model_file_load(model, &c, fmt, buf, 777, host_sink, back, err) ||
+         state_header_read(state, n, &rd, err) || state_arrays_read(state, n, back + n, back + 2 * n, err);
+    CHECK(rc == 0 && fmt == MODEL_FILE_SEED && !memcmp(back, params, n * 4) && !memcmp(back + n, m, n * 4) &&
+              !memcmp(back + 2 * n, v, n * 4) && rd.step == 10 && rd.loader_pos == 48 && rd.data_tokens == 300,
+          "model.bin (seed format), m, v, step and data position read back bit for bit (%s)", rc ? err : "ok");
+    CHECK(resume_check(&rd, &a, &d, dir, err) == 0, "the same run resumes (%s)", err);
+    TrainArgs b = a;
+    b.batch_size = 4;
+    expect_error(resume_check(&rd, &b, &d, dir, err), err, "resume with another B", "--batch_size 4 differs", NULL);
+    b = a, b.total_batch_size = 32;
+    expect_error(resume_check(&rd, &b, &d, dir, err), err, "resume with another total batch", "--total_batch_size", NULL);
+    b = a, b.num_iteration = 10;
+    expect_error(resume_check(&rd, &b, &d, dir, err), err, "--num_iteration not past the step", "nothing to run", NULL);
+    toks[5] ^= 1;
+    expect_error(resume_check(&rd, &a, &d, dir, err), err, "resume on other token data", "token data differs", NULL);
+    toks[5] ^= 1;
+    b = a, b.learning_rate = 3e-4f, b.num_iteration = 99;
+    CHECK(resume_check(&rd, &b, &d, dir, err) == 0, "a resume may change the lr and --num_iteration");
+    expect_error(state_header_read(state, n + 1, &rd, err), err, "state of another model", "from another model", NULL);
+    expect_error(checkpoint_dir_check(dir, 0, err), err, "a fresh run into a folder with a later checkpoint",
+                 "already holds step_00000010", NULL);
+    CHECK(checkpoint_dir_check(dir, 10, err) == 0, "a run resumed at step 10 may write into its folder");
+    free(params), free(m), free(v), free(back);
+}
+
+// Broken checkpoints: each a one-line error naming the file.
+static void test_checkpoint_errors(void) {
+    Llama3Config c = small_config();
+    size_t n = param_layout(&c).total;
+    char err[L3_ERR_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN], path[L3_PATH_LEN];
+    CheckpointState rd;
+    const char* dir = tmp_path("ckpt");
+    checkpoint_resolve(dir, model, state, err);
+    long long size = file_size_of(state);
+    FILE* f = fopen(state, "rb");
+    unsigned char* bytes = malloc(size);
+    CHECK(f && fread(bytes, 1, size, f) == (size_t)size, "read the state file back");
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/cut_state.bin", tmpdir);
+    write_file(path, bytes, size - 4, NULL, 0);
+    expect_error(state_header_read(path, n, &rd, err), err, "state file cut by 4 bytes", "truncated", "cut_state.bin");
+    write_file(path, bytes, 100, NULL, 0);
+    expect_error(state_header_read(path, n, &rd, err), err, "state file shorter than its header", "truncated", NULL);
+    bytes[0] ^= 1;
+    write_file(path, bytes, size, NULL, 0);
+    expect_error(state_header_read(path, n, &rd, err), err, "state file with a bad magic", "bad magic", NULL);
+    free(bytes);
+    snprintf(path, sizeof(path), "%s/latest", dir);
+    write_file(path, "step_00000011\n", 14, NULL, 0);
+    expect_error(checkpoint_resolve(dir, model, state, err), err, "latest naming a missing checkpoint",
+                 "incomplete checkpoint", NULL);
+    write_file(path, "../../etc\n", 10, NULL, 0);
+    expect_error(checkpoint_resolve(dir, model, state, err), err, "latest naming no checkpoint", "does not name", NULL);
+    expect_error(checkpoint_resolve(tmp_path("no_such"), model, state, err), err, "--resume of a missing path",
+                 "no such file", NULL);
+    write_file(path, "step_00000010\n", 14, NULL, 0);
+}
+
+// --checkpoint_keep: after each save the newest K complete checkpoints stay; incomplete folders
+// older than the newest go; nothing newer than the save is touched.
+static void test_checkpoint_prune(void) {
+    Llama3Config c = small_config();
+    size_t n = param_layout(&c).total;
+    float* zeros = calloc(n, 4);
+    uint32_t toks[300] = {0};
+    TokenData d = {toks, 300};
+    DataLoader l;
+    TrainArgs a = ckpt_args();
+    char err[L3_ERR_LEN], folder[L3_PATH_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN];
+    loader_init(&l, &d, 2, 8, 0, "t", err);
+    const char* dir = tmp_path("prune");
+    make_dir(dir, err);
+    int steps[] = {5, 10, 15, 20, 30}, rc = 0;
+    for (int i = 0; i < 5; i++) {
+        CheckpointState st = checkpoint_state_make(&a, steps[i], n, &l);
+        rc |= checkpoint_write(dir, &c, &st, zeros, zeros, zeros, err);
+    }
+    checkpoint_paths(dir, 12, folder, model, state, err);
+    make_dir(folder, err);
+    write_file(model, "partial", 7, NULL, 0); // a save killed before its state.bin
+    rc |= checkpoint_prune(dir, 20, 2, err);
+    int list[16], k = checkpoint_list(dir, list, 16);
+    CHECK(rc == 0 && k == 3 && list[0] == 15 && list[1] == 20 && list[2] == 30,
+          "keep 2 after saving step 20: step 15, 20 kept, 30 (newer) untouched, 5, 10 and the partial 12 gone (%d left)", k);
+    free(zeros);
+}
+
 int main(void) {
     alarm(120); // a test that hangs (an open blocking on a FIFO) fails instead
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/llama3_host_test_XXXXXX");
@@ -714,6 +871,10 @@ int main(void) {
     test_segments_cover_params();
     test_seed_model_file();
     test_llmc_model_file();
+    test_llmc_bf16_file();
+    test_checkpoint_round_trip();
+    test_checkpoint_errors();
+    test_checkpoint_prune();
     test_token_files();
     test_loader();
     test_cli();

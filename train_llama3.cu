@@ -9,6 +9,8 @@
 // are bf16 when one micro-step makes the step [bf16 grads], the other gradients fp32.
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,7 +135,11 @@ typedef struct {
     int adam_pending;  // layers 0..adam_pending-1 that the previous step left un-updated
     cudaEvent_t* layer_updated; // per layer: its deferred AdamW is done (the forward waits on it)
     bool use_graph;    // [graphs] replay the step from a CUDA graph
-    cudaGraphExec_t step_graph; // captured at step 2 (step 1 made every GEMM plan); NULL before
+    cudaGraphExec_t step_graph; // captured at this process's second step (the first made every GEMM plan)
+    int steps_run;              // steps this process has launched
+    // [checkpoints] a save's device-to-host copy still running: the next step runs eagerly (the
+    // save applied the deferred updates its graph would apply) and waits for it before its AdamW
+    cudaEvent_t* save_copy;
     HeadShape* shape_in_memory; // with metadata_by_value off: where shapes are copied before launches
 } Model;
 
@@ -724,6 +730,7 @@ static void step_work(Model* m) {
         m->adam_overlap = m->sw.overlap_optimizer && micro == m->grad_accum - 1;
         // (zeroing at the next step's start would clear gradients that the deferred AdamW reads)
         m->adam_defer = m->adam_overlap && m->sw.grad_zeroing == GRAD_ZERO_NONE ? m->sw.deferred_adamw : 0;
+        if (m->save_copy && micro == m->grad_accum - 1) CUDA_CHECK(cudaStreamWaitEvent(m->stream, *m->save_copy));
         backward(m, inputs, micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE);
     }
     mean(m->loss, act_f32(m, A_LOSSES), n_step, m->stream);
@@ -754,17 +761,19 @@ static void capture_step(Model* m) {
 // Optimizer step t on the batches already staged in tokens_host slot `slot`: one host-to-device
 // copy of the step's tokens, the step's work (eagerly at step 1, then from the graph), and the
 // mean loss copied to pinned memory (read a step later, never waited on here). No host sync.
-static void train_step(Model* m, int t, int slot) {
+static void train_step(Model* m, int slot) {
     NVTX_PUSH("step");
     int n_step = m->grad_accum * m->B * m->T;
     CUDA_CHECK(cudaMemcpyAsync(m->tokens, m->tokens_host + (size_t)slot * 2 * n_step, 2 * n_step * sizeof(int),
                                cudaMemcpyHostToDevice, m->stream));
-    if (m->use_graph && t > 1) {
+    if (m->use_graph && m->steps_run > 0 && !m->save_copy) {
         if (!m->step_graph) capture_step(m);
         CUDA_CHECK(cudaGraphLaunch(m->step_graph, m->stream));
     } else {
         step_work(m);
+        m->save_copy = NULL;
     }
+    m->steps_run++;
     CUDA_CHECK(cudaMemcpyAsync(m->loss_host + slot, m->loss, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     NVTX_POP();
 }
@@ -776,7 +785,127 @@ static void stage_batches(Model* m, DataLoader* loader, int slot) {
     for (int micro = 0; micro < m->grad_accum; micro++) loader_next(loader, base + micro * N, base + n_step + micro * N);
 }
 
+// ---- checkpoints ----
+// [checkpoints] A save applies the deferred AdamW updates (the saved weights are the true weights
+// after the step), copies the weights and AdamW's m and v to pinned host memory on a side stream,
+// and hands them to a host thread that writes the files (llama3.h: checkpoint_write) while the
+// next steps run. The next step waits for the copy only before its AdamW, which rewrites what is
+// being copied; the copy of a 1B model (18 GB) runs at PCIe speed, the files at the disk's.
+
+typedef struct {
+    const char* dir;
+    int keep;
+    Llama3Config cfg;
+    size_t n_params;
+    float *params, *adam_m, *adam_v; // pinned host copies of one save
+    cudaStream_t stream;
+    cudaEvent_t flushed, copied;
+    pthread_t writer;
+    bool writing;
+    CheckpointState st;
+    int failed; // set by the writer thread (atomic access)
+    char err[L3_ERR_LEN];
+} Saver;
+
+static void saver_create(Saver* s, const Model* m, const char* dir, int keep) {
+    memset(s, 0, sizeof(*s));
+    s->dir = dir, s->keep = keep, s->cfg = m->cfg, s->n_params = m->layout.total;
+    size_t bytes = s->n_params * sizeof(float);
+    float** host[3] = {&s->params, &s->adam_m, &s->adam_v};
+    for (int i = 0; i < 3; i++)
+        if (cudaMallocHost(host[i], bytes) != cudaSuccess) {
+            fprintf(stderr, "error: --checkpoint_dir: cannot allocate %.2f GiB of pinned host memory for a save\n",
+                    3.0 * bytes / 1073741824.0);
+            exit(EXIT_FAILURE);
+        }
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&s->flushed, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming));
+}
+
+// The writer thread: waits for the copy, writes the checkpoint, then deletes what --checkpoint_keep
+// no longer keeps (only now that the newer one is complete).
+static void* saver_write(void* arg) {
+    Saver* s = (Saver*)arg;
+    char err[L3_ERR_LEN];
+    int rc = -1;
+    if (cudaEventSynchronize(s->copied) != cudaSuccess) snprintf(err, sizeof(err), "the copy to the host failed");
+    else if (checkpoint_write(s->dir, &s->cfg, &s->st, s->params, s->adam_m, s->adam_v, err) == 0)
+        rc = checkpoint_prune(s->dir, s->st.step, s->keep, err);
+    if (rc) {
+        snprintf(s->err, sizeof(s->err), "%s", err);
+        __atomic_store_n(&s->failed, 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+// Waits for the writer of the previous save; a failed write stops the run.
+static void saver_join(Saver* s) {
+    if (s->writing) pthread_join(s->writer, NULL);
+    s->writing = false;
+    if (__atomic_load_n(&s->failed, __ATOMIC_ACQUIRE)) {
+        fprintf(stderr, "error: checkpoint not saved: %s\n", s->err);
+        exit(EXIT_FAILURE);
+    }
+}
+
+// Saves the state after step `step` (launched, maybe still running). No host sync here.
+static void checkpoint_save(Model* m, Saver* s, const TrainArgs* a, const DataLoader* loader, int step) {
+    saver_join(s); // the host buffers are free again
+    optimizer_flush(m);
+    CUDA_CHECK(cudaEventRecord(s->flushed, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(s->stream, s->flushed));
+    size_t bytes = s->n_params * sizeof(float);
+    CUDA_CHECK(cudaMemcpyAsync(s->params, m->params, bytes, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaMemcpyAsync(s->adam_m, m->adam_m, bytes, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaMemcpyAsync(s->adam_v, m->adam_v, bytes, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaEventRecord(s->copied, s->stream));
+    m->save_copy = &s->copied;
+    s->st = checkpoint_state_make(a, step, s->n_params, loader);
+    if (pthread_create(&s->writer, NULL, saver_write, s) != 0) {
+        fprintf(stderr, "error: checkpoint: cannot start the writer thread\n");
+        exit(EXIT_FAILURE);
+    }
+    s->writing = true;
+}
+
+static void saver_free(Saver* s) {
+    saver_join(s);
+    CUDA_CHECK(cudaFreeHost(s->params));
+    CUDA_CHECK(cudaFreeHost(s->adam_m));
+    CUDA_CHECK(cudaFreeHost(s->adam_v));
+    CUDA_CHECK(cudaStreamDestroy(s->stream));
+    CUDA_CHECK(cudaEventDestroy(s->flushed));
+    CUDA_CHECK(cudaEventDestroy(s->copied));
+}
+
+// Resume: the checkpoint's AdamW state and step counter (the weights were loaded as a model file).
+static void checkpoint_restore(Model* m, const char* state_path, const CheckpointState* st) {
+    size_t P = m->layout.total;
+    float* host = (float*)malloc(2 * P * sizeof(float));
+    char err[L3_ERR_LEN];
+    if (!host) {
+        fprintf(stderr, "error: --resume: cannot allocate %.2f GiB of host memory for AdamW's state\n",
+                2.0 * P * 4 / 1073741824.0);
+        exit(EXIT_FAILURE);
+    }
+    if (state_arrays_read(state_path, P, host, host + P, err)) {
+        fprintf(stderr, "error: %s\n", err);
+        exit(EXIT_FAILURE);
+    }
+    CUDA_CHECK(cudaMemcpy(m->adam_m, host, P * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(m->adam_v, host + P, P * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(m->adam_step, &st->step, sizeof(int), cudaMemcpyHostToDevice));
+    free(host);
+}
+
 // ---- training loop ----
+
+static double wall_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static double median(double* v, int n) {
     for (int i = 1; i < n; i++)
@@ -820,29 +949,40 @@ static void log_step(Model* m, StepLog* lg, int t, int n_steps, int slot, float 
         log_write_failed(lg->json_path);
 }
 
-// The training loop; log_json (NULL: none, else a->log_file opened) gets one JSON line per step
-// and is closed at the end.
-static void train(Model* m, const TrainArgs* a, DataLoader* loader, FILE* log_json) {
+static bool checkpoint_due(const TrainArgs* a, int t) {
+    return t == a->num_iteration || (a->checkpoint_every > 0 && t % a->checkpoint_every == 0);
+}
+
+// The training loop from step `first` (1, or the step after a resumed checkpoint) to
+// a->num_iteration; log_json (NULL: none, else a->log_file opened) gets one JSON line per step and
+// is closed at the end; saver (NULL: no --checkpoint_dir) saves the steps checkpoint_due names.
+static void train(Model* m, const TrainArgs* a, DataLoader* loader, FILE* log_json, Saver* saver, int first) {
     StepLog lg = {};
     lg.ms = (double*)calloc(a->num_iteration, sizeof(double));
     lg.json = log_json;
     lg.json_path = a->log_file;
     for (int s = 0; s < 2; s++) CUDA_CHECK(cudaEventCreate(&lg.start[s])), CUDA_CHECK(cudaEventCreate(&lg.end[s]));
-    for (int t = 1; t <= a->num_iteration; t++) {
+    double wall_start = wall_seconds();
+    for (int t = first; t <= a->num_iteration; t++) {
         int slot = t % 2;
         CUDA_CHECK(cudaEventSynchronize(lg.end[slot])); // step t-2 used this staging slot
         stage_batches(m, loader, slot);
         CUDA_CHECK(cudaEventRecord(lg.start[slot], m->stream));
-        train_step(m, t, slot);
+        train_step(m, slot);
+        if (saver && checkpoint_due(a, t)) checkpoint_save(m, saver, a, loader, t);
         CUDA_CHECK(cudaEventRecord(lg.end[slot], m->stream));
-        if (t > 1) log_step(m, &lg, t - 1, a->num_iteration, 1 - slot, a->learning_rate);
+        if (t > first) log_step(m, &lg, t - 1, a->num_iteration, 1 - slot, a->learning_rate);
     }
     log_step(m, &lg, a->num_iteration, a->num_iteration, a->num_iteration % 2, a->learning_rate);
-    optimizer_flush(m);
-    if (a->num_iteration > 1) {
-        double med = median(lg.ms + 1, a->num_iteration - 1);
-        printf("steady state (steps 2..%d): median %.2f ms/step, %.0f tok/s, peak %.0f MiB\n", a->num_iteration, med,
-               (double)m->grad_accum * m->B * m->T / (med / 1000.0), lg.mem_mib);
+    optimizer_flush(m); // (nothing left after a save of the last step)
+    if (saver) saver_join(saver), printf("checkpoint: %s/step_%08d\n", a->checkpoint_dir, a->num_iteration);
+    int n = a->num_iteration - first + 1;
+    printf("wall time of the loop: %.3f s for %d steps%s\n", wall_seconds() - wall_start, n,
+           saver ? " (the last checkpoint written included)" : "");
+    if (n > 1) {
+        double med = median(lg.ms + first, n - 1);
+        printf("steady state (steps %d..%d): median %.2f ms/step, %.0f tok/s, peak %.0f MiB\n", first + 1,
+               a->num_iteration, med, (double)m->grad_accum * m->B * m->T / (med / 1000.0), lg.mem_mib);
     }
     if (lg.json && fclose(lg.json) != 0) log_write_failed(lg.json_path);
     for (int s = 0; s < 2; s++) {
@@ -879,20 +1019,40 @@ static void load_tokens(TokenData* d, const TrainArgs* a, int vocab_size) {
     if (rc) die(err, "", false);
 }
 
+// What main needs of the inputs: the model (its file, or none: random init), and for a resume the
+// checkpoint's state file and header.
+typedef struct {
+    const char* model_path; // --llmc_filepath, the checkpoint's model.bin, or NULL
+    char resume_model[L3_PATH_LEN], resume_state[L3_PATH_LEN];
+    CheckpointState st;
+} RunInputs;
+
 // Every input, checked before the GPU is touched: no output names an input, the model file (header,
-// size, llm.c's biases), the flags against the model, the token file and enough tokens for one
-// batch. Then the outputs, opened only now: the JSON log (NULL: none).
+// size, llm.c's biases), a resumed checkpoint (its files, and that it continues this run), the flags
+// against the model, the token file and enough tokens for one batch. Then the outputs, opened only
+// now: the checkpoint folder, and the JSON log (returned; NULL: none).
 static FILE* check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat* fmt, TokenData* tokens,
-                          DataLoader* loader, const char* prog) {
+                          DataLoader* loader, RunInputs* in, const char* prog) {
     char err[L3_ERR_LEN];
     if (outputs_check(a, err)) die(err, prog, false);
-    if (a->llmc_filepath && (model_header_read(a->llmc_filepath, cfg, fmt, err) ||
-                             model_file_check(a->llmc_filepath, cfg, *fmt, err)))
+    in->model_path = a->llmc_filepath;
+    if (a->resume) {
+        if (checkpoint_resolve(a->resume, in->resume_model, in->resume_state, err))
+            die(err, prog, false);
+        in->model_path = in->resume_model;
+    }
+    if (in->model_path && (model_header_read(in->model_path, cfg, fmt, err) ||
+                           model_file_check(in->model_path, cfg, *fmt, err)))
         die(err, prog, false);
+    if (a->resume && state_header_read(in->resume_state, param_layout(cfg).total, &in->st, err)) die(err, prog, false);
     if (train_args_check(a, cfg, err)) die(err, prog, false);
     load_tokens(tokens, a, cfg->vocab_size);
     if (loader_init(loader, tokens, a->batch_size, a->sequence_length, a->overfit_single_batch,
                     a->input_bin ? a->input_bin : "embedded data", err))
+        die(err, prog, false);
+    if (a->resume && resume_check(&in->st, a, tokens, a->resume, err)) die(err, prog, false);
+    if (a->checkpoint_dir &&
+        (checkpoint_dir_check(a->checkpoint_dir, a->resume ? in->st.step : 0, err) || make_dir(a->checkpoint_dir, err)))
         die(err, prog, false);
     FILE* log_json = NULL;
     if (a->log_file && !(log_json = fopen(a->log_file, "w"))) {
@@ -914,9 +1074,12 @@ int main(int argc, char** argv) {
     ModelFileFormat fmt = MODEL_FILE_SEED;
     TokenData tokens = {}; // zeroed: gcc cannot see that load_tokens fills it or exits
     DataLoader loader;
-    FILE* log_json = check_inputs(&a, &cfg, &fmt, &tokens, &loader, argv[0]);
-    if (a.llmc_filepath) printf("model: %s, %s format\n", a.llmc_filepath, model_format_name(fmt));
+    static RunInputs in; // (two paths of 4 KB: not on the stack)
+    FILE* log_json = check_inputs(&a, &cfg, &fmt, &tokens, &loader, &in, argv[0]);
+    if (in.model_path) printf("model: %s, %s format\n", in.model_path, model_format_name(fmt));
     else printf("model: LLaMA3.2-1B shape, random init (seed %llu)\n", a.seed);
+    if (a.resume) printf("resume: %s at step %d, data position %llu\n", in.resume_state, in.st.step,
+                         (unsigned long long)in.st.loader_pos);
     config_print(stdout, &cfg);
     printf("data: %s, %zu tokens\n", a.input_bin ? a.input_bin : "embedded tiny shakespeare (LLaMA-3 tokens)",
            tokens.n_tokens);
@@ -938,12 +1101,16 @@ int main(int argc, char** argv) {
            w->fused_rmsnorm, w->flash_attention, m.grads_bf16 != NULL, m.use_graph,
            w->overlap_optimizer && w->grad_zeroing == GRAD_ZERO_NONE ? m.sw.deferred_adamw : 0, w->delete_fills,
            w->grad_zeroing == GRAD_ZERO_NONE ? "none" : w->grad_zeroing == GRAD_ZERO_MEMSET ? "memset" : "fill");
-    if (a.llmc_filepath) {
-        if (model_load(&m, a.llmc_filepath, fmt, err)) die(err, argv[0], false);
+    if (in.model_path) {
+        if (model_load(&m, in.model_path, fmt, err)) die(err, argv[0], false);
     } else {
         model_init_random(&m, a.seed);
     }
-    train(&m, &a, &loader, log_json);
+    if (a.resume) checkpoint_restore(&m, in.resume_state, &in.st), loader.pos = in.st.loader_pos;
+    static Saver saver;
+    if (a.checkpoint_dir) saver_create(&saver, &m, a.checkpoint_dir, a.checkpoint_keep);
+    train(&m, &a, &loader, log_json, a.checkpoint_dir ? &saver : NULL, a.resume ? in.st.step + 1 : 1);
+    if (a.checkpoint_dir) saver_free(&saver);
     model_free(&m);
     tokens_free(&tokens);
     return 0;

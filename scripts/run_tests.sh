@@ -219,6 +219,8 @@ gpu_reference_tests() {
             ref/small_accum_model.bin ref/small_accum_tokens.bin
         [ "$name" = 1b ] && trainer_run "1b" 1b ref/1b_model.bin ref/1b_tokens.bin
     done
+    run "checkpoints: exact resume, bad resumes, SIGKILL during saves" bash scripts/test_checkpoints.sh
+    run "Hugging Face weights in and out of the trainer (scripts/test_hf_trainer.py)" python3 scripts/test_hf_trainer.py
 }
 
 dev_binaries=$(ls dev/*.cu 2>/dev/null | sed 's/\.cu$//')
@@ -251,7 +253,9 @@ else
         "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens) (no GPU on this machine)"
         "out-of-memory error (no GPU on this machine)" "training smoke run (no GPU on this machine)"
         "a log that cannot be written (/dev/full) stops the run (no GPU on this machine)"
-        "two runs of 50 steps log the same losses (no GPU on this machine)")
+        "two runs of 50 steps log the same losses (no GPU on this machine)"
+        "checkpoints: exact resume, SIGKILL during saves (no GPU on this machine)"
+        "Hugging Face model -> convert -> train -> export -> HF (scripts/test_hf_trainer.py) (no GPU on this machine)")
     for bin in $dev_binaries; do skipped+=("$bin --check (no GPU on this machine)"); done
 fi
 finish

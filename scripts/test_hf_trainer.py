@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""GPU test: a Hugging Face model through convert_hf.py into ./train_llama3, and the trainer's checkpoint back
+through export_hf.py into transformers, each against PyTorch's loss on the same batch.
+
+    make train_llama3 && python3 scripts/test_hf_trainer.py [--work_dir DIR]
+
+1. ref_llama3.py's small model (vocab 1000, N(0, 0.02) matrices, norm weights U(0.5, 1.5)) written by
+   save_pretrained (safetensors) and converted by convert_hf.py; a token file of Tiny Shakespeare with
+   the text's 999 most frequent ids (ref_llama3.py's text_tokens).
+2. ./train_llama3 on them for 3 steps with --checkpoint_dir: its logged step-1 loss against HF's loss on
+   batch 1.
+3. The checkpoint after step 3 (DIR/latest names it) exported by export_hf.py and loaded by
+   from_pretrained: its loss on batch 4 against the step-4 loss of a second run of 4 steps, same flags
+   (runs are deterministic).
+HF's losses are those of ref_llama3.py: fp32 weights under torch.autocast(bfloat16), mean cross-entropy
+in fp32. Batch k is the one step k trains on. llama3.h's loader_next is sequential:
+x = tokens[pos : pos+B*T], y = tokens[pos+1 : pos+B*T+1], pos starts at 0 and advances by B*T per
+micro-step, wrapping to 0 only when the next batch would not fit; with --total_batch_size = B*T each step
+is one micro-step, so batch k starts at (k-1)*B*T, read as (B, T) row-major, and the file holds
+8*B*T+1 tokens so that nothing wraps.
+Tolerance: test_llama3.cu's TOL_LOSS, 1e-2 absolute (the loss of a step whose weights equal PyTorch's;
+about 1.5e-3 relative at this model's loss of ~6.9). Ends with "N passed, M failed".
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ref_llama3  # noqa: E402
+from safe_write import write_atomic  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+B, T, LR, SEED = 4, 64, 1e-4, 1234
+TOL_LOSS = 1e-2  # test_llama3.cu
+results = []
+
+
+def check(ok, what):
+    results.append(bool(ok))
+    print(f"{'ok  ' if ok else 'FAIL'} {what}", flush=True)
+
+
+def run(cmd):
+    """Runs cmd in the repository root; its output is shown when it fails. True if it succeeded."""
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        print(f"     {' '.join(cmd)}: exit {p.returncode}\n{p.stdout[-2000:]}{p.stderr[-2000:]}", flush=True)
+    return p.returncode == 0
+
+
+def batch(tokens, k):
+    """The (x, y) that the trainer's loader gives step k (1-based), on the GPU."""
+    start = (k - 1) * B * T
+    x = torch.from_numpy(tokens[start:start + B * T].reshape(B, T))
+    y = torch.from_numpy(tokens[start + 1:start + B * T + 1].reshape(B, T))
+    return x.cuda(), y.cuda()
+
+
+@torch.no_grad()
+def hf_loss(model, tokens, k):
+    """ref_llama3.py's loss: fp32 weights, autocast(bfloat16), cross-entropy of the fp32 logits."""
+    x, y = batch(tokens, k)
+    with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+        logits = model(input_ids=x).logits
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1)).item()
+
+
+def train(work, name, model_file, tokens_file, steps):
+    """./train_llama3 for `steps` steps with a log and a checkpoint folder: {step: loss}, the folder."""
+    log, ck = os.path.join(work, f"{name}.jsonl"), os.path.join(work, f"{name}_ck")
+    ok = run(["./train_llama3", "--llmc_filepath", model_file, "--input_bin", tokens_file,
+              "--num_iteration", str(steps), "--batch_size", str(B), "--sequence_length", str(T),
+              "--total_batch_size", str(B * T), "--learning_rate", str(LR), "--log_file", log,
+              "--checkpoint_dir", ck])
+    losses = {}
+    if ok and os.path.isfile(log):
+        for line in open(log):
+            entry = json.loads(line)
+            losses[entry["step"]] = entry["loss"]
+    check(ok and sorted(losses) == list(range(1, steps + 1)), f"train_llama3 {name}: {steps} steps logged")
+    return losses, ck
+
+
+def latest_checkpoint(ck, step):
+    """DIR/latest must name step_%08d; its model.bin, or None."""
+    latest = os.path.join(ck, "latest")
+    name = open(latest).read().strip() if os.path.isfile(latest) else None
+    model = os.path.join(ck, name or "", "model.bin")
+    ok = name == f"step_{step:08d}" and os.path.isfile(model)
+    check(ok, f"{latest} names step_{step:08d}, which holds model.bin (it says {name!r})")
+    return model if ok else None
+
+
+def compare(what, ours, theirs):
+    diff = abs(ours - theirs)
+    check(diff <= TOL_LOSS, f"{what}: train_llama3 {ours:.6f}, HF {theirs:.6f}, |diff| {diff:.2e} "
+          f"(rel {diff / abs(theirs):.1e}; tol {TOL_LOSS:g} absolute)")
+
+
+def setup(work):
+    """The HF model (on the GPU), its tokens, its seed file (None if convert failed), the token file."""
+    model, cfg = ref_llama3.make_model("small", "cuda", SEED, 0.02)
+    hf_dir, converted = os.path.join(work, "hf"), os.path.join(work, "converted.bin")
+    model.save_pretrained(hf_dir)
+    ok = run([sys.executable, "scripts/convert_hf.py", hf_dir, converted])
+    check(ok, f"convert_hf.py {hf_dir} -> {converted}")
+    tokens = ref_llama3.text_tokens(cfg.vocab_size, 8 * B * T + 1)
+    tokens_file = os.path.join(work, "tokens.bin")
+    write_atomic(tokens_file, ref_llama3.token_file(tokens, False))
+    return model, tokens, converted if ok else None, tokens_file
+
+
+def main(work):
+    if not os.access(os.path.join(ROOT, "train_llama3"), os.X_OK) or not torch.cuda.is_available():
+        check(False, "needs ./train_llama3 (make train_llama3) and a CUDA GPU for PyTorch")
+        return
+    model, tokens, converted, tokens_file = setup(work)
+    if not converted:
+        return
+    losses3, ck3 = train(work, "run3", converted, tokens_file, 3)
+    if 1 in losses3:
+        compare("step 1 loss on the converted model, batch 1", losses3[1], hf_loss(model, tokens, 1))
+    checkpoint = latest_checkpoint(ck3, 3)
+    exported = os.path.join(work, "step3_hf")
+    if not checkpoint or not run([sys.executable, "scripts/export_hf.py", checkpoint, exported]):
+        check(False, "export_hf.py on the step-3 checkpoint")
+        return
+    trained = LlamaForCausalLM.from_pretrained(exported).float().cuda().eval()
+    moved = max((a - b).abs().max().item() for a, b in zip(trained.parameters(), model.parameters()))
+    check(moved > 0, f"the step-3 checkpoint's weights moved from the initial ones (max |change| "
+          f"{moved:.1e})")
+    losses4, ck4 = train(work, "run4", converted, tokens_file, 4)
+    check(all(losses4.get(s) == losses3[s] for s in losses3), "the 4-step run logs the 3-step run's losses")
+    if 4 in losses4:
+        compare("step 4 loss (weights after step 3) vs the exported step-3 checkpoint, batch 4", losses4[4],
+                hf_loss(trained, tokens, 4))
+        initial = hf_loss(model, tokens, 4)
+        check(abs(initial - losses4[4]) > TOL_LOSS, f"... a comparison that tells the weights apart: the "
+              f"initial weights' HF loss on batch 4 is {initial:.6f}, more than {TOL_LOSS:g} away")
+    latest_checkpoint(ck4, 4)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--work_dir", help="keep the files here (default: a temporary folder)")
+    args = ap.parse_args()
+    if args.work_dir:
+        os.makedirs(args.work_dir, exist_ok=True)
+        main(args.work_dir)
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            main(d)
+    print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
+    sys.exit(0 if results and all(results) else 1)
