@@ -100,6 +100,23 @@ files_never_lost() {
     expect_error "an empty path" "--llmc_filepath: empty path" ./train_llama3 --llmc_filepath ""
 }
 
+# Broken checkpoints given to --resume: each one line before the GPU is touched (no GPU needed).
+bad_checkpoints() {
+    local c=$tmp/bad_ckpt
+    mkdir -p "$c/step_00000005"
+    echo step_00000005 > "$c/latest"
+    expect_error "--resume: latest names a checkpoint without its files" "names an incomplete checkpoint" \
+        ./train_llama3 --resume "$c"
+    cp "$tmp/corpus/valid_seed_valid" "$c/step_00000005/model.bin"
+    head -c 5000 /dev/urandom > "$c/step_00000005/state.bin"
+    expect_error "--resume: a state file with a bad magic" "bad magic" ./train_llama3 --resume "$c"
+    cp "$tmp/junk.bin" "$c/step_00000005/model.bin"
+    expect_error "--resume: a checkpoint whose model.bin is not a model" "model.bin: bad magic" \
+        ./train_llama3 --resume "$c/step_00000005"
+    expect_error "--resume with --llmc_filepath" "cannot be used with it" \
+        ./train_llama3 --resume "$c" --llmc_filepath "$c/step_00000005/model.bin"
+}
+
 # The host unit tests of llama3.h and the trainer's bad-input errors (no GPU needed).
 host_tests() {
     LLAMA3_CORPUS_DIR="$tmp/corpus" run "host unit tests (llama3.h, ASan + UBSan) and the hostile corpus" \
@@ -122,6 +139,7 @@ host_tests() {
     expect_error "B*T not dividing total" "is not a multiple of" ./train_llama3 --batch_size 3
     expect_error "too few tokens" "not enough tokens for one batch" ./train_llama3 --input_bin data/tiny_shakespeare_val.bin --batch_size 8 --sequence_length 8192 --total_batch_size 65536
     expect_error "unwritable log file" "cannot open for writing" ./train_llama3 --log_file "$tmp/no/such/dir/log.json"
+    bad_checkpoints
     # Every script the README names runs as it is named: executable, with a #! line.
     local s bad=""
     for s in $(grep -o 'scripts/[a-z_]*\.\(sh\|py\)' README.md | sort -u); do
