@@ -6,6 +6,7 @@
 #pragma once
 #include <assert.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -625,61 +626,69 @@ typedef struct {
     const char* resume;         // NULL: a fresh run; else a checkpoint folder or a --checkpoint_dir
 } TrainArgs;
 
-static inline TrainArgs train_args_default(void) {
-    TrainArgs a = {NULL, NULL, NULL, 100, 4, 64, 256, 1e-5f, 0.0f, 0.9f, 0.999f, 1e-8f, 0, 42,
-                   {1, 1, GRAD_ZERO_NONE, 1, 1, 1, 1, 1, 1, 1, -1, 1}, 0, NULL, 0, 2, NULL};
-    return a;
-}
+// One table drives parsing, the defaults, the usage text and the printed configuration: a new
+// flag is one row. A row names the TrainArgs field its value lands in (by offset), how the value
+// parses, its default as it would be typed (applied without the range check: deferred_adamw's -1
+// means "not given"), its range or choices, and its help.
+typedef enum {
+    FLAG_INT,    // int in [lo, hi]
+    FLAG_U64,    // unsigned long long in [lo, hi]
+    FLAG_FLOAT,  // float in [lo, hi], as a 32-bit float
+    FLAG_BOOL,   // 0, 1, true, false; given bare: 1
+    FLAG_PATH,   // a non-empty path (default NULL: none)
+    FLAG_CHOICE, // one of choices ("none|memset|fill"); stores its index
+    FLAG_ONLY,   // accepted for the seed's command line: choices is the only value taken
+} FlagKind;
 
-// Layers whose AdamW is deferred: --deferred_adamw's value (12 when not given), capped at the
-// model's layers (a 2-layer model defers both).
-static inline int deferred_layers(const Switches* sw, int n_layer) {
-    int k = sw->deferred_adamw >= 0 ? sw->deferred_adamw : 12;
-    return k < n_layer ? k : n_layer;
-}
+typedef struct {
+    const char* name;
+    FlagKind kind;
+    size_t offset;
+    const char* def; // NULL: no default (a path: none)
+    double lo, hi;
+    const char* choices;
+    const char* help;
+    int ablation; // 1: an optimisation, on by default, that --flag 0 turns off for the ablation
+} FlagSpec;
 
-static inline void print_usage(FILE* f, const char* prog) {
-    fprintf(f,
-            "usage: %s [flags]  (--flag value or --flag=value)\n"
-            "  --help, -h               this text\n"
-            "  --input_bin PATH         llm.c token file (default: embedded tiny shakespeare)\n"
-            "  --llmc_filepath PATH     model file, seed or llm.c format (default: random init)\n"
-            "  --num_iteration N        optimizer steps (100)\n"
-            "  --batch_size B           sequences per micro-batch (4)\n"
-            "  --sequence_length T      tokens per sequence (64)\n"
-            "  --total_batch_size N     tokens per optimizer step, a multiple of B*T (256)\n"
-            "  --learning_rate F        AdamW lr (1e-5)\n"
-            "  --weight_decay F         AdamW decoupled weight decay (0)\n"
-            "  --beta1 F --beta2 F      AdamW betas (0.9, 0.999)\n"
-            "  --eps F                  AdamW eps (1e-8)\n"
-            "  --seed N                 random init seed (42)\n"
-            "  --overfit_single_batch B 1: train on the first batch only (0)\n"
-            "  --log_file PATH          write one JSON line per step\n"
-            "  --checkpoint_dir DIR     save checkpoints there (DIR/step_N/, DIR/latest), always after the last step\n"
-            "  --checkpoint_every N     also every N steps (0: only after the last)\n"
-            "  --checkpoint_keep K      complete checkpoints kept, older ones deleted (2)\n"
-            "  --resume PATH            continue a run: a checkpoint folder, or a --checkpoint_dir (its latest);\n"
-            "                           --num_iteration is the last step to reach\n"
-            "  --dtype bfloat16         the only precision (bf16 matmuls, fp32 master weights)\n"
-            "  --device cuda            the only device\n"
-            "optimisations (all on by default; off for the ablation):\n"
-            "  --sparse_embedding B     1: lazy row-sparse AdamW on wte; 0: dense AdamW\n"
-            "  --overlap_optimizer B    1: AdamW of each layer on a second stream during the backward\n"
-            "  --shadow_weights B       1: AdamW writes bf16 copies; 0: cast before every GEMM\n"
-            "  --vector_adam B          1: 128-bit AdamW; 0: scalar\n"
-            "  --metadata_by_value B    1: shapes as kernel arguments; 0: copied host-to-device per launch\n"
-            "  --flash_attention B      1: flash attention; 0: unfused (scores and P in memory)\n"
-            "  --bf16_grads B           1: matmul weight gradients in bf16 when grad_accum is 1; 0: fp32\n"
-            "  --cuda_graph B           1: steps 2.. replay one CUDA graph (needs metadata_by_value 1)\n"
-            "  --fused_rmsnorm B        1: one kernel per RMSNorm forward/backward; 0: separate ops\n"
-            "  --delete_fills B         1: no fill before a kernel that overwrites its whole output; 0: the\n"
-            "                           seed's fills before the attention and head-permute backward outputs\n"
-            "  --deferred_adamw K       AdamW of layers 0..K-1 during the next step's forward (12, or all\n"
-            "                           of a smaller model's; needs overlap_optimizer 1 and grad_zeroing\n"
-            "                           none; 0: every layer's AdamW in its own step)\n"
-            "  --grad_zeroing MODE      none: first gradient GEMM writes; memset or fill: zero grads each step\n",
-            prog);
-}
+#define ARG(field) offsetof(TrainArgs, field)
+#define BIG_INT (1 << 30)
+static const FlagSpec FLAGS[] = {
+    {"--input_bin", FLAG_PATH, ARG(input_bin), NULL, 0, 0, NULL, "llm.c token file (default: embedded tiny shakespeare)", 0},
+    {"--llmc_filepath", FLAG_PATH, ARG(llmc_filepath), NULL, 0, 0, NULL, "model file, seed or llm.c format (default: random init)", 0},
+    {"--num_iteration", FLAG_INT, ARG(num_iteration), "100", 1, BIG_INT, NULL, "optimizer steps (with --resume: the last step to reach)", 0},
+    {"--batch_size", FLAG_INT, ARG(batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", 0},
+    {"--sequence_length", FLAG_INT, ARG(sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence", 0},
+    {"--total_batch_size", FLAG_INT, ARG(total_batch_size), "256", 1, BIG_INT, NULL, "tokens per optimizer step, a multiple of B*T", 0},
+    {"--learning_rate", FLAG_FLOAT, ARG(learning_rate), "1e-5", 0.0, 10.0, NULL, "AdamW lr (constant)", 0},
+    {"--weight_decay", FLAG_FLOAT, ARG(weight_decay), "0", 0.0, 10.0, NULL, "AdamW decoupled weight decay", 0},
+    {"--beta1", FLAG_FLOAT, ARG(beta1), "0.9", 0.0, 0.999999, NULL, "AdamW beta1", 0},
+    {"--beta2", FLAG_FLOAT, ARG(beta2), "0.999", 0.0, 0.9999999403953552, NULL, "AdamW beta2", 0},
+    {"--eps", FLAG_FLOAT, ARG(eps), "1e-8", 1e-30, 1.0, NULL, "AdamW eps", 0},
+    {"--seed", FLAG_U64, ARG(seed), "42", 0, 9.2233720368547758e18, NULL, "random init seed", 0},
+    {"--overfit_single_batch", FLAG_BOOL, ARG(overfit_single_batch), "0", 0, 0, NULL, "train on the first batch only", 0},
+    {"--log_file", FLAG_PATH, ARG(log_file), NULL, 0, 0, NULL, "write one JSON line per step", 0},
+    {"--checkpoint_dir", FLAG_PATH, ARG(checkpoint_dir), NULL, 0, 0, NULL, "save checkpoints there (DIR/step_N/, DIR/latest), always after the last step", 0},
+    {"--checkpoint_every", FLAG_INT, ARG(checkpoint_every), "0", 0, BIG_INT, NULL, "also save every N steps (0: only after the last)", 0},
+    {"--checkpoint_keep", FLAG_INT, ARG(checkpoint_keep), "2", 1, BIG_INT, NULL, "complete checkpoints kept, older ones deleted", 0},
+    {"--resume", FLAG_PATH, ARG(resume), NULL, 0, 0, NULL, "continue a run: a checkpoint folder, or a --checkpoint_dir (its latest)", 0},
+    {"--dtype", FLAG_ONLY, 0, NULL, 0, 0, "bfloat16", "the only precision (bf16 matmuls, fp32 master weights)", 0},
+    {"--device", FLAG_ONLY, 0, NULL, 0, 0, "cuda", "the only device", 0},
+    {"--sparse_embedding", FLAG_BOOL, ARG(sw.sparse_embedding), "1", 0, 0, NULL, "1: lazy row-sparse AdamW on wte; 0: dense AdamW", 1},
+    {"--overlap_optimizer", FLAG_BOOL, ARG(sw.overlap_optimizer), "1", 0, 0, NULL, "1: AdamW of each layer on a second stream during the backward", 1},
+    {"--shadow_weights", FLAG_BOOL, ARG(sw.shadow_weights), "1", 0, 0, NULL, "1: AdamW writes bf16 copies; 0: cast before every GEMM", 1},
+    {"--vector_adam", FLAG_BOOL, ARG(sw.vector_adam), "1", 0, 0, NULL, "1: 128-bit AdamW; 0: scalar", 1},
+    {"--metadata_by_value", FLAG_BOOL, ARG(sw.metadata_by_value), "1", 0, 0, NULL, "1: shapes as kernel arguments; 0: copied host-to-device per launch", 1},
+    {"--flash_attention", FLAG_BOOL, ARG(sw.flash_attention), "1", 0, 0, NULL, "1: flash attention; 0: unfused (scores and P in memory)", 1},
+    {"--bf16_grads", FLAG_BOOL, ARG(sw.bf16_grads), "1", 0, 0, NULL, "1: matmul weight gradients in bf16 when grad_accum is 1; 0: fp32", 1},
+    {"--cuda_graph", FLAG_BOOL, ARG(sw.cuda_graph), "1", 0, 0, NULL, "1: steps 2.. replay one CUDA graph (needs metadata_by_value 1)", 1},
+    {"--fused_rmsnorm", FLAG_BOOL, ARG(sw.fused_rmsnorm), "1", 0, 0, NULL, "1: one kernel per RMSNorm forward/backward; 0: separate ops", 1},
+    {"--delete_fills", FLAG_BOOL, ARG(sw.delete_fills), "1", 0, 0, NULL, "1: no fill before a kernel that overwrites its whole output; 0: the seed's fills", 1},
+    {"--deferred_adamw", FLAG_INT, ARG(sw.deferred_adamw), "-1", 0, BIG_INT, NULL, "AdamW of layers 0..N-1 in the next step's forward (not given: 12, or all layers of a smaller model; needs overlap_optimizer 1 and grad_zeroing none)", 1},
+    {"--grad_zeroing", FLAG_CHOICE, ARG(sw.grad_zeroing), "none", 0, 0, "none|memset|fill", "none: first gradient GEMM writes; memset or fill: zero grads each step", 1},
+};
+#undef ARG
+#define NUM_FLAGS ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
 
 // A number as the flag's value must start with a digit, '-' or '.': strtoll and strtod would also
 // take leading spaces and '+', which a typo can produce.
@@ -703,7 +712,7 @@ static inline int parse_float(const char* flag, const char* s, double lo, double
     double v = strtod(s, &end);
     float f = (float)v;
     if (!number_start(s) || errno || end == s || *end || !(f >= lo && f <= hi))
-        return l3_fail(err, "%s: bad value '%s' (a number in [%g, %g] as a 32-bit float)", flag, s, lo, hi);
+        return l3_fail(err, "%s: bad value '%s' (a number in [%.10g, %.10g] as a 32-bit float)", flag, s, lo, hi);
     if (v != 0.0 && !(fabsf(f) >= 1.17549435e-38f)) // 0 or subnormal in float: FLT_MIN
         return l3_fail(err, "%s: bad value '%s' (too small for a 32-bit float: it becomes %g)", flag, s, f);
     *out = f;
@@ -724,74 +733,126 @@ static inline int parse_bool(const char* flag, const char* s, int* out, char* er
     return 0;
 }
 
-// Applies one flag and its value.
-static inline int apply_flag(TrainArgs* a, const char* flag, const char* val, char* err) {
-    long long v = 0;
-    const long long BIG = 1LL << 30;
-#define INT_FLAG(NAME, FIELD, LO, HI)                                          \
-    if (!strcmp(flag, NAME)) {                                                 \
-        if (parse_int(flag, val, LO, HI, &v, err)) return -1;                  \
-        a->FIELD = (int)v;                                                     \
-        return 0;                                                              \
+// The index of `val` among choices "a|b|c", or -1.
+static inline int choice_index(const char* choices, const char* val) {
+    size_t n = strlen(val);
+    for (int i = 0; *choices; i++) {
+        const char* bar = strchr(choices, '|');
+        size_t len = bar ? (size_t)(bar - choices) : strlen(choices);
+        if (len == n && !strncmp(choices, val, n)) return i;
+        if (!bar) break;
+        choices = bar + 1;
     }
-#define FLOAT_FLAG(NAME, FIELD, LO, HI) \
-    if (!strcmp(flag, NAME)) return parse_float(flag, val, LO, HI, &a->FIELD, err);
-    if (!strcmp(flag, "--input_bin")) return parse_path(flag, val, &a->input_bin, err);
-    if (!strcmp(flag, "--llmc_filepath")) return parse_path(flag, val, &a->llmc_filepath, err);
-    if (!strcmp(flag, "--log_file")) return parse_path(flag, val, &a->log_file, err);
-    if (!strcmp(flag, "--checkpoint_dir")) return parse_path(flag, val, &a->checkpoint_dir, err);
-    if (!strcmp(flag, "--resume")) return parse_path(flag, val, &a->resume, err);
-    INT_FLAG("--checkpoint_every", checkpoint_every, 0, BIG)
-    INT_FLAG("--checkpoint_keep", checkpoint_keep, 1, BIG)
-    INT_FLAG("--num_iteration", num_iteration, 1, BIG)
-    INT_FLAG("--batch_size", batch_size, 1, BIG)
-    INT_FLAG("--sequence_length", sequence_length, 1, BIG)
-    INT_FLAG("--total_batch_size", total_batch_size, 1, BIG)
-    INT_FLAG("--deferred_adamw", sw.deferred_adamw, 0, BIG)
-    FLOAT_FLAG("--learning_rate", learning_rate, 0.0, 10.0)
-    FLOAT_FLAG("--weight_decay", weight_decay, 0.0, 10.0)
-    FLOAT_FLAG("--beta1", beta1, 0.0, 0.999999)
-    FLOAT_FLAG("--beta2", beta2, 0.0, 0.999999999)
-    FLOAT_FLAG("--eps", eps, 1e-30, 1.0)
-    if (!strcmp(flag, "--seed")) {
-        if (parse_int(flag, val, 0, 0x7fffffffffffffffLL, &v, err)) return -1;
-        a->seed = (unsigned long long)v;
-        return 0;
-    }
-    if (!strcmp(flag, "--overfit_single_batch")) return parse_bool(flag, val, &a->overfit_single_batch, err);
-    if (!strcmp(flag, "--sparse_embedding")) return parse_bool(flag, val, &a->sw.sparse_embedding, err);
-    if (!strcmp(flag, "--overlap_optimizer")) return parse_bool(flag, val, &a->sw.overlap_optimizer, err);
-    if (!strcmp(flag, "--shadow_weights")) return parse_bool(flag, val, &a->sw.shadow_weights, err);
-    if (!strcmp(flag, "--vector_adam")) return parse_bool(flag, val, &a->sw.vector_adam, err);
-    if (!strcmp(flag, "--flash_attention")) return parse_bool(flag, val, &a->sw.flash_attention, err);
-    if (!strcmp(flag, "--metadata_by_value")) return parse_bool(flag, val, &a->sw.metadata_by_value, err);
-    if (!strcmp(flag, "--bf16_grads")) return parse_bool(flag, val, &a->sw.bf16_grads, err);
-    if (!strcmp(flag, "--cuda_graph")) return parse_bool(flag, val, &a->sw.cuda_graph, err);
-    if (!strcmp(flag, "--fused_rmsnorm")) return parse_bool(flag, val, &a->sw.fused_rmsnorm, err);
-    if (!strcmp(flag, "--delete_fills")) return parse_bool(flag, val, &a->sw.delete_fills, err);
-    if (!strcmp(flag, "--grad_zeroing")) {
-        if (!strcmp(val, "none")) a->sw.grad_zeroing = GRAD_ZERO_NONE;
-        else if (!strcmp(val, "memset")) a->sw.grad_zeroing = GRAD_ZERO_MEMSET;
-        else if (!strcmp(val, "fill")) a->sw.grad_zeroing = GRAD_ZERO_FILL;
-        else return l3_fail(err, "--grad_zeroing: bad value '%s' (none, memset or fill)", val);
-        return 0;
-    }
-    if (!strcmp(flag, "--dtype"))
-        return strcmp(val, "bfloat16") ? l3_fail(err, "--dtype: '%s' is not supported (only bfloat16)", val) : 0;
-    if (!strcmp(flag, "--device"))
-        return strcmp(val, "cuda") ? l3_fail(err, "--device: '%s' is not supported (only cuda)", val) : 0;
-#undef INT_FLAG
-#undef FLOAT_FLAG
-    return l3_fail(err, "unknown flag '%s'", flag);
+    return -1;
 }
 
-static inline int is_bool_flag(const char* flag) {
-    const char* bools[] = {"--overfit_single_batch", "--sparse_embedding", "--overlap_optimizer",
-                           "--shadow_weights", "--vector_adam", "--metadata_by_value", "--flash_attention",
-                           "--bf16_grads", "--cuda_graph", "--fused_rmsnorm", "--delete_fills"};
-    for (size_t i = 0; i < sizeof(bools) / sizeof(bools[0]); i++)
-        if (!strcmp(flag, bools[i])) return 1;
-    return 0;
+// Parses `val` for flag f into its field of *a; `check_range` is off for the table's own defaults.
+static inline int flag_set(TrainArgs* a, const FlagSpec* f, const char* val, int check_range, char* err) {
+    char* field = (char*)a + f->offset;
+    double lo = check_range ? f->lo : -INFINITY, hi = check_range ? f->hi : INFINITY;
+    long long v = 0;
+    switch (f->kind) {
+    case FLAG_INT:
+        if (parse_int(f->name, val, check_range ? (long long)f->lo : INT_MIN, check_range ? (long long)f->hi : INT_MAX,
+                      &v, err))
+            return -1;
+        *(int*)field = (int)v;
+        return 0;
+    case FLAG_U64:
+        if (parse_int(f->name, val, 0, 0x7fffffffffffffffLL, &v, err)) return -1;
+        *(unsigned long long*)field = (unsigned long long)v;
+        return 0;
+    case FLAG_FLOAT: return parse_float(f->name, val, lo, hi, (float*)field, err);
+    case FLAG_BOOL: return parse_bool(f->name, val, (int*)field, err);
+    case FLAG_PATH: return parse_path(f->name, val, (const char**)field, err);
+    case FLAG_CHOICE: {
+        int i = choice_index(f->choices, val);
+        if (i < 0) return l3_fail(err, "%s: bad value '%s' (%s)", f->name, val, f->choices);
+        *(int*)field = i;
+        return 0;
+    }
+    case FLAG_ONLY:
+        return strcmp(val, f->choices) ? l3_fail(err, "%s: '%s' is not supported (only %s)", f->name, val, f->choices)
+                                       : 0;
+    }
+    return l3_fail(err, "%s: unknown flag kind", f->name);
+}
+
+static inline const FlagSpec* flag_find(const char* name) {
+    for (int i = 0; i < NUM_FLAGS; i++)
+        if (!strcmp(FLAGS[i].name, name)) return &FLAGS[i];
+    return NULL;
+}
+
+// Every field at the table's default; the rest (help) zero.
+static inline TrainArgs train_args_default(void) {
+    TrainArgs a;
+    memset(&a, 0, sizeof(a));
+    char err[L3_ERR_LEN];
+    for (int i = 0; i < NUM_FLAGS; i++)
+        if (FLAGS[i].def) flag_set(&a, &FLAGS[i], FLAGS[i].def, 0, err);
+    return a;
+}
+
+// Layers whose AdamW is deferred: --deferred_adamw's value (12 when not given), capped at the
+// model's layers (a 2-layer model defers both).
+static inline int deferred_layers(const Switches* sw, int n_layer) {
+    int k = sw->deferred_adamw >= 0 ? sw->deferred_adamw : 12;
+    return k < n_layer ? k : n_layer;
+}
+
+static inline void print_usage(FILE* f, const char* prog) {
+    static const char* const META[] = {"N", "N", "F", "0/1", "PATH", "MODE", "VALUE"};
+    fprintf(f, "usage: %s [flags]  (--flag value or --flag=value)\n  %-26s this text\n", prog, "--help, -h");
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        const FlagSpec* g = &FLAGS[i];
+        char head[64];
+        if (g->ablation && (i == 0 || !FLAGS[i - 1].ablation))
+            fprintf(f, "optimisations (all on by default; off for the ablation):\n");
+        snprintf(head, sizeof(head), "%s %s", g->name, g->kind == FLAG_ONLY ? g->choices : META[g->kind]);
+        fprintf(f, "  %-26s %s", head, g->help);
+        if (g->kind == FLAG_CHOICE) fprintf(f, " (%s)", g->choices);
+        int numeric = g->kind == FLAG_INT || g->kind == FLAG_FLOAT;
+        if (g->def && g->kind != FLAG_CHOICE && strcmp(g->def, "-1")) fprintf(f, " [%s", g->def);
+        else if (numeric) fprintf(f, " [");
+        if (numeric) fprintf(f, "%s%.10g..%.10g", strcmp(g->def, "-1") ? "; " : "", g->lo, g->hi);
+        if (g->def && g->kind != FLAG_CHOICE && (strcmp(g->def, "-1") || numeric)) fprintf(f, "]");
+        fprintf(f, "\n");
+    }
+}
+
+// The value of flag f in *a, as it would be typed.
+static inline void flag_format(const TrainArgs* a, const FlagSpec* f, char* out, size_t len) {
+    const char* field = (const char*)a + f->offset;
+    switch (f->kind) {
+    case FLAG_INT: snprintf(out, len, "%d", *(const int*)field); break;
+    case FLAG_U64: snprintf(out, len, "%llu", *(const unsigned long long*)field); break;
+    case FLAG_FLOAT: snprintf(out, len, "%g", *(const float*)field); break;
+    case FLAG_BOOL: snprintf(out, len, "%d", *(const int*)field); break;
+    case FLAG_PATH: snprintf(out, len, "%s", *(const char* const*)field ? *(const char* const*)field : "-"); break;
+    case FLAG_CHOICE: {
+        const char* c = f->choices;
+        for (int i = *(const int*)field; i > 0 && strchr(c, '|'); i--) c = strchr(c, '|') + 1;
+        snprintf(out, len, "%.*s", (int)(strchr(c, '|') ? strchr(c, '|') - c : (long)strlen(c)), c);
+        break;
+    }
+    case FLAG_ONLY: snprintf(out, len, "%s", f->choices); break;
+    }
+}
+
+// The run's flags, every row of the table with its value: "flags: --num_iteration 100 | ..." and
+// "optimisations: ..." (as given; main prints which of them take effect).
+static inline void train_args_print(FILE* f, const TrainArgs* a) {
+    char value[256];
+    for (int group = 0; group < 2; group++) {
+        fprintf(f, "%s", group ? "optimisations:" : "flags:");
+        for (int i = 0; i < NUM_FLAGS; i++) {
+            if (FLAGS[i].ablation != group || FLAGS[i].kind == FLAG_ONLY) continue;
+            flag_format(a, &FLAGS[i], value, sizeof(value));
+            fprintf(f, " %s %s |", FLAGS[i].name + 2, value);
+        }
+        fprintf(f, "\n");
+    }
 }
 
 // --flag value or --flag=value; a bool flag given without a value (next arg absent or a flag)
@@ -808,17 +869,15 @@ static inline int train_args_parse(TrainArgs* a, int argc, char** argv, char* er
         char flag[128];
         const char* eq = strchr(arg, '=');
         const char* val;
-        if (eq) {
-            size_t n = (size_t)(eq - arg) < sizeof(flag) - 1 ? (size_t)(eq - arg) : sizeof(flag) - 1;
-            memcpy(flag, arg, n), flag[n] = '\0', val = eq + 1;
-        } else {
-            snprintf(flag, sizeof(flag), "%s", arg);
-            int next_is_value = i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0;
-            if (next_is_value) val = argv[++i];
-            else if (is_bool_flag(flag)) val = "1";
-            else return l3_fail(err, "%s: missing value", flag);
-        }
-        if (apply_flag(a, flag, val, err)) return -1;
+        size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
+        snprintf(flag, sizeof(flag), "%.*s", (int)(n < sizeof(flag) - 1 ? n : sizeof(flag) - 1), arg);
+        const FlagSpec* f = flag_find(flag);
+        if (!f) return l3_fail(err, "unknown flag '%s'", flag);
+        if (eq) val = eq + 1;
+        else if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) val = argv[++i];
+        else if (f->kind == FLAG_BOOL) val = "1";
+        else return l3_fail(err, "%s: missing value", flag);
+        if (flag_set(a, f, val, 1, err)) return -1;
     }
     return 0;
 }

@@ -859,6 +859,44 @@ static void test_checkpoint_prune(void) {
     free(zeros);
 }
 
+// The flag table drives parsing, defaults, usage and the printed configuration: every row is in the
+// usage and the printout, its default typed back on a command line gives the same arguments, and
+// a numeric flag takes its bounds and refuses beyond them.
+static void test_flag_table(void) {
+    char err[L3_ERR_LEN], value[256], line[512];
+    TrainArgs d = train_args_default(), a;
+    FILE* f = tmpfile();
+    print_usage(f, "prog");
+    train_args_print(f, &d);
+    long size = ftell(f);
+    char* text = calloc(size + 1, 1);
+    rewind(f);
+    size_t got = fread(text, 1, size, f);
+    fclose(f);
+    int missing = 0, round_trip_bad = 0, bounds_bad = 0;
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        const FlagSpec* g = &FLAGS[i];
+        missing += !strstr(text, g->name) || (g->kind != FLAG_ONLY && !strstr(text, g->name + 2));
+        if (g->kind == FLAG_PATH || g->kind == FLAG_ONLY || !strcmp(g->name, "--deferred_adamw")) continue;
+        flag_format(&d, g, value, sizeof(value));
+        snprintf(line, sizeof(line), "%s=%s", g->name, value);
+        char* argv[] = {(char*)"prog", line};
+        round_trip_bad += train_args_parse(&a, 2, argv, err) != 0 || memcmp(&a, &d, sizeof(a)) != 0;
+        if (g->kind != FLAG_INT && g->kind != FLAG_FLOAT) continue;
+        snprintf(line, sizeof(line), "%s=%.10g", g->name, g->hi);
+        bounds_bad += train_args_parse(&a, 2, argv, err) != 0;
+        snprintf(line, sizeof(line), "%s=%.10g", g->name, g->lo - (g->kind == FLAG_INT ? 1.0 : 1e-3 + fabs(g->lo)));
+        bounds_bad += train_args_parse(&a, 2, argv, err) == 0 || !strstr(err, g->name);
+    }
+    CHECK(got == (size_t)size && missing == 0, "every one of the %d flags in the usage text and the printed configuration",
+          NUM_FLAGS);
+    CHECK(round_trip_bad == 0, "each default, typed back as --flag=value, gives the default arguments (%d differ)",
+          round_trip_bad);
+    CHECK(bounds_bad == 0, "each numeric flag takes its bounds and refuses below them, naming itself (%d wrong)",
+          bounds_bad);
+    free(text);
+}
+
 int main(void) {
     alarm(120); // a test that hangs (an open blocking on a FIFO) fails instead
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/llama3_host_test_XXXXXX");
@@ -878,6 +916,7 @@ int main(void) {
     test_token_files();
     test_loader();
     test_cli();
+    test_flag_table();
     test_rope();
     test_hostile_values();
     test_hostile_sizes();

@@ -1093,14 +1093,9 @@ int main(int argc, char** argv) {
     printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g | memory %.2f GiB\n", m.layout.total,
            a.batch_size, a.sequence_length, grad_accum, a.learning_rate, a.weight_decay,
            model_bytes(&m.layout, &m.act, &a.sw, grad_accum) / 1073741824.0);
-    const Switches* w = &a.sw;
-    printf("optimisations: sparse_embedding %d | overlap_optimizer %d | shadow_weights %d | vector_adam %d | "
-           "metadata_by_value %d | fused_rmsnorm %d | flash_attention %d | bf16_grads %d | cuda_graph %d | "
-           "deferred_adamw %d | delete_fills %d | grad_zeroing %s\n",
-           w->sparse_embedding, w->overlap_optimizer, w->shadow_weights, w->vector_adam, w->metadata_by_value,
-           w->fused_rmsnorm, w->flash_attention, m.grads_bf16 != NULL, m.use_graph,
-           w->overlap_optimizer && w->grad_zeroing == GRAD_ZERO_NONE ? m.sw.deferred_adamw : 0, w->delete_fills,
-           w->grad_zeroing == GRAD_ZERO_NONE ? "none" : w->grad_zeroing == GRAD_ZERO_MEMSET ? "memset" : "fill");
+    train_args_print(stdout, &a);
+    printf("in effect: bf16_grads %d | cuda_graph %d | deferred_adamw %d\n", m.grads_bf16 != NULL, m.use_graph,
+           a.sw.overlap_optimizer && a.sw.grad_zeroing == GRAD_ZERO_NONE ? m.sw.deferred_adamw : 0);
     if (in.model_path) {
         if (model_load(&m, in.model_path, fmt, err)) die(err, argv[0], false);
     } else {

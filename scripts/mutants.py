@@ -80,7 +80,7 @@ MUTANTS = [
     ("loader_no_advance", "loader", "llama3.h", "the data loader never moves past the first batch",
      "    if (!l->overfit_single_batch) l->pos += l->batch_tokens;\n", ""),
     ("uint16_offset", "loader", "llama3.h", "uint16 token files read one token late",
-     "memcpy(&t16, bytes + 1024 + 2 * i, 2);", "memcpy(&t16, bytes + 1024 + 2 * i + 2, 2);"),
+     "memcpy(&t16, src + 2 * i, 2);", "memcpy(&t16, src + 2 * i + 2, 2);"),
     ("rope_factor", "rope", "llama3.h", "llama3 RoPE scaling factor 8 instead of 32",
      "const double factor = 32.0,", "const double factor = 8.0,"),
     ("init_seed_from_clock", "determinism", "train_llama3.cu", "the random init seeded from the clock as "
