@@ -113,6 +113,19 @@ def plant(dest, mutant):
     open(full, "w").write(text.replace(old, new))
 
 
+def plant_check(mutants):
+    """Each mutant's code must occur exactly once in the tree as it is: code that moved leaves a
+    mutant that plants nothing."""
+    stale = [f"{m[0]} ({m[2]}: {open(os.path.join(ROOT, m[2])).read().count(m[4])} times)" for m in mutants
+             if open(os.path.join(ROOT, m[2])).read().count(m[4]) != 1]
+    for line in stale:
+        print(f"FAIL mutant {line}: its code must occur exactly once")
+    if not stale:
+        print(f"ok   every one of the {len(mutants)} mutants plants its bug (its code occurs exactly once)")
+    print(f"{0 if stale else 1} passed, {len(stale)} failed")
+    sys.exit(1 if stale else 0)
+
+
 def build(dest):
     r = subprocess.run(["make", "-s", "train_llama3", "test_llama3", "test_llama3_host", f"GENCODE={GENCODE}"],
                        cwd=dest, capture_output=True, text=True)
@@ -151,8 +164,12 @@ def main():
     ap.add_argument("--gpu_only", action="store_true", help="leave the host tests out")
     ap.add_argument("--out", help="also write the table (markdown) here")
     ap.add_argument("--keep", help="build the copies in this folder and keep them")
+    ap.add_argument("--plant_check", action="store_true",
+                    help="only check that every mutant's code occurs exactly once (no GPU; make test runs it)")
     args = ap.parse_args()
     mutants = [m for m in MUTANTS if not args.only or m[0] in args.only]
+    if args.plant_check:
+        plant_check(mutants)
     for ref in ("small_t64", "small_t1024", "small_b8", "small_accum", "small_dense"):
         if not os.path.exists(os.path.join(ROOT, "ref", f"{ref}_state.bin")):
             sys.exit(f"ref/{ref}_state.bin is missing: run `make test` on this GPU machine first")
