@@ -83,6 +83,13 @@ MUTANTS = [
      "memcpy(&t16, src + 2 * i, 2);", "memcpy(&t16, src + 2 * i + 2, 2);"),
     ("rope_factor", "rope", "llama3.h", "llama3 RoPE scaling factor 8 instead of 32",
      "const double factor = 32.0,", "const double factor = 8.0,"),
+    ("checkpoint_no_flush", "checkpoints", "train_llama3.cu", "a save does not apply the deferred AdamW updates "
+     "first (the saved weights miss them, and the eager step after the save skips them)",
+     "    saver_join(s); // the host buffers are free again\n    optimizer_flush(m);\n",
+     "    saver_join(s); // the host buffers are free again\n    m->adam_pending = 0;\n"),
+    ("resume_step_not_restored", "checkpoints", "train_llama3.cu", "a resume restores m and v but not AdamW's step "
+     "counter (bias corrections start again at step 1)",
+     "    CUDA_CHECK(cudaMemcpy(m->adam_step, &st->step, sizeof(int), cudaMemcpyHostToDevice));\n", ""),
     ("init_seed_from_clock", "determinism", "train_llama3.cu", "the random init seeded from the clock as "
      "well as --seed", "model_init_random(&m, a.seed);", "model_init_random(&m, a.seed ^ (uint64_t)time(NULL));"),
     ("embedding_grad_atomic", "determinism", "kernels.cuh", "the embedding gradient added row by row with "
