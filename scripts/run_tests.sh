@@ -127,6 +127,7 @@ host_tests() {
     run "Hugging Face convert/export round trip" python3 scripts/test_hf_convert.py
     run "prepare_data.py: your own text and tokenizers" python3 scripts/test_prepare_data.py
     run "scripts/mutants.py: every mutant still plants its bug" python3 scripts/mutants.py --plant_check
+    run "plot_log.py: a training log drawn, bad logs refused" python3 scripts/test_plot_log.py
 
     echo "== trainer bad-input errors"
     printf 'not a model file at all, just text padding it out to more than 1024 bytes %01100d' 0 > "$tmp/junk.bin"

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Plots a training log: ./train_llama3 --log_file LOG.jsonl, then
+
+    python3 scripts/plot_log.py LOG.jsonl OUT.png [--title TEXT]
+
+Three panels against the step: the train loss (and the val loss where a line has "val_loss"), the
+learning rate, and tokens per second. Each line of the log is one JSON object with at least "step"
+and "loss" (the trainer also writes "lr", "ms", "tok_per_s", "peak_mib"); a field a line lacks is
+left out of its panel. A line that is not JSON, or lacks step or loss, stops with its file and line
+number. The PNG goes to a temporary name, is fsynced and renamed, and may not be the log itself.
+Needs matplotlib.
+"""
+import argparse
+import io
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safe_write import write_atomic  # noqa: E402
+
+
+def read_log(path):
+    """The log's records, each a dict with at least an int step and a float loss."""
+    records = []
+    try:
+        lines = open(path).read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        sys.exit(f"error: {path}: cannot read: {e}")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            rec["step"], rec["loss"] = int(rec["step"]), float(rec["loss"])
+        except (ValueError, KeyError, TypeError) as e:
+            sys.exit(f"error: {path}:{number}: not a log line with a step and a loss ({e.__class__.__name__}: {e})")
+        records.append(rec)
+    if not records:
+        sys.exit(f"error: {path}: no log lines")
+    return records
+
+
+def series(records, field):
+    """(steps, values) of the records that have `field` with a finite value."""
+    pairs = [(r["step"], float(r[field])) for r in records
+             if isinstance(r.get(field), (int, float)) and math.isfinite(float(r[field]))]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def plot(records, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax_loss, ax_lr, ax_tok) = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
+    ax_loss.plot(*series(records, "loss"), lw=0.8, label="train")
+    val_steps, val = series(records, "val_loss")
+    if val:
+        ax_loss.plot(val_steps, val, "o-", ms=3, label="val")
+    ax_loss.set_ylabel("loss")
+    ax_loss.legend()
+    ax_lr.plot(*series(records, "lr"), lw=0.8)
+    ax_lr.set_ylabel("learning rate")
+    ax_tok.plot(*series(records, "tok_per_s"), lw=0.8)
+    ax_tok.set_ylabel("tokens / s")
+    ax_tok.set_xlabel("step")
+    for ax in (ax_loss, ax_lr, ax_tok):
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
+    plt.close(fig)
+    return png.getvalue()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("log")
+    ap.add_argument("out")
+    ap.add_argument("--title", help="default: the log's file name")
+    args = ap.parse_args()
+    records = read_log(args.log)
+    write_atomic(args.out, [plot(records, args.title or os.path.basename(args.log))], [args.log])
+    print(f"{args.out}: {len(records)} steps plotted")
+
+
+if __name__ == "__main__":
+    main()
