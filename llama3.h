@@ -988,8 +988,9 @@ static inline uint64_t tokens_hash(const TokenData* d) {
     return h;
 }
 
+// data_hash: tokens_hash of the loader's data (computed once per run by the caller).
 static inline CheckpointState checkpoint_state_make(const TrainArgs* a, int step, size_t n_params,
-                                                    const DataLoader* l) {
+                                                    const DataLoader* l, uint64_t data_hash) {
     CheckpointState st;
     memset(&st, 0, sizeof(st));
     st.magic = CKPT_MAGIC, st.version = CKPT_VERSION, st.step = step;
@@ -999,7 +1000,7 @@ static inline CheckpointState checkpoint_state_make(const TrainArgs* a, int step
     st.beta1 = a->beta1, st.beta2 = a->beta2, st.eps = a->eps;
     memcpy(st.switches, &a->sw, sizeof(a->sw));
     st.seed = a->seed, st.n_params = n_params, st.loader_pos = l->pos;
-    st.data_tokens = l->data->n_tokens, st.data_hash = tokens_hash(l->data);
+    st.data_tokens = l->data->n_tokens, st.data_hash = data_hash;
     return st;
 }
 

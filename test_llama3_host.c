@@ -164,6 +164,15 @@ static void test_seed_model_file(void) {
     free(vals), free(params);
 }
 
+// llm.c's 2048-byte header (256 int32, then 256 float32) for config c in `version` (3 fp32, 5 bf16).
+static void llmc_header_write(int32_t h[512], const Llama3Config* c, int version) {
+    memset(h, 0, 512 * sizeof(int32_t));
+    h[0] = MODEL_MAGIC, h[1] = version, h[2] = c->max_seq_len, h[3] = c->vocab_size, h[4] = c->n_layer;
+    h[5] = c->n_head, h[6] = c->n_kv_head, h[7] = c->n_embd, h[8] = c->multiple_of, h[9] = c->use_scaled_rope;
+    h[10] = 3, h[11] = 2; // llm.c's major and minor version
+    memcpy(&h[256], &c->ffn_dim_multiplier, 4), memcpy(&h[257], &c->norm_eps, 4), memcpy(&h[258], &c->rope_theta, 4);
+}
+
 static void test_llmc_model_file(void) {
     Llama3Config c = small_config(), got;
     SegmentList s = llmc_file_segments(&c, 2048, 4);
@@ -172,10 +181,8 @@ static void test_llmc_model_file(void) {
     for (int i = 0; i < s.n; i++)
         for (size_t j = 0; j < s.seg[i].count; j++)
             vals[(s.seg[i].file_offset - 2048) / 4 + j] = s.seg[i].param_offset < 0 ? 0.0f : (float)(i * 1000 + j % 997);
-    int32_t h[512] = {0};
-    h[0] = MODEL_MAGIC, h[1] = 3, h[2] = c.max_seq_len, h[3] = c.vocab_size, h[4] = c.n_layer, h[5] = c.n_head;
-    h[6] = c.n_kv_head, h[7] = c.n_embd, h[8] = c.multiple_of, h[9] = 1, h[10] = 3, h[11] = 2;
-    memcpy(&h[256], &c.ffn_dim_multiplier, 4), memcpy(&h[257], &c.norm_eps, 4), memcpy(&h[258], &c.rope_theta, 4);
+    int32_t h[512];
+    llmc_header_write(h, &c, MODEL_VERSION_FP32);
     const char* path = tmp_path("llmc.bin");
     write_file(path, h, sizeof(h), vals, n_floats * 4);
     char err[L3_ERR_LEN];
@@ -420,11 +427,8 @@ static unsigned char* tiny_model(ModelFileFormat fmt, size_t* size, SegmentList*
     if (fmt == MODEL_FILE_SEED) {
         seed_header_write(b, &c);
     } else {
-        int32_t h[512] = {MODEL_MAGIC, 3, c.max_seq_len, c.vocab_size, c.n_layer, c.n_head, c.n_kv_head, c.n_embd,
-                          c.multiple_of, c.use_scaled_rope};
-        memcpy(&h[256], &c.ffn_dim_multiplier, 4);
-        memcpy(&h[257], &c.norm_eps, 4);
-        memcpy(&h[258], &c.rope_theta, 4);
+        int32_t h[512];
+        llmc_header_write(h, &c, MODEL_VERSION_FP32);
         memcpy(b, h, sizeof(h));
     }
     for (int i = 0; i < segs->n; i++)
@@ -707,11 +711,8 @@ static void test_hostile_sizes(void) {
 static void test_llmc_bf16_file(void) {
     Llama3Config c = small_config(), got;
     SegmentList s = llmc_file_segments(&c, 2048, 2);
-    unsigned char h[2048] = {0};
-    int32_t ints[12] = {MODEL_MAGIC, MODEL_VERSION_BF16, c.max_seq_len, c.vocab_size, c.n_layer, c.n_head,
-                        c.n_kv_head, c.n_embd, c.multiple_of, c.use_scaled_rope, 3, 2};
-    float floats[3] = {c.ffn_dim_multiplier, c.norm_eps, c.rope_theta};
-    memcpy(h, ints, sizeof(ints)), memcpy(h + 1024, floats, sizeof(floats));
+    int32_t h[512];
+    llmc_header_write(h, &c, MODEL_VERSION_BF16);
     size_t n16 = (s.end - 2048) / 2;
     uint16_t* vals = calloc(n16, 2);
     for (int i = 0; i < s.n; i++)
@@ -765,7 +766,7 @@ static void test_checkpoint_round_trip(void) {
     l.pos = 48;
     const char* dir = tmp_path("ckpt");
     make_dir(dir, err);
-    CheckpointState st = checkpoint_state_make(&a, 10, n, &l), rd;
+    CheckpointState st = checkpoint_state_make(&a, 10, n, &l, tokens_hash(&d)), rd;
     int rc = checkpoint_write(dir, &c, &st, params, m, v, err);
     CHECK(rc == 0, "checkpoint_write (%s)", rc ? err : "ok");
     rc = checkpoint_resolve(dir, model, state, err);
@@ -846,7 +847,7 @@ static void test_checkpoint_prune(void) {
     make_dir(dir, err);
     int steps[] = {5, 10, 15, 20, 30}, rc = 0;
     for (int i = 0; i < 5; i++) {
-        CheckpointState st = checkpoint_state_make(&a, steps[i], n, &l);
+        CheckpointState st = checkpoint_state_make(&a, steps[i], n, &l, tokens_hash(&d));
         rc |= checkpoint_write(dir, &c, &st, zeros, zeros, zeros, err);
     }
     checkpoint_paths(dir, 12, folder, model, state, err);

@@ -797,6 +797,7 @@ typedef struct {
     int keep;
     Llama3Config cfg;
     size_t n_params;
+    uint64_t data_hash; // tokens_hash of the run's token data, for each save's state
     float *params, *adam_m, *adam_v; // pinned host copies of one save
     cudaStream_t stream;
     cudaEvent_t flushed, copied;
@@ -807,9 +808,9 @@ typedef struct {
     char err[L3_ERR_LEN];
 } Saver;
 
-static void saver_create(Saver* s, const Model* m, const char* dir, int keep) {
+static void saver_create(Saver* s, const Model* m, const char* dir, int keep, const TokenData* data) {
     memset(s, 0, sizeof(*s));
-    s->dir = dir, s->keep = keep, s->cfg = m->cfg, s->n_params = m->layout.total;
+    s->dir = dir, s->keep = keep, s->cfg = m->cfg, s->n_params = m->layout.total, s->data_hash = tokens_hash(data);
     size_t bytes = s->n_params * sizeof(float);
     float** host[3] = {&s->params, &s->adam_m, &s->adam_v};
     for (int i = 0; i < 3; i++)
@@ -861,7 +862,7 @@ static void checkpoint_save(Model* m, Saver* s, const TrainArgs* a, const DataLo
     CUDA_CHECK(cudaMemcpyAsync(s->adam_v, m->adam_v, bytes, cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaEventRecord(s->copied, s->stream));
     m->save_copy = &s->copied;
-    s->st = checkpoint_state_make(a, step, s->n_params, loader);
+    s->st = checkpoint_state_make(a, step, s->n_params, loader, s->data_hash);
     if (pthread_create(&s->writer, NULL, saver_write, s) != 0) {
         fprintf(stderr, "error: checkpoint: cannot start the writer thread\n");
         exit(EXIT_FAILURE);
@@ -1103,7 +1104,7 @@ int main(int argc, char** argv) {
     }
     if (a.resume) checkpoint_restore(&m, in.resume_state, &in.st), loader.pos = in.st.loader_pos;
     static Saver saver;
-    if (a.checkpoint_dir) saver_create(&saver, &m, a.checkpoint_dir, a.checkpoint_keep);
+    if (a.checkpoint_dir) saver_create(&saver, &m, a.checkpoint_dir, a.checkpoint_keep, &tokens);
     train(&m, &a, &loader, log_json, a.checkpoint_dir ? &saver : NULL, a.resume ? in.st.step + 1 : 1);
     if (a.checkpoint_dir) saver_free(&saver);
     model_free(&m);
