@@ -18,14 +18,24 @@ DEV_BINARIES = $(DEV_SOURCES:.cu=)
 .PHONY: all dev test sanitize clean bench-kernels
 all: train_llama3 test_llama3 test_llama3_host dev
 
-# The default data set is linked into the trainer as a binary blob (symbols
-# _binary_data_tiny_shakespeare_train_bin_start/_end), so ./train_llama3 needs no files.
+# The default data set is linked into the trainer as binary blobs (symbols
+# _binary_data_tiny_shakespeare_train_bin_start/_end, and _val_ for the val split), so
+# ./train_llama3 needs no files.
 build/default_data.o: data/tiny_shakespeare_train.bin
 	@mkdir -p build
 	ld -r -b binary -z noexecstack -o $@ $<
+build/default_val.o: data/tiny_shakespeare_val.bin
+	@mkdir -p build
+	ld -r -b binary -z noexecstack -o $@ $<
+# The LLaMA-3 id-to-bytes table (scripts/prepare_data.py), for printing generated tokens as text:
+# _binary_data_llama3_vocab_bin_start/_end.
+build/vocab.o: data/llama3_vocab.bin
+	@mkdir -p build
+	ld -r -b binary -z noexecstack -o $@ $<
 
-train_llama3: train_llama3.cu kernels.cuh llama3.h build/default_data.o
-	$(NVCC) $(NVCC_FLAGS) train_llama3.cu build/default_data.o $(LIBS) -o $@
+BLOBS = build/default_data.o build/default_val.o build/vocab.o
+train_llama3: train_llama3.cu kernels.cuh llama3.h $(BLOBS)
+	$(NVCC) $(NVCC_FLAGS) train_llama3.cu $(BLOBS) $(LIBS) -o $@
 
 test_llama3: test_llama3.cu train_llama3.cu kernels.cuh llama3.h
 	$(NVCC) $(NVCC_FLAGS) test_llama3.cu $(LIBS) -o $@

@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "llama3.h" // LrSchedule and lr_at, evaluated on the device
+
 typedef __nv_bfloat16 bf16;
 
 // ---- error checks ----
@@ -1222,32 +1224,146 @@ static void mean(float* out, const float* values, int n, cudaStream_t s) {
 
 // Hyperparameters of one step. They live in device memory, written by adamw_next_step at the
 // start of each step [graphs]: a captured step then replays unchanged, with no value of the host
-// baked into it and no host-to-device copy per step; each AdamW thread reads the 28 bytes from
-// cache.
+// baked into it and no host-to-device copy per step; each AdamW thread reads the 36 bytes from
+// cache. The step's own kernels complete them: grad_scale once the gradient norm is known, skip
+// once the loss (and norm) are.
 typedef struct {
-    float lr, beta1, beta2, eps, weight_decay;
+    float lr, beta1, beta2, eps, weight_decay; // lr: the schedule's for this step
     float step_size;       // lr / (1 - beta1^t)
     float bias_corr2_sqrt; // sqrt(1 - beta2^t)
+    float grad_scale;      // gradient clipping's min(1, clip / (norm + 1e-6)); 1 without clipping
+    int skip;              // NaN guard: 1 when the step's loss or gradient norm is not finite
 } AdamWParams;
 
-// One thread: t = ++step, then h[0] = base with step t's bias corrections (in double, as
-// torch.optim.AdamW computes them on the host); h[1] keeps step t-1's, for the updates that a
-// step leaves to the next one [deferred AdamW].
-__global__ void adamw_next_step_kernel(AdamWParams* h, int* step, AdamWParams base) {
+// What the host learns of each step, copied to pinned memory once per step (read a step later).
+typedef struct {
+    float loss;      // mean loss over the step's tokens
+    float grad_norm; // global L2 norm of the gradients before clipping (with --grad_clip only)
+    float lr;
+    int skipped;       // 1: this step's update was skipped by the NaN guard
+    int bad_in_row;    // skipped steps in a row, this one included
+    int skipped_total; // skipped steps of this process
+} StepStats;
+
+// One thread: t = ++step, then h[0] = step t's hyperparameters: the scheduled lr and the bias
+// corrections (in double, as torch.optim.AdamW computes them on the host); h[1] keeps step
+// t-1's, for the updates that a step leaves to the next one [deferred AdamW].
+__global__ void adamw_next_step_kernel(AdamWParams* h, int* step, AdamWParams base, LrSchedule sched,
+                                       StepStats* stats) {
     int t = ++*step;
+    base.lr = lr_at(sched, t);
     base.step_size = (float)(base.lr / (1.0 - pow((double)base.beta1, t)));
     base.bias_corr2_sqrt = (float)sqrt(1.0 - pow((double)base.beta2, t));
+    base.grad_scale = 1.0f, base.skip = 0;
     h[1] = h[0];
     h[0] = base;
+    stats->lr = base.lr;
 }
-static void adamw_next_step(AdamWParams* h, int* step, AdamWParams base, cudaStream_t s) {
-    adamw_next_step_kernel<<<1, 1, 0, s>>>(h, step, base);
+static void adamw_next_step(AdamWParams* h, int* step, AdamWParams base, LrSchedule sched, StepStats* stats,
+                            cudaStream_t s) {
+    adamw_next_step_kernel<<<1, 1, 0, s>>>(h, step, base, sched, stats);
     LAUNCH_CHECK();
 }
 
-// torch.optim.AdamW's update (the fused kernel's order of operations).
-__device__ inline void adamw_update(float& p, float& m, float& v, float g, const AdamWParams& h) {
-    p -= h.lr * h.weight_decay * p;
+// The NaN guard's count, by the step's last guard kernel: a skipped step extends the run of bad
+// steps that --max_bad_steps bounds, a good one ends it.
+__device__ inline void count_step(StepStats* stats, int skip) {
+    stats->skipped = skip;
+    stats->bad_in_row = skip ? stats->bad_in_row + 1 : 0;
+    stats->skipped_total += skip;
+}
+
+// The step's mean loss (one block, fixed order: deterministic) and the NaN guard on it, before any
+// AdamW of the step reads h->skip. count: this is the step's last guard (no gradient norm follows).
+__global__ void loss_guard_kernel(AdamWParams* h, StepStats* stats, const float* losses, int n, bool count) {
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += losses[i];
+    sum = block_sum(sum);
+    if (threadIdx.x != 0) return;
+    stats->loss = sum / n;
+    h->skip = !isfinite(stats->loss);
+    if (count) count_step(stats, h->skip);
+}
+static void loss_guard(AdamWParams* h, StepStats* stats, const float* losses, int n, bool count, cudaStream_t s) {
+    loss_guard_kernel<<<1, 1024, 0, s>>>(h, stats, losses, n, count);
+    LAUNCH_CHECK();
+}
+
+// [clipping] Sum of squares of n gradients into partial[blockIdx.x], VEC per 16-byte load, in a
+// fixed grid: each block's share is the same every step, so the sum is deterministic. Reading the
+// gradients is the whole cost (2 bytes per bf16 gradient): launched on the optimizer stream as
+// soon as the backward has written them, it fills bandwidth the backward leaves idle, partly from
+// L2 where the gradient GEMM just wrote.
+template <int VEC, typename G> __device__ inline float thread_sum_squares(const G* g, size_t n) {
+    float acc = 0.0f;
+    size_t stride = (size_t)gridDim.x * blockDim.x * VEC;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC; i < n; i += stride) {
+        if constexpr (VEC > 1) {
+            Vec16<G> x = load16(g + i);
+            for (int e = 0; e < VEC; e++) acc += (float)x.v[e] * (float)x.v[e];
+        } else {
+            acc += (float)g[i] * (float)g[i];
+        }
+    }
+    return acc;
+}
+template <int VEC, typename G> __global__ void sum_squares_kernel(float* partial, const G* g, size_t n) {
+    float acc = block_sum(thread_sum_squares<VEC>(g, n));
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+// [clipping] [sparse rows] The same over the wte gradient rows this step touched (the rest are
+// zero): block b takes the sorted entries b, b + gridDim.x, ... that own their row.
+__global__ void sum_squares_rows_kernel(float* partial, const float* g, const int* sorted_tokens, int n_sorted, int C) {
+    float acc = 0.0f;
+    for (int j = blockIdx.x; j < n_sorted; j += gridDim.x) {
+        if (!owns_row(sorted_tokens, j)) continue;
+        const float* row = g + (size_t)sorted_tokens[j] * C;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) acc += row[c] * row[c];
+    }
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+// Blocks per sum of squares: each launch owns this many partial sums (unused ones stay zero).
+// 1024 of 256 threads keep 4 MB of loads in flight, about what the H200 needs to stream at full
+// bandwidth (dev/grad_norm).
+#define SUMSQ_BLOCKS 1024
+template <typename G> static void sum_squares(float* partial, const G* g, size_t n, cudaStream_t s) {
+    const int vec = 16 / sizeof(G), threads = 256;
+    unsigned blocks = std::min<unsigned>(SUMSQ_BLOCKS, ceil_div(n, (size_t)threads * vec));
+    if (n % vec == 0 && aligned16(g)) sum_squares_kernel<16 / sizeof(G)><<<blocks, threads, 0, s>>>(partial, g, n);
+    else sum_squares_kernel<1><<<blocks, threads, 0, s>>>(partial, g, n);
+    LAUNCH_CHECK();
+}
+static void sum_squares_rows(float* partial, const float* g, const int* sorted_tokens, int n_sorted, int C,
+                             cudaStream_t s) {
+    sum_squares_rows_kernel<<<std::min(SUMSQ_BLOCKS, n_sorted), 256, 0, s>>>(partial, g, sorted_tokens, n_sorted, C);
+    LAUNCH_CHECK();
+}
+
+// [clipping] The global norm from every partial sum (one block, fixed order), as
+// torch.nn.utils.clip_grad_norm_: scale = min(1, clip / (norm + 1e-6)); a norm that is not finite
+// skips the step (NaN guard). The step's last guard: counts it.
+__global__ void clip_guard_kernel(AdamWParams* h, StepStats* stats, const float* partial, int n, float clip) {
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += partial[i];
+    sum = block_sum(sum);
+    if (threadIdx.x != 0) return;
+    float norm = sqrtf(sum);
+    stats->grad_norm = norm;
+    h->grad_scale = fminf(1.0f, clip / (norm + 1e-6f));
+    h->skip |= !isfinite(norm);
+    count_step(stats, h->skip);
+}
+static void clip_guard(AdamWParams* h, StepStats* stats, const float* partial, int n, float clip, cudaStream_t s) {
+    clip_guard_kernel<<<1, 1024, 0, s>>>(h, stats, partial, n, clip);
+    LAUNCH_CHECK();
+}
+
+// torch.optim.AdamW's update (the fused kernel's order of operations), on the gradient times the
+// clipping scale; weight decay wd (0 for the norm weights).
+__device__ inline void adamw_update(float& p, float& m, float& v, float g, const AdamWParams& h, float wd) {
+    g *= h.grad_scale;
+    p -= h.lr * wd * p;
     m = h.beta1 * m + (1.0f - h.beta1) * g;
     v = h.beta2 * v + (1.0f - h.beta2) * g * g;
     p -= h.step_size * m / (sqrtf(v) / h.bias_corr2_sqrt + h.eps);
@@ -1265,12 +1381,12 @@ __device__ inline float grad_at(const bf16* g, size_t i) { return __bfloat162flo
 // streaming hints at 93% of the copy ceiling and plain ones at 99% on the H200.
 template <typename G>
 __device__ inline float4 adamw_update4(float* params, float* m, float* v, const G* grads, size_t i,
-                                       const AdamWParams& h) {
+                                       const AdamWParams& h, float wd) {
     Vec16<float> p = load16(params + i), m4 = load16(m + i), v4 = load16(v + i);
     float4 g4 = load_grad4(grads + i);
     const float g[4] = {g4.x, g4.y, g4.z, g4.w};
 #pragma unroll
-    for (int e = 0; e < 4; e++) adamw_update(p.v[e], m4.v[e], v4.v[e], g[e], h);
+    for (int e = 0; e < 4; e++) adamw_update(p.v[e], m4.v[e], v4.v[e], g[e], h, wd);
     store16(params + i, p);
     store16(m + i, m4);
     store16(v + i, v4);
@@ -1278,9 +1394,9 @@ __device__ inline float4 adamw_update4(float* params, float* m, float* v, const 
 }
 template <typename G>
 __device__ inline float adamw_update1(float* params, float* m, float* v, const G* grads, size_t i,
-                                      const AdamWParams& h) {
+                                      const AdamWParams& h, float wd) {
     float p = params[i], mi = m[i], vi = v[i];
-    adamw_update(p, mi, vi, grad_at(grads, i), h);
+    adamw_update(p, mi, vi, grad_at(grads, i), h, wd);
     params[i] = p, m[i] = mi, v[i] = vi;
     return p;
 }
@@ -1289,25 +1405,28 @@ __device__ inline float adamw_update1(float* params, float* m, float* v, const G
 // stores; 1: the scalar fallback), and with SHADOW the bf16 copy the GEMMs read is written in
 // the same pass: 30 bytes per element (g, p, m, v read; p, m, v, shadow written; 28 with [bf16
 // grads]) and no cast kernel before any GEMM. The last n % VEC elements are done by the first
-// threads, scalar. G: the gradient's type, float or bf16.
+// threads, scalar. G: the gradient's type, float or bf16. decay: weight decay applies (not to the
+// norm weights). A step the NaN guard skips changes nothing.
 template <int VEC, bool SHADOW, typename G>
 __global__ void adamw_kernel(float* params, float* m, float* v, const G* grads, bf16* shadow, size_t n,
-                             const AdamWParams* hp) {
+                             const AdamWParams* hp, bool decay) {
     const AdamWParams h = *hp;
+    if (h.skip) return;
+    float wd = decay ? h.weight_decay : 0.0f;
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, i = t * VEC;
     if (i + VEC <= n) {
         if constexpr (VEC == 4) {
-            float4 p = adamw_update4(params, m, v, grads, i, h);
+            float4 p = adamw_update4(params, m, v, grads, i, h, wd);
             if (SHADOW) store_bf16x4(shadow + i, p);
         } else {
-            float p = adamw_update1(params, m, v, grads, i, h);
+            float p = adamw_update1(params, m, v, grads, i, h, wd);
             if (SHADOW) shadow[i] = __float2bfloat16_rn(p);
         }
     }
     size_t tail = n % VEC;
     if (t < tail) {
         size_t j = n - tail + t;
-        float p = adamw_update1(params, m, v, grads, j, h);
+        float p = adamw_update1(params, m, v, grads, j, h, wd);
         if (SHADOW) shadow[j] = __float2bfloat16_rn(p);
     }
 }
@@ -1318,15 +1437,16 @@ __global__ void adamw_kernel(float* params, float* m, float* v, const G* grads, 
 // allow_vec4 = false forces the scalar kernel (the ablation's "no vectorised Adam").
 template <bool SHADOW, typename G>
 static void adamw_dense(float* params, float* m, float* v, const G* grads, bf16* shadow, size_t n,
-                        const AdamWParams* h, int sms, cudaStream_t s, bool allow_vec4 = true) {
+                        const AdamWParams* h, bool decay, int sms, cudaStream_t s, bool allow_vec4 = true) {
     const int threads = 256;
     bool aligned = aligned16(params) && aligned16(m) && aligned16(v) && ((uintptr_t)grads % (4 * sizeof(G))) == 0 &&
                    (!SHADOW || ((uintptr_t)shadow & 7) == 0);
     bool large = n >= (size_t)sms * threads * 4;
     if (allow_vec4 && aligned && large)
-        adamw_kernel<4, SHADOW><<<ceil_div(n / 4 + 1, threads), threads, 0, s>>>(params, m, v, grads, shadow, n, h);
+        adamw_kernel<4, SHADOW><<<ceil_div(n / 4 + 1, threads), threads, 0, s>>>(params, m, v, grads, shadow, n, h,
+                                                                                 decay);
     else
-        adamw_kernel<1, SHADOW><<<ceil_div(n, threads), threads, 0, s>>>(params, m, v, grads, shadow, n, h);
+        adamw_kernel<1, SHADOW><<<ceil_div(n, threads), threads, 0, s>>>(params, m, v, grads, shadow, n, h, decay);
     LAUNCH_CHECK();
 }
 
@@ -1334,7 +1454,7 @@ static void adamw_dense(float* params, float* m, float* v, const G* grads, bf16*
 // when it is the first of its run): the dense kernel's update on those rows only, so untouched
 // rows keep their m and v, and the gradient row is zeroed in the same pass, which restores the
 // "zero outside touched rows" invariant without a fill. 128-bit when C % 4 == 0 and the
-// pointers are aligned (VEC 4), scalar otherwise.
+// pointers are aligned (VEC 4), scalar otherwise. A skipped step only zeroes the rows.
 template <int VEC>
 __global__ void adamw_sparse_rows_kernel(float* params, float* m, float* v, float* grads, const int* sorted_tokens,
                                          int C, const AdamWParams* hp) {
@@ -1344,10 +1464,10 @@ __global__ void adamw_sparse_rows_kernel(float* params, float* m, float* v, floa
     size_t row = (size_t)sorted_tokens[j] * C;
     for (int c = threadIdx.x * VEC; c < C; c += blockDim.x * VEC) {
         if constexpr (VEC == 4) {
-            adamw_update4(params, m, v, grads, row + c, h);
+            if (!h.skip) adamw_update4(params, m, v, grads, row + c, h, h.weight_decay);
             store16(grads + row + c, Vec16<float>{});
         } else {
-            adamw_update1(params, m, v, grads, row + c, h);
+            if (!h.skip) adamw_update1(params, m, v, grads, row + c, h, h.weight_decay);
             grads[row + c] = 0.0f;
         }
     }
@@ -1357,6 +1477,165 @@ static void adamw_sparse_rows(float* params, float* m, float* v, float* grads, c
     bool vec4 = allow_vec4 && C % 4 == 0 && aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads);
     if (vec4) adamw_sparse_rows_kernel<4><<<n_sorted, 128, 0, s>>>(params, m, v, grads, sorted_tokens, C, h);
     else adamw_sparse_rows_kernel<1><<<n_sorted, 128, 0, s>>>(params, m, v, grads, sorted_tokens, C, h);
+    LAUNCH_CHECK();
+}
+
+// ---- sampling ----
+
+// The next token from one row of V bf16 logits, chosen as HF generate does, with the host's
+// uniform draw u in [0, 1):
+//   temperature 0: the argmax, the lowest index among equal maxima (torch.argmax, do_sample=False);
+//   temperature > 0: softmax(logits / temperature) over the logits >= the top_k-th largest (ties
+//   at that threshold kept, as TopKLogitsWarper; top_k 0 or >= V keeps all), and the first index,
+//   in index order, whose cumulative probability exceeds u.
+// NaN logits count as -inf, and -0 equals +0. When the largest logit is not finite (+inf, or every
+// logit -inf or NaN) the result is the argmax: there are no finite weights to draw from.
+// It runs once per generated token, outside the training step, so one block of SAMPLE_THREADS
+// does all of it, every sum in a fixed order (deterministic). The block reductions carry keys,
+// counts and indices as floats: exact below 2^24.
+#define SAMPLE_THREADS 1024
+
+// Unsigned 16-bit key that orders bf16 logits as floats (negatives: every bit flipped; the rest:
+// sign bit set). NaN takes -inf's key and -0 takes +0's.
+__device__ inline unsigned logit_key(bf16 x) {
+    unsigned b = __bfloat16_as_ushort(x);
+    if ((b & 0x7FFFu) > 0x7F80u) b = 0xFF80u; // NaN -> -inf
+    if (b == 0x8000u) b = 0;                  // -0 -> +0
+    return b & 0x8000u ? ~b & 0xFFFFu : b | 0x8000u;
+}
+__device__ inline float logit_value(bf16 x) {
+    float f = __bfloat162float(x);
+    return isnan(f) ? -INFINITY : f;
+}
+
+// Calls f(i, logit i) for i in [begin, end) by steps of `step`, VEC logits per load: VEC = 8 is
+// one 16-byte load (row 16-byte aligned; begin, end and step multiples of 8), VEC = 1 one bf16.
+template <int VEC, typename F>
+__device__ inline void for_each_logit(const bf16* row, int begin, int end, int step, F f) {
+    for (int i = begin; i < end; i += step) {
+        Vec16<bf16> x;
+        if (VEC == 8) x = load16(row + i);
+        else x.v[0] = row[i];
+        for (int e = 0; e < VEC; e++) f(i + e, x.v[e]);
+    }
+}
+
+__device__ inline float warp_inclusive_sum(float v) {
+    int lane = threadIdx.x % 32;
+    for (int o = 1; o < 32; o <<= 1) {
+        float u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    return v;
+}
+// Exclusive prefix sum over the block in thread order (blockDim.x a multiple of 32), the block's
+// total in *total: a scan within each warp, then one of the warp totals. A sum of zeros is 0.
+__device__ inline float block_exclusive_sum(float v, float* total) {
+    __shared__ float warp_total[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float inclusive = warp_inclusive_sum(v);
+    __syncthreads(); // a previous call may still be reading warp_total
+    if (lane == 31) warp_total[warp] = inclusive;
+    __syncthreads();
+    float warps = warp_inclusive_sum(lane < (int)(blockDim.x / 32) ? warp_total[lane] : 0.0f);
+    *total = __shfl_sync(0xffffffffu, warps, 31);
+    float before_warp = __shfl_sync(0xffffffffu, warps, (warp + 31) % 32);
+    float before_lane = __shfl_up_sync(0xffffffffu, inclusive, 1);
+    return (warp > 0 ? before_warp : 0.0f) + (lane > 0 ? before_lane : 0.0f);
+}
+
+// The lowest index holding the largest key: each thread keeps the first maximum of its strided
+// logits (visited in increasing order), then one block max finds the key and one the least index
+// holding it (negated).
+template <int VEC> __device__ inline int argmax_logit(const bf16* row, int V) {
+    float best = -1.0f, first = 0.0f;
+    for_each_logit<VEC>(row, threadIdx.x * VEC, V, blockDim.x * VEC, [&](int i, bf16 x) {
+        float key = (float)logit_key(x);
+        if (key > best) {
+            best = key;
+            first = (float)i;
+        }
+    });
+    float top = block_max(best);
+    return (int)-block_max(best == top ? -first : -INFINITY);
+}
+
+// Key of the top_k-th largest logit: the largest t with count(key >= t) >= top_k, bisected bit by
+// bit from the top. Exact, and it needs no buffer: 16 counting passes over the row (coalesced,
+// mostly from L2), each one block sum.
+template <int VEC> __device__ inline unsigned top_k_threshold(const bf16* row, int V, int top_k) {
+    unsigned threshold = 0;
+    for (int bit = 15; bit >= 0; bit--) {
+        unsigned t = threshold | 1u << bit;
+        float n = 0.0f;
+        for_each_logit<VEC>(row, threadIdx.x * VEC, V, blockDim.x * VEC, [&](int, bf16 x) {
+            n += logit_key(x) >= t;
+        });
+        if (block_sum(n) >= top_k) threshold = t;
+    }
+    return threshold;
+}
+
+// Inverse-CDF draw over w_i = exp((x_i - max) / temperature) for the logits with key >= threshold
+// (0 elsewhere), in index order. Thread t sums a contiguous chunk of the row; a block exclusive
+// scan gives each chunk's start; the last chunk with weight that starts at or below u * total
+// (the first such chunk starts at exactly 0, so there is one) rescans its logits for the first
+// index where the running sum exceeds u * total. Should fp32 rounding leave the chunk's end at or
+// below it, the chunk's last index with weight is taken: the token always has weight.
+template <int VEC>
+__device__ inline void sample_weights(int* token_out, const bf16* row, int V, float max_logit, float temperature,
+                                      unsigned threshold, float uniform) {
+    auto weight = [&](bf16 x) {
+        return logit_key(x) >= threshold ? expf((logit_value(x) - max_logit) / temperature) : 0.0f;
+    };
+    int per_round = blockDim.x * VEC, chunk = (V + per_round - 1) / per_round * VEC; // a multiple of VEC
+    int begin = min((int)threadIdx.x * chunk, V), end = min(begin + chunk, V);
+    float sum = 0.0f, total;
+    for_each_logit<VEC>(row, begin, end, VEC, [&](int, bf16 x) { sum += weight(x); });
+    float start = block_exclusive_sum(sum, &total);
+    float target = fminf(fmaxf(uniform, 0.0f), 1.0f) * total; // clamped: some chunk always owns it
+    int owner = (int)block_max(sum > 0.0f && start <= target ? (float)threadIdx.x : -1.0f);
+    if ((int)threadIdx.x != owner) return;
+    float run = start;
+    int first_over = -1, last_kept = begin;
+    for_each_logit<VEC>(row, begin, end, VEC, [&](int i, bf16 x) {
+        float w = weight(x);
+        run += w;
+        if (w > 0.0f) last_kept = i;
+        if (first_over < 0 && run > target) first_over = i;
+    });
+    *token_out = first_over >= 0 ? first_over : last_kept;
+}
+
+// One block: the argmax pass; for temperature > 0, the top-k bisection when it filters, then the
+// weights' pass, its scan and one chunk's rescan. Reads the row 2 (greedy), 3 or 19 (top-k) times.
+template <int VEC>
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_token_kernel(int* token_out, const bf16* logits, int V, float temperature, int top_k, float uniform) {
+    int greedy = argmax_logit<VEC>(logits, V);
+    float max_logit = logit_value(logits[greedy]);
+    if (!(temperature > 0.0f) || !isfinite(max_logit)) {
+        if (threadIdx.x == 0) *token_out = greedy;
+        return;
+    }
+    unsigned threshold = top_k > 0 && top_k < V ? top_k_threshold<VEC>(logits, V, top_k) : 0;
+    sample_weights<VEC>(token_out, logits, V, max_logit, temperature, threshold, uniform);
+}
+
+// *token_out (device) = the token chosen from logits[0, V) (device). 16-byte loads when the row
+// allows them (V % 8 == 0, 16-byte aligned), else one bf16 per load. V < 2^24: the reductions'
+// floats hold every count and index exactly. A finite temperature: an infinite one would weigh
+// -inf logits as exp(-inf / inf) = NaN.
+static void sample_token(int* token_out, const bf16* logits, int V, float temperature, int top_k, float uniform,
+                         cudaStream_t s) {
+    if (V < 1 || V >= 1 << 24 || !isfinite(temperature)) {
+        fprintf(stderr, "sample_token: V = %d must be in [1, 2^24), temperature %g finite\n", V, temperature);
+        exit(EXIT_FAILURE);
+    }
+    if (V % 8 == 0 && aligned16(logits))
+        sample_token_kernel<8><<<1, SAMPLE_THREADS, 0, s>>>(token_out, logits, V, temperature, top_k, uniform);
+    else
+        sample_token_kernel<1><<<1, SAMPLE_THREADS, 0, s>>>(token_out, logits, V, temperature, top_k, uniform);
     LAUNCH_CHECK();
 }
 

@@ -624,7 +624,50 @@ typedef struct {
     int checkpoint_every;       // 0: only after the last step
     int checkpoint_keep;        // complete checkpoints kept
     const char* resume;         // NULL: a fresh run; else a checkpoint folder or a --checkpoint_dir
+    int lr_schedule;            // LR_CONSTANT, LR_COSINE, LR_LINEAR, LR_WSD (see lr_at)
+    int warmup_iters;
+    float final_lr_frac, decay_frac;
+    float grad_clip;   // 0: no clipping (and no gradient norm)
+    int max_bad_steps; // skipped steps in a row that stop the run
+    const char* val_bin; // NULL: the embedded tiny shakespeare val split
+    int val_every, val_tokens; // val_every 0: no validation
+    int sample_every, sample_tokens, top_k; // sample_every 0: no sampling
+    float temperature;                      // 0: greedy
 } TrainArgs;
+
+// ---- learning-rate schedule ----
+// The lr of optimizer step t (1 = the first update, total = the run's last step): a linear warmup
+// to lr over the first `warmup` steps (lr * t / warmup, never 0), then constant; cosine or linear
+// from lr down to lr * final_frac at step total; or wsd (warmup, stable, decay): lr until the last
+// decay_frac of the run, then linear down to lr * final_frac at step total. Compiled for the host
+// and, by nvcc, for the device, where the step's first kernel evaluates it from the step counter
+// (so a captured step replays with each step's own lr).
+enum { LR_CONSTANT, LR_COSINE, LR_LINEAR, LR_WSD };
+typedef struct {
+    int kind, warmup, total;
+    float lr, final_frac, decay_frac;
+} LrSchedule;
+#ifdef __CUDACC__
+#define L3_HOST_DEVICE __host__ __device__
+#else
+#define L3_HOST_DEVICE
+#endif
+static inline L3_HOST_DEVICE float lr_at(LrSchedule s, int t) {
+    if (t <= s.warmup) return (float)((double)s.lr * t / s.warmup);
+    if (s.kind == LR_CONSTANT) return s.lr;
+    double start = s.warmup, wsd_start = s.total - (double)s.decay_frac * s.total; // where the decay starts
+    if (s.kind == LR_WSD && wsd_start > start) start = wsd_start;
+    if (t <= start) return s.lr;
+    double p = (t - start) / (s.total - start); // (0, 1] up to the last step
+    if (!(p <= 1)) p = 1;
+    double f = s.kind == LR_COSINE ? 0.5 * (1.0 + cos(M_PI * p)) : 1.0 - p; // 1 -> 0
+    return (float)(s.lr * (s.final_frac + (1.0 - s.final_frac) * f));
+}
+static inline LrSchedule lr_schedule_of(const TrainArgs* a) {
+    LrSchedule s = {a->lr_schedule, a->warmup_iters, a->num_iteration, a->learning_rate, a->final_lr_frac,
+                    a->decay_frac};
+    return s;
+}
 
 // One table drives parsing, the defaults, the usage text and the printed configuration: a new
 // flag is one row. A row names the TrainArgs field its value lands in (by offset), how the value
@@ -660,14 +703,27 @@ static const FlagSpec FLAGS[] = {
     {"--batch_size", FLAG_INT, ARG(batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", 0},
     {"--sequence_length", FLAG_INT, ARG(sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence", 0},
     {"--total_batch_size", FLAG_INT, ARG(total_batch_size), "256", 1, BIG_INT, NULL, "tokens per optimizer step, a multiple of B*T", 0},
-    {"--learning_rate", FLAG_FLOAT, ARG(learning_rate), "1e-5", 0.0, 10.0, NULL, "AdamW lr (constant)", 0},
-    {"--weight_decay", FLAG_FLOAT, ARG(weight_decay), "0", 0.0, 10.0, NULL, "AdamW decoupled weight decay", 0},
+    {"--learning_rate", FLAG_FLOAT, ARG(learning_rate), "1e-5", 0.0, 10.0, NULL, "AdamW peak lr", 0},
+    {"--lr_schedule", FLAG_CHOICE, ARG(lr_schedule), "constant", 0, 0, "constant|cosine|linear|wsd", "lr after the warmup: constant; cosine or linear to lr*final_lr_frac at the last step; wsd: constant, then linear over the last decay_frac", 0},
+    {"--warmup_iters", FLAG_INT, ARG(warmup_iters), "0", 0, BIG_INT, NULL, "steps of linear warmup from lr/N to lr", 0},
+    {"--final_lr_frac", FLAG_FLOAT, ARG(final_lr_frac), "0", 0.0, 1.0, NULL, "cosine, linear, wsd: the last step's lr over the peak", 0},
+    {"--decay_frac", FLAG_FLOAT, ARG(decay_frac), "0.2", 0.0, 1.0, NULL, "wsd: the fraction of the run that decays", 0},
+    {"--weight_decay", FLAG_FLOAT, ARG(weight_decay), "0", 0.0, 10.0, NULL, "AdamW decoupled weight decay (matrices and wte; not the norm weights)", 0},
+    {"--grad_clip", FLAG_FLOAT, ARG(grad_clip), "0", 0.0, 1e9, NULL, "clip the global gradient L2 norm to this (0: off; also measures the norm)", 0},
+    {"--max_bad_steps", FLAG_INT, ARG(max_bad_steps), "5", 1, BIG_INT, NULL, "stop after this many steps in a row skipped for a non-finite loss or grad norm", 0},
     {"--beta1", FLAG_FLOAT, ARG(beta1), "0.9", 0.0, 0.999999, NULL, "AdamW beta1", 0},
     {"--beta2", FLAG_FLOAT, ARG(beta2), "0.999", 0.0, 0.9999999403953552, NULL, "AdamW beta2", 0},
     {"--eps", FLAG_FLOAT, ARG(eps), "1e-8", 1e-30, 1.0, NULL, "AdamW eps", 0},
     {"--seed", FLAG_U64, ARG(seed), "42", 0, 9.2233720368547758e18, NULL, "random init seed", 0},
     {"--overfit_single_batch", FLAG_BOOL, ARG(overfit_single_batch), "0", 0, 0, NULL, "train on the first batch only", 0},
     {"--log_file", FLAG_PATH, ARG(log_file), NULL, 0, 0, NULL, "write one JSON line per step", 0},
+    {"--val_bin", FLAG_PATH, ARG(val_bin), NULL, 0, 0, NULL, "llm.c token file for the val loss (default: embedded tiny shakespeare val split)", 0},
+    {"--val_every", FLAG_INT, ARG(val_every), "0", 0, BIG_INT, NULL, "val loss every N steps and after the last (0: never)", 0},
+    {"--val_tokens", FLAG_INT, ARG(val_tokens), "32768", 1, BIG_INT, NULL, "tokens of val data per val loss (whole batches of B*T)", 0},
+    {"--sample_every", FLAG_INT, ARG(sample_every), "0", 0, BIG_INT, NULL, "generate text from BOS every N steps and after the last (0: never)", 0},
+    {"--sample_tokens", FLAG_INT, ARG(sample_tokens), "32", 1, BIG_INT, NULL, "tokens generated per sample (at most sequence_length - 1)", 0},
+    {"--temperature", FLAG_FLOAT, ARG(temperature), "1", 0.0, 100.0, NULL, "sampling temperature (0: greedy)", 0},
+    {"--top_k", FLAG_INT, ARG(top_k), "0", 0, BIG_INT, NULL, "sample from the k most likely tokens (0: all)", 0},
     {"--checkpoint_dir", FLAG_PATH, ARG(checkpoint_dir), NULL, 0, 0, NULL, "save checkpoints there (DIR/step_N/, DIR/latest), always after the last step", 0},
     {"--checkpoint_every", FLAG_INT, ARG(checkpoint_every), "0", 0, BIG_INT, NULL, "also save every N steps (0: only after the last)", 0},
     {"--checkpoint_keep", FLAG_INT, ARG(checkpoint_keep), "2", 1, BIG_INT, NULL, "complete checkpoints kept, older ones deleted", 0},
@@ -939,7 +995,103 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
     if (a->total_batch_size % bt != 0)
         return l3_fail(err, "--total_batch_size %d is not a multiple of batch_size*sequence_length = %lld",
                        a->total_batch_size, bt);
+    if (a->sample_every && a->sample_tokens >= a->sequence_length)
+        return l3_fail(err, "--sample_tokens %d: at most --sequence_length - 1 = %d (a sample is one sequence)",
+                       a->sample_tokens, a->sequence_length - 1);
+    if (a->top_k > c->vocab_size)
+        return l3_fail(err, "--top_k %d is more than the vocabulary (%d)", a->top_k, c->vocab_size);
     return 0;
+}
+
+// ---- vocabulary (decoding generated tokens) ----
+// data/llama3_vocab.bin, written by scripts/prepare_data.py and linked into the trainer
+// (_binary_data_llama3_vocab_bin_start/_end): a header of 256 little-endian int32 ([0] magic
+// VOCAB_MAGIC, [1] version 1, [2] n_tokens, [3] total bytes of all tokens, rest 0), then n_tokens+1
+// little-endian uint32 offsets (offset[0] = 0, non-decreasing, offset[n_tokens] = total), then the
+// bytes. Token i is bytes[offset[i] : offset[i+1]]: its raw BPE bytes, or a special token's name
+// ("<|begin_of_text|>"). The magic is not CKPT_MAGIC (20241201): a state.bin is refused as a table.
+
+#define VOCAB_MAGIC 20241202
+#define VOCAB_VERSION 1
+#define VOCAB_MAX_TOKENS (1 << 24) // LLaMA 3 has 128256; more is a corrupt header
+
+typedef struct {
+    int n_tokens;
+    uint32_t* offsets; // n_tokens + 1
+    unsigned char* bytes;
+} Vocab;
+
+static inline void vocab_free(Vocab* v) {
+    free(v->offsets);
+    free(v->bytes);
+    *v = (Vocab){0, NULL, NULL};
+}
+
+// Offsets start at 0, never decrease, stay inside the bytes and end at their total.
+static inline int vocab_offsets_check(const Vocab* v, uint32_t total, const char* name, char* err) {
+    const uint32_t* o = v->offsets;
+    if (o[0] != 0) return l3_fail(err, "%s: offset[0] = %u, not 0", name, o[0]);
+    for (int i = 1; i <= v->n_tokens; i++) {
+        if (o[i] < o[i - 1])
+            return l3_fail(err, "%s: offset[%d] = %u is less than offset[%d] = %u", name, i, o[i], i - 1,
+                           o[i - 1]);
+        if (o[i] > total)
+            return l3_fail(err, "%s: offset[%d] = %u is past the end of the %u bytes of tokens", name, i, o[i],
+                           total);
+    }
+    if (o[v->n_tokens] != total)
+        return l3_fail(err, "%s: offset[%d] = %u, not the header's total of %u bytes", name, v->n_tokens,
+                       o[v->n_tokens], total);
+    return 0;
+}
+
+// Copies the table out of a file image (a linked blob need not be 4-byte aligned: integers are
+// read with memcpy) once the header matches the size; then checks every offset.
+static inline int vocab_parse(Vocab* v, const unsigned char* data, size_t size, const char* name, char* err) {
+    *v = (Vocab){0, NULL, NULL};
+    if (size < 1024)
+        return l3_fail(err, "%s: truncated: %zu bytes, shorter than the 1024-byte header", name, size);
+    int32_t magic = read_i32(data, 0), version = read_i32(data, 4);
+    int32_t n = read_i32(data, 8), total = read_i32(data, 12);
+    if (magic != VOCAB_MAGIC)
+        return l3_fail(err, "%s: bad magic %d (expected %d, a vocabulary table)", name, magic, VOCAB_MAGIC);
+    if (version != VOCAB_VERSION)
+        return l3_fail(err, "%s: unknown version %d (this trainer reads version %d)", name, version,
+                       VOCAB_VERSION);
+    if (n <= 0 || n > VOCAB_MAX_TOKENS || total < 0)
+        return l3_fail(err, "%s: corrupt header: %d tokens (1 to %d expected) of %d bytes", name, n,
+                       VOCAB_MAX_TOKENS, total);
+    size_t offsets_bytes = 4 * ((size_t)n + 1), want = 1024 + offsets_bytes + (size_t)total;
+    if (size < want)
+        return l3_fail(err, "%s: truncated: %zu bytes, but its header's %d tokens of %d bytes need %zu", name,
+                       size, n, total, want);
+    if (size > want)
+        return l3_fail(err, "%s: %zu trailing bytes after the table of %d tokens of %d bytes", name,
+                       size - want, n, total);
+    v->n_tokens = n;
+    v->offsets = (uint32_t*)malloc(offsets_bytes);
+    v->bytes = (unsigned char*)malloc(total ? (size_t)total : 1);
+    if (!v->offsets || !v->bytes) {
+        vocab_free(v);
+        return l3_fail(err, "%s: out of host memory for a table of %zu bytes", name, size);
+    }
+    memcpy(v->offsets, data + 1024, offsets_bytes);
+    memcpy(v->bytes, data + 1024 + offsets_bytes, (size_t)total);
+    if (vocab_offsets_check(v, (uint32_t)total, name, err)) {
+        vocab_free(v);
+        return -1;
+    }
+    return 0;
+}
+
+// Writes the text of ids[0..n) to f: each token's bytes raw (a UTF-8 character split over tokens
+// comes out whole once all are written), an id outside the table (another vocabulary) as "<id>".
+static inline void vocab_print(FILE* f, const Vocab* v, const int32_t* ids, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        int32_t t = ids[i];
+        if (t < 0 || t >= v->n_tokens) fprintf(f, "<%d>", t);
+        else fwrite(v->bytes + v->offsets[t], 1, v->offsets[t + 1] - v->offsets[t], f);
+    }
 }
 
 // ---- checkpoints ----
@@ -972,6 +1124,9 @@ typedef struct {
     uint64_t loader_pos;  // token offset of the next batch
     uint64_t data_tokens; // the token data's identity: its length and a hash of its first tokens
     uint64_t data_hash;
+    int32_t lr_schedule, warmup_iters; // the saving run's schedule and clipping, for the reader; the lr
+    float final_lr_frac, decay_frac;   // of a resumed step follows the resuming run's flags
+    float grad_clip;
 } CheckpointState;
 static_assert(sizeof(CheckpointState) <= CKPT_HEADER_BYTES, "the state header fits its 256 bytes");
 static_assert(sizeof(Switches) == 12 * sizeof(int32_t), "CheckpointState.switches holds a Switches");
@@ -1001,6 +1156,8 @@ static inline CheckpointState checkpoint_state_make(const TrainArgs* a, int step
     memcpy(st.switches, &a->sw, sizeof(a->sw));
     st.seed = a->seed, st.n_params = n_params, st.loader_pos = l->pos;
     st.data_tokens = l->data->n_tokens, st.data_hash = data_hash;
+    st.lr_schedule = a->lr_schedule, st.warmup_iters = a->warmup_iters;
+    st.final_lr_frac = a->final_lr_frac, st.decay_frac = a->decay_frac, st.grad_clip = a->grad_clip;
     return st;
 }
 

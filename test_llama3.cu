@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #define STATE_MAGIC 20241129
-#define STATE_VERSION 3
+#define STATE_VERSION 4
 
 // ---- tolerances, fixed before measuring, and why ----
 // Logits and gradients: both sides round every matmul operand and activation to bf16 (2^-9
@@ -56,6 +56,15 @@ static const double TOL_FREE_PARAMS = 2.5e-1;
 // (measured 2e-7 relative). The angle t * inv_freq (fp32) carries t times that, so cos and sin
 // are compared to 1e-6 * (1 + angle): the ulp of the angle and of the result, with margin.
 static const double TOL_ROPE_FREQ = 1e-6, TOL_ROPE_TABLE = 1e-6;
+// The lr: the same double formula on both sides, ours rounded to fp32 (2^-24), torch's kept double.
+static const double TOL_LR = 1e-6;
+// Gradient norm on PyTorch's gradients (the reference-gradient path): the same values, ours
+// rounded to bf16 where the matmul gradients are bf16 (unbiased, averaging out over ~1e6 squares)
+// and summed in fp32 in another order.
+static const double TOL_NORM = 1e-4;
+// Gradient norm on our own gradients: the gradients' bf16-level differences (TOL_GRAD per tensor)
+// average over the tensors' squares; relative.
+static const double TOL_NORM_FREE = 1e-2;
 
 static int n_passed = 0, n_failed = 0;
 
@@ -82,21 +91,25 @@ static double rel_err(const float* ours, const float* want, const float* ref, co
 }
 
 // ---- the reference ----
-// State file: 256 int32 header: [0] magic 20241129, [1] version 3, [2] B, [3] T, [4] n_steps,
+// State file: 256 int32 header: [0] magic 20241129, [1] version 4, [2] B, [3] T, [4] n_steps,
 // [5] vocab_size, [6] 1 if the embedding was updated by lazy (row-sparse) AdamW, 0 if dense,
-// [7] grad_accum (micro-steps per step); float32 at [16] lr, [17] beta1, [18] beta2, [19] eps,
-// [20] weight_decay. Then int32 inputs and targets (n_steps, grad_accum, B*T) each; fp32 HF RoPE
-// inv_freq (HD/2), cos and sin (T, HD/2) each; step 1's first micro-batch logits (B*T, V) under
-// bf16 autocast and the same in plain fp32; per step t = 1..n_steps two parameter-sized blocks in
-// the seed file's tensor order: the step's gradients, the parameters after its AdamW; last the
-// n_steps losses (each the mean over the step's micro-batches).
+// [7] grad_accum (micro-steps per step), [8] lr schedule (LR_CONSTANT..LR_WSD), [9] warmup steps;
+// float32 at [16] lr (peak), [17] beta1, [18] beta2, [19] eps, [20] weight_decay, [21] grad_clip
+// (0: none), [22] final_lr_frac, [23] decay_frac. Then int32 inputs and targets (n_steps,
+// grad_accum, B*T) each; fp32 HF RoPE inv_freq (HD/2), cos and sin (T, HD/2) each; step 1's first
+// micro-batch logits (B*T, V) under bf16 autocast and the same in plain fp32; per step t =
+// 1..n_steps two parameter-sized blocks in the seed file's tensor order: the step's gradients
+// (before clipping), the parameters after its AdamW; last the n_steps losses (each the mean over
+// the step's micro-batches), gradient norms (clip_grad_norm_'s, 0 without clipping) and lrs.
 typedef struct {
     char model[512], state[512], tokens[512], tokens16[512], model_llmc[512]; // the last two may not exist
     Llama3Config cfg;
     ModelFileFormat fmt;
     size_t n_params;
     int B, T, n_steps, sparse_embedding, grad_accum;
-    float lr, beta1, beta2, eps, weight_decay;
+    float lr, beta1, beta2, eps, weight_decay, grad_clip;
+    LrSchedule sched;
+    float *grad_norms, *lrs;
     int32_t *inputs, *targets;
     float *inv_freq, *rope_cos, *rope_sin;
     float *logits, *logits_fp32, *losses;
@@ -121,7 +134,7 @@ static void ref_state_read(Ref* r) {
     int32_t h[256];
     read_exact(f, h, sizeof(h), r->state);
     if (h[0] != STATE_MAGIC || h[1] != STATE_VERSION || h[5] != r->cfg.vocab_size) {
-        fprintf(stderr, "%s: not a version-3 reference state for this model (regenerate it)\n", r->state);
+        fprintf(stderr, "%s: not a version-4 reference state for this model (regenerate it)\n", r->state);
         exit(EXIT_FAILURE);
     }
     r->B = h[2];
@@ -134,6 +147,10 @@ static void ref_state_read(Ref* r) {
     memcpy(&r->beta2, &h[18], 4);
     memcpy(&r->eps, &h[19], 4);
     memcpy(&r->weight_decay, &h[20], 4);
+    memcpy(&r->grad_clip, &h[21], 4);
+    r->sched.kind = h[8], r->sched.warmup = h[9], r->sched.total = r->n_steps, r->sched.lr = r->lr;
+    memcpy(&r->sched.final_frac, &h[22], 4);
+    memcpy(&r->sched.decay_frac, &h[23], 4);
     size_t bt = (size_t)r->B * r->T, toks = (size_t)r->n_steps * r->grad_accum * bt, V = r->cfg.vocab_size;
     size_t half = r->cfg.n_embd / r->cfg.n_head / 2;
     r->inputs = (int32_t*)read_array(f, toks * 4, r->state);
@@ -147,8 +164,10 @@ static void ref_state_read(Ref* r) {
     size_t losses_offset = r->steps_offset + 2 * (size_t)r->n_steps * r->n_params * 4;
     if (fseeko(f, (off_t)losses_offset, SEEK_SET) != 0) { fprintf(stderr, "%s: truncated\n", r->state); exit(1); }
     r->losses = (float*)read_array(f, r->n_steps * 4, r->state);
+    r->grad_norms = (float*)read_array(f, r->n_steps * 4, r->state);
+    r->lrs = (float*)read_array(f, r->n_steps * 4, r->state);
     fclose(f);
-    if (file_size_of(r->state) != (long long)(losses_offset + r->n_steps * 4)) {
+    if (file_size_of(r->state) != (long long)(losses_offset + 3 * r->n_steps * 4)) {
         fprintf(stderr, "%s: size does not match its header\n", r->state);
         exit(EXIT_FAILURE);
     }
@@ -244,16 +263,21 @@ static void check_blocks(const Model* m, const char* what, const float* ours, co
         }
 }
 
+// The update group (train_llama3.cu: head_group) of tensor t, layer l.
+static int group_of(const Model* m, int t, int l) { return t == P_WTE ? 0 : is_layer_tensor(t) ? 1 + l : head_group(m); }
+
 // The weights after step t on PyTorch's gradients, per tensor and layer, against torch's p_t
-// (`cur`), except layers 0..pending-1 whose AdamW is deferred into the next step [deferred
-// AdamW]: those must still hold p_{t-1} (`prev`). Errors relative to the step's update cur - prev.
+// (`cur`), except the groups whose AdamW is deferred into the next step (m->pending_begin..end)
+// [deferred AdamW]: those must still hold p_{t-1} (`prev`). Errors relative to the step's update
+// cur - prev. After a flush nothing is pending.
 static void check_step_weights(const Model* m, const char* what, const float* ours, const float* prev,
-                               const float* cur, int pending) {
+                               const float* cur) {
     const ParamLayout* p = &m->layout;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++)
         for (int l = 0; l < (int)(p->size[t] / p->layer_size[t]); l++) {
             size_t off = p->offset[t] + (size_t)l * p->layer_size[t], n = p->layer_size[t];
-            bool deferred = is_layer_tensor(t) && l < pending;
+            int g = group_of(m, t, l);
+            bool deferred = g >= m->pending_begin && g < m->pending_end;
             char name[96];
             snprintf(name, sizeof(name), "%s %s[%d]%s", what, PARAM_NAMES[t], l, deferred ? " (deferred: p_t-1)" : "");
             double e = rel_err(ours + off, (deferred ? prev : cur) + off, cur + off, prev + off, n);
@@ -344,7 +368,9 @@ static void reset_training(Model* m, const Ref* r) {
     CUDA_CHECK(cudaMemset(m->adam, 0, 2 * sizeof(AdamWParams)));
     CUDA_CHECK(cudaMemset(m->grads, 0, grads_f32_count(&m->layout, m->grads_bf16 != NULL) * 4));
     if (m->grads_bf16) CUDA_CHECK(cudaMemset(m->grads_bf16, 0, (m->layout.matmul_end - m->layout.matmul_begin) * 2));
-    m->adam_pending = 0;
+    CUDA_CHECK(cudaMemset(m->stats, 0, sizeof(StepStats)));
+    m->pending_begin = m->pending_end = 0;
+    m->eager_next = false;
     m->steps_run = 0; // the first step runs eagerly (its GEMM plans exist; the graph is replayed from the second)
     CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -357,14 +383,30 @@ static void stage_ref_batch(Model* m, const Ref* r, int step, int slot) {
     memcpy(dst + n_step, r->targets + step * n_step, n_step * 4);
 }
 
-// Optimizer step t through the training path on the reference's step `batch`; returns its loss.
-static float run_step(Model* m, const Ref* r, int t, int batch) {
+// Optimizer step t through the training path on the reference's step `batch`; returns its
+// statistics (loss, gradient norm, lr, NaN guard).
+static StepStats run_step(Model* m, const Ref* r, int t, int batch) {
     int slot = t % 2;
     stage_ref_batch(m, r, batch, slot);
-    m->loss_host[slot] = NAN; // poison: a step that does not copy its loss back fails
+    m->stats_host[slot].loss = m->stats_host[slot].lr = NAN; // poison: a step that does not copy them back fails
     train_step(m, slot);
     CUDA_CHECK(cudaDeviceSynchronize());
-    return m->loss_host[slot];
+    return m->stats_host[slot];
+}
+
+// Step t's gradient norm (with clipping) and lr against PyTorch's: clip_grad_norm_'s norm to
+// `norm_tol` relative, LambdaLR's lr to TOL_LR of the peak lr.
+static void check_norm_lr(const char* what, const Ref* r, int t, const StepStats* st, double norm_tol) {
+    char name[128];
+    if (r->grad_clip > 0) {
+        double e = fabs(st->grad_norm - r->grad_norms[t - 1]) / r->grad_norms[t - 1];
+        snprintf(name, sizeof(name), "%s step %d grad norm (ours %.6f ref %.6f)", what, t, st->grad_norm,
+                 r->grad_norms[t - 1]);
+        check(e <= norm_tol, name, e, norm_tol);
+    }
+    double e = fabs(st->lr - r->lrs[t - 1]) / r->lr; // (relative to the peak: the last step's lr may be 0)
+    snprintf(name, sizeof(name), "%s step %d lr (ours %.6g ref %.6g)", what, t, st->lr, r->lrs[t - 1]);
+    check(e <= TOL_LR, name, e, TOL_LR);
 }
 
 static void check_loss(const char* what, int t, float loss, float ref, double tol) {
@@ -486,12 +528,12 @@ static void test_step1(Model* m, const Ref* r) {
         forward(m, inputs);
         if (micro == 0) check_logits(m, r);
         classifier(m, m->tokens + n_step + micro * N, micro);
-        backward(m, inputs, micro > 0);
+        backward(m, inputs, micro > 0, micro == r->grad_accum - 1);
     }
-    mean(m->loss, act_f32(m, A_LOSSES), (int)n_step, m->stream);
-    float loss;
-    CUDA_CHECK(cudaMemcpy(&loss, m->loss, 4, cudaMemcpyDeviceToHost));
-    check_loss("first", 1, loss, r->losses[0], TOL_LOSS);
+    loss_guard(m->adam, m->stats, act_f32(m, A_LOSSES), (int)n_step, true, m->stream);
+    StepStats st;
+    CUDA_CHECK(cudaMemcpy(&st, m->stats, sizeof(st), cudaMemcpyDeviceToHost));
+    check_loss("first", 1, st.loss, r->losses[0], TOL_LOSS);
     float *grads = grads_to_host(m), *ref = ref_grads(r, 1);
     check_blocks(m, "grad", grads, ref, NULL, TOL_GRAD, true);
     free(grads);
@@ -505,11 +547,13 @@ static void test_adamw_path(Model* m, const Ref* r) {
     use_ref_grads(r);
     float* prev = ref_params(r, 0);
     for (int t = 1; t <= r->n_steps; t++) {
-        check_loss("adamw path", t, run_step(m, r, t, t - 1), r->losses[t - 1], TOL_LOSS);
+        StepStats st = run_step(m, r, t, t - 1);
+        check_loss("adamw path", t, st.loss, r->losses[t - 1], TOL_LOSS);
+        check_norm_lr("adamw path", r, t, &st, TOL_NORM);
         float *ours = to_host(m->params, m->layout.total), *cur = ref_params(r, t);
         char what[48];
         snprintf(what, sizeof(what), "adamw step %d", t);
-        check_step_weights(m, what, ours, prev, cur, m->adam_pending);
+        check_step_weights(m, what, ours, prev, cur);
         free(ours);
         free(prev);
         prev = cur;
@@ -517,7 +561,7 @@ static void test_adamw_path(Model* m, const Ref* r) {
     optimizer_flush(m); // [deferred AdamW] the last step's deferred layers
     CUDA_CHECK(cudaDeviceSynchronize());
     float *ours = to_host(m->params, m->layout.total), *before = ref_params(r, r->n_steps - 1);
-    check_step_weights(m, "adamw after flush", ours, before, prev, 0); // prev: p_n
+    check_step_weights(m, "adamw after flush", ours, before, prev); // prev: p_n
     if (m->sw.shadow_weights) check_shadow(m, ours);
     if (m->sw.sparse_embedding) check_wte_grad_zero(m);
     use_own_grads();
@@ -546,8 +590,34 @@ static void check_log(const char* log_path, const char* what, const Ref* r, doub
     check(n == r->n_steps && lines == n, name, lines, r->n_steps);
 }
 
-// train() itself on the reference's token file, on PyTorch's gradients: the losses it logs and
-// the weights it leaves.
+// The "val_loss" of step `step` in a train() JSON log; NaN if that line has none.
+static float logged_val_loss(const char* log_path, int step) {
+    FILE* f = fopen(log_path, "r");
+    char line[512], key[32];
+    float val = NAN;
+    snprintf(key, sizeof(key), "{\"step\": %d,", step);
+    while (f && fgets(line, sizeof(line), f))
+        if (!strncmp(line, key, strlen(key)) && strstr(line, "\"val_loss\": "))
+            val = strtof(strstr(line, "\"val_loss\": ") + 12, NULL);
+    if (f) fclose(f);
+    return val;
+}
+
+// --val_every through train(): the val data is step 3's batch, so the val loss after step 2 (the
+// weights p_2, the deferred updates applied) is PyTorch's step-3 loss. One micro-step per step only
+// (a step's loss is then one batch's).
+static void val_of_step3(const Ref* r, TokenData* val_tokens, DataLoader* val_loader) {
+    size_t N = (size_t)r->B * r->T;
+    char err[L3_ERR_LEN];
+    val_tokens->n_tokens = N + 1;
+    val_tokens->tokens = (uint32_t*)malloc((N + 1) * sizeof(uint32_t));
+    memcpy(val_tokens->tokens, r->inputs + 2 * N, N * sizeof(uint32_t));
+    val_tokens->tokens[N] = (uint32_t)r->targets[2 * N + N - 1];
+    if (loader_init(val_loader, val_tokens, r->B, r->T, 0, "step 3's batch", err)) fail_exit(err);
+}
+
+// train() itself on the reference's token file, on PyTorch's gradients: the losses it logs, the
+// weights it leaves, and with one micro-step per step the val loss after step 2.
 static void test_train_loop(Model* m, const Ref* r) {
     char log_path[] = "/tmp/test_llama3_log_XXXXXX";
     TokenData tokens;
@@ -558,18 +628,33 @@ static void test_train_loop(Model* m, const Ref* r) {
     if (!log) fail_exit("cannot create a temporary log file");
     TrainArgs a = train_args_default();
     a.num_iteration = r->n_steps;
-    a.learning_rate = r->lr;
+    a.learning_rate = r->lr, a.grad_clip = r->grad_clip; // (what train() prints and logs)
     a.log_file = log_path; // for train()'s write-error message
     reset_training(m, r);
     use_ref_grads(r);
-    train(m, &a, &loader, log, NULL, 1); // closes the log
+    TrainIO io = {&loader, log, NULL, NULL, NULL, NULL};
+    TokenData val_tokens = {};
+    DataLoader val_loader;
+    ValData val;
+    bool with_val = r->grad_accum == 1 && r->n_steps >= 3;
+    if (with_val) {
+        val_of_step3(r, &val_tokens, &val_loader);
+        val_create(&val, m, &val_loader, r->B * r->T);
+        io.val = &val, a.val_every = 2;
+    }
+    train(m, &a, &io, 1); // closes the log
     CUDA_CHECK(cudaDeviceSynchronize());
     use_own_grads();
     check_log(log_path, "train()", r, TOL_LOSS);
+    if (with_val) {
+        check_loss("train() val loss after", 2, logged_val_loss(log_path, 2), r->losses[2], TOL_LOSS);
+        val_free(&val);
+        tokens_free(&val_tokens);
+    }
     unlink(log_path);
     float *ours = to_host(m->params, m->layout.total), *prev = ref_params(r, r->n_steps - 1);
     float* last = ref_params(r, r->n_steps);
-    check_step_weights(m, "train() weights", ours, prev, last, 0);
+    check_step_weights(m, "train() weights", ours, prev, last);
     free(ours);
     free(prev);
     free(last);
@@ -582,7 +667,9 @@ static void test_train_loop(Model* m, const Ref* r) {
 static void test_free_run(Model* m, const Ref* r) {
     reset_training(m, r);
     for (int t = 1; t <= r->n_steps; t++) {
-        check_loss("free run", t, run_step(m, r, t, t - 1), r->losses[t - 1], t == 1 ? TOL_LOSS : TOL_LOSS_FREE);
+        StepStats st = run_step(m, r, t, t - 1);
+        check_loss("free run", t, st.loss, r->losses[t - 1], t == 1 ? TOL_LOSS : TOL_LOSS_FREE);
+        check_norm_lr("free run", r, t, &st, TOL_NORM_FREE);
         if (t > 1 || r->grad_accum == 1) continue;
         float *grads = grads_to_host(m), *ref = ref_grads(r, 1);
         int first = r->sparse_embedding ? P_LM_HEAD : P_WTE;
@@ -609,7 +696,7 @@ static void test_determinism(Model* m, const Ref* r, int steps) {
     float* weights[2];
     for (int run = 0; run < 2; run++) {
         reset_training(m, r);
-        for (int t = 1; t <= steps; t++) losses[run * steps + t - 1] = run_step(m, r, t, (t - 1) % r->n_steps);
+        for (int t = 1; t <= steps; t++) losses[run * steps + t - 1] = run_step(m, r, t, (t - 1) % r->n_steps).loss;
         optimizer_flush(m);
         CUDA_CHECK(cudaDeviceSynchronize());
         weights[run] = to_host(m->params, P);
@@ -626,16 +713,49 @@ static void test_determinism(Model* m, const Ref* r, int steps) {
     free(weights[1]);
 }
 
+// NaN guard: a step whose loss (and, with clipping, gradient norm) is not finite changes no weight
+// and no AdamW state, is counted, and the next step trains again. The NaN comes from one final-norm
+// weight (fp32, read by every position: every logit turns NaN), restored after the step.
+static void test_nan_guard(Model* m, const Ref* r) {
+    size_t P = m->layout.total, at = m->layout.offset[P_FINAL_NORM] + 3, changed = 0;
+    reset_training(m, r);
+    run_step(m, r, 1, 0);
+    optimizer_flush(m); // the weights whole, the next step eager
+    CUDA_CHECK(cudaDeviceSynchronize());
+    float *p0 = to_host(m->params, P), *m0 = to_host(m->adam_m, P), *v0 = to_host(m->adam_v, P);
+    float nan = NAN, good = p0[at];
+    CUDA_CHECK(cudaMemcpy(m->params + at, &nan, 4, cudaMemcpyHostToDevice));
+    StepStats bad = run_step(m, r, 2, 1 % r->n_steps);
+    optimizer_flush(m);
+    CUDA_CHECK(cudaMemcpy(m->params + at, &good, 4, cudaMemcpyHostToDevice));
+    float *p1 = to_host(m->params, P), *m1 = to_host(m->adam_m, P), *v1 = to_host(m->adam_v, P);
+    for (size_t i = 0; i < P; i++)
+        changed += memcmp(&p0[i], &p1[i], 4) || memcmp(&m0[i], &m1[i], 4) || memcmp(&v0[i], &v1[i], 4);
+    check(bad.skipped == 1 && bad.bad_in_row == 1 && bad.skipped_total == 1,
+          "NaN guard: the poisoned step is skipped and counted (its loss is NaN)", bad.loss, 0);
+    check(changed == 0, "NaN guard: weights, m and v as before the skipped step (elements that differ)",
+          (double)changed, 0);
+    StepStats next = run_step(m, r, 3, 2 % r->n_steps);
+    check(!next.skipped && next.bad_in_row == 0 && isfinite(next.loss), "NaN guard: the next step trains (its loss)",
+          next.loss, 0);
+    for (float* b : {p0, m0, v0, p1, m1, v1}) free(b);
+}
+
 // ---- the trainer's own runs ----
 
 // The flags that make train_llama3 repeat the reference's steps (its files are given apart).
 static int print_train_args(const char* prefix) {
     Ref r;
     ref_open(&r, prefix);
+    TrainArgs a = train_args_default(); // (for the schedule's name)
+    a.lr_schedule = r.sched.kind;
+    char schedule[32];
+    flag_format(&a, flag_find("--lr_schedule"), schedule, sizeof(schedule));
     printf("--batch_size %d --sequence_length %d --total_batch_size %d --num_iteration %d --learning_rate %.9g "
-           "--beta1 %.9g --beta2 %.9g --eps %.9g --weight_decay %.9g --sparse_embedding %d\n",
+           "--beta1 %.9g --beta2 %.9g --eps %.9g --weight_decay %.9g --sparse_embedding %d --lr_schedule %s "
+           "--warmup_iters %d --final_lr_frac %.9g --decay_frac %.9g --grad_clip %.9g\n",
            r.B, r.T, r.grad_accum * r.B * r.T, r.n_steps, r.lr, r.beta1, r.beta2, r.eps, r.weight_decay,
-           r.sparse_embedding);
+           r.sparse_embedding, schedule, r.sched.warmup, r.sched.final_frac, r.sched.decay_frac, r.grad_clip);
     return 0;
 }
 
@@ -676,8 +796,16 @@ int main(int argc, char** argv) {
     printf("reference: B %d T %d, %d steps of %d micro-steps, lr %g wd %g betas %g %g eps %g, %s embedding AdamW\n",
            r.B, r.T, r.n_steps, r.grad_accum, r.lr, r.weight_decay, r.beta1, r.beta2, r.eps,
            r.sparse_embedding ? "lazy" : "dense");
+    printf("reference schedule %d warmup %d final_lr_frac %g decay_frac %g, grad_clip %g\n", r.sched.kind,
+           r.sched.warmup, r.sched.final_frac, r.sched.decay_frac, r.grad_clip);
+    if (r.grad_clip > 0) { // a reference whose norms never exceed the clip would not test clipping
+        float most = 0;
+        for (int t = 0; t < r.n_steps; t++) most = fmaxf(most, r.grad_norms[t]);
+        check(most > r.grad_clip, "the reference clips: its largest gradient norm over --grad_clip", most / r.grad_clip,
+              1.0);
+    }
     Model m;
-    OptimConfig o = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay};
+    OptimConfig o = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay, r.grad_clip, r.sched};
     model_create(&m, &r.cfg, &o, &a.sw, r.B, r.T, r.grad_accum);
     printf("switches given: %d | bf16 grads %d | cuda graph %d | deferred layers %d | overlap %d\n", argc - 2,
            m.grads_bf16 != NULL, m.use_graph, m.sw.deferred_adamw, m.sw.overlap_optimizer);
@@ -692,7 +820,7 @@ int main(int argc, char** argv) {
     test_adamw_path(&m, &r);
     test_train_loop(&m, &r);
     test_free_run(&m, &r);
-    if (argc == 2) test_determinism(&m, &r, 50);
+    if (argc == 2) test_determinism(&m, &r, 50), test_nan_guard(&m, &r);
     model_free(&m);
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed > 0 ? EXIT_FAILURE : EXIT_SUCCESS;

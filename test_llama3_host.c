@@ -243,6 +243,116 @@ static void test_token_files(void) {
                  "nope.bin");
 }
 
+// A whole file in a malloc'd buffer with 8 bytes to spare (NULL, size 0 if it cannot be read).
+static unsigned char* read_whole(const char* path, size_t* size) {
+    FILE* f = fopen(path, "rb");
+    *size = 0;
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    unsigned char* b = n > 0 ? (unsigned char*)calloc((size_t)n + 8, 1) : NULL;
+    if (b && fread(b, 1, (size_t)n, f) == (size_t)n) *size = (size_t)n;
+    fclose(f);
+    return b;
+}
+
+// The text vocab_print writes for ids, NUL-terminated (the test tokens hold no NUL byte).
+static char* vocab_text(const Vocab* v, const int32_t* ids, size_t n) {
+    char* text = NULL;
+    size_t len = 0;
+    FILE* f = open_memstream(&text, &len);
+    vocab_print(f, v, ids, n);
+    fclose(f);
+    return text;
+}
+
+// Parses a copy of the table image, `size` bytes of it, with the int32 at byte `at` set to value
+// (at < 0: none changed); frees what a parse that should have failed allocated.
+static int vocab_altered(const unsigned char* table, size_t size, long at, int32_t value, const char* name,
+                         char* err) {
+    unsigned char* b = (unsigned char*)calloc(size + 8, 1);
+    memcpy(b, table, size);
+    if (at >= 0) memcpy(b + at, &value, 4);
+    Vocab v;
+    int rc = vocab_parse(&v, b, size, name, err);
+    if (rc == 0) vocab_free(&v);
+    free(b);
+    return rc;
+}
+
+static void test_vocab_real(const Vocab* v) {
+    TokenData d;
+    char err[L3_ERR_LEN];
+    int rc = tokens_load_file(&d, "data/tiny_shakespeare_val.bin", 128256, err);
+    CHECK(rc == 0 && d.n_tokens >= 40, "data/tiny_shakespeare_val.bin loads%s%s", rc ? ": " : "", rc ? err : "");
+    if (rc) return;
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++) ids[i] = (int32_t)d.tokens[i];
+    tokens_free(&d);
+    const char* want = "<|begin_of_text|>First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
+                       "<|begin_of_text|>All:\nSpeak, speak.\n\n<|begin_of_text|>First Citizen:\nYou are all "
+                       "resolved rather to die than to famish?\n\n<|begin_of_text|>All:\n";
+    char* text = vocab_text(v, ids, 40);
+    CHECK(!strcmp(text, want), "the val split's first 40 tokens decode to tiktoken's text: \"%.60s...\"", text);
+    free(text);
+    int32_t split[] = {9468, 19044, 53050, 128255, -1, 128256, 15339}; // "🙂" is 2 tokens: f09f, 9982
+    text = vocab_text(v, split, 7);
+    CHECK(!strcmp(text, "\xf0\x9f\x99\x82 caf\xc3\xa9<|reserved_special_token_245|><-1><128256>hello"),
+          "a character split over tokens, the last special token, ids outside the table: \"%s\"", text);
+    free(text);
+}
+
+// The real table (the tests run from the repo root) decodes tokens as tiktoken does, also from an
+// unaligned copy (a linked blob); each kind of corrupt table is refused with the file named.
+static void test_vocab(void) {
+    size_t size;
+    unsigned char* table = read_whole("data/llama3_vocab.bin", &size);
+    char err[L3_ERR_LEN] = "cannot read it";
+    Vocab v;
+    int rc = size ? vocab_parse(&v, table, size, "data/llama3_vocab.bin", err) : -1;
+    CHECK(rc == 0 && v.n_tokens == 128256, "data/llama3_vocab.bin parses, 128256 tokens%s%s", rc ? ": " : "",
+          rc ? err : "");
+    if (rc) {
+        free(table);
+        return;
+    }
+    test_vocab_real(&v);
+    vocab_free(&v);
+    unsigned char* odd = (unsigned char*)malloc(size + 1);
+    memcpy(odd + 1, table, size);
+    rc = vocab_parse(&v, odd + 1, size, "odd", err);
+    int32_t hello = 15339;
+    char* text = rc ? NULL : vocab_text(&v, &hello, 1);
+    CHECK(text && !strcmp(text, "hello"), "a table at an odd address parses and decodes");
+    free(text);
+    if (rc == 0) vocab_free(&v);
+    free(odd);
+    int32_t n = read_i32(table, 8), total = read_i32(table, 12);
+    long off0 = 1024, off_last = 1024 + 4L * n;
+    expect_error(vocab_altered(table, 100, -1, 0, "v_short.bin", err), err, "vocab: shorter than its header",
+                 "shorter than the 1024-byte header", "v_short.bin");
+    expect_error(vocab_altered(table, size - 1, -1, 0, "v_cut.bin", err), err, "vocab: truncated by a byte",
+                 "truncated", "v_cut.bin");
+    expect_error(vocab_altered(table, size + 3, -1, 0, "v_tail.bin", err), err, "vocab: trailing bytes",
+                 "3 trailing bytes", "v_tail.bin");
+    expect_error(vocab_altered(table, size, 0, CKPT_MAGIC, "v_magic.bin", err), err, "vocab: a state.bin's magic",
+                 "bad magic 20241201", "v_magic.bin");
+    expect_error(vocab_altered(table, size, 4, 2, "v_ver.bin", err), err, "vocab: unknown version",
+                 "unknown version 2", "v_ver.bin");
+    expect_error(vocab_altered(table, size, 8, 0, "v_zero.bin", err), err, "vocab: zero tokens",
+                 "corrupt header: 0 tokens", "v_zero.bin");
+    expect_error(vocab_altered(table, size, off0, 1, "v_first.bin", err), err, "vocab: offset[0] not 0",
+                 "offset[0] = 1, not 0", "v_first.bin");
+    expect_error(vocab_altered(table, size, off0 + 4 * 100, 0, "v_down.bin", err), err, "vocab: decreasing offset",
+                 "offset[100] = 0 is less than offset[99]", "v_down.bin");
+    expect_error(vocab_altered(table, size, off_last - 4, total + 1, "v_past.bin", err), err,
+                 "vocab: offset past the end", "is past the end", "v_past.bin");
+    expect_error(vocab_altered(table, size, off_last, total - 1, "v_total.bin", err), err,
+                 "vocab: last offset not the total", "not the header's total", "v_total.bin");
+    free(table);
+}
+
 static void test_loader(void) {
     uint32_t toks[21];
     for (int i = 0; i < 21; i++) toks[i] = i;
@@ -863,6 +973,44 @@ static void test_checkpoint_prune(void) {
 // The flag table drives parsing, defaults, usage and the printed configuration: every row is in the
 // usage and the printout, its default typed back on a command line gives the same arguments, and
 // a numeric flag takes its bounds and refuses beyond them.
+// The lr schedule (llama3.h lr_at, which the device evaluates too): warmup from lr/N, each shape's
+// value at its ends and middle, wsd's stable part, and never 0 or above the peak.
+static void test_lr_schedule(void) {
+    LrSchedule s = {LR_COSINE, 10, 110, 1e-3f, 0.1f, 0.2f};
+    CHECK(fabsf(lr_at(s, 1) - 1e-4f) < 1e-10f && lr_at(s, 10) == 1e-3f, "warmup: lr/10 at step 1, lr at step 10 (%g, %g)",
+          lr_at(s, 1), lr_at(s, 10));
+    CHECK(fabsf(lr_at(s, 60) - 5.5e-4f) < 1e-9f, "cosine: halfway between lr and lr*0.1 at the middle (%g)", lr_at(s, 60));
+    CHECK(fabsf(lr_at(s, 110) - 1e-4f) < 1e-10f, "cosine: lr*final_lr_frac at the last step (%g)", lr_at(s, 110));
+    CHECK(lr_at(s, 11) < 1e-3f && lr_at(s, 11) > 0.999e-3f, "cosine: just below the peak after the warmup (%g)",
+          lr_at(s, 11));
+    s.kind = LR_LINEAR;
+    CHECK(fabsf(lr_at(s, 35) - (1e-3f - 0.25f * 0.9e-3f)) < 1e-9f, "linear: a quarter of the way down at step 35 (%g)",
+          lr_at(s, 35));
+    s.kind = LR_WSD, s.warmup = 0;
+    CHECK(lr_at(s, 88) == 1e-3f && lr_at(s, 99) < 1e-3f, "wsd: stable to step 88 (%g), decaying over the last 22 (%g)",
+          lr_at(s, 88), lr_at(s, 99));
+    CHECK(fabsf(lr_at(s, 110) - 1e-4f) < 1e-10f, "wsd: lr*final_lr_frac at the last step (%g)", lr_at(s, 110));
+    s.decay_frac = 0.0f;
+    CHECK(lr_at(s, 110) == 1e-3f, "wsd with decay_frac 0: no decay (%g)", lr_at(s, 110));
+    s.kind = LR_CONSTANT, s.warmup = 4;
+    CHECK(lr_at(s, 2) == 5e-4f && lr_at(s, 110) == 1e-3f, "constant with warmup (%g, %g)", lr_at(s, 2), lr_at(s, 110));
+    int bad = 0;
+    for (int kind = LR_CONSTANT; kind <= LR_WSD; kind++)
+        for (int t = 1; t <= 110; t++) {
+            LrSchedule k = {kind, 7, 110, 3e-4f, 0.0f, 0.5f};
+            bad += !(lr_at(k, t) > 0.0f || (t == 110 && kind != LR_CONSTANT)) || lr_at(k, t) > 3e-4f;
+        }
+    CHECK(bad == 0, "every schedule stays in (0, lr], reaching 0 only at the last step with final_lr_frac 0 (%d bad)",
+          bad);
+    TrainArgs a = train_args_default();
+    Llama3Config c = llama3_2_1b_config();
+    char err[L3_ERR_LEN];
+    a.sample_every = 10, a.sample_tokens = 64;
+    expect_error(train_args_check(&a, &c, err), err, "a sample longer than a sequence", "--sample_tokens 64", "63");
+    a.sample_tokens = 8, a.top_k = 200000;
+    expect_error(train_args_check(&a, &c, err), err, "top_k past the vocabulary", "--top_k 200000", NULL);
+}
+
 static void test_flag_table(void) {
     char err[L3_ERR_LEN], value[256], line[512];
     TrainArgs d = train_args_default(), a;
@@ -915,9 +1063,11 @@ int main(void) {
     test_checkpoint_errors();
     test_checkpoint_prune();
     test_token_files();
+    test_vocab();
     test_loader();
     test_cli();
     test_flag_table();
+    test_lr_schedule();
     test_rope();
     test_hostile_values();
     test_hostile_sizes();

@@ -96,7 +96,9 @@ static ActLayout act_layout(const Llama3Config* c, int B, int T, int grad_accum,
 // ---- model ----
 
 typedef struct {
-    float lr, beta1, beta2, eps, weight_decay;
+    float lr, beta1, beta2, eps, weight_decay; // lr: the schedule's peak
+    float grad_clip;                           // 0: no clipping
+    LrSchedule sched;
 } OptimConfig;
 
 typedef struct {
@@ -121,8 +123,9 @@ typedef struct {
     float* rope_cos;      // (T, HD/2)
     float* rope_sin;
     TokenSorter sorter; // sized for grad_accum*N tokens
-    float* loss;        // device scalar: mean loss of the step
-    float* loss_host;   // pinned, two slots
+    StepStats* stats;      // device: the step's loss, gradient norm, lr, NaN guard counts
+    StepStats* stats_host; // pinned, two slots
+    float* sumsq;          // [clipping] SUMSQ_BLOCKS partial sums of squares per gradient tensor (sumsq_slot)
     Gemm gemm;
     cudaStream_t stream;
     // [streams] the optimizer stream, and the events that order it against the main stream
@@ -131,14 +134,17 @@ typedef struct {
     AdamWParams* adam; // device: [0] this step's hyperparameters, [1] the previous step's [graphs]
     int* adam_step;    // device: AdamW steps taken
     bool adam_overlap; // this backward pass runs AdamW as gradients become ready
-    int adam_defer;    // [deferred AdamW] layers 0..adam_defer-1 this backward leaves to the next step
-    int adam_pending;  // layers 0..adam_pending-1 that the previous step left un-updated
-    cudaEvent_t* layer_updated; // per layer: its deferred AdamW is done (the forward waits on it)
+    bool measure_norm; // [clipping] this backward pass sums the gradients' squares as they become ready
+    // [deferred AdamW] update groups (update_group: wte, each layer, the head) that this backward
+    // leaves to the next step, and those the previous step left, which the forward waits for
+    int defer_begin, defer_end, pending_begin, pending_end;
+    cudaEvent_t* group_updated; // per update group: its deferred AdamW is done
+    bool eager_next; // the next step runs eagerly: a flush applied the deferred updates its graph would
     bool use_graph;    // [graphs] replay the step from a CUDA graph
     cudaGraphExec_t step_graph; // captured at this process's second step (the first made every GEMM plan)
     int steps_run;              // steps this process has launched
-    // [checkpoints] a save's device-to-host copy still running: the next step runs eagerly (the
-    // save applied the deferred updates its graph would apply) and waits for it before its AdamW
+    // [checkpoints] a save's device-to-host copy still running: the next step waits for it before
+    // its AdamW
     cudaEvent_t* save_copy;
     HeadShape* shape_in_memory; // with metadata_by_value off: where shapes are copied before launches
 } Model;
@@ -163,6 +169,17 @@ static const bf16* weight_bf16(Model* m, int tensor, int layer) {
     cast_to_bf16(m->cast_weight, m->params + offset, m->layout.layer_size[tensor], m->stream);
     return m->cast_weight;
 }
+// AdamW update groups, in the order the forward reads them: wte, layer l at 1 + l, then the head
+// (final norm and lm_head). A deferred group is updated at the start of the next step.
+static int head_group(const Model* m) { return m->cfg.n_layer + 1; }
+static int num_groups(const Model* m) { return m->cfg.n_layer + 2; }
+// [clipping] Where a gradient tensor's partial sums of squares go: wte, lm_head, final norm, then
+// the layer tensors (P_QKV..P_FFN_NORM, consecutive) layer by layer.
+static int sumsq_slot(int tensor, int layer) {
+    if (tensor == P_WTE || tensor == P_LM_HEAD) return tensor;
+    return tensor == P_FINAL_NORM ? 2 : 3 + layer * (P_FFN_NORM - P_QKV + 1) + (tensor - P_QKV);
+}
+static int sumsq_slots(const Llama3Config* c) { return 3 + c->n_layer * (P_FFN_NORM - P_QKV + 1); }
 static float* act_f32(Model* m, int id, size_t index = 0) { return (float*)(m->acts + m->act.offset[id]) + index; }
 static bf16* act_bf16(Model* m, int id, size_t index = 0) { return (bf16*)(m->acts + m->act.offset[id]) + index; }
 
@@ -273,8 +290,12 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     m->acts = (unsigned char*)device_alloc(m->act.total, "activations");
     m->tokens = (int*)device_alloc(2 * n_step * sizeof(int), "tokens");
     CUDA_CHECK(cudaMallocHost(&m->tokens_host, 2 * 2 * n_step * sizeof(int32_t)));
-    CUDA_CHECK(cudaMallocHost(&m->loss_host, 2 * sizeof(float)));
-    m->loss = (float*)device_alloc(sizeof(float), "loss");
+    CUDA_CHECK(cudaMallocHost(&m->stats_host, 2 * sizeof(StepStats)));
+    m->stats = (StepStats*)device_alloc(sizeof(StepStats), "step statistics");
+    CUDA_CHECK(cudaMemset(m->stats, 0, sizeof(StepStats)));
+    size_t sumsq_n = (size_t)sumsq_slots(cfg) * SUMSQ_BLOCKS;
+    m->sumsq = (float*)device_alloc(sumsq_n * sizeof(float), "gradient norm partial sums");
+    CUDA_CHECK(cudaMemset(m->sumsq, 0, sumsq_n * sizeof(float))); // slots a launch leaves unused stay 0
     m->adam = (AdamWParams*)device_alloc(2 * sizeof(AdamWParams), "AdamW hyperparameters");
     CUDA_CHECK(cudaMemset(m->adam, 0, 2 * sizeof(AdamWParams)));
     m->adam_step = (int*)device_alloc(sizeof(int), "AdamW step counter");
@@ -289,9 +310,9 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     CUDA_CHECK(cudaStreamCreateWithPriority(&m->opt_stream, cudaStreamDefault, prio_low));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&m->opt_done, cudaEventDisableTiming));
-    m->layer_updated = (cudaEvent_t*)malloc(cfg->n_layer * sizeof(cudaEvent_t));
-    for (int l = 0; l < cfg->n_layer; l++)
-        CUDA_CHECK(cudaEventCreateWithFlags(&m->layer_updated[l], cudaEventDisableTiming));
+    m->group_updated = (cudaEvent_t*)malloc(num_groups(m) * sizeof(cudaEvent_t));
+    for (int g = 0; g < num_groups(m); g++)
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->group_updated[g], cudaEventDisableTiming));
     // Zero once: Adam's state starts at zero and wte's gradient rows are kept zero [sparse rows].
     CUDA_CHECK(cudaMemsetAsync(m->adam_m, 0, P * 4, m->stream));
     CUDA_CHECK(cudaMemsetAsync(m->adam_v, 0, P * 4, m->stream));
@@ -306,16 +327,16 @@ static void model_free(Model* m) {
     if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
     void* device[] = {m->adam,   m->adam_step, m->params,      m->grads,  m->grads_bf16, m->adam_m,
                       m->adam_v, m->shadow,    m->cast_weight, m->shape_in_memory, m->acts, m->tokens,
-                      m->loss,   m->rope_cos,  m->sorter.sorted_tokens, m->sorter.temp};
+                      m->stats,  m->sumsq,     m->rope_cos,    m->sorter.sorted_tokens, m->sorter.temp};
     for (size_t i = 0; i < sizeof(device) / sizeof(device[0]); i++) CUDA_CHECK(cudaFree(device[i]));
     CUDA_CHECK(cudaFreeHost(m->tokens_host));
-    CUDA_CHECK(cudaFreeHost(m->loss_host));
+    CUDA_CHECK(cudaFreeHost(m->stats_host));
     CUDA_CHECK(cudaStreamDestroy(m->stream));
     CUDA_CHECK(cudaStreamDestroy(m->opt_stream));
     CUDA_CHECK(cudaEventDestroy(m->grads_ready));
     CUDA_CHECK(cudaEventDestroy(m->opt_done));
-    for (int l = 0; l < m->cfg.n_layer; l++) CUDA_CHECK(cudaEventDestroy(m->layer_updated[l]));
-    free(m->layer_updated);
+    for (int g = 0; g < num_groups(m); g++) CUDA_CHECK(cudaEventDestroy(m->group_updated[g]));
+    free(m->group_updated);
 }
 
 // The bf16 shadow of the matmul weights, made once after the masters are set; from then on the
@@ -435,17 +456,25 @@ static void block_forward(Model* m, int l) {
     matmul(&m->gemm, m->stream, branch, act, weight_bf16(m, P_DOWN, l), N, C, F, false, true, false);
 }
 
+// [deferred AdamW] The forward reads update group g only once the previous step's deferred
+// update of it is done.
+static void wait_for_update(Model* m, int g) {
+    if (g >= m->pending_begin && g < m->pending_end) CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->group_updated[g]));
+}
+
 // inputs: (B*T) token ids on the device. Leaves bf16 logits (B*T, V) in A_LOGITS.
 static void forward(Model* m, const int* inputs) {
     NVTX_PUSH("forward");
     const Llama3Config* c = &m->cfg;
     int N = m->B * m->T, C = c->n_embd, L = c->n_layer;
     size_t NC = (size_t)N * C;
+    wait_for_update(m, 0);
     embedding_forward(act_f32(m, A_RESID), inputs, m->params + m->layout.offset[P_WTE], N, C, m->stream);
     for (int l = 0; l < L; l++) {
-        if (l < m->adam_pending) CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->layer_updated[l])); // [deferred AdamW]
+        wait_for_update(m, 1 + l);
         block_forward(m, l);
     }
+    wait_for_update(m, head_group(m));
     norm_forward(m, P_FINAL_NORM, 0, act_f32(m, A_RESID, L * NC), act_bf16(m, A_NORMED_FINAL), act_f32(m, A_RSTD_FINAL),
                  act_f32(m, A_H, (L - 1) * NC), act_bf16(m, A_BRANCH));
     matmul(&m->gemm, m->stream, act_bf16(m, A_LOGITS), act_bf16(m, A_NORMED_FINAL), weight_bf16(m, P_LM_HEAD, 0), N,
@@ -572,7 +601,7 @@ static void block_backward(Model* m, int l, bool accumulate) {
 }
 
 static void adamw_tensor(Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s); // in the optimizer section
-static void adamw_embedding(Model* m, cudaStream_t s);
+static void grad_sum_squares(Model* m, int tensor, int layer, cudaStream_t s);
 static const int LAYER_TENSORS[] = {P_QKV, P_ATTN_OUT, P_GATE_UP, P_DOWN, P_ATTN_NORM, P_FFN_NORM};
 
 // [streams] With adam_overlap, AdamW runs on the optimizer stream as soon as the backward pass
@@ -584,30 +613,43 @@ static void optimizer_stream_waits(Model* m) {
     CUDA_CHECK(cudaStreamWaitEvent(m->opt_stream, m->grads_ready));
 }
 
+// [streams] The backward has just written the gradients of `tensors` (of layer `layer`, in update
+// group `group`). On the optimizer stream: with clipping their sums of squares (AdamW then waits
+// for the global norm), else their AdamW unless the group is deferred.
+static void gradients_done(Model* m, int group, const int* tensors, int n, int layer) {
+    bool update = m->adam_overlap && !(group >= m->defer_begin && group < m->defer_end);
+    if (!update && !m->measure_norm) return;
+    optimizer_stream_waits(m);
+    for (int i = 0; i < n; i++) {
+        if (m->measure_norm) grad_sum_squares(m, tensors[i], layer, m->opt_stream);
+        else adamw_tensor(m, tensors[i], layer, m->adam, m->opt_stream);
+    }
+}
+
 // From dlogits (in A_LOGITS) to every weight gradient. accumulate: add to the gradients of
-// earlier micro-steps of this step instead of overwriting them.
-static void backward(Model* m, const int* inputs, bool accumulate) {
+// earlier micro-steps of this step instead of overwriting them. last: the step's last micro-step.
+static void backward(Model* m, const int* inputs, bool accumulate, bool last) {
     NVTX_PUSH("backward");
     const Llama3Config* c = &m->cfg;
     int N = m->B * m->T, C = c->n_embd, V = c->vocab_size, L = c->n_layer;
     size_t NC = (size_t)N * C;
+    static const int lm_head[] = {P_LM_HEAD}, final_norm[] = {P_FINAL_NORM}, wte[] = {P_WTE};
     bf16* dlogits = act_bf16(m, A_LOGITS);
     weight_grad(m, P_LM_HEAD, 0, dlogits, act_bf16(m, A_NORMED_FINAL), V, C, accumulate);
     input_grad(m, P_LM_HEAD, 0, act_bf16(m, A_BRANCH), dlogits, V, C); // reads lm_head's shadow: before its AdamW
-    if (m->adam_overlap) optimizer_stream_waits(m), adamw_tensor(m, P_LM_HEAD, 0, m->adam, m->opt_stream);
+    gradients_done(m, head_group(m), lm_head, 1, 0);
     norm_backward(m, P_FINAL_NORM, 0, act_f32(m, A_RESID, L * NC), act_f32(m, A_RSTD_FINAL), false, accumulate);
-    if (m->adam_overlap) optimizer_stream_waits(m), adamw_tensor(m, P_FINAL_NORM, 0, m->adam, m->opt_stream);
+    gradients_done(m, head_group(m), final_norm, 1, 0);
     for (int l = L - 1; l >= 0; l--) {
         block_backward(m, l, accumulate);
-        if (m->adam_overlap && l >= m->adam_defer) {
-            optimizer_stream_waits(m);
-            for (int t : LAYER_TENSORS) adamw_tensor(m, t, l, m->adam, m->opt_stream);
-        }
+        gradients_done(m, 1 + l, LAYER_TENSORS, 6, l);
     }
     token_sort(&m->sorter, inputs, N, m->stream);
     embedding_backward(grad_f32(m, m->layout.offset[P_WTE]), act_f32(m, A_DRESID), &m->sorter, N, C, m->stream);
     grad_written(m, m->layout.offset[P_WTE], m->layout.size[P_WTE]);
-    if (m->adam_overlap) optimizer_stream_waits(m), adamw_embedding(m, m->opt_stream);
+    if (last && m->grad_accum > 1) // [sparse rows] the rows of all micro-steps: AdamW's and the norm's
+        token_sort(&m->sorter, m->tokens, m->grad_accum * N, m->stream);
+    gradients_done(m, 0, wte, 1, 0);
     NVTX_POP();
 }
 
@@ -617,20 +659,22 @@ static void backward(Model* m, const int* inputs, bool accumulate) {
 // work of each step, so that a captured step is the same graph every step [graphs].
 static void optimizer_begin_step(Model* m) {
     const OptimConfig* o = &m->opt;
-    AdamWParams base = {o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, 0.0f, 0.0f};
-    adamw_next_step(m->adam, m->adam_step, base, m->stream);
+    AdamWParams base = {o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, 0.0f, 0.0f, 1.0f, 0};
+    adamw_next_step(m->adam, m->adam_step, base, o->sched, m->stats, m->stream);
 }
 
 // AdamW over params[begin, end) with hyperparameters h (device) and the gradients at `grads`,
-// writing the bf16 shadow where the range holds matmul weights.
+// writing the bf16 shadow where the range holds matmul weights; weight decay on all but the norm
+// weights (as llm.c and the Hugging Face Trainer decay).
 template <typename G> static void adamw_launch(Model* m, size_t begin, size_t end, const G* grads, bool matmul,
                                                const AdamWParams* h, cudaStream_t s) {
     float *p = m->params + begin, *am = m->adam_m + begin, *av = m->adam_v + begin;
+    bool decay = begin < m->layout.norm_begin;
     if (m->sw.shadow_weights && matmul)
-        adamw_dense<true>(p, am, av, grads, m->shadow + (begin - m->layout.matmul_begin), end - begin, h, m->sms, s,
-                          m->sw.vector_adam);
+        adamw_dense<true>(p, am, av, grads, m->shadow + (begin - m->layout.matmul_begin), end - begin, h, decay, m->sms,
+                          s, m->sw.vector_adam);
     else
-        adamw_dense<false>(p, am, av, grads, (bf16*)NULL, end - begin, h, m->sms, s, m->sw.vector_adam);
+        adamw_dense<false>(p, am, av, grads, (bf16*)NULL, end - begin, h, decay, m->sms, s, m->sw.vector_adam);
 }
 // The range lies within the matmul weights, the norm weights, or wte.
 static void adamw_range(Model* m, size_t begin, size_t end, const AdamWParams* h, cudaStream_t s) {
@@ -640,22 +684,35 @@ static void adamw_range(Model* m, size_t begin, size_t end, const AdamWParams* h
     else adamw_launch(m, begin, end, grad_f32(m, begin), matmul, h, s);
 }
 
+// wte: lazy AdamW over the rows this step touched [sparse rows] (sorted by the backward), or dense.
+static void adamw_embedding(Model* m, const AdamWParams* h, cudaStream_t s) {
+    size_t wte = m->layout.offset[P_WTE];
+    if (!m->sw.sparse_embedding) {
+        adamw_range(m, wte, wte + m->layout.size[P_WTE], h, s);
+        return;
+    }
+    adamw_sparse_rows(m->params + wte, m->adam_m + wte, m->adam_v + wte, grad_f32(m, wte), m->sorter.sorted_tokens,
+                      m->grad_accum * m->B * m->T, m->cfg.n_embd, h, s, m->sw.vector_adam);
+}
+
 static void adamw_tensor(Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s) {
-    size_t begin = m->layout.offset[tensor] + (size_t)layer * m->layout.layer_size[tensor];
+    if (tensor == P_WTE) return adamw_embedding(m, h, s);
+    size_t begin = param_offset(m, tensor, layer);
     adamw_range(m, begin, begin + m->layout.layer_size[tensor], h, s);
 }
 
-// wte: lazy AdamW over the rows this step touched [sparse rows], or dense.
-static void adamw_embedding(Model* m, cudaStream_t s) {
-    size_t wte = m->layout.offset[P_WTE];
-    if (!m->sw.sparse_embedding) {
-        adamw_range(m, wte, wte + m->layout.size[P_WTE], m->adam, s);
-        return;
-    }
-    int n_step = m->grad_accum * m->B * m->T;
-    if (m->grad_accum > 1) token_sort(&m->sorter, m->tokens, n_step, s); // all micro-steps' inputs
-    adamw_sparse_rows(m->params + wte, m->adam_m + wte, m->adam_v + wte, grad_f32(m, wte), m->sorter.sorted_tokens,
-                      n_step, m->cfg.n_embd, m->adam, s, m->sw.vector_adam);
+// [clipping] The sum of squares of one gradient tensor into its slot's partial sums: bf16 or fp32,
+// and wte's touched rows only [sparse rows].
+static void grad_sum_squares(Model* m, int tensor, int layer, cudaStream_t s) {
+    size_t offset = param_offset(m, tensor, layer), n = m->layout.layer_size[tensor];
+    float* partial = m->sumsq + (size_t)sumsq_slot(tensor, layer) * SUMSQ_BLOCKS;
+    if (tensor == P_WTE && m->sw.sparse_embedding)
+        sum_squares_rows(partial, grad_f32(m, offset), m->sorter.sorted_tokens, m->grad_accum * m->B * m->T,
+                         m->cfg.n_embd, s);
+    else if (m->grads_bf16 && offset >= m->layout.matmul_begin && offset < m->layout.matmul_end)
+        sum_squares(partial, grad_bf16(m, offset), n, s);
+    else
+        sum_squares(partial, grad_f32(m, offset), n, s);
 }
 
 // AdamW after the backward pass (the step begun by optimizer_begin_step), in three launches over
@@ -665,27 +722,38 @@ static void optimizer_step(Model* m) {
     const ParamLayout* p = &m->layout;
     adamw_range(m, p->matmul_begin, p->matmul_end, m->adam, m->stream);
     adamw_range(m, p->norm_begin, p->total, m->adam, m->stream);
-    adamw_embedding(m, m->stream);
+    adamw_embedding(m, m->adam, m->stream);
     NVTX_POP();
 }
 
-// [deferred AdamW] The updates of layers 0..adam_pending-1 that the previous step left, in the
-// order the forward reads them, with hyperparameters h; after each layer an event that the
-// forward waits on before the layer. At the start of a step they run on the optimizer stream
+// One update group's AdamW (see update groups at head_group).
+static void adamw_group(Model* m, int g, const AdamWParams* h, cudaStream_t s) {
+    if (g == 0) adamw_embedding(m, h, s);
+    else if (g == head_group(m)) adamw_tensor(m, P_FINAL_NORM, 0, h, s), adamw_tensor(m, P_LM_HEAD, 0, h, s);
+    else for (int t : LAYER_TENSORS) adamw_tensor(m, t, g - 1, h, s);
+}
+
+// [deferred AdamW] The updates the previous step left (groups pending_begin..pending_end-1), in
+// the order the forward reads them, with hyperparameters h; after each group an event that the
+// forward waits on before reading it. At the start of a step they run on the optimizer stream
 // beside the forward, whose small GEMMs leave most of the bandwidth idle, instead of as the tail
-// of the previous step's AdamW, which the whole forward had to wait for.
+// of the previous step's AdamW, which the whole forward had to wait for. With clipping every group
+// is deferred: no update may start before the backward has given the global norm.
 static void adamw_deferred(Model* m, const AdamWParams* h, cudaStream_t s) {
-    for (int l = 0; l < m->adam_pending; l++) {
-        for (int t : LAYER_TENSORS) adamw_tensor(m, t, l, h, s);
-        CUDA_CHECK(cudaEventRecord(m->layer_updated[l], s));
+    for (int g = m->pending_begin; g < m->pending_end; g++) {
+        adamw_group(m, g, h, s);
+        CUDA_CHECK(cudaEventRecord(m->group_updated[g], s));
     }
 }
 
 // [deferred AdamW] Applies what the last step left, with its hyperparameters (m->adam[0]): the
-// weights are whole again, for anything that reads them after training.
+// weights are whole again, for anything that reads them (a save, the val loss, a sample). The
+// next step then runs eagerly: its graph would apply the same updates again.
 static void optimizer_flush(Model* m) {
+    if (m->pending_begin == m->pending_end) return;
     adamw_deferred(m, m->adam, m->stream);
-    m->adam_pending = 0;
+    m->pending_begin = m->pending_end = 0;
+    m->eager_next = true;
 }
 
 // ---- training step ----
@@ -711,37 +779,53 @@ static void zero_grads(Model* m) {
         }
 }
 
+// How the last backward pass of a step meets the optimizer: AdamW overlapping it on the optimizer
+// stream, which groups it defers to the next step, and with clipping the sums of squares instead
+// (every group deferred, or all of AdamW after the norm when deferring is off). Deferring needs
+// the overlap and no gradient zeroing (zeroing at the next step's start would clear gradients
+// that the deferred AdamW reads).
+static void plan_optimizer(Model* m) {
+    bool clip = m->opt.grad_clip > 0, can_defer = m->sw.overlap_optimizer && m->sw.grad_zeroing == GRAD_ZERO_NONE;
+    m->measure_norm = clip;
+    m->adam_overlap = m->sw.overlap_optimizer && !clip;
+    m->defer_begin = clip ? 0 : 1;
+    m->defer_end = !can_defer ? m->defer_begin : clip ? num_groups(m) : 1 + m->sw.deferred_adamw;
+}
+
 // Everything of one optimizer step after its tokens are on the device: the AdamW that the
-// previous step deferred, forward/backward per micro-step, the mean loss, and AdamW (overlapping
-// the last backward, or after it). Launches only: no host sync, and from step 2 on no host value
-// that changes between steps, so it can be captured.
+// previous step deferred, forward/backward per micro-step, the mean loss and the NaN guard, with
+// clipping the global norm, and AdamW (overlapping the last backward, deferred, or after it).
+// Launches only: no host sync, and from step 2 on no host value that changes between steps, so it
+// can be captured.
 static void step_work(Model* m) {
     int N = m->B * m->T, n_step = m->grad_accum * N;
+    bool clip = m->opt.grad_clip > 0;
     optimizer_begin_step(m);
-    if (m->adam_pending) optimizer_stream_waits(m), adamw_deferred(m, m->adam + 1, m->opt_stream);
-    if (!m->sw.sparse_embedding) // dense wte gradient: the whole table is re-zeroed every step
-        CUDA_CHECK(cudaMemsetAsync(grad_f32(m, m->layout.offset[P_WTE]), 0, m->layout.size[P_WTE] * 4, m->stream));
+    if (m->pending_end > m->pending_begin) optimizer_stream_waits(m), adamw_deferred(m, m->adam + 1, m->opt_stream);
     if (m->sw.grad_zeroing != GRAD_ZERO_NONE) zero_grads(m);
     for (int micro = 0; micro < m->grad_accum; micro++) {
         const int* inputs = m->tokens + (size_t)micro * N;
+        bool last = micro == m->grad_accum - 1;
         forward(m, inputs);
-        m->adam_pending = 0; // the forward has waited for each of them
+        m->pending_begin = m->pending_end = 0; // the forward has waited for each of them
         classifier(m, m->tokens + n_step + (size_t)micro * N, micro);
-        m->adam_overlap = m->sw.overlap_optimizer && micro == m->grad_accum - 1;
-        // (zeroing at the next step's start would clear gradients that the deferred AdamW reads)
-        m->adam_defer = m->adam_overlap && m->sw.grad_zeroing == GRAD_ZERO_NONE ? m->sw.deferred_adamw : 0;
-        if (m->save_copy && micro == m->grad_accum - 1) CUDA_CHECK(cudaStreamWaitEvent(m->stream, *m->save_copy));
-        backward(m, inputs, micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE);
+        if (last) loss_guard(m->adam, m->stats, act_f32(m, A_LOSSES), n_step, !clip, m->stream); // before any AdamW
+        if (micro == 0 && !m->sw.sparse_embedding) // dense wte gradient: the whole table is re-zeroed every step
+            CUDA_CHECK(cudaMemsetAsync(grad_f32(m, m->layout.offset[P_WTE]), 0, m->layout.size[P_WTE] * 4, m->stream));
+        if (last) plan_optimizer(m);
+        if (m->save_copy && last) CUDA_CHECK(cudaStreamWaitEvent(m->stream, *m->save_copy));
+        backward(m, inputs, micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE, last);
     }
-    mean(m->loss, act_f32(m, A_LOSSES), n_step, m->stream);
-    if (m->adam_overlap) { // the next step's forward needs every weight that is not deferred
+    if (clip) clip_guard(m->adam, m->stats, m->sumsq, sumsq_slots(&m->cfg) * SUMSQ_BLOCKS, m->opt.grad_clip,
+                         m->opt_stream);
+    if (m->adam_overlap || clip) { // the next step's forward needs every weight that is not deferred
         CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream));
         CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->opt_done));
-        m->adam_overlap = false;
-        m->adam_pending = m->adam_defer;
-    } else {
-        optimizer_step(m);
     }
+    if (!m->adam_overlap && m->defer_begin == m->defer_end) optimizer_step(m);
+    m->pending_begin = m->defer_begin, m->pending_end = m->defer_end;
+    m->adam_overlap = m->measure_norm = false;
+    m->defer_begin = m->defer_end = 0;
 }
 
 // [graphs] step_work recorded once into a CUDA graph (both streams: the optimizer stream forks
@@ -759,22 +843,23 @@ static void capture_step(Model* m) {
 }
 
 // Optimizer step t on the batches already staged in tokens_host slot `slot`: one host-to-device
-// copy of the step's tokens, the step's work (eagerly at step 1, then from the graph), and the
-// mean loss copied to pinned memory (read a step later, never waited on here). No host sync.
+// copy of the step's tokens, the step's work (eagerly at step 1 and after a flush, else from the
+// graph), and its StepStats copied to pinned memory (read a step later, never waited on here). No
+// host sync.
 static void train_step(Model* m, int slot) {
     NVTX_PUSH("step");
     int n_step = m->grad_accum * m->B * m->T;
     CUDA_CHECK(cudaMemcpyAsync(m->tokens, m->tokens_host + (size_t)slot * 2 * n_step, 2 * n_step * sizeof(int),
                                cudaMemcpyHostToDevice, m->stream));
-    if (m->use_graph && m->steps_run > 0 && !m->save_copy) {
+    if (m->use_graph && m->steps_run > 0 && !m->eager_next && !m->save_copy) {
         if (!m->step_graph) capture_step(m);
         CUDA_CHECK(cudaGraphLaunch(m->step_graph, m->stream));
     } else {
         step_work(m);
-        m->save_copy = NULL;
+        m->save_copy = NULL, m->eager_next = false;
     }
     m->steps_run++;
-    CUDA_CHECK(cudaMemcpyAsync(m->loss_host + slot, m->loss, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaMemcpyAsync(m->stats_host + slot, m->stats, sizeof(StepStats), cudaMemcpyDeviceToHost, m->stream));
     NVTX_POP();
 }
 
@@ -900,6 +985,92 @@ static void checkpoint_restore(Model* m, const char* state_path, const Checkpoin
     free(host);
 }
 
+// ---- validation and sampling ----
+// Both read the weights after a step: they first apply what the step deferred (optimizer_flush;
+// the next step then runs eagerly), run forward passes on their own tokens into the activation
+// buffers (the next step recomputes all of them), and leave the data position, the AdamW state
+// and the CUDA graph as they were.
+
+typedef struct {
+    int* tokens;       // device: each batch's inputs (B*T), then its targets (B*T)
+    int n_batches;
+    float* batch_loss; // device: each batch's mean loss, then [n_batches] the mean over them
+} ValData;
+
+// The first val_tokens tokens of the val data (whole batches of B*T; fewer if the file is short),
+// staged on the device once.
+static void val_create(ValData* v, const Model* m, DataLoader* loader, int val_tokens) {
+    size_t N = (size_t)m->B * m->T, have = loader->data->n_tokens - 1, want = (size_t)val_tokens;
+    v->n_batches = (int)((want < have ? want : have) / N);
+    if (v->n_batches < 1) v->n_batches = 1; // loader_init checked that one batch fits
+    int32_t* host = (int32_t*)malloc(v->n_batches * 2 * N * sizeof(int32_t));
+    for (int i = 0; i < v->n_batches; i++) loader_next(loader, host + i * 2 * N, host + i * 2 * N + N);
+    v->tokens = (int*)device_alloc(v->n_batches * 2 * N * sizeof(int), "val tokens");
+    v->batch_loss = (float*)device_alloc((v->n_batches + 1) * sizeof(float), "val losses");
+    CUDA_CHECK(cudaMemcpy(v->tokens, host, v->n_batches * 2 * N * sizeof(int), cudaMemcpyHostToDevice));
+    free(host);
+}
+static void val_free(ValData* v) {
+    CUDA_CHECK(cudaFree(v->tokens));
+    CUDA_CHECK(cudaFree(v->batch_loss));
+}
+
+// Mean loss over the val batches, forward only. Waits for the GPU (between steps, not in one).
+static float val_loss(Model* m, ValData* v) {
+    NVTX_PUSH("val");
+    size_t N = (size_t)m->B * m->T;
+    optimizer_flush(m);
+    for (int i = 0; i < v->n_batches; i++) {
+        forward(m, v->tokens + i * 2 * N);
+        classifier(m, v->tokens + i * 2 * N + N, 0); // (also writes dlogits: unused)
+        mean(v->batch_loss + i, act_f32(m, A_LOSSES), (int)N, m->stream);
+    }
+    mean(v->batch_loss + v->n_batches, v->batch_loss, v->n_batches, m->stream);
+    float loss;
+    CUDA_CHECK(cudaMemcpyAsync(&loss, v->batch_loss + v->n_batches, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    NVTX_POP();
+    return loss;
+}
+
+#define LLAMA3_BOS 128000
+typedef struct {
+    int* seq;          // device: the sequence being generated (T ids; unwritten positions 0)
+    int n_tokens;      // tokens generated per sample
+    float temperature; // 0: greedy
+    int top_k;
+    uint64_t rng;      // the host's own generator (splitmix64): training draws nothing from it
+} Sampler;
+
+static float next_uniform(uint64_t* state) { // splitmix64, top 24 bits: [0, 1)
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return (float)((z ^ (z >> 31)) >> 40) / 16777216.0f;
+}
+
+// Generates s->n_tokens tokens after BOS (token 0 in a vocabulary without LLaMA-3's BOS) into
+// ids[0..n_tokens]: one forward pass of one sequence (B = 1, the same T) per token, the next id
+// drawn on the device from the row of the last position.
+static void sample_ids(Model* m, Sampler* s, int* ids) {
+    NVTX_PUSH("sample");
+    int B = m->B, T = m->T, V = m->cfg.vocab_size;
+    optimizer_flush(m);
+    m->B = 1;
+    ids[0] = V > LLAMA3_BOS ? LLAMA3_BOS : 0;
+    CUDA_CHECK(cudaMemsetAsync(s->seq, 0, T * sizeof(int), m->stream));
+    CUDA_CHECK(cudaMemcpyAsync(s->seq, ids, sizeof(int), cudaMemcpyHostToDevice, m->stream));
+    for (int pos = 0; pos < s->n_tokens; pos++) {
+        forward(m, s->seq);
+        sample_token(s->seq + pos + 1, act_bf16(m, A_LOGITS, (size_t)pos * V), V, s->temperature, s->top_k,
+                     next_uniform(&s->rng), m->stream);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(ids, s->seq, (s->n_tokens + 1) * sizeof(int), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    m->B = B;
+    NVTX_POP();
+}
+
 // ---- training loop ----
 
 static double wall_seconds(void) {
@@ -914,12 +1085,26 @@ static double median(double* v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// What the loop needs besides the model: the data, the outputs, and the optional parts.
+typedef struct {
+    DataLoader* loader;
+    FILE* json; // NULL: no --log_file; closed at the end
+    Saver* saver;   // NULL: no --checkpoint_dir
+    ValData* val;   // NULL: no --val_every
+    Sampler* sampler; // NULL: no --sample_every
+    const Vocab* vocab; // decodes samples
+} TrainIO;
+
 typedef struct {
     cudaEvent_t start[2], end[2];
     double* ms;
     FILE* json;
     const char* json_path;
-    double mem_mib;
+    double mem_mib, wall_start;
+    int first, logged; // the run's first step; the last step logged
+    float val[2];      // the val loss measured after the step in that slot; NaN: none
+    StepStats last;    // the last step logged
+    float last_val;
 } StepLog;
 
 // A write to the JSON log failed (a full disk, /dev/full): the run stops, since a log that ends
@@ -929,8 +1114,32 @@ static void log_write_failed(const char* path) {
     exit(EXIT_FAILURE);
 }
 
-// Waits for step t (staged in `slot`) to finish, then prints its line: loss, lr, time, tok/s, memory.
-static void log_step(Model* m, StepLog* lg, int t, int n_steps, int slot, float lr) {
+// Step t's line on stdout and in the JSON log.
+static void print_step(const Model* m, StepLog* lg, const TrainArgs* a, int t, const StepStats* st, double ms,
+                       float val) {
+    double tok_s = (double)m->grad_accum * m->B * m->T / (ms / 1000.0), elapsed = wall_seconds() - lg->wall_start;
+    double eta = elapsed / (t - lg->first + 1) * (a->num_iteration - t);
+    printf("step %4d/%d | loss %.6f | lr %.2e", t, a->num_iteration, st->loss, st->lr);
+    if (a->grad_clip > 0) printf(" | norm %.4f", st->grad_norm);
+    if (val == val) printf(" | val %.6f", val);
+    printf(" | %.2f ms | %.0f tok/s | peak %.0f MiB | %.0f s, ETA %.0f s", ms, tok_s, lg->mem_mib, elapsed, eta);
+    if (st->skipped) printf(" | SKIPPED (non-finite loss or norm; %d in a row)", st->bad_in_row);
+    printf("\n");
+    if (!lg->json) return;
+    char extra[96] = "";
+    int len = a->grad_clip > 0 ? snprintf(extra, sizeof(extra), ", \"grad_norm\": %.6g", st->grad_norm) : 0;
+    if (val == val) snprintf(extra + len, sizeof(extra) - len, ", \"val_loss\": %.6f", val);
+    if (fprintf(lg->json, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g%s, \"skipped\": %d, \"ms\": %.3f, "
+                "\"tok_per_s\": %.1f, \"peak_mib\": %.0f}\n", t, st->loss, st->lr, extra, st->skipped, ms, tok_s,
+                lg->mem_mib) < 0 || fflush(lg->json) != 0)
+        log_write_failed(lg->json_path);
+}
+
+// Waits for step t (staged in slot t % 2) to finish, prints its line, and stops the run when the
+// NaN guard has skipped --max_bad_steps steps in a row (the weights are then those of the last
+// good step, and so is any checkpoint written since: skipped steps change nothing).
+static void log_step(Model* m, StepLog* lg, const TrainArgs* a, Saver* saver, int t) {
+    int slot = t % 2;
     CUDA_CHECK(cudaEventSynchronize(lg->end[slot]));
     float ms;
     CUDA_CHECK(cudaEventElapsedTime(&ms, lg->start[slot], lg->end[slot]));
@@ -940,51 +1149,108 @@ static void log_step(Model* m, StepLog* lg, int t, int n_steps, int slot, float 
     size_t free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     lg->mem_mib = fmax(lg->mem_mib, (total_b - free_b) / 1048576.0);
-    double tok_s = (double)m->grad_accum * m->B * m->T / (ms / 1000.0);
-    float loss = m->loss_host[slot];
-    printf("step %4d/%d | loss %.6f | lr %.2e | %.2f ms | %.0f tok/s | peak %.0f MiB\n", t, n_steps, loss, lr, ms,
-           tok_s, lg->mem_mib);
-    if (!lg->json) return;
-    if (fprintf(lg->json, "{\"step\": %d, \"loss\": %.6f, \"lr\": %g, \"ms\": %.3f, \"tok_per_s\": %.1f, "
-                "\"peak_mib\": %.0f}\n", t, loss, lr, ms, tok_s, lg->mem_mib) < 0 || fflush(lg->json) != 0)
-        log_write_failed(lg->json_path);
+    StepStats st = m->stats_host[slot];
+    print_step(m, lg, a, t, &st, ms, lg->val[slot]);
+    lg->last = st, lg->logged = t;
+    if (lg->val[slot] == lg->val[slot]) lg->last_val = lg->val[slot];
+    if (st.bad_in_row < a->max_bad_steps) return;
+    if (saver) saver_join(saver);
+    fprintf(stderr, "error: steps %d..%d had a non-finite loss or gradient norm (--max_bad_steps %d): stopping; their "
+            "updates were skipped, the weights are step %d's%s\n", t - st.bad_in_row + 1, t, a->max_bad_steps,
+            t - st.bad_in_row, saver ? " (checkpoints written since hold them too)" : "");
+    exit(EXIT_FAILURE);
 }
 
+static bool due(int every, int t, int last) { return every > 0 && (t % every == 0 || t == last); }
 static bool checkpoint_due(const TrainArgs* a, int t) {
     return t == a->num_iteration || (a->checkpoint_every > 0 && t % a->checkpoint_every == 0);
 }
 
+// The val loss and a sample after step t, when due; the step's line first (both wait for the GPU).
+static void evaluate(Model* m, StepLog* lg, const TrainArgs* a, const TrainIO* io, int t) {
+    bool val = io->val && due(a->val_every, t, a->num_iteration);
+    bool sample = io->sampler && due(a->sample_every, t, a->num_iteration);
+    if (!val && !sample) return;
+    if (val) lg->val[t % 2] = val_loss(m, io->val);
+    log_step(m, lg, a, io->saver, t);
+    lg->val[t % 2] = NAN;
+    if (!sample) return;
+    int* ids = (int*)malloc((io->sampler->n_tokens + 1) * sizeof(int));
+    sample_ids(m, io->sampler, ids);
+    printf("sample at step %d (%s): ", t, io->sampler->temperature > 0 ? "sampled" : "greedy");
+    vocab_print(stdout, io->vocab, ids, io->sampler->n_tokens + 1);
+    printf("\n");
+    if (lg->json) {
+        if (fprintf(lg->json, "{\"step\": %d, \"sample_ids\": [", t) < 0) log_write_failed(lg->json_path);
+        for (int i = 0; i <= io->sampler->n_tokens; i++)
+            if (fprintf(lg->json, "%s%d", i ? ", " : "", ids[i]) < 0) log_write_failed(lg->json_path);
+        if (fprintf(lg->json, "]}\n") < 0 || fflush(lg->json) != 0) log_write_failed(lg->json_path);
+    }
+    free(ids);
+}
+
+// Model FLOPs per token of a training step (forward and backward, PaLM's appendix B): 6 per
+// matmul weight (lm_head included; not the embedding lookup) plus attention's 12 * L * T * C.
+static double flops_per_token(const Model* m) {
+    const ParamLayout* p = &m->layout;
+    return 6.0 * (p->matmul_end - p->matmul_begin) + 12.0 * m->cfg.n_layer * m->T * m->cfg.n_embd;
+}
+// Dense bf16 peak of the GPU from its name (0: not known here).
+static double peak_flops(void) {
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    if (strstr(prop.name, "H100") || strstr(prop.name, "H200")) return 989.4e12;
+    if (strstr(prop.name, "A100")) return 312e12;
+    return 0;
+}
+
+// The end of the run: tokens, time, throughput, MFU, the last losses.
+static void print_summary(const Model* m, const StepLog* lg, const TrainArgs* a, double wall) {
+    int n = a->num_iteration - lg->first + 1;
+    double tokens = (double)n * m->grad_accum * m->B * m->T, tok_s = tokens / wall, peak = peak_flops();
+    printf("done: %d steps, %.0f tokens in %.1f s, %.0f tok/s", n, tokens, wall, tok_s);
+    if (peak > 0) printf(", MFU %.1f%%", 100.0 * flops_per_token(m) * tok_s / peak);
+    printf(" | last loss %.6f", lg->last.loss);
+    if (lg->last_val == lg->last_val) printf(", val %.6f", lg->last_val);
+    if (lg->last.skipped_total) printf(" | %d steps skipped (non-finite)", lg->last.skipped_total);
+    printf("\n");
+    if (n > 1) {
+        double* ms = (double*)malloc((n - 1) * sizeof(double));
+        memcpy(ms, lg->ms + lg->first, (n - 1) * sizeof(double));
+        double med = median(ms, n - 1);
+        printf("steady state (steps %d..%d): median %.2f ms/step, %.0f tok/s, peak %.0f MiB\n", lg->first + 1,
+               a->num_iteration, med, (double)m->grad_accum * m->B * m->T / (med / 1000.0), lg->mem_mib);
+        free(ms);
+    }
+}
+
 // The training loop from step `first` (1, or the step after a resumed checkpoint) to
-// a->num_iteration; log_json (NULL: none, else a->log_file opened) gets one JSON line per step and
-// is closed at the end; saver (NULL: no --checkpoint_dir) saves the steps checkpoint_due names.
-static void train(Model* m, const TrainArgs* a, DataLoader* loader, FILE* log_json, Saver* saver, int first) {
+// a->num_iteration. Each step's line is printed while the next step runs.
+static void train(Model* m, const TrainArgs* a, const TrainIO* io, int first) {
     StepLog lg = {};
     lg.ms = (double*)calloc(a->num_iteration, sizeof(double));
-    lg.json = log_json;
-    lg.json_path = a->log_file;
+    lg.json = io->json, lg.json_path = a->log_file, lg.first = first, lg.logged = first - 1;
+    lg.val[0] = lg.val[1] = lg.last_val = NAN;
     for (int s = 0; s < 2; s++) CUDA_CHECK(cudaEventCreate(&lg.start[s])), CUDA_CHECK(cudaEventCreate(&lg.end[s]));
-    double wall_start = wall_seconds();
+    lg.wall_start = wall_seconds();
     for (int t = first; t <= a->num_iteration; t++) {
         int slot = t % 2;
         CUDA_CHECK(cudaEventSynchronize(lg.end[slot])); // step t-2 used this staging slot
-        stage_batches(m, loader, slot);
+        stage_batches(m, io->loader, slot);
         CUDA_CHECK(cudaEventRecord(lg.start[slot], m->stream));
         train_step(m, slot);
-        if (saver && checkpoint_due(a, t)) checkpoint_save(m, saver, a, loader, t);
+        if (io->saver && checkpoint_due(a, t)) checkpoint_save(m, io->saver, a, io->loader, t);
         CUDA_CHECK(cudaEventRecord(lg.end[slot], m->stream));
-        if (t > first) log_step(m, &lg, t - 1, a->num_iteration, 1 - slot, a->learning_rate);
+        if (lg.logged < t - 1) log_step(m, &lg, a, io->saver, t - 1);
+        evaluate(m, &lg, a, io, t);
     }
-    log_step(m, &lg, a->num_iteration, a->num_iteration, a->num_iteration % 2, a->learning_rate);
+    if (lg.logged < a->num_iteration) log_step(m, &lg, a, io->saver, a->num_iteration);
     optimizer_flush(m); // (nothing left after a save of the last step)
-    if (saver) saver_join(saver), printf("checkpoint: %s/step_%08d\n", a->checkpoint_dir, a->num_iteration);
-    int n = a->num_iteration - first + 1;
-    printf("wall time of the loop: %.3f s for %d steps%s\n", wall_seconds() - wall_start, n,
-           saver ? " (the last checkpoint written included)" : "");
-    if (n > 1) {
-        double med = median(lg.ms + first, n - 1);
-        printf("steady state (steps %d..%d): median %.2f ms/step, %.0f tok/s, peak %.0f MiB\n", first + 1,
-               a->num_iteration, med, (double)m->grad_accum * m->B * m->T / (med / 1000.0), lg.mem_mib);
-    }
+    if (io->saver) saver_join(io->saver), printf("checkpoint: %s/step_%08d\n", a->checkpoint_dir, a->num_iteration);
+    double wall = wall_seconds() - lg.wall_start;
+    printf("wall time of the loop: %.3f s for %d steps%s\n", wall, a->num_iteration - first + 1,
+           io->saver ? " (the last checkpoint written included)" : "");
+    print_summary(m, &lg, a, wall);
     if (lg.json && fclose(lg.json) != 0) log_write_failed(lg.json_path);
     for (int s = 0; s < 2; s++) {
         CUDA_CHECK(cudaEventDestroy(lg.start[s]));
@@ -1000,6 +1266,11 @@ static void train(Model* m, const TrainArgs* a, DataLoader* loader, FILE* log_js
 // tiny shakespeare, so that `./train_llama3` runs with no files at all.
 extern "C" const unsigned char _binary_data_tiny_shakespeare_train_bin_start[];
 extern "C" const unsigned char _binary_data_tiny_shakespeare_train_bin_end[];
+extern "C" const unsigned char _binary_data_tiny_shakespeare_val_bin_start[];
+extern "C" const unsigned char _binary_data_tiny_shakespeare_val_bin_end[];
+// The LLaMA-3 vocabulary as bytes (scripts/prepare_data.py), for printing samples.
+extern "C" const unsigned char _binary_data_llama3_vocab_bin_start[];
+extern "C" const unsigned char _binary_data_llama3_vocab_bin_end[];
 
 static void die(const char* msg, const char* prog, bool usage) {
     fprintf(stderr, "error: %s\n", msg);
@@ -1007,26 +1278,42 @@ static void die(const char* msg, const char* prog, bool usage) {
     exit(EXIT_FAILURE);
 }
 
-static void load_tokens(TokenData* d, const TrainArgs* a, int vocab_size) {
+// A token file, or (path NULL) the embedded split [begin, end).
+static void load_tokens(TokenData* d, const char* path, const unsigned char* begin, const unsigned char* end,
+                        const char* embedded_name, int vocab_size) {
     char err[L3_ERR_LEN];
-    int rc;
-    if (a->input_bin) {
-        rc = tokens_load_file(d, a->input_bin, vocab_size, err);
-    } else {
-        const unsigned char* b = _binary_data_tiny_shakespeare_train_bin_start;
-        rc = tokens_parse(d, b, _binary_data_tiny_shakespeare_train_bin_end - b,
-                          "embedded data/tiny_shakespeare_train.bin", vocab_size, err);
-    }
+    int rc = path ? tokens_load_file(d, path, vocab_size, err) : tokens_parse(d, begin, end - begin, embedded_name,
+                                                                              vocab_size, err);
     if (rc) die(err, "", false);
 }
 
-// What main needs of the inputs: the model (its file, or none: random init), and for a resume the
-// checkpoint's state file and header.
+// What main needs of the inputs: the model (its file, or none: random init), for a resume the
+// checkpoint's state file and header, the val data and the vocabulary when used.
 typedef struct {
     const char* model_path; // --llmc_filepath, the checkpoint's model.bin, or NULL
     char resume_model[L3_PATH_LEN], resume_state[L3_PATH_LEN];
     CheckpointState st;
+    TokenData val_tokens; // with --val_every
+    DataLoader val_loader;
+    Vocab vocab; // with --sample_every
 } RunInputs;
+
+// The val data (--val_bin or the embedded val split) and the vocabulary, when the run uses them.
+static void check_eval_inputs(const TrainArgs* a, const Llama3Config* cfg, RunInputs* in, const char* prog) {
+    char err[L3_ERR_LEN];
+    if (a->val_every) {
+        load_tokens(&in->val_tokens, a->val_bin, _binary_data_tiny_shakespeare_val_bin_start,
+                    _binary_data_tiny_shakespeare_val_bin_end, "embedded data/tiny_shakespeare_val.bin",
+                    cfg->vocab_size);
+        if (loader_init(&in->val_loader, &in->val_tokens, a->batch_size, a->sequence_length, 0,
+                        a->val_bin ? a->val_bin : "embedded val data", err))
+            die(err, prog, false);
+    }
+    const unsigned char* v = _binary_data_llama3_vocab_bin_start;
+    if (a->sample_every &&
+        vocab_parse(&in->vocab, v, _binary_data_llama3_vocab_bin_end - v, "embedded data/llama3_vocab.bin", err))
+        die(err, prog, false);
+}
 
 // Every input, checked before the GPU is touched: no output names an input, the model file (header,
 // size, llm.c's biases), a resumed checkpoint (its files, and that it continues this run), the flags
@@ -1047,11 +1334,14 @@ static FILE* check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat
         die(err, prog, false);
     if (a->resume && state_header_read(in->resume_state, param_layout(cfg).total, &in->st, err)) die(err, prog, false);
     if (train_args_check(a, cfg, err)) die(err, prog, false);
-    load_tokens(tokens, a, cfg->vocab_size);
+    load_tokens(tokens, a->input_bin, _binary_data_tiny_shakespeare_train_bin_start,
+                _binary_data_tiny_shakespeare_train_bin_end, "embedded data/tiny_shakespeare_train.bin",
+                cfg->vocab_size);
     if (loader_init(loader, tokens, a->batch_size, a->sequence_length, a->overfit_single_batch,
                     a->input_bin ? a->input_bin : "embedded data", err))
         die(err, prog, false);
     if (a->resume && resume_check(&in->st, a, tokens, a->resume, err)) die(err, prog, false);
+    check_eval_inputs(a, cfg, in, prog);
     if (a->checkpoint_dir &&
         (checkpoint_dir_check(a->checkpoint_dir, a->resume ? in->st.step : 0, err) || make_dir(a->checkpoint_dir, err)))
         die(err, prog, false);
@@ -1089,14 +1379,18 @@ int main(int argc, char** argv) {
 
     int grad_accum = a.total_batch_size / (a.batch_size * a.sequence_length);
     Model m;
-    OptimConfig opt = {a.learning_rate, a.beta1, a.beta2, a.eps, a.weight_decay};
+    OptimConfig opt = {a.learning_rate, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_clip, lr_schedule_of(&a)};
     model_create(&m, &cfg, &opt, &a.sw, a.batch_size, a.sequence_length, grad_accum);
     printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g | memory %.2f GiB\n", m.layout.total,
            a.batch_size, a.sequence_length, grad_accum, a.learning_rate, a.weight_decay,
            model_bytes(&m.layout, &m.act, &a.sw, grad_accum) / 1073741824.0);
     train_args_print(stdout, &a);
-    printf("in effect: bf16_grads %d | cuda_graph %d | deferred_adamw %d\n", m.grads_bf16 != NULL, m.use_graph,
-           a.sw.overlap_optimizer && a.sw.grad_zeroing == GRAD_ZERO_NONE ? m.sw.deferred_adamw : 0);
+    bool defers = a.sw.overlap_optimizer && a.sw.grad_zeroing == GRAD_ZERO_NONE;
+    char deferred[32];
+    if (defers && a.grad_clip > 0) snprintf(deferred, sizeof(deferred), "all (clipping)");
+    else snprintf(deferred, sizeof(deferred), "%d", defers ? m.sw.deferred_adamw : 0);
+    printf("in effect: bf16_grads %d | cuda_graph %d | deferred_adamw %s\n", m.grads_bf16 != NULL, m.use_graph,
+           deferred);
     if (in.model_path) {
         if (model_load(&m, in.model_path, fmt, err)) die(err, argv[0], false);
     } else {
@@ -1104,9 +1398,21 @@ int main(int argc, char** argv) {
     }
     if (a.resume) checkpoint_restore(&m, in.resume_state, &in.st), loader.pos = in.st.loader_pos;
     static Saver saver;
-    if (a.checkpoint_dir) saver_create(&saver, &m, a.checkpoint_dir, a.checkpoint_keep, &tokens);
-    train(&m, &a, &loader, log_json, a.checkpoint_dir ? &saver : NULL, a.resume ? in.st.step + 1 : 1);
-    if (a.checkpoint_dir) saver_free(&saver);
+    ValData val;
+    Sampler sampler = {NULL, a.sample_tokens, a.temperature, a.top_k, a.seed ^ 0x5a4d504cULL};
+    TrainIO io = {&loader, log_json, a.checkpoint_dir ? &saver : NULL, a.val_every ? &val : NULL,
+                  a.sample_every ? &sampler : NULL, &in.vocab};
+    if (io.saver) saver_create(&saver, &m, a.checkpoint_dir, a.checkpoint_keep, &tokens);
+    if (io.val) {
+        val_create(&val, &m, &in.val_loader, a.val_tokens);
+        printf("val: %d batches of %d x %d from %s\n", val.n_batches, m.B, m.T,
+               a.val_bin ? a.val_bin : "the embedded val split");
+    }
+    if (io.sampler) sampler.seq = (int*)device_alloc(m.T * sizeof(int), "sample tokens");
+    train(&m, &a, &io, a.resume ? in.st.step + 1 : 1);
+    if (io.saver) saver_free(&saver);
+    if (io.val) val_free(&val), tokens_free(&in.val_tokens);
+    if (io.sampler) CUDA_CHECK(cudaFree(sampler.seq)), vocab_free(&in.vocab);
     model_free(&m);
     tokens_free(&tokens);
     return 0;

@@ -1,9 +1,13 @@
 // dev/adamw.cu: AdamW over a flat fp32 parameter block with torch.optim.AdamW semantics
 // (kernels.cuh adamw_update), and the bf16 copy of the parameters that the GEMMs read:
-//   p -= lr * wd * p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+//   g *= grad_scale;  p -= lr * wd * p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps);  shadow = bf16(p)
 // The kernels read step t's hyperparameters as the trainer's adamw_next_step writes them; the
-// reference (common.h adamw_cpu, fp64) computes the bias corrections itself.
+// reference (common.h adamw_cpu, fp64) computes the bias corrections itself. Besides the plain
+// step, validation covers what the step's guards write into those hyperparameters (kernels.cuh
+// clip_guard, loss_guard): a clipping scale grad_scale = 0.37, a launch with decay = false (the
+// norm weights: wd = 0), and a step the NaN guard skips (skip = 1: p, m, v and the shadow stay
+// as they were, bit for bit).
 // Memory-bound: g, p, m, v read (16 bytes per element; 14 with bf16 g), p, m, v written (12),
 // shadow written (2).
 //
@@ -64,19 +68,20 @@ static bool trainer_uses_float4(const AdamBuffers& b, size_t n, int sms, int ver
     return aligned && n >= (size_t)sms * 256 * 4;
 }
 
-static void adamw_version(int version, const AdamBuffers& b, size_t n, const AdamWParams* h, int sms) {
-    const int threads = 256;
+// decay: weight decay applies (false: the norm weights' launch).
+static void adamw_version(int version, const AdamBuffers& b, size_t n, const AdamWParams* h, bool decay, int sms) {
+    const unsigned threads = 256, blocks = ceil_div(n, threads);
     if (version == 1) {
-        adamw_kernel<1, false><<<ceil_div(n, threads), threads>>>(b.params, b.m, b.v, b.grads, NULL, n, h);
+        adamw_kernel<1, false><<<blocks, threads>>>(b.params, b.m, b.v, b.grads, NULL, n, h, decay);
         LAUNCH_CHECK();
         cast_to_bf16(b.shadow, b.params, n, 0);
     } else if (version == 2) {
-        adamw_kernel<1, true><<<ceil_div(n, threads), threads>>>(b.params, b.m, b.v, b.grads, b.shadow, n, h);
+        adamw_kernel<1, true><<<blocks, threads>>>(b.params, b.m, b.v, b.grads, b.shadow, n, h, decay);
         LAUNCH_CHECK();
     } else if (version == 3) {
-        adamw_dense<true>(b.params, b.m, b.v, b.grads, b.shadow, n, h, sms, 0);
+        adamw_dense<true>(b.params, b.m, b.v, b.grads, b.shadow, n, h, decay, sms, 0);
     } else {
-        adamw_dense<true>(b.params, b.m, b.v, b.grads_bf16, b.shadow, n, h, sms, 0);
+        adamw_dense<true>(b.params, b.m, b.v, b.grads_bf16, b.shadow, n, h, decay, sms, 0);
     }
 }
 
@@ -86,45 +91,66 @@ static void to_device(float* dst, const std::vector<float>& src) {
     CUDA_CHECK(cudaMemcpy(dst, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice));
 }
 
+// What the step's guard kernels left in the hyperparameters, and the launch's decay flag.
+typedef struct {
+    const char* name; // "" for the plain step
+    float grad_scale; // clip_guard's clipping scale
+    bool decay;       // false: the norm weights' launch, no weight decay
+    int skip;         // the NaN guard skips the step
+} Variant;
+static const Variant PLAIN = {"", 1.0f, true, 0};
+
 // Fresh inputs of n elements: p ~ N(0, 0.02) like the init, m and g ~ N(0, 1e-3), v in
 // [1e-8, 1e-6] (positive, the scale of g^2). Each selected version runs on them with every
-// pointer `offset` floats into its allocation and the shadow poisoned; version 4 reads
-// bf16(g), and its reference starts from the same rounded g.
+// pointer `offset` floats into its allocation and the shadow poisoned (on a skipped step: set to
+// bf16(p), the state the step must leave alone); version 4 reads bf16(g), and its reference
+// starts from the same rounded g.
 // Tolerances: rtol 1e-6, about 8 fp32 ulps: the GPU does these fp32 operations with a few
-// roundings (its bias corrections are fp32 too), the reference none. atol 1e-6 of each array's
-// scale (p 0.02, m 1e-3, v 1e-7) for elements whose update cancels to about 0, where the error is
-// an ulp of the operands rather than of the result. The shadow must be bf16(p) of the GPU's own
-// p, bit for bit.
-static void validate(size_t n, size_t offset, int sms, const DevArgs& a, bool* ok) {
+// roundings (its bias corrections and g * grad_scale are fp32 too), the reference none. atol 1e-6
+// of each array's scale (p 0.02, m 1e-3, v 1e-7) for elements whose update cancels to about 0,
+// where the error is an ulp of the operands rather than of the result. The shadow must be bf16(p)
+// of the GPU's own p, bit for bit. A skipped step: p, m, v equal to the inputs, bit for bit.
+static void validate(size_t n, size_t offset, int sms, const DevArgs& a, bool* ok, const Variant& var = PLAIN) {
     std::vector<float> p = random_normal(n, 0.02f), m = random_normal(n, 1e-3f), v = random_uniform(n, 1e-8f, 1e-6f),
                        g = random_normal(n, 1e-3f);
     std::vector<float> g_bf16 = from_bf16(to_bf16(g)), ref_of[2][3] = {{p, m, v}, {p, m, v}};
-    adamw_cpu(ref_of[0][0].data(), ref_of[0][1].data(), ref_of[0][2].data(), g.data(), n, STEP);
-    adamw_cpu(ref_of[1][0].data(), ref_of[1][1].data(), ref_of[1][2].data(), g_bf16.data(), n, STEP);
+    AdamWStep step = STEP;
+    if (!var.decay) step.weight_decay = 0.0f;
+    const std::vector<float>* grads_of[2] = {&g, &g_bf16};
+    for (int k = 0; k < 2 && !var.skip; k++)
+        adamw_cpu(ref_of[k][0].data(), ref_of[k][1].data(), ref_of[k][2].data(), grads_of[k]->data(), n, step,
+                  var.grad_scale);
+    const AdamWParams* h = dev_adamw_params_with(H_device(), var.grad_scale, var.skip);
     AdamBuffers base = adam_alloc(n + offset), b = adam_at(base, offset);
     upload_into(b.grads_bf16, g_bf16);
     for (int version = 1; version <= 4; version++) {
         if (!dev_selected(a, version)) continue;
-        to_device(b.params, p), to_device(b.m, m), to_device(b.v, v), to_device(b.grads, g);
-        dev_poison(b.shadow, n);
-        adamw_version(version, b, n, H_device(), sms);
+        to_device(b.params, p);
+        to_device(b.m, m);
+        to_device(b.v, v);
+        to_device(b.grads, g);
+        if (var.skip) upload_into(b.shadow, p);
+        else dev_poison(b.shadow, n);
+        adamw_version(version, b, n, h, var.decay, sms);
         std::vector<float> got[3] = {dev_download(b.params, n), dev_download(b.m, n), dev_download(b.v, n)};
         std::vector<float> shadow_gpu = from_bf16(dev_download(b.shadow, n)), shadow_want(n);
         for (size_t i = 0; i < n; i++) shadow_want[i] = bf16_round(got[0][i]);
         const char* path = version >= 3 && trainer_uses_float4(b, n, sms, version) ? "float4" : "scalar";
         const char* names[3] = {"params", "m", "v"};
         const std::vector<float>* refs = ref_of[version == 4];
-        const float scale[3] = {0.02f, 1e-3f, 1e-7f};
+        const float scale[3] = {0.02f, 1e-3f, 1e-7f}, tol = var.skip ? 0.0f : 1e-6f;
         char what[96];
         for (int k = 0; k < 3; k++) {
-            snprintf(what, sizeof(what), "v%d %s n=%zu%s %s", version, path, n, offset ? " misaligned" : "", names[k]);
-            ok[version] &= dev_check(what, got[k], refs[k], 1e-6f * scale[k], 1e-6f);
+            snprintf(what, sizeof(what), "v%d %s n=%zu%s%s %s", version, path, n, offset ? " misaligned" : "",
+                     var.name, names[k]);
+            ok[version] &= dev_check(what, got[k], refs[k], tol * scale[k], tol);
         }
-        snprintf(what, sizeof(what), "v%d %s n=%zu%s shadow == bf16(params)", version, path, n,
-                 offset ? " misaligned" : "");
+        snprintf(what, sizeof(what), "v%d %s n=%zu%s%s shadow == bf16(params)", version, path, n,
+                 offset ? " misaligned" : "", var.name);
         ok[version] &= dev_check(what, shadow_gpu, shadow_want, 0.0f, 0.0f);
     }
     adam_free(base);
+    CUDA_CHECK(cudaFree((void*)h));
 }
 
 // ---- timing ----
@@ -151,7 +177,8 @@ static void time_versions(const DevArgs& a, const bool* ok, int sms) {
         for (int version = 1; version <= 4; version++) {
             if (!dev_selected(a, version)) continue;
             double ms = median_ms([&] {
-                for (size_t k = 0; k < sets; k++) adamw_version(version, adam_at(arena, k * n), n, H_device(), sms);
+                for (size_t k = 0; k < sets; k++)
+                    adamw_version(version, adam_at(arena, k * n), n, H_device(), true, sms);
             }) / sets;
             double bytes = (version == 1 ? 34.0 : version == 4 ? 28.0 : 30.0) * n;
             const char* guard = trainer_uses_float4(arena, n, sms, version) ? "float4" : "scalar";
@@ -181,6 +208,13 @@ int main(int argc, char** argv) {
     validate(1000003, 0, sms, a, ok);
     validate(16777216, 0, sms, a, ok);
     validate(1000003, 1, sms, a, ok);
+    // The guards' effects, on both paths of the trainer's kernel (float4, and scalar misaligned).
+    const Variant guarded[] = {{" grad_scale 0.37", 0.37f, true, 0}, {" decay off", 1.0f, false, 0},
+                               {" skipped", 1.0f, true, 1}};
+    for (const Variant& var : guarded) {
+        validate(1000003, 0, sms, a, ok, var);
+        validate(1000003, 1, sms, a, ok, var);
+    }
     if (!a.check_only) {
         copy_ceiling_gbs(); // measured before the table, so its line does not split it
         time_versions(a, ok, sms);

@@ -220,24 +220,41 @@ static const AdamWParams* dev_adamw_params(const AdamWStep& s) {
     AdamWParams* h = dev_alloc<AdamWParams>(2); // adamw_next_step also moves the old h[0] to h[1]
     CUDA_CHECK(cudaMemset(h, 0, 2 * sizeof(AdamWParams)));
     int* step = dev_upload(std::vector<int>{s.t - 1});
-    AdamWParams base = {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, 0.0f, 0.0f};
-    adamw_next_step(h, step, base, 0);
+    StepStats* stats = dev_alloc<StepStats>(1);
+    AdamWParams base = {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, 0.0f, 0.0f, 1.0f, 0};
+    LrSchedule constant = {LR_CONSTANT, 0, s.t, s.lr, 0.0f, 0.0f};
+    adamw_next_step(h, step, base, constant, stats, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     CUDA_CHECK(cudaFree(step));
+    CUDA_CHECK(cudaFree(stats));
     return h;
+}
+// A new device copy of h[0] with the fields the step's guard kernels fill in: clip_guard's
+// clipping scale and the NaN guard's skip.
+static const AdamWParams* dev_adamw_params_with(const AdamWParams* h, float grad_scale, int skip) {
+    AdamWParams host;
+    CUDA_CHECK(cudaMemcpy(&host, h, sizeof(host), cudaMemcpyDeviceToHost));
+    host.grad_scale = grad_scale;
+    host.skip = skip;
+    AdamWParams* d = dev_alloc<AdamWParams>(1);
+    CUDA_CHECK(cudaMemcpy(d, &host, sizeof(host), cudaMemcpyHostToDevice));
+    return d;
 }
 
 // torch.optim.AdamW's step s on n elements in fp64 from the fp32 state, bias corrections included,
-// in the kernels' order of operations:
-//   p -= lr * wd * p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+// in the kernels' order of operations, on the gradient times grad_scale (gradient clipping's):
+//   g *= grad_scale;  p -= lr * wd * p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-static void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, const AdamWStep& s) {
+// A launch with decay = false (the norm weights) is the reference with s.weight_decay = 0.
+static void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, const AdamWStep& s,
+                      float grad_scale = 1.0f) {
     double b1 = s.beta1, b2 = s.beta2;
     double step_size = s.lr / (1.0 - pow(b1, s.t)), bias_corr2_sqrt = sqrt(1.0 - pow(b2, s.t));
     for (size_t i = 0; i < n; i++) {
+        double gi = (double)g[i] * grad_scale;
         double pi = p[i] - (double)s.lr * s.weight_decay * p[i];
-        double mi = b1 * m[i] + (1.0 - b1) * g[i];
-        double vi = b2 * v[i] + (1.0 - b2) * (double)g[i] * g[i];
+        double mi = b1 * m[i] + (1.0 - b1) * gi;
+        double vi = b2 * v[i] + (1.0 - b2) * gi * gi;
         pi -= step_size * mi / (sqrt(vi) / bias_corr2_sqrt + s.eps);
         p[i] = (float)pi;
         m[i] = (float)mi;

@@ -15,7 +15,8 @@
 //       (adamw_dense<false> in kernels.cuh): untouched rows move too (m, v decay, p by weight decay)
 //   2 = the trainer's [sparse rows]: token_sort, embedding_backward (deterministic per-row sums into
 //       the persistent gradient, zero outside the touched rows), adamw_sparse_rows (the touched
-//       rows only, zeroing their gradient rows again): lazy Adam, untouched rows unchanged
+//       rows only, zeroing their gradient rows again): lazy Adam, untouched rows unchanged; also
+//       checked on a step the NaN guard skips (p, m, v unchanged, gradient rows still zeroed)
 // Token ids are drawn Zipf-like (P(id) ~ 1/(id + 1), many repeats, as in text) or uniform over V.
 #include "common.h"
 
@@ -82,7 +83,7 @@ static void step_backward(int version, const Wte* t, TokenSorter* ts, const floa
     }
 }
 static void step_adamw(int version, const Wte* t, const TokenSorter* ts, int N, const AdamWParams* h, int sms) {
-    if (version == 1) adamw_dense<false>(t->params, t->m, t->v, t->grad, NULL, (size_t)t->V * t->C, h, sms, 0);
+    if (version == 1) adamw_dense<false>(t->params, t->m, t->v, t->grad, NULL, (size_t)t->V * t->C, h, true, sms, 0);
     else adamw_sparse_rows(t->params, t->m, t->v, t->grad, ts->sorted_tokens, N, t->C, h, 0);
 }
 
@@ -223,6 +224,26 @@ static bool check_version(int version, const Case& c, const Wte* t, TokenSorter*
     return ok;
 }
 
+// A step the NaN guard skips (h->skip = 1) on version 2: adamw_sparse_rows leaves p, m, v as they
+// were, bit for bit, and still zeroes the touched gradient rows (the next backward adds into them).
+static bool check_skipped(const Case& c, const Wte* t, TokenSorter* ts) {
+    size_t VC = (size_t)c.V * c.C;
+    CUDA_CHECK(cudaMemcpy(t->params, c.p0_dev, VC * sizeof(float), cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaMemcpy(t->m, c.m0_dev, VC * sizeof(float), cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaMemcpy(t->v, c.v0_dev, VC * sizeof(float), cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaMemset(t->grad, 0, VC * sizeof(float)));
+    step_backward(2, t, ts, c.dresid_dev, c.tokens_dev, c.N);
+    const AdamWParams* skip = dev_adamw_params_with(H_device(), 1.0f, 1);
+    step_adamw(2, t, ts, c.N, skip, 0);
+    bool ok = check_rows(2, "p, skipped step", dev_download(t->params, VC), c.p0, c, 0.0f, 0.0f, 0.0f, 0.0f);
+    ok &= check_rows(2, "m, skipped step", dev_download(t->m, VC), c.m0, c, 0.0f, 0.0f, 0.0f, 0.0f);
+    ok &= check_rows(2, "v, skipped step", dev_download(t->v, VC), c.v0, c, 0.0f, 0.0f, 0.0f, 0.0f);
+    ok &= check_rows(2, "grad after skipped AdamW", dev_download(t->grad, VC), std::vector<float>(VC, 0.0f), c, 0.0f,
+                     0.0f, 0.0f, 0.0f);
+    CUDA_CHECK(cudaFree((void*)skip));
+    return ok;
+}
+
 // Fresh random inputs and Adam state (m0 and v0 nonzero so that the dense update of untouched
 // rows shows), both versions checked; ok[v] &= the result.
 static void validate_case(const DevArgs& a, int V, int C, int N, Dist dist, int sms, bool ok[]) {
@@ -241,6 +262,7 @@ static void validate_case(const DevArgs& a, int V, int C, int N, Dist dist, int 
     TokenSorter ts = sorter_create(N, V);
     for (int v = 1; v <= 2; v++)
         if (dev_selected(a, v)) ok[v] &= check_version(v, c, &t, &ts, sms);
+    if (dev_selected(a, 2)) ok[2] &= check_skipped(c, &t, &ts);
     sorter_free(&ts);
     wte_free(&t);
     void* p[] = {c.p0_dev, c.m0_dev, c.v0_dev, c.dresid_dev, c.tokens_dev};

@@ -3,7 +3,10 @@
 # bf16 autocast, fused AdamW: eager, torch.compile, torch.compile CUDA graphs) at the same
 # configs, then one markdown table: ms/step median and spread, tok/s, MFU, peak memory, and the
 # peers' time over ours.
-#   scripts/bench.sh [--ablation] [--no-peers | --peers "eager compile cudagraphs"] [--configs "B:T ..."] [--write]
+#   scripts/bench.sh [--ablation] [--no-peers | --peers "eager compile cudagraphs"] [--configs "B:T ..."]
+#                    [--flags "TRAINER FLAGS"] [--write]
+# --flags     also run the trainer with these flags at each config (e.g. "--grad_clip 1"): a row
+#             "llama3.cu FLAGS" beside the plain one, its time over the plain run in the last column
 # --ablation  also the seed report's configurations A..J (cumulative) and ours, at B=4,T=64
 # --write     append the tables to dev/PERF.md with the date and this command line
 # Steps: 30 trainer steps (median of steps 2..30), 20 PyTorch steps after 5 warm-up steps.
@@ -13,6 +16,7 @@ configs="4:64 4:1024 16:1024"
 peers="eager compile cudagraphs"
 ablation=0
 write=0
+flags=""
 cmdline="scripts/bench.sh $*"
 while [ $# -gt 0 ]; do
     case $1 in
@@ -21,6 +25,7 @@ while [ $# -gt 0 ]; do
         --peers) peers=$2; shift ;;
         --write) write=1 ;;
         --configs) configs=$2; shift ;;
+        --flags) flags=$2; shift ;;
         *) echo "unknown option $1"; exit 1 ;;
     esac
     shift
@@ -63,6 +68,8 @@ row() { # row CONFIG IMPL "ms min max tok_s peak" T OURS_MS
         B=${c%%:*} T=${c##*:}
         o=$(ours "$B" "$T")
         row "B=$B, T=$T" "llama3.cu" "$o" "$T" "${o%% *}"
+        # shellcheck disable=SC2086
+        [ -n "$flags" ] && row "B=$B, T=$T" "llama3.cu $flags" "$(ours "$B" "$T" $flags)" "$T" "${o%% *}"
         for p in $peers; do
             t0=$SECONDS
             j=$(python3 scripts/bench_torch.py --mode "$p" --batch_size "$B" --seq_len "$T" 2>"$tmp/torch.err" | tail -n 1)

@@ -58,22 +58,22 @@ MUTANTS = [
      "adamw_deferred(m, m->adam + 1, m->opt_stream)", "adamw_deferred(m, m->adam, m->opt_stream)"),
     ("overlapped_wrong_step", "optimizer path", "train_llama3.cu", "overlapped per-layer AdamW with the "
      "previous step's hyperparameters",
-     "for (int t : LAYER_TENSORS) adamw_tensor(m, t, l, m->adam, m->opt_stream);",
-     "for (int t : LAYER_TENSORS) adamw_tensor(m, t, l, m->adam + 1, m->opt_stream);"),
+     "else adamw_tensor(m, tensors[i], layer, m->adam, m->opt_stream);",
+     "else adamw_tensor(m, tensors[i], layer, m->adam + 1, m->opt_stream);"),
     ("previous_step_not_kept", "optimizer path", "kernels.cuh", "the step counter kernel does not keep the "
      "previous step's hyperparameters for the deferred layers",
      "    h[1] = h[0];\n", ""),
     ("flush_skipped", "optimizer path", "train_llama3.cu", "the final flush applies nothing: the last "
      "step's deferred layers are never updated",
-     "    adamw_deferred(m, m->adam, m->stream);\n    m->adam_pending = 0;",
-     "    m->adam_pending = 0;"),
+     "    adamw_deferred(m, m->adam, m->stream);\n    m->pending_begin = m->pending_end = 0;",
+     "    m->pending_begin = m->pending_end = 0;"),
     ("micro_steps_overwrite", "accumulation", "train_llama3.cu", "every micro-step's weight-gradient GEMM "
      "overwrites (beta 0) instead of adding",
      "accumulate ? 1.0f : 0.0f);", "0.0f);"),
     ("step_work_overwrite", "accumulation", "train_llama3.cu", "the training step's later micro-steps do not "
      "accumulate (only the last micro-batch's gradient is used)",
-     "backward(m, inputs, micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE);",
-     "backward(m, inputs, m->sw.grad_zeroing != GRAD_ZERO_NONE);"),
+     "backward(m, inputs, micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE, last);",
+     "backward(m, inputs, m->sw.grad_zeroing != GRAD_ZERO_NONE, last);"),
     ("loss_scale_ignores_accum", "accumulation", "train_llama3.cu", "dlogits scaled by 1/N instead of "
      "1/(N * micro-steps)",
      "1.0f / ((float)N * m->grad_accum), m->stream);", "1.0f / (float)N, m->stream);"),
@@ -86,10 +86,23 @@ MUTANTS = [
     ("checkpoint_no_flush", "checkpoints", "train_llama3.cu", "a save does not apply the deferred AdamW updates "
      "first (the saved weights miss them, and the eager step after the save skips them)",
      "    saver_join(s); // the host buffers are free again\n    optimizer_flush(m);\n",
-     "    saver_join(s); // the host buffers are free again\n    m->adam_pending = 0;\n"),
+     "    saver_join(s); // the host buffers are free again\n    m->pending_begin = m->pending_end = 0;\n"),
     ("resume_step_not_restored", "checkpoints", "train_llama3.cu", "a resume restores m and v but not AdamW's step "
      "counter (bias corrections start again at step 1)",
      "    CUDA_CHECK(cudaMemcpy(m->adam_step, &st->step, sizeof(int), cudaMemcpyHostToDevice));\n", ""),
+    ("lr_schedule_step", "training loop", "kernels.cuh", "the schedule's lr of the next step (off by one)",
+     "base.lr = lr_at(sched, t);", "base.lr = lr_at(sched, t + 1);"),
+    ("clip_scale_ignored", "training loop", "kernels.cuh", "AdamW ignores the clipping scale (the norm is "
+     "measured, the gradients not clipped)", "    g *= h.grad_scale;\n", ""),
+    ("norm_rows_repeated", "training loop", "kernels.cuh", "the gradient norm counts a wte row once per "
+     "occurrence of its token", "        if (!owns_row(sorted_tokens, j)) continue;\n", ""),
+    ("norm_weights_decayed", "training loop", "train_llama3.cu", "weight decay on the norm weights too",
+     "bool decay = begin < m->layout.norm_begin;", "bool decay = true;"),
+    ("nan_guard_ignored", "training loop", "kernels.cuh", "the dense AdamW updates on a step the NaN guard skips",
+     "    if (h.skip) return;\n", ""),
+    ("val_no_flush", "training loop", "train_llama3.cu", "the val loss reads the weights without the step's "
+     "deferred updates", "    optimizer_flush(m);\n    for (int i = 0; i < v->n_batches; i++) {",
+     "    for (int i = 0; i < v->n_batches; i++) {"),
     ("init_seed_from_clock", "determinism", "train_llama3.cu", "the random init seeded from the clock as "
      "well as --seed", "model_init_random(&m, a.seed);", "model_init_random(&m, a.seed ^ (uint64_t)time(NULL));"),
     ("embedding_grad_atomic", "determinism", "kernels.cuh", "the embedding gradient added row by row with "
@@ -160,7 +173,7 @@ def run_tests(dest, gpu_only):
     env = dict(os.environ, LLAMA3_FAIL_FAST="1", LLAMA3_TEST_SHAPES="small", LLAMA3_DEV_CHECKS="0",
                LLAMA3_HOST_TESTS="0" if gpu_only else "1")
     r = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=dest, env=env, capture_output=True, text=True,
-                       timeout=900)
+                       errors="replace", timeout=900)  # (samples print raw token bytes)
     return r.returncode, r.stdout + r.stderr
 
 

@@ -3,11 +3,12 @@
 
     python3 scripts/plot_log.py LOG.jsonl OUT.png [--title TEXT]
 
-Three panels against the step: the train loss (and the val loss where a line has "val_loss"), the
-learning rate, and tokens per second. Each line of the log is one JSON object with at least "step"
-and "loss" (the trainer also writes "lr", "ms", "tok_per_s", "peak_mib"); a field a line lacks is
-left out of its panel. A line that is not JSON, or lacks step or loss, stops with its file and line
-number. The PNG goes to a temporary name, is fsynced and renamed, and may not be the log itself.
+Panels against the step: the train loss (and the val loss where a line has "val_loss"), the
+learning rate, the gradient norm (when the log has "grad_norm": runs with --grad_clip), and tokens
+per second. Each step line of the log is one JSON object with at least "step" and "loss" (the
+trainer also writes "lr", "skipped", "ms", "tok_per_s", "peak_mib"); a field a line lacks is left
+out of its panel; the trainer's sample lines ("sample_ids") are skipped. A line that is not JSON, or
+lacks step or loss, stops with its file and line number. The PNG goes to a temporary name, is fsynced and renamed, and may not be the log itself.
 Needs matplotlib.
 """
 import argparse
@@ -33,6 +34,8 @@ def read_log(path):
             continue
         try:
             rec = json.loads(line)
+            if isinstance(rec, dict) and "sample_ids" in rec:
+                continue
             rec["step"], rec["loss"] = int(rec["step"]), float(rec["loss"])
         except (ValueError, KeyError, TypeError) as e:
             sys.exit(f"error: {path}:{number}: not a log line with a step and a loss ({e.__class__.__name__}: {e})")
@@ -53,7 +56,12 @@ def plot(records, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (ax_loss, ax_lr, ax_tok) = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
+    norm = series(records, "grad_norm")
+    fig, axes = plt.subplots(4 if norm[0] else 3, 1, figsize=(8, 10 if norm[0] else 8), sharex=True)
+    ax_loss, ax_lr, ax_tok = axes[0], axes[1], axes[-1]
+    if norm[0]:
+        axes[2].plot(*norm, lw=0.8)
+        axes[2].set_ylabel("grad norm")
     ax_loss.plot(*series(records, "loss"), lw=0.8, label="train")
     val_steps, val = series(records, "val_loss")
     if val:
@@ -65,7 +73,7 @@ def plot(records, title):
     ax_tok.plot(*series(records, "tok_per_s"), lw=0.8)
     ax_tok.set_ylabel("tokens / s")
     ax_tok.set_xlabel("step")
-    for ax in (ax_loss, ax_lr, ax_tok):
+    for ax in axes:
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Tokenize text with the LLaMA-3 tokenizer into llm.c-format token files: Tiny Shakespeare by
-default, or your own text with --input.
+default, or your own text with --input; and the tokenizer's id-to-bytes table, for printing tokens.
 
   scripts/prepare_data.py                      # Tiny Shakespeare -> data/tiny_shakespeare_{val,train}.bin
+                                               #   and data/llama3_vocab.bin
   scripts/prepare_data.py --text input.txt --tokenizer tokenizer.model
   scripts/prepare_data.py --input my_texts/ --tokenizer Llama-3.2-1B/tokenizer.json
   scripts/prepare_data.py --input corpus.jsonl --text_field content \\
       --tokenizer Llama-3.2-1B/original/tokenizer.model --name corpus --val_tokens 100000
   scripts/prepare_data.py --input a.txt b.txt --input c.jsonl --name mine
+  scripts/prepare_data.py --input a.txt --tokenizer tokenizer.json --vocab_out data/mine_vocab.bin
   ./train_llama3 --input_bin data/mine_train.bin
 
 Tiny Shakespeare (no --input): the text (downloaded, or --text) is split into sections on blank
@@ -37,6 +39,14 @@ and Llama-3.2-1B/original/tokenizer.model, which give the same tokens.
 Each file: a header of 256 little-endian int32 ([0]=20240801 magic, [1]=7 version, [2]=number of
 tokens, rest 0), then the tokens as little-endian uint32; written whole (safe_write.write_atomic),
 never over an input. Needs tiktoken and numpy (and llama-models for the default tokenizer).
+
+The vocabulary table (--vocab_out PATH; Tiny Shakespeare writes OUT_DIR/llama3_vocab.bin unless
+given another path), for the trainer to print token ids as text: a header of 256 little-endian
+int32 ([0]=20241202 magic, [1]=1 version, [2]=n_tokens, [3]=total bytes of all tokens, rest 0),
+then n_tokens+1 little-endian uint32 offsets (offset[0]=0, non-decreasing, offset[n_tokens]=total),
+then the bytes. Token i is bytes[offset[i]:offset[i+1]]: its raw BPE bytes (a UTF-8 character may
+span tokens), or for a special token its name ("<|begin_of_text|>"). Every id below n_vocab must
+be a token. data/llama3_vocab.bin is made with Meta's tokenizer.model by the default command.
 """
 import argparse, base64, bisect, hashlib, importlib.util, json, os, struct, sys, urllib.request
 from pathlib import Path
@@ -56,6 +66,7 @@ NAMED_SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_tok
                  "<|python_tag|>", "<|image|>"]
 BOS_NAME, LLAMA3_BOS, LLAMA3_VOCAB = "<|begin_of_text|>", 128000, 128256
 MAGIC, VERSION, VAL_TOKENS = 20240801, 7, 32768
+VOCAB_MAGIC, VOCAB_VERSION, VOCAB_NAME = 20241202, 1, "llama3_vocab.bin"
 MIN_SPLIT_TOKENS = 4 * 64 + 1
 CHUNK_CHARS = 1 << 20  # a text file is read and encoded in pieces of about this many characters
 BLOCK_TOKENS = 1 << 20  # tokens are moved from a Python list into a numpy block every this many
@@ -335,6 +346,29 @@ def write_datafile(filename, tokens, inputs):
     print(f"wrote {len(tokens):,} tokens to {filename} ({1024 + 4 * len(tokens):,} bytes)")
 
 
+def vocab_tokens(enc, path):
+    """The bytes of every id 0..n_vocab-1: its BPE bytes, or a special token's name (tiktoken's)."""
+    tokens = []
+    for i in range(enc.n_vocab):
+        try:
+            tokens.append(enc.decode_single_token_bytes(i))
+        except KeyError:
+            sys.exit(f"{path}: not written: id {i} is no token (the tokenizer's ids below {enc.n_vocab} have a gap)")
+    return tokens
+
+
+def write_vocab(path, enc, inputs):
+    """The id-to-bytes table (format in the docstring), written whole."""
+    tokens = vocab_tokens(enc, path)
+    offsets = np.cumsum([0] + [len(t) for t in tokens], dtype=np.int64)
+    if offsets[-1] >= 2**31:
+        sys.exit(f"{path}: {offsets[-1]:,} bytes of tokens do not fit the header's int32 total")
+    header = struct.pack("<256i", VOCAB_MAGIC, VOCAB_VERSION, len(tokens), int(offsets[-1]), *([0] * 252))
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    write_atomic(path, [header, offsets.astype("<u4"), b"".join(tokens)], inputs)
+    print(f"wrote the table of {len(tokens):,} tokens to {path} ({os.path.getsize(path):,} bytes)")
+
+
 def refuse_overwrite(outputs, inputs):
     """Before any work: an output that is one of the inputs stops the run (write_atomic checks again)."""
     for out in outputs:
@@ -355,6 +389,7 @@ def shakespeare(args, enc, inputs):
     os.makedirs(args.out_dir, exist_ok=True)
     write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_val.bin"), tokens[:VAL_TOKENS], inputs)
     write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_train.bin"), tokens[VAL_TOKENS:], inputs)
+    write_vocab(args.vocab_out or os.path.join(args.out_dir, VOCAB_NAME), enc, inputs)
 
 
 def shakespeare_tokens(text, enc):
@@ -372,7 +407,7 @@ def own_data(args, enc, inputs):
     files = input_files(args.input)
     name = args.name or (Path(os.path.abspath(args.input[0])).stem if len(args.input) == 1 else "data")
     outputs = [os.path.join(args.out_dir, f"{name}_{split}.bin") for split in ("val", "train")]
-    refuse_overwrite(outputs, files + inputs)
+    refuse_overwrite(outputs + ([args.vocab_out] if args.vocab_out else []), files + inputs)
     tokens, starts, n_docs, empty = encode_documents(enc, files, args.text_field)
     if n_docs == 0:
         sys.exit(f"no text: {len(files)} input files hold {empty} documents, all empty")
@@ -389,6 +424,8 @@ def own_data(args, enc, inputs):
     os.makedirs(args.out_dir, exist_ok=True)
     write_datafile(outputs[0], tokens[:cut], files + inputs)
     write_datafile(outputs[1], tokens[cut:], files + inputs)
+    if args.vocab_out:
+        write_vocab(args.vocab_out, enc, files + inputs)
 
 
 def parse_args(argv):
@@ -407,6 +444,8 @@ def parse_args(argv):
     ap.add_argument("--tokenizer",
                     help="LLaMA-3 tokenizer.model or tokenizer.json (default: from llama_models)")
     ap.add_argument("--out_dir", default="data")
+    ap.add_argument("--vocab_out", metavar="PATH", help="also write the tokenizer's id-to-bytes table here "
+                    f"(Tiny Shakespeare's default: OUT_DIR/{VOCAB_NAME})")
     args = ap.parse_args(argv)
     own = [f for f in ("text_field", "name", "val_fraction", "val_tokens") if getattr(args, f) is not None]
     if args.input is None and own:

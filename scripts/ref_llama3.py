@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """PyTorch reference for test_llama3: HF transformers' LlamaForCausalLM (rope_type llama3, untied)
 trained with fp32 master weights under torch.autocast(bfloat16), AdamW on every dense parameter and
-the same AdamW restricted to the touched rows ("lazy", as SparseAdam) on the token embedding.
+the same AdamW restricted to the touched rows ("lazy", as SparseAdam) on the token embedding; weight
+decay on the matrices and the embedding, not on the norm weights; the learning rate from a LambdaLR
+schedule (--lr_schedule, --warmup_iters, ...) and, with --grad_clip, torch.nn.utils.clip_grad_norm_.
 
     python scripts/ref_llama3.py --name small_t64 --shape small --batch_size 4 --seq_len 64
     python scripts/ref_llama3.py --name small_accum --shape small --grad_accum 3
     python scripts/ref_llama3.py --name 1b --shape 1b --steps 2            # ~30 GB of files
     python scripts/ref_llama3.py --name small_dense --shape small --dense_embedding
+    python scripts/ref_llama3.py --name small_sched --steps 5 --lr_schedule cosine --warmup_iters 2 --grad_clip 1
 
 The batches are consecutive windows of real text, the embedded Tiny Shakespeare
 (data/tiny_shakespeare_train.bin), read as the trainer's data loader reads a token file, so that
@@ -20,8 +23,8 @@ Writes into OUT_DIR, each file to a temporary name, fsynced, then renamed:
   NAME_tokens.bin      the token stream the steps consume, llm.c uint32 format
   NAME_tokens16.bin    the same stream, llm.c uint16 format (vocabularies up to 65536)
   NAME_state.bin       batches, HF's RoPE tables, step-1 logits (bf16 autocast and plain fp32),
-                       every step's loss, and every step's gradients and parameters after AdamW
-                       (layout: ref_state_read in test_llama3.cu)
+                       every step's loss, gradients (before clipping) and parameters after AdamW,
+                       and every step's gradient norm and lr (layout: ref_state_read in test_llama3.cu)
 """
 import argparse
 import math
@@ -41,7 +44,24 @@ SHAPES = {  # n_layer, n_embd, n_head, n_kv_head, vocab_size, max_seq_len
 }
 FFN_MULTIPLIER, MULTIPLE_OF, NORM_EPS, ROPE_THETA = 1.5, 256, 1e-5, 500000.0
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "tiny_shakespeare_train.bin")
-STATE_MAGIC, STATE_VERSION = 20241129, 3
+STATE_MAGIC, STATE_VERSION = 20241129, 4
+SCHEDULES = ["constant", "cosine", "linear", "wsd"]  # the trainer's --lr_schedule, in its order
+
+
+def lr_at(args, t):
+    """The trainer's lr_at (llama3.h) for optimizer step t = 1..args.steps, in double."""
+    if t <= args.warmup_iters:
+        return args.lr * t / args.warmup_iters
+    if args.lr_schedule == "constant":
+        return args.lr
+    start = args.warmup_iters
+    if args.lr_schedule == "wsd":
+        start = max(start, args.steps - args.decay_frac * args.steps)
+    if t <= start:
+        return args.lr
+    p = min(1.0, (t - start) / (args.steps - start))
+    f = 0.5 * (1 + math.cos(math.pi * p)) if args.lr_schedule == "cosine" else 1 - p
+    return args.lr * (args.final_lr_frac + (1 - args.final_lr_frac) * f)
 
 
 def ffn_hidden(C):
@@ -176,12 +196,15 @@ def lazy_adamw_(p, m, v, rows, step, lr, beta1, beta2, eps, wd):
 
 
 def train(model, cfg, args, x, y, dev):
-    """Yields each step's loss, its first micro-batch's logits, and its gradients and parameters after AdamW
-    (seed order)."""
+    """Yields each step's loss, its first micro-batch's logits, its gradients (before clipping), its parameters
+    after AdamW (seed order), its gradient norm (0 without --grad_clip) and its lr."""
     emb = model.model.embed_tokens.weight
     dense = [p for p in model.parameters() if p is not emb or args.dense_embedding]
-    opt = torch.optim.AdamW(dense, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
-                            weight_decay=args.weight_decay, fused=dev.startswith("cuda"))
+    groups = [{"params": [p for p in dense if p.dim() > 1], "weight_decay": args.weight_decay},
+              {"params": [p for p in dense if p.dim() == 1], "weight_decay": 0.0}]  # norm weights: no decay
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
+                            fused=dev.startswith("cuda"))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(args, s + 1) / args.lr)  # s: updates so far
     emb_m, emb_v = torch.zeros_like(emb), torch.zeros_like(emb)
     for step in range(1, args.steps + 1):
         model.zero_grad(set_to_none=True)
@@ -195,12 +218,15 @@ def train(model, cfg, args, x, y, dev):
             if micro == 0:
                 first_logits = logits.detach()
         grads = seed_order(model, cfg, lambda p: p.grad)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item() if args.grad_clip else 0.0
+        lr = sched.get_last_lr()[0]
         opt.step()
         if not args.dense_embedding:
-            lazy_adamw_(emb, emb_m, emb_v, torch.unique(x[step - 1].to(dev)), step, args.lr, args.beta1, args.beta2,
+            lazy_adamw_(emb, emb_m, emb_v, torch.unique(x[step - 1].to(dev)), step, lr, args.beta1, args.beta2,
                         args.eps, args.weight_decay)
-        print(f"step {step}: loss {np.mean(losses):.6f}")
-        yield np.mean(losses), first_logits, grads, seed_order(model, cfg, lambda p: p)
+        sched.step()
+        print(f"step {step}: loss {np.mean(losses):.6f} lr {lr:.6g} grad norm {norm:.6f}")
+        yield np.mean(losses), first_logits, grads, seed_order(model, cfg, lambda p: p), norm, lr
 
 
 def main():
@@ -217,6 +243,11 @@ def main():
     ap.add_argument("--beta2", type=float, default=0.95)
     ap.add_argument("--eps", type=float, default=1e-8)
     ap.add_argument("--weight_decay", type=float, default=0.1)
+    ap.add_argument("--lr_schedule", choices=SCHEDULES, default="constant")
+    ap.add_argument("--warmup_iters", type=int, default=0)
+    ap.add_argument("--final_lr_frac", type=float, default=0.0)
+    ap.add_argument("--decay_frac", type=float, default=0.2)
+    ap.add_argument("--grad_clip", type=float, default=0.0, help="max global gradient norm (0: no clipping)")
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--qk_std", type=float, default=0.02,
                     help="init std of the q and k projections: larger peaks the attention, so that a row's max "
@@ -245,17 +276,19 @@ def main():
         logits_fp32 = model(input_ids=x[0, 0].to(dev)).logits.float().cpu().numpy()
     header = np.zeros(256, dtype=np.int32)
     header[:8] = [STATE_MAGIC, STATE_VERSION, B, T, n, cfg.vocab_size, 0 if args.dense_embedding else 1, A]
-    header[16:21] = np.array([args.lr, args.beta1, args.beta2, args.eps, args.weight_decay], np.float32).view(np.int32)
+    header[8:10] = [SCHEDULES.index(args.lr_schedule), args.warmup_iters]
+    header[16:24] = np.array([args.lr, args.beta1, args.beta2, args.eps, args.weight_decay, args.grad_clip,
+                              args.final_lr_frac, args.decay_frac], np.float32).view(np.int32)
 
     def state():  # streamed: the 1B's per-step blocks are 6 GB each; each array contiguous for write()
-        losses = []
-        for step, (loss, logits, grads, params) in enumerate(train(model, cfg, args, x, y, dev), 1):
+        losses, norms, lrs = [], [], []
+        for step, (loss, logits, grads, params, norm, lr) in enumerate(train(model, cfg, args, x, y, dev), 1):
             if step == 1:
                 yield from [header, x.numpy().astype(np.int32), y.numpy().astype(np.int32), *rope_tables(cfg, T),
                             logits.float().cpu().numpy(), logits_fp32]
-            losses.append(loss)
+            losses.append(loss), norms.append(norm), lrs.append(lr)
             yield from [grads, params]
-        yield np.array(losses, dtype=np.float32)
+        yield from [np.array(v, dtype=np.float32) for v in (losses, norms, lrs)]
     write_atomic(out("state.bin"), state(), inputs)
     print(f"wrote {out('*')} ({n} steps of {A} x {B} x {T} tokens)")
 

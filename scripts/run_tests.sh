@@ -167,18 +167,25 @@ fi
 # The references: name, then scripts/ref_llama3.py's arguments. Each exercises a path the others
 # do not: one key tile (T=64, every switch), 16 key tiles of flash attention (T=1024, q and k
 # initialised larger so that the softmax is peaked and its running max moves between tiles), B=8
-# at two tiles, gradient accumulation (3 micro-steps per step), dense embedding AdamW, and the 1B.
+# at two tiles, gradient accumulation (3 micro-steps per step), dense embedding AdamW, the 1B; and
+# the real training loop's optimizer: a warmup + cosine schedule with gradient clipping that clips
+# (norms ~3-5 against 1), with 3 micro-steps and linear decay, and with the dense embedding and wsd.
 SMALL_REFS=(
+    "small_sched --shape small --batch_size 4 --seq_len 64 --steps 5 --lr_schedule cosine --warmup_iters 2 --final_lr_frac 0.1 --grad_clip 1.0"
     "small_t64 --shape small --batch_size 4 --seq_len 64 --llmc"
     "small_t1024 --shape small --batch_size 2 --seq_len 1024 --qk_std 0.1"
     "small_b8 --shape small --batch_size 8 --seq_len 128"
     "small_accum --shape small --batch_size 4 --seq_len 64 --grad_accum 3"
     "small_dense --shape small --batch_size 4 --seq_len 64 --dense_embedding"
+    "small_accum_clip --shape small --batch_size 4 --seq_len 64 --grad_accum 3 --lr_schedule linear --warmup_iters 1 --grad_clip 1.0"
+    "small_dense_clip --shape small --batch_size 4 --seq_len 64 --steps 5 --dense_embedding --lr_schedule wsd --decay_frac 0.4 --grad_clip 1.0"
 )
 BIG_REF="1b --shape 1b --batch_size 4 --seq_len 64 --steps 2"
 SWITCHES=("--flash_attention 0" "--shadow_weights 0" "--vector_adam 0" "--metadata_by_value 0"
     "--overlap_optimizer 0" "--bf16_grads 0" "--cuda_graph 0" "--fused_rmsnorm 0" "--deferred_adamw 0"
     "--deferred_adamw 1" "--delete_fills 0" "--grad_zeroing memset" "--grad_zeroing fill")
+# With clipping every AdamW group is deferred to the next step; these change where AdamW runs instead.
+CLIP_SWITCHES=("--overlap_optimizer 0" "--cuda_graph 0" "--bf16_grads 0" "--grad_zeroing memset" "--vector_adam 0")
 
 # make_refs SPEC...: writes each missing or stale reference, all at once; prints the names made.
 make_refs() {
@@ -214,8 +221,64 @@ trainer_run() {
     run "$name: its losses against PyTorch" ./test_llama3 --log "$tmp/$ref.jsonl" "ref/$ref"
 }
 
+# A model with one NaN weight (a final-norm weight: every logit NaN): each step is skipped by the
+# NaN guard and shown as skipped, and --max_bad_steps of them in a row stop the run, non-zero.
+nan_guard_stops() {
+    python3 - "$1" "$tmp/nan_model.bin" <<'PY'
+import sys, numpy as np
+w = np.fromfile(sys.argv[1], dtype=np.float32)
+h = w[:256].view(np.int32)  # seed header: [3] vocab, [7] n_embd
+V, C = int(h[3]), int(h[7])
+w[len(w) - V * C - C + 3] = np.nan  # final_norm precedes lm_head (V x C) at the end
+w.tofile(sys.argv[2])
+PY
+    expect_error "NaN guard: a model with a NaN weight stops after --max_bad_steps 3 skipped steps" \
+        "steps 1..3 had a non-finite loss or gradient norm" ./train_llama3 --llmc_filepath "$tmp/nan_model.bin" \
+        --input_bin "$2" --num_iteration 20 --max_bad_steps 3
+    if ./train_llama3 --llmc_filepath "$tmp/nan_model.bin" --input_bin "$2" --num_iteration 20 --grad_clip 1 \
+        --max_bad_steps 3 2>/dev/null | grep -c "SKIPPED" | grep -qx 3; then
+        echo "ok   NaN guard with clipping: 3 step lines say SKIPPED"; passed=$((passed + 1))
+    else echo "FAIL NaN guard with clipping: not 3 step lines saying SKIPPED"; count_failure 1; fi
+}
+
+# The val loss and samples read the weights between steps and leave training alone: 20 steps with
+# --val_every 5 --sample_every 7 log the same losses as 20 steps without, bit for bit, with and
+# without clipping (then every AdamW group is deferred); val at steps 5, 10, 15, 20, samples at 7, 14, 20.
+eval_leaves_training() {
+    local clip flags
+    for clip in 0 1; do
+        flags="--num_iteration 20 --lr_schedule cosine --warmup_iters 5 --learning_rate 1e-4 --grad_clip $clip"
+        # shellcheck disable=SC2086
+        ./train_llama3 $flags --log_file "$tmp/plain$clip.jsonl" > /dev/null 2>&1
+        # shellcheck disable=SC2086
+        ./train_llama3 $flags --val_every 5 --val_tokens 4096 --sample_every 7 --log_file "$tmp/eval$clip.jsonl" \
+            > "$tmp/eval$clip.out" 2>&1
+        if [ -s "$tmp/plain$clip.jsonl" ] && cmp -s <(grep -o '"loss": [^,]*' "$tmp/plain$clip.jsonl") \
+            <(grep -o '"loss": [^,]*' "$tmp/eval$clip.jsonl") && [ "$(grep -c '"loss"' "$tmp/eval$clip.jsonl")" -eq 20 ] &&
+            [ "$(grep -o '"step": [0-9]*, "loss": [^,]*, "lr": [^,]*, .*"val_loss"' "$tmp/eval$clip.jsonl" |
+                grep -o '"step": [0-9]*' | tr -d '"step: ' | tr '\n' ' ')" = "5 10 15 20 " ] &&
+            [ "$(grep -c '"sample_ids"' "$tmp/eval$clip.jsonl")" -eq 3 ] && grep -q "^sample at step 14" "$tmp/eval$clip.out"; then
+            echo "ok   --val_every 5 --sample_every 7 (grad_clip $clip): the same 20 losses as without them"
+            passed=$((passed + 1))
+        else
+            echo "FAIL --val_every/--sample_every (grad_clip $clip) changed the losses or did not log val and samples"
+            tail -n 5 "$tmp/eval$clip.out"; count_failure 1
+        fi
+    done
+}
+
+# with_switches REF SWITCH...: test_llama3 on REF once per switch.
+with_switches() {
+    local ref=$1 switch
+    shift
+    for switch in "$@"; do
+        # shellcheck disable=SC2086
+        run "test_llama3 $ref $switch" ./test_llama3 "ref/$ref" $switch
+    done
+}
+
 gpu_reference_tests() {
-    local refs spec name switch specs=("${SMALL_REFS[@]}")
+    local refs spec name specs=("${SMALL_REFS[@]}")
     case " ${LLAMA3_TEST_SHAPES:-small 1b} " in
         *" 1b "*) specs+=("$BIG_REF") ;;
         *) skipped+=("test_llama3 1b and its train_llama3 run (left out by LLAMA3_TEST_SHAPES)") ;;
@@ -226,10 +289,7 @@ gpu_reference_tests() {
         if [[ "$refs" != *" $name "* ]]; then count_failure 1; continue; fi
         run "test_llama3 $name" ./test_llama3 "ref/$name"
         if [ "$name" = small_t64 ]; then
-            for switch in "${SWITCHES[@]}"; do
-                # shellcheck disable=SC2086
-                run "test_llama3 $name $switch" ./test_llama3 "ref/$name" $switch
-            done
+            with_switches "$name" "${SWITCHES[@]}"
             trainer_run "small_t64, seed model, uint32 tokens" small_t64 ref/small_t64_model.bin \
                 ref/small_t64_tokens.bin
             trainer_run "small_t64, llm.c model, uint16 tokens" small_t64 ref/small_t64_model_llmc.bin \
@@ -237,6 +297,12 @@ gpu_reference_tests() {
         fi
         [ "$name" = small_accum ] && trainer_run "small_accum, 3 micro-steps" small_accum \
             ref/small_accum_model.bin ref/small_accum_tokens.bin
+        if [ "$name" = small_sched ]; then
+            with_switches "$name" "${CLIP_SWITCHES[@]}"
+            trainer_run "small_sched, cosine schedule and clipping" small_sched ref/small_sched_model.bin \
+                ref/small_sched_tokens.bin
+            nan_guard_stops ref/small_sched_model.bin ref/small_sched_tokens.bin
+        fi
         [ "$name" = 1b ] && trainer_run "1b" 1b ref/1b_model.bin ref/1b_tokens.bin
     done
     run "checkpoints: exact resume, bad resumes, SIGKILL during saves" bash scripts/test_checkpoints.sh
@@ -255,6 +321,7 @@ if nvidia-smi -L >/dev/null 2>&1; then
     expect_error "a log that cannot be written stops the run" "--log_file /dev/full: write failed" \
         ./train_llama3 --num_iteration 3 --log_file /dev/full
     run "training smoke run (10 steps, loss must fall)" bash scripts/check_loss_falls.sh
+    eval_leaves_training
     # Two processes, the same seed and flags (the default 1B at B=4, T=64: graph, deferred AdamW, sparse
     # embedding on): every logged loss the same (test_llama3 compares weights and losses bit for bit).
     for run in 1 2; do ./train_llama3 --num_iteration 50 --log_file "$tmp/det$run.jsonl" > /dev/null 2>&1; done
@@ -274,6 +341,7 @@ else
         "out-of-memory error (no GPU on this machine)" "training smoke run (no GPU on this machine)"
         "a log that cannot be written (/dev/full) stops the run (no GPU on this machine)"
         "two runs of 50 steps log the same losses (no GPU on this machine)"
+        "--val_every and --sample_every leave the 20 losses unchanged, with and without clipping (no GPU on this machine)"
         "checkpoints: exact resume, SIGKILL during saves (no GPU on this machine)"
         "Hugging Face model -> convert -> train -> export -> HF (scripts/test_hf_trainer.py) (no GPU on this machine)")
     for bin in $dev_binaries; do skipped+=("$bin --check (no GPU on this machine)"); done

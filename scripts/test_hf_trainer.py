@@ -18,6 +18,16 @@ x = tokens[pos : pos+B*T], y = tokens[pos+1 : pos+B*T+1], pos starts at 0 and ad
 micro-step, wrapping to 0 only when the next batch would not fit; with --total_batch_size = B*T each step
 is one micro-step, so batch k starts at (k-1)*B*T, read as (B, T) row-major, and the file holds
 8*B*T+1 tokens so that nothing wraps.
+   The run of 3 steps also measures the val loss after step 3 on the token file's first 2 batches
+   (--val_bin, --val_tokens): against HF's mean loss on them with the exported weights.
+4. Greedy generation: another random model of that shape whose next token is clear: its embedding scaled
+   by EMBED_SCALE (the residual stream is then mostly the current token's embedding) and lm_head row j the
+   unit embedding of token perm[j] times HEAD_SCALE, a random permutation, so greedy decoding walks a cycle
+   of perm with the top logit tens of units above the next (a plain random model has near-ties that bf16
+   logits break either way). Trained one step with --sample_every 1 --temperature 0; its 32 generated
+   ids (the log's sample_ids, after token 0: this vocabulary has no LLaMA-3 BOS) against HF
+   generate(do_sample=False) on the exported step-1 checkpoint, in fp32; the smallest top-1 margin along
+   the path is printed.
 Tolerance: test_llama3.cu's TOL_LOSS, 1e-2 absolute (the loss of a step whose weights equal PyTorch's;
 about 1.5e-3 relative at this model's loss of ~6.9). Ends with "N passed, M failed".
 """
@@ -38,6 +48,7 @@ from safe_write import write_atomic  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, T, LR, SEED = 4, 64, 1e-4, 1234
+SAMPLE_TOKENS, EMBED_SCALE, HEAD_SCALE, VAL_BATCHES = 32, 50.0, 4.0, 2
 TOL_LOSS = 1e-2  # test_llama3.cu
 results = []
 
@@ -49,7 +60,8 @@ def check(ok, what):
 
 def run(cmd):
     """Runs cmd in the repository root; its output is shown when it fails. True if it succeeded."""
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    # (errors="replace": a sample prints raw token bytes, which need not be UTF-8 for a small vocabulary)
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, errors="replace")
     if p.returncode != 0:
         print(f"     {' '.join(cmd)}: exit {p.returncode}\n{p.stdout[-2000:]}{p.stderr[-2000:]}", flush=True)
     return p.returncode == 0
@@ -72,20 +84,23 @@ def hf_loss(model, tokens, k):
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1)).item()
 
 
-def train(work, name, model_file, tokens_file, steps):
-    """./train_llama3 for `steps` steps with a log and a checkpoint folder: {step: loss}, the folder."""
+def train(work, name, model_file, tokens_file, steps, extra=()):
+    """./train_llama3 for `steps` steps with a log and a checkpoint folder: {step: loss}, {step: val loss},
+    the folder."""
     log, ck = os.path.join(work, f"{name}.jsonl"), os.path.join(work, f"{name}_ck")
     ok = run(["./train_llama3", "--llmc_filepath", model_file, "--input_bin", tokens_file,
               "--num_iteration", str(steps), "--batch_size", str(B), "--sequence_length", str(T),
               "--total_batch_size", str(B * T), "--learning_rate", str(LR), "--log_file", log,
-              "--checkpoint_dir", ck])
-    losses = {}
+              "--checkpoint_dir", ck, *extra])
+    losses, val = {}, {}
     if ok and os.path.isfile(log):
         for line in open(log):
             entry = json.loads(line)
             losses[entry["step"]] = entry["loss"]
+            if "val_loss" in entry:
+                val[entry["step"]] = entry["val_loss"]
     check(ok and sorted(losses) == list(range(1, steps + 1)), f"train_llama3 {name}: {steps} steps logged")
-    return losses, ck
+    return losses, val, ck
 
 
 def latest_checkpoint(ck, step):
@@ -117,6 +132,41 @@ def setup(work):
     return model, tokens, converted if ok else None, tokens_file
 
 
+def greedy_test(work, tokens_file):
+    """The trainer's greedy sample after step 1 against HF generate on the exported step-1 weights."""
+    model, cfg = ref_llama3.make_model("small", "cuda", SEED + 1, 0.02)
+    perm = torch.randperm(cfg.vocab_size, generator=torch.Generator(device="cuda").manual_seed(SEED), device="cuda")
+    with torch.no_grad():
+        emb = model.model.embed_tokens.weight
+        emb.mul_(EMBED_SCALE)
+        rows = emb[perm]
+        model.lm_head.weight.copy_(rows / rows.norm(dim=1, keepdim=True) * HEAD_SCALE)
+    hf_dir, converted = os.path.join(work, "hf_greedy"), os.path.join(work, "greedy.bin")
+    model.save_pretrained(hf_dir)
+    log, ck, exported = (os.path.join(work, n) for n in ("greedy.jsonl", "greedy_ck", "greedy_hf"))
+    ok = run([sys.executable, "scripts/convert_hf.py", hf_dir, converted]) and run(
+        ["./train_llama3", "--llmc_filepath", converted, "--input_bin", tokens_file, "--num_iteration", "1",
+         "--batch_size", str(B), "--sequence_length", str(T), "--total_batch_size", str(B * T), "--learning_rate",
+         str(LR), "--sample_every", "1", "--temperature", "0", "--sample_tokens", str(SAMPLE_TOKENS),
+         "--log_file", log, "--checkpoint_dir", ck]) and run(
+        [sys.executable, "scripts/export_hf.py", os.path.join(ck, "step_00000001", "model.bin"), exported])
+    samples = [json.loads(line)["sample_ids"] for line in open(log) if "sample_ids" in line] if ok else []
+    check(len(samples) == 1 and len(samples[0]) == SAMPLE_TOKENS + 1 and samples[0][0] == 0,
+          f"train_llama3 logged one greedy sample of token 0 + {SAMPLE_TOKENS} ids")
+    if not samples:
+        return
+    trained = LlamaForCausalLM.from_pretrained(exported).float().cuda().eval()
+    trained.generation_config.eos_token_id = None  # 32 tokens, whatever they are
+    with torch.no_grad():
+        hf = trained.generate(torch.zeros(1, 1, dtype=torch.long, device="cuda"), max_new_tokens=SAMPLE_TOKENS,
+                              do_sample=False, pad_token_id=0)[0].tolist()
+        top2 = trained(input_ids=torch.tensor([hf[:-1]], device="cuda")).logits[0].float().topk(2, dim=-1).values
+    margin = (top2[:, 0] - top2[:, 1]).min().item()
+    same = sum(a == b for a, b in zip(samples[0], hf))
+    check(samples[0] == hf, f"greedy ids == HF generate(do_sample=False) for {SAMPLE_TOKENS} tokens ({same} of "
+          f"{len(hf)} equal; smallest HF top-1 margin {margin:.3f})")
+
+
 def main(work):
     if not os.access(os.path.join(ROOT, "train_llama3"), os.X_OK) or not torch.cuda.is_available():
         check(False, "needs ./train_llama3 (make train_llama3) and a CUDA GPU for PyTorch")
@@ -124,7 +174,9 @@ def main(work):
     model, tokens, converted, tokens_file = setup(work)
     if not converted:
         return
-    losses3, ck3 = train(work, "run3", converted, tokens_file, 3)
+    # val: the token file's first VAL_BATCHES batches (batches 1, 2), after step 3
+    losses3, val3, ck3 = train(work, "run3", converted, tokens_file, 3,
+                               ["--val_every", "3", "--val_bin", tokens_file, "--val_tokens", str(VAL_BATCHES * B * T)])
     if 1 in losses3:
         compare("step 1 loss on the converted model, batch 1", losses3[1], hf_loss(model, tokens, 1))
     checkpoint = latest_checkpoint(ck3, 3)
@@ -136,7 +188,15 @@ def main(work):
     moved = max((a - b).abs().max().item() for a, b in zip(trained.parameters(), model.parameters()))
     check(moved > 0, f"the step-3 checkpoint's weights moved from the initial ones (max |change| "
           f"{moved:.1e})")
-    losses4, ck4 = train(work, "run4", converted, tokens_file, 4)
+    if 3 in val3:
+        hf_val = sum(hf_loss(trained, tokens, k) for k in range(1, VAL_BATCHES + 1)) / VAL_BATCHES
+        compare("val loss after step 3 vs the exported step-3 checkpoint on val batches 1-2", val3[3], hf_val)
+        initial = sum(hf_loss(model, tokens, k) for k in range(1, VAL_BATCHES + 1)) / VAL_BATCHES
+        check(abs(initial - val3[3]) > TOL_LOSS, f"... which tells the weights apart: the initial weights' "
+              f"val loss is {initial:.6f}")
+    else:
+        check(False, "run3 logged a val_loss at step 3")
+    losses4, _, ck4 = train(work, "run4", converted, tokens_file, 4)
     check(all(losses4.get(s) == losses3[s] for s in losses3), "the 4-step run logs the 3-step run's losses")
     if 4 in losses4:
         compare("step 4 loss (weights after step 3) vs the exported step-3 checkpoint, batch 4", losses4[4],
@@ -145,6 +205,7 @@ def main(work):
         check(abs(initial - losses4[4]) > TOL_LOSS, f"... a comparison that tells the weights apart: the "
               f"initial weights' HF loss on batch 4 is {initial:.6f}, more than {TOL_LOSS:g} away")
     latest_checkpoint(ck4, 4)
+    greedy_test(work, tokens_file)
 
 
 if __name__ == "__main__":

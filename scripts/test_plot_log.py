@@ -32,14 +32,19 @@ def png_size(path):
     return struct.unpack(">II", head[16:24]) if head[:8] == b"\x89PNG\r\n\x1a\n" else None
 
 
-def write_log(path, n, with_val):
+def write_log(path, n, with_val, with_norm=False):
+    """A log as the trainer writes it: with_val adds val_loss every 10 steps and a sample line after it."""
     with open(path, "w") as f:
         for step in range(1, n + 1):
-            rec = {"step": step, "loss": 12.0 / step ** 0.3, "lr": 3e-4 * min(1, step / 10), "ms": 12.7,
-                   "tok_per_s": 20000 + step, "peak_mib": 23859}
+            rec = {"step": step, "loss": 12.0 / step ** 0.3, "lr": 3e-4 * min(1, step / 10), "skipped": 0,
+                   "ms": 12.7, "tok_per_s": 20000 + step, "peak_mib": 23859}
+            if with_norm:
+                rec["grad_norm"] = 2.0 / step ** 0.5
             if with_val and step % 10 == 0:
                 rec["val_loss"] = rec["loss"] + 0.1
             f.write(json.dumps(rec) + "\n")
+            if with_val and step % 10 == 0:
+                f.write(json.dumps({"step": step, "sample_ids": [128000, 791, 1176]}) + "\n")
 
 
 def main():
@@ -52,7 +57,11 @@ def main():
     log, png = os.path.join(d, "log.jsonl"), os.path.join(d, "out.png")
     write_log(log, 100, True)
     rc, out = run(log, png)
-    check(rc == 0 and png_size(png) == (800, 800), f"a 100-step log with val_loss -> an 800x800 PNG ({out})")
+    check(rc == 0 and png_size(png) == (800, 800) and "100 steps" in out,
+          f"a 100-step log with val_loss and sample lines -> an 800x800 PNG, the samples skipped ({out})")
+    write_log(log, 100, True, with_norm=True)
+    rc, out = run(log, png)
+    check(rc == 0 and png_size(png) == (800, 1000), f"a log with grad_norm gets its panel: 800x1000 ({out})")
     write_log(log, 1, False)
     rc, out = run(log, png, "--title", "one step")
     check(rc == 0 and png_size(png) == (800, 800), f"a one-step log without val_loss plots ({out})")

@@ -4,8 +4,10 @@ written as a tiktoken tokenizer.model and as an HF tokenizer.json (keys through 
 byte-to-unicode table, as HF stores them); both must give the same tokens. Then --input with a
 folder, a JSONL file and a list of files must give token files with BOS before every document,
 every document once and in order; bad inputs must stop with one line; the Tiny Shakespeare path
-keeps its sections and split. The checks run prepare_data.main(..., llama3_only=False), since the
-command line takes the LLaMA-3 vocabulary only (also checked). Ends with "N passed, M failed"."""
+keeps its sections and split. The id-to-bytes table (--vocab_out) of either tokenizer file must hold
+the tokenizer's bytes for every id and give a text back from its tokens. The checks run
+prepare_data.main(..., llama3_only=False), since the command line takes the LLaMA-3 vocabulary only
+(also checked). Ends with "N passed, M failed"."""
 import base64, json, os, random, re, subprocess, sys, tempfile
 from collections import Counter
 
@@ -274,6 +276,43 @@ def check_refusals(d, hf, docs):
           f"a split too small, the sizes named: {err.strip()[:110]}...")
 
 
+def read_vocab(path):
+    """Every token's bytes from a vocabulary table whose header and offsets are right, else None."""
+    if not os.path.exists(path):
+        return None
+    raw = open(path, "rb").read()
+    magic, version, n, total = np.frombuffer(raw[:16], dtype="<i4").tolist()
+    off = np.frombuffer(raw[1024:1024 + 4 * (n + 1)], dtype="<u4").astype(np.int64)
+    body = raw[1024 + 4 * (n + 1):]
+    ok = ((magic, version) == (20241202, 1) and not np.frombuffer(raw[16:1024], dtype="<i4").any()
+          and len(off) == n + 1 and off[0] == 0 and (np.diff(off) >= 0).all() and off[-1] == total == len(body))
+    return [body[off[i]:off[i + 1]] for i in range(n)] if ok else None
+
+
+def check_vocab(d, enc, model, hf, text_file):
+    """The table written with --vocab_out from either tokenizer file: every id's bytes are the
+    tokenizer's, and the tokens of a text give the text back byte for byte."""
+    want = [enc.decode_single_token_bytes(i) for i in range(enc.n_vocab)]
+    ids = enc.encode_ordinary(MIXED) + [enc.encode_single_token(pd.BOS_NAME)]
+    for tok, what in ((model, "tokenizer.model"), (hf, "tokenizer.json")):
+        out = os.path.join(d, "v", f"{what}.vocab")
+        rc, _, err = run_cli("--input", text_file, "--tokenizer", tok, "--out_dir", d, "--name", "v",
+                             "--val_tokens", "300", "--vocab_out", out)
+        table = read_vocab(out)
+        check(rc == 0 and table == want, f"--vocab_out from a {what}: header right, the bytes of all "
+              f"{len(want)} ids are the tokenizer's{said(rc, err)}")
+        check(table and b"".join(table[i] for i in ids) == MIXED.encode() + pd.BOS_NAME.encode(),
+              f"{what}'s table: the tokens of mixed text (split UTF-8 characters too) give it back byte for byte")
+    gap = os.path.join(d, "gap.json")
+    tok = json.load(open(hf, encoding="utf-8"))
+    tok["added_tokens"][-1]["id"] += 1
+    json.dump(tok, open(gap, "w", encoding="utf-8"), ensure_ascii=False)
+    rc, _, err = run_cli("--input", text_file, "--tokenizer", gap, "--out_dir", d, "--name", "g",
+                         "--val_tokens", "300", "--vocab_out", os.path.join(d, "gap.vocab"))
+    check(rc != 0 and "gap.vocab: not written: id" in err and "have a gap" in err,
+          f"a tokenizer whose ids have a gap writes no table: {err.strip()[:100]}")
+
+
 def check_shakespeare(d, enc, model):
     bos = enc.encode_single_token(pd.BOS_NAME)
     want = ([bos] + enc.encode_ordinary("First:\nHi.\n\n") + [bos] + enc.encode_ordinary("Second, two\n\n")
@@ -291,6 +330,9 @@ def check_shakespeare(d, enc, model):
     check(ok and len(val) == 32768 and val + train == pd.shakespeare_tokens(text, enc).tolist(),
           "Tiny Shakespeare from --text: tiny_shakespeare_{val,train}.bin, first 32768 tokens val"
           + said(rc, err))
+    table = read_vocab(os.path.join(d, "llama3_vocab.bin"))
+    check(ok and table == [enc.decode_single_token_bytes(i) for i in range(enc.n_vocab)],
+          "Tiny Shakespeare also writes the vocabulary table, OUT_DIR/llama3_vocab.bin")
 
 
 def main():
@@ -304,6 +346,7 @@ def main():
         check_chunks(d, enc)
         check_own_data(d, enc, hf, docs)
         check_refusals(d, hf, docs)
+        check_vocab(d, enc, model, hf, text_file)
         check_shakespeare(d, enc, model)
     print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
     sys.exit(0 if all(results) else 1)
