@@ -117,7 +117,9 @@ MUTANTS = [
 
 
 def copy_tree(dest):
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    # the tree as make sees it: tracked files, and new ones not yet committed (not the ignored build outputs)
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
     for f in files:
         os.makedirs(os.path.join(dest, os.path.dirname(f)), exist_ok=True)
         shutil.copy2(os.path.join(ROOT, f), os.path.join(dest, f))  # mtimes kept: ref/ stays newer than the script
