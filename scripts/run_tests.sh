@@ -336,7 +336,7 @@ if nvidia-smi -L >/dev/null 2>&1; then
     fi
 else
     skipped+=("test_llama3 against the PyTorch references (small T=64 with every switch, T=1024, B=8,"\
-" 3 micro-steps, dense embedding, 1B) (no GPU on this machine)"
+" 3 micro-steps, dense embedding, schedules with clipping, the NaN guard, 1B) (no GPU on this machine)"
         "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens) (no GPU on this machine)"
         "out-of-memory error (no GPU on this machine)" "training smoke run (no GPU on this machine)"
         "a log that cannot be written (/dev/full) stops the run (no GPU on this machine)"
