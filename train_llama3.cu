@@ -1353,6 +1353,42 @@ static FILE* check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat
     return log_json;
 }
 
+// The run's inputs and the model as created: what the log's reader needs to repeat the run.
+static void print_setup(const TrainArgs* a, const Llama3Config* cfg, ModelFileFormat fmt, const TokenData* tokens,
+                        const RunInputs* in) {
+    if (in->model_path) printf("model: %s, %s format\n", in->model_path, model_format_name(fmt));
+    else printf("model: LLaMA3.2-1B shape, random init (seed %llu)\n", a->seed);
+    if (a->resume) printf("resume: %s at step %d, data position %llu\n", in->resume_state, in->st.step,
+                          (unsigned long long)in->st.loader_pos);
+    config_print(stdout, cfg);
+    printf("data: %s, %zu tokens\n", a->input_bin ? a->input_bin : "embedded tiny shakespeare (LLaMA-3 tokens)",
+           tokens->n_tokens);
+}
+static void print_model(const Model* m, const TrainArgs* a) {
+    printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g | memory %.2f GiB\n", m->layout.total, m->B,
+           m->T, m->grad_accum, a->learning_rate, a->weight_decay,
+           model_bytes(&m->layout, &m->act, &a->sw, m->grad_accum) / 1073741824.0);
+    train_args_print(stdout, a);
+    bool defers = a->sw.overlap_optimizer && a->sw.grad_zeroing == GRAD_ZERO_NONE;
+    char deferred[32];
+    if (defers && a->grad_clip > 0) snprintf(deferred, sizeof(deferred), "all (clipping)");
+    else snprintf(deferred, sizeof(deferred), "%d", defers ? m->sw.deferred_adamw : 0);
+    printf("in effect: bf16_grads %d | cuda_graph %d | deferred_adamw %s\n", m->grads_bf16 != NULL, m->use_graph,
+           deferred);
+}
+
+// The weights: a model file, a checkpoint (with its AdamW state and data position), or random init.
+static void model_start(Model* m, const TrainArgs* a, ModelFileFormat fmt, RunInputs* in, DataLoader* loader,
+                        const char* prog) {
+    char err[L3_ERR_LEN];
+    if (in->model_path) {
+        if (model_load(m, in->model_path, fmt, err)) die(err, prog, false);
+    } else {
+        model_init_random(m, a->seed);
+    }
+    if (a->resume) checkpoint_restore(m, in->resume_state, &in->st), loader->pos = in->st.loader_pos;
+}
+
 int main(int argc, char** argv) {
     char err[L3_ERR_LEN];
     TrainArgs a;
@@ -1367,36 +1403,16 @@ int main(int argc, char** argv) {
     DataLoader loader;
     static RunInputs in; // (two paths of 4 KB: not on the stack)
     FILE* log_json = check_inputs(&a, &cfg, &fmt, &tokens, &loader, &in, argv[0]);
-    if (in.model_path) printf("model: %s, %s format\n", in.model_path, model_format_name(fmt));
-    else printf("model: LLaMA3.2-1B shape, random init (seed %llu)\n", a.seed);
-    if (a.resume) printf("resume: %s at step %d, data position %llu\n", in.resume_state, in.st.step,
-                         (unsigned long long)in.st.loader_pos);
-    config_print(stdout, &cfg);
-    printf("data: %s, %zu tokens\n", a.input_bin ? a.input_bin : "embedded tiny shakespeare (LLaMA-3 tokens)",
-           tokens.n_tokens);
+    print_setup(&a, &cfg, fmt, &tokens, &in);
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) die("no CUDA device found", argv[0], false);
 
-    int grad_accum = a.total_batch_size / (a.batch_size * a.sequence_length);
     Model m;
     OptimConfig opt = {a.learning_rate, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_clip, lr_schedule_of(&a)};
-    model_create(&m, &cfg, &opt, &a.sw, a.batch_size, a.sequence_length, grad_accum);
-    printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g | memory %.2f GiB\n", m.layout.total,
-           a.batch_size, a.sequence_length, grad_accum, a.learning_rate, a.weight_decay,
-           model_bytes(&m.layout, &m.act, &a.sw, grad_accum) / 1073741824.0);
-    train_args_print(stdout, &a);
-    bool defers = a.sw.overlap_optimizer && a.sw.grad_zeroing == GRAD_ZERO_NONE;
-    char deferred[32];
-    if (defers && a.grad_clip > 0) snprintf(deferred, sizeof(deferred), "all (clipping)");
-    else snprintf(deferred, sizeof(deferred), "%d", defers ? m.sw.deferred_adamw : 0);
-    printf("in effect: bf16_grads %d | cuda_graph %d | deferred_adamw %s\n", m.grads_bf16 != NULL, m.use_graph,
-           deferred);
-    if (in.model_path) {
-        if (model_load(&m, in.model_path, fmt, err)) die(err, argv[0], false);
-    } else {
-        model_init_random(&m, a.seed);
-    }
-    if (a.resume) checkpoint_restore(&m, in.resume_state, &in.st), loader.pos = in.st.loader_pos;
+    model_create(&m, &cfg, &opt, &a.sw, a.batch_size, a.sequence_length,
+                 a.total_batch_size / (a.batch_size * a.sequence_length));
+    print_model(&m, &a);
+    model_start(&m, &a, fmt, &in, &loader, argv[0]);
     static Saver saver;
     ValData val;
     Sampler sampler = {NULL, a.sample_tokens, a.temperature, a.top_k, a.seed ^ 0x5a4d504cULL};
