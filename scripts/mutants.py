@@ -104,7 +104,7 @@ MUTANTS = [
      "deferred updates", "    optimizer_flush(m);\n    for (int i = 0; i < v->n_batches; i++) {",
      "    for (int i = 0; i < v->n_batches; i++) {"),
     ("init_seed_from_clock", "determinism", "train_llama3.cu", "the random init seeded from the clock as "
-     "well as --seed", "model_init_random(&m, a.seed);", "model_init_random(&m, a.seed ^ (uint64_t)time(NULL));"),
+     "well as --seed", "model_init_random(m, a->seed);", "model_init_random(m, a->seed ^ (uint64_t)time(NULL));"),
     ("embedding_grad_atomic", "determinism", "kernels.cuh", "the embedding gradient added row by row with "
      "atomicAdd in arrival order (right values, order-dependent rounding)",
      """    if (!owns_row(sorted_tokens, j)) return;
