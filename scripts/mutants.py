@@ -103,6 +103,9 @@ MUTANTS = [
     ("val_no_flush", "training loop", "train_llama3.cu", "the val loss reads the weights without the step's "
      "deferred updates", "    optimizer_flush(m);\n    for (int i = 0; i < v->n_batches; i++) {",
      "    for (int i = 0; i < v->n_batches; i++) {"),
+    ("flush_keeps_graph", "training loop", "train_llama3.cu", "a flush (val loss, sample, save) does not make "
+     "the next step eager: its graph applies the flushed updates a second time",
+     "    m->pending_begin = m->pending_end = 0;\n    m->eager_next = true;\n", "    m->pending_begin = m->pending_end = 0;\n"),
     ("init_seed_from_clock", "determinism", "train_llama3.cu", "the random init seeded from the clock as "
      "well as --seed", "model_init_random(m, a->seed);", "model_init_random(m, a->seed ^ (uint64_t)time(NULL));"),
     ("embedding_grad_atomic", "determinism", "kernels.cuh", "the embedding gradient added row by row with "
