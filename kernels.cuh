@@ -1208,11 +1208,15 @@ static void cross_entropy(bf16* logits, float* losses, const int* targets, int N
     LAUNCH_CHECK();
 }
 
-// Mean of the per-token losses, summed in a fixed order by one block (deterministic).
-__global__ void mean_kernel(float* out, const float* values, int n) {
+// Sum of values[0, n) by one block in a fixed order (deterministic); every thread gets it.
+__device__ inline float block_sum_of(const float* values, int n) {
     float sum = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) sum += values[i];
-    sum = block_sum(sum);
+    return block_sum(sum);
+}
+// Mean of values[0, n): a step's per-token losses, or the val batches' losses.
+__global__ void mean_kernel(float* out, const float* values, int n) {
+    float sum = block_sum_of(values, n);
     if (threadIdx.x == 0) *out = sum / n;
 }
 static void mean(float* out, const float* values, int n, cudaStream_t s) {
@@ -1276,9 +1280,7 @@ __device__ inline void count_step(StepStats* stats, int skip) {
 // The step's mean loss (one block, fixed order: deterministic) and the NaN guard on it, before any
 // AdamW of the step reads h->skip. count: this is the step's last guard (no gradient norm follows).
 __global__ void loss_guard_kernel(AdamWParams* h, StepStats* stats, const float* losses, int n, bool count) {
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += losses[i];
-    sum = block_sum(sum);
+    float sum = block_sum_of(losses, n);
     if (threadIdx.x != 0) return;
     stats->loss = sum / n;
     h->skip = !isfinite(stats->loss);
@@ -1344,9 +1346,7 @@ static void sum_squares_rows(float* partial, const float* g, const int* sorted_t
 // torch.nn.utils.clip_grad_norm_: scale = min(1, clip / (norm + 1e-6)); a norm that is not finite
 // skips the step (NaN guard). The step's last guard: counts it.
 __global__ void clip_guard_kernel(AdamWParams* h, StepStats* stats, const float* partial, int n, float clip) {
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += partial[i];
-    sum = block_sum(sum);
+    float sum = block_sum_of(partial, n);
     if (threadIdx.x != 0) return;
     float norm = sqrtf(sum);
     stats->grad_norm = norm;

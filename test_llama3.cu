@@ -221,8 +221,6 @@ static float* to_host(const float* device, size_t n) {
 
 // ---- checks over the parameter block ----
 
-static bool is_layer_tensor(int t) { return t >= P_QKV && t <= P_FFN_NORM; } // LAYER_TENSORS
-
 // The qkv block of layer l (rows [Q | K | V] x C) per KV group g: the q rows of its G query heads,
 // its k rows, its v rows. A 10 % error in dQ or dK hides in the whole block, whose norm the v rows
 // dominate.
@@ -263,9 +261,6 @@ static void check_blocks(const Model* m, const char* what, const float* ours, co
         }
 }
 
-// The update group (train_llama3.cu: head_group) of tensor t, layer l.
-static int group_of(const Model* m, int t, int l) { return t == P_WTE ? 0 : is_layer_tensor(t) ? 1 + l : head_group(m); }
-
 // The weights after step t on PyTorch's gradients, per tensor and layer, against torch's p_t
 // (`cur`), except the groups whose AdamW is deferred into the next step (m->pending_begin..end)
 // [deferred AdamW]: those must still hold p_{t-1} (`prev`). Errors relative to the step's update
@@ -276,7 +271,7 @@ static void check_step_weights(const Model* m, const char* what, const float* ou
     for (int t = 0; t < NUM_PARAM_TENSORS; t++)
         for (int l = 0; l < (int)(p->size[t] / p->layer_size[t]); l++) {
             size_t off = p->offset[t] + (size_t)l * p->layer_size[t], n = p->layer_size[t];
-            int g = group_of(m, t, l);
+            int g = update_group(m, t, l);
             bool deferred = g >= m->pending_begin && g < m->pending_end;
             char name[96];
             snprintf(name, sizeof(name), "%s %s[%d]%s", what, PARAM_NAMES[t], l, deferred ? " (deferred: p_t-1)" : "");

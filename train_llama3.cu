@@ -173,6 +173,10 @@ static const bf16* weight_bf16(Model* m, int tensor, int layer) {
 // (final norm and lm_head). A deferred group is updated at the start of the next step.
 static int head_group(const Model* m) { return m->cfg.n_layer + 1; }
 static int num_groups(const Model* m) { return m->cfg.n_layer + 2; }
+static int update_group(const Model* m, int tensor, int layer) {
+    if (tensor == P_WTE) return 0;
+    return tensor == P_LM_HEAD || tensor == P_FINAL_NORM ? head_group(m) : 1 + layer;
+}
 // [clipping] Where a gradient tensor's partial sums of squares go: wte, lm_head, final norm, then
 // the layer tensors (P_QKV..P_FFN_NORM, consecutive) layer by layer.
 static int sumsq_slot(int tensor, int layer) {
@@ -613,10 +617,11 @@ static void optimizer_stream_waits(Model* m) {
     CUDA_CHECK(cudaStreamWaitEvent(m->opt_stream, m->grads_ready));
 }
 
-// [streams] The backward has just written the gradients of `tensors` (of layer `layer`, in update
-// group `group`). On the optimizer stream: with clipping their sums of squares (AdamW then waits
-// for the global norm), else their AdamW unless the group is deferred.
-static void gradients_done(Model* m, int group, const int* tensors, int n, int layer) {
+// [streams] The backward has just written the gradients of `tensors` (of layer `layer`, one update
+// group). On the optimizer stream: with clipping their sums of squares (AdamW then waits for the
+// global norm), else their AdamW unless the group is deferred.
+static void gradients_done(Model* m, const int* tensors, int n, int layer) {
+    int group = update_group(m, tensors[0], layer);
     bool update = m->adam_overlap && !(group >= m->defer_begin && group < m->defer_end);
     if (!update && !m->measure_norm) return;
     optimizer_stream_waits(m);
@@ -637,19 +642,19 @@ static void backward(Model* m, const int* inputs, bool accumulate, bool last) {
     bf16* dlogits = act_bf16(m, A_LOGITS);
     weight_grad(m, P_LM_HEAD, 0, dlogits, act_bf16(m, A_NORMED_FINAL), V, C, accumulate);
     input_grad(m, P_LM_HEAD, 0, act_bf16(m, A_BRANCH), dlogits, V, C); // reads lm_head's shadow: before its AdamW
-    gradients_done(m, head_group(m), lm_head, 1, 0);
+    gradients_done(m, lm_head, 1, 0);
     norm_backward(m, P_FINAL_NORM, 0, act_f32(m, A_RESID, L * NC), act_f32(m, A_RSTD_FINAL), false, accumulate);
-    gradients_done(m, head_group(m), final_norm, 1, 0);
+    gradients_done(m, final_norm, 1, 0);
     for (int l = L - 1; l >= 0; l--) {
         block_backward(m, l, accumulate);
-        gradients_done(m, 1 + l, LAYER_TENSORS, 6, l);
+        gradients_done(m, LAYER_TENSORS, 6, l);
     }
     token_sort(&m->sorter, inputs, N, m->stream);
     embedding_backward(grad_f32(m, m->layout.offset[P_WTE]), act_f32(m, A_DRESID), &m->sorter, N, C, m->stream);
     grad_written(m, m->layout.offset[P_WTE], m->layout.size[P_WTE]);
     if (last && m->grad_accum > 1) // [sparse rows] the rows of all micro-steps: AdamW's and the norm's
         token_sort(&m->sorter, m->tokens, m->grad_accum * N, m->stream);
-    gradients_done(m, 0, wte, 1, 0);
+    gradients_done(m, wte, 1, 0);
     NVTX_POP();
 }
 
@@ -1073,6 +1078,8 @@ static void sample_ids(Model* m, Sampler* s, int* ids) {
 
 // ---- training loop ----
 
+static double tokens_per_step(const Model* m) { return (double)m->grad_accum * m->B * m->T; }
+
 static double wall_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -1117,7 +1124,7 @@ static void log_write_failed(const char* path) {
 // Step t's line on stdout and in the JSON log.
 static void print_step(const Model* m, StepLog* lg, const TrainArgs* a, int t, const StepStats* st, double ms,
                        float val) {
-    double tok_s = (double)m->grad_accum * m->B * m->T / (ms / 1000.0), elapsed = wall_seconds() - lg->wall_start;
+    double tok_s = tokens_per_step(m) / (ms / 1000.0), elapsed = wall_seconds() - lg->wall_start;
     double eta = elapsed / (t - lg->first + 1) * (a->num_iteration - t);
     printf("step %4d/%d | loss %.6f | lr %.2e", t, a->num_iteration, st->loss, st->lr);
     if (a->grad_clip > 0) printf(" | norm %.4f", st->grad_norm);
@@ -1161,9 +1168,27 @@ static void log_step(Model* m, StepLog* lg, const TrainArgs* a, Saver* saver, in
     exit(EXIT_FAILURE);
 }
 
+// Every `every` steps and after the last (every 0: never).
 static bool due(int every, int t, int last) { return every > 0 && (t % every == 0 || t == last); }
+// A checkpoint is also written after the last step when --checkpoint_every is 0.
 static bool checkpoint_due(const TrainArgs* a, int t) {
-    return t == a->num_iteration || (a->checkpoint_every > 0 && t % a->checkpoint_every == 0);
+    return t == a->num_iteration || due(a->checkpoint_every, t, a->num_iteration);
+}
+
+// A sample after step t: printed decoded, and its ids as one JSON line.
+static void log_sample(Model* m, const StepLog* lg, const TrainIO* io, int t) {
+    int n = io->sampler->n_tokens + 1, *ids = (int*)malloc(n * sizeof(int));
+    sample_ids(m, io->sampler, ids);
+    printf("sample at step %d (%s): ", t, io->sampler->temperature > 0 ? "sampled" : "greedy");
+    vocab_print(stdout, io->vocab, ids, n);
+    printf("\n");
+    if (lg->json) {
+        if (fprintf(lg->json, "{\"step\": %d, \"sample_ids\": [", t) < 0) log_write_failed(lg->json_path);
+        for (int i = 0; i < n; i++)
+            if (fprintf(lg->json, "%s%d", i ? ", " : "", ids[i]) < 0) log_write_failed(lg->json_path);
+        if (fprintf(lg->json, "]}\n") < 0 || fflush(lg->json) != 0) log_write_failed(lg->json_path);
+    }
+    free(ids);
 }
 
 // The val loss and a sample after step t, when due; the step's line first (both wait for the GPU).
@@ -1174,19 +1199,7 @@ static void evaluate(Model* m, StepLog* lg, const TrainArgs* a, const TrainIO* i
     if (val) lg->val[t % 2] = val_loss(m, io->val);
     log_step(m, lg, a, io->saver, t);
     lg->val[t % 2] = NAN;
-    if (!sample) return;
-    int* ids = (int*)malloc((io->sampler->n_tokens + 1) * sizeof(int));
-    sample_ids(m, io->sampler, ids);
-    printf("sample at step %d (%s): ", t, io->sampler->temperature > 0 ? "sampled" : "greedy");
-    vocab_print(stdout, io->vocab, ids, io->sampler->n_tokens + 1);
-    printf("\n");
-    if (lg->json) {
-        if (fprintf(lg->json, "{\"step\": %d, \"sample_ids\": [", t) < 0) log_write_failed(lg->json_path);
-        for (int i = 0; i <= io->sampler->n_tokens; i++)
-            if (fprintf(lg->json, "%s%d", i ? ", " : "", ids[i]) < 0) log_write_failed(lg->json_path);
-        if (fprintf(lg->json, "]}\n") < 0 || fflush(lg->json) != 0) log_write_failed(lg->json_path);
-    }
-    free(ids);
+    if (sample) log_sample(m, lg, io, t);
 }
 
 // Model FLOPs per token of a training step (forward and backward, PaLM's appendix B): 6 per
@@ -1207,7 +1220,7 @@ static double peak_flops(void) {
 // The end of the run: tokens, time, throughput, MFU, the last losses.
 static void print_summary(const Model* m, const StepLog* lg, const TrainArgs* a, double wall) {
     int n = a->num_iteration - lg->first + 1;
-    double tokens = (double)n * m->grad_accum * m->B * m->T, tok_s = tokens / wall, peak = peak_flops();
+    double tokens = n * tokens_per_step(m), tok_s = tokens / wall, peak = peak_flops();
     printf("done: %d steps, %.0f tokens in %.1f s, %.0f tok/s", n, tokens, wall, tok_s);
     if (peak > 0) printf(", MFU %.1f%%", 100.0 * flops_per_token(m) * tok_s / peak);
     printf(" | last loss %.6f", lg->last.loss);
@@ -1219,7 +1232,7 @@ static void print_summary(const Model* m, const StepLog* lg, const TrainArgs* a,
         memcpy(ms, lg->ms + lg->first, (n - 1) * sizeof(double));
         double med = median(ms, n - 1);
         printf("steady state (steps %d..%d): median %.2f ms/step, %.0f tok/s, peak %.0f MiB\n", lg->first + 1,
-               a->num_iteration, med, (double)m->grad_accum * m->B * m->T / (med / 1000.0), lg->mem_mib);
+               a->num_iteration, med, tokens_per_step(m) / (med / 1000.0), lg->mem_mib);
         free(ms);
     }
 }
