@@ -11,18 +11,22 @@ low_freq_factor 1, high_freq_factor 4, original context 8192) or none, no biases
 head_dim = hidden_size / num_attention_heads in {32, 64}, and an intermediate_size that llama3.h's
 formula gives (see ffn_params). Anything else is refused in one line. Tied embeddings are untied
 (lm_head = embed_tokens); q and k rows go from HF's half-rotation order to Meta's adjacent pairs.
-The output is written to a temporary name, fsynced and renamed; it may not be one of the inputs.
+The output is written to a temporary name, fsynced and renamed; it may not be one of the inputs, and
+its folder must exist (a write that fails stops with one line naming OUT.bin).
 """
 import argparse
-import json
 import math
 import os
 import sys
 
-import numpy as np
+try:
+    import numpy as np
+except ModuleNotFoundError as e:
+    sys.exit(f"error: convert_hf.py needs the Python package {e.name}: "
+             "python3 -m pip install -r requirements.txt")
 
 from llama3_files import (LLAMA3_ROPE, Config, config_problem, ffn_hidden_dim, kernel_problem, read_f32,
-                          safetensors_index, seed_header, seed_layout, to_meta_rows)
+                          read_json, safetensors_index, seed_header, seed_layout, to_meta_rows)
 from safe_write import write_atomic
 
 # LLaMA 3.x's own (ffn_dim_multiplier, multiple_of): 3.2-1B, 3.2-3B, 3.1-8B, 3.1-70B, 3.1-405B.
@@ -31,14 +35,6 @@ LLAMA3_FFN = ((1.5, 256), (1.0, 256), (1.3, 1024), (1.3, 4096), (1.2, 4096))
 
 def fail(path, what):
     sys.exit(f"error: {path}: {what}")
-
-
-def read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        fail(path, f"cannot read: {e}")
 
 
 def named_list(names):

@@ -2,7 +2,7 @@
 """The trainer's model file -> a Hugging Face folder that transformers' LlamaForCausalLM.from_pretrained
 loads; numpy, no torch.
 
-    python3 scripts/export_hf.py MODEL.bin OUT_DIR [--dtype bfloat16|float32]
+    python3 scripts/export_hf.py MODEL.bin OUT_DIR [--dtype bfloat16|float32] [--tokenizer_from HF_DIR]
 
 MODEL.bin: the seed format (1024-byte header, fp32: ref_llama3.py's files, convert_hf.py's, the trainer's
 checkpoints DIR/step_%08d/model.bin) or llm.c's llama3 format (2048-byte header, version 3 fp32 or 5
@@ -10,7 +10,14 @@ bf16, zero biases), told apart by header layout and file size as llama3.h does. 
 OUT_DIR/model.safetensors (q and k rows back to HF's half-rotation order; --dtype float32, the default,
 is lossless, bfloat16 rounds to nearest even) and OUT_DIR/config.json (rope_type llama3 with its
 constants, or no scaling; untied; ffn_dim_multiplier and multiple_of kept so that convert_hf.py writes
-the same header back). Each through a temporary file, fsynced and renamed; neither may be MODEL.bin.
+the same header back). OUT_DIR is made when missing.
+
+--tokenizer_from HF_DIR (the folder the model came from, convert_hf.py's input) also copies its
+tokenizer.json, tokenizer_config.json, special_tokens_map.json and generation_config.json, those it
+has (each one missing is named; none at all is refused), so that AutoTokenizer.from_pretrained(OUT_DIR)
+works; HF_DIR/config.json, if there, must have the model's vocab_size, and when it ties the embeddings
+the export says that it comes back untied. Every file goes through a temporary file, fsynced and
+renamed; none may be MODEL.bin or a file of HF_DIR. Needs numpy (pip install -r requirements.txt).
 """
 import argparse
 import json
@@ -18,15 +25,21 @@ import math
 import os
 import sys
 
-import numpy as np
+try:
+    import numpy as np
+except ModuleNotFoundError as e:
+    sys.exit(f"error: export_hf.py needs the Python package {e.name}: "
+             "python3 -m pip install -r requirements.txt")
 
 from llama3_files import (BOS_ID, EOS_ID, LLAMA3_ROPE, LLMC_HEADER_BYTES, MODEL_MAGIC, REAL_VOCAB,
                           SEED_HEADER_BYTES, bf16_to_f32, config_problem, f32_text, layout_bytes,
-                          llmc_header_config, llmc_layout, safetensors_chunks, seed_header_config,
+                          llmc_header_config, llmc_layout, read_json, safetensors_chunks, seed_header_config,
                           seed_layout, to_hf_rows)
 from safe_write import write_atomic
 
 VERSIONS = {3: "fp32", 5: "bf16"}  # seed files are version 3 only
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "generation_config.json")
 
 
 def fail(path, what):
@@ -141,23 +154,54 @@ def hf_config(c, dtype):
         "ffn_dim_multiplier": float(f32_text(c.ffn_dim_multiplier)), "multiple_of": c.multiple_of}
 
 
-def main():
-    ap = argparse.ArgumentParser(description="the trainer's model file -> a Hugging Face LlamaForCausalLM "
-                                             "folder")
-    ap.add_argument("model", help="seed-format or llm.c llama3 model file")
-    ap.add_argument("out_dir", help="folder for config.json and model.safetensors (made if missing)")
-    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                    help="of the written tensors (default float32: the trainer's fp32 weights, lossless)")
-    args = ap.parse_args()
-    c, fmt, version = read_header(args.model)
-    tensors = read_tensors(args.model, c, fmt, version)
-    if fmt == "llmc":
-        check_llmc_biases(args.model, tensors)
-    name = "seed (1024-byte header)" if fmt == "seed" else "llm.c llama3 (2048-byte header, zero biases)"
-    print(f"read {args.model}: {name} format, {VERSIONS[version]}; {c.describe()}")
-    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
-        fail(args.out_dir, "exists and is not a folder")
-    os.makedirs(args.out_dir, exist_ok=True)
+# ---- the tokenizer, from the source folder ----
+
+def tokenizer_source(src, out_dir, c):
+    """src's config.json ({} if none), once src is checked before anything is written: a folder other
+    than out_dir, holding one of TOKENIZER_FILES at least, whose config.json has the model's vocab_size."""
+    if not os.path.isdir(src):
+        fail(src, "--tokenizer_from: not a folder")
+    if os.path.isdir(out_dir) and os.path.samefile(src, out_dir):
+        fail(src, "--tokenizer_from is OUT_DIR: its files would be written over")
+    if not any(os.path.isfile(os.path.join(src, n)) for n in TOKENIZER_FILES):
+        fail(src, f"--tokenizer_from: none of {', '.join(TOKENIZER_FILES)} is there")
+    config = os.path.join(src, "config.json")
+    cfg = read_json(config) if os.path.isfile(config) else {}
+    if cfg.get("vocab_size", c.vocab_size) != c.vocab_size:
+        fail(config, f"vocab_size {cfg['vocab_size']}, but the model's is {c.vocab_size}: not its tokenizer")
+    return cfg
+
+
+def copy_tokenizer(src, src_cfg, out_dir, model):
+    """TOKENIZER_FILES copied whole from src into out_dir, each missing one named; tied embeddings noted."""
+    for path in (os.path.join(src, n) for n in TOKENIZER_FILES):
+        if not os.path.isfile(path):
+            print(f"{path}: not there, not copied")
+            continue
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            fail(path, f"cannot read: {e.strerror}")
+        write_atomic(os.path.join(out_dir, os.path.basename(path)), [data], [model, path])
+        print(f"copied {path}")
+    if src_cfg.get("tie_word_embeddings") is True:
+        print(f"{src} ties lm_head to embed_tokens (tie_word_embeddings true); this export is untied: "
+              "tie_word_embeddings false, lm_head.weight a tensor of its own (convert_hf.py copied "
+              "embed_tokens into it; training updates the two apart)")
+
+
+def make_folder(path):
+    if os.path.exists(path) and not os.path.isdir(path):
+        fail(path, "exists and is not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        fail(path, f"cannot make the folder: {e.strerror}")
+
+
+def write_model(args, c, tensors):
+    """OUT_DIR/model.safetensors and OUT_DIR/config.json."""
     weights = os.path.join(args.out_dir, "model.safetensors")
     config = os.path.join(args.out_dir, "config.json")
     entries = hf_entries(c, tensors)
@@ -166,6 +210,30 @@ def main():
     write_atomic(config, [text.encode()], [args.model])
     print(f"wrote {weights}: {len(entries)} tensors, {args.dtype}, {os.path.getsize(weights):,} bytes "
           f"(q/k rows in HF's half-rotation order); {config}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description="the trainer's model file -> a Hugging Face LlamaForCausalLM "
+                                             "folder")
+    ap.add_argument("model", help="seed-format or llm.c llama3 model file")
+    ap.add_argument("out_dir", help="folder for config.json and model.safetensors (made if missing)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="of the written tensors (default float32: the trainer's fp32 weights, lossless)")
+    ap.add_argument("--tokenizer_from", metavar="HF_DIR",
+                    help="also copy the tokenizer and generation config from this HF folder (the model's "
+                    "source)")
+    args = ap.parse_args()
+    c, fmt, version = read_header(args.model)
+    tensors = read_tensors(args.model, c, fmt, version)
+    if fmt == "llmc":
+        check_llmc_biases(args.model, tensors)
+    name = "seed (1024-byte header)" if fmt == "seed" else "llm.c llama3 (2048-byte header, zero biases)"
+    print(f"read {args.model}: {name} format, {VERSIONS[version]}; {c.describe()}")
+    src_cfg = tokenizer_source(args.tokenizer_from, args.out_dir, c) if args.tokenizer_from else None
+    make_folder(args.out_dir)
+    write_model(args, c, tensors)
+    if args.tokenizer_from:
+        copy_tokenizer(args.tokenizer_from, src_cfg, args.out_dir, args.model)
 
 
 if __name__ == "__main__":

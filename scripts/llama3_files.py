@@ -1,8 +1,8 @@
 """The trainer's model files and Hugging Face's safetensors files in numpy, no torch: what convert_hf.py
 and export_hf.py share. The model header and its checks as llama3.h makes them (config_check,
 kernel_limits_check), the tensor order of the seed format and of llm.c's (FORMATS.md sections 1 and 2),
-the q/k row order, bf16 bits, and a safetensors reader and writer that take fp32, fp16 and bf16
-(safetensors.numpy cannot hold bf16)."""
+the q/k row order, bf16 bits, a reader of HF's JSON files, and a safetensors reader and writer that take
+fp32, fp16 and bf16 (safetensors.numpy cannot hold bf16)."""
 import json
 import math
 import struct
@@ -173,6 +173,20 @@ def f32_to_bf16(x):
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
     return np.where(np.isnan(x), (u >> 16) | 0x40, rounded).astype("<u2")
+
+
+# ---- Hugging Face's files ----
+
+def read_json(path):
+    """A JSON file holding one object (config.json, an index), or exits naming the file."""
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {path}: cannot read: {e}")
+    if not isinstance(obj, dict):
+        raise SystemExit(f"error: {path}: not a JSON object")
+    return obj
 
 
 # ---- safetensors ----

@@ -6,10 +6,12 @@
 Panels against the step: the train loss (and the val loss where a line has "val_loss"), the
 learning rate, the gradient norm (when the log has "grad_norm": runs with --grad_clip), and tokens
 per second. Each step line of the log is one JSON object with at least "step" and "loss" (the
-trainer also writes "lr", "skipped", "ms", "tok_per_s", "peak_mib"); a field a line lacks is left
-out of its panel; the trainer's sample lines ("sample_ids") are skipped. A line that is not JSON, or
-lacks step or loss, stops with its file and line number. The PNG goes to a temporary name, is fsynced and renamed, and may not be the log itself.
-Needs matplotlib.
+trainer also writes "lr", "skipped", "ms", "tok_per_s", "peak_mib"); a field a line lacks, or whose
+value is null or not finite (a skipped step's loss or grad_norm), is left out of its panel; the
+trainer's sample lines ("sample_ids") are skipped. A line that is not JSON, or lacks step or loss,
+stops with its file and line number. OUT's suffix is the format: png, pdf, svg, or any other that
+matplotlib writes (an unknown one is refused). The figure goes to a temporary name, is fsynced and
+renamed, and may not be the log itself. Needs matplotlib (pip install -r requirements.txt).
 """
 import argparse
 import io
@@ -22,8 +24,31 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from safe_write import write_atomic  # noqa: E402
 
 
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display), or one line saying how to install it."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError as e:
+        sys.exit(f"error: plot_log.py needs the Python package {e.name}: "
+                 "python3 -m pip install -r requirements.txt")
+    return plt
+
+
+def out_format(path):
+    """The format OUT's suffix names, if matplotlib writes it (after pyplot(): matplotlib is there)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    suffix = os.path.splitext(path)[1][1:].lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix not in formats:
+        sys.exit(f"error: {path}: the suffix {suffix or '(none)'!r} is not a format matplotlib writes "
+                 f"({', '.join(sorted(formats))})")
+    return suffix
+
+
 def read_log(path):
-    """The log's records, each a dict with at least an int step and a float loss."""
+    """The log's records, each a dict with at least an int step and a loss (a float, or None for null)."""
     records = []
     try:
         lines = open(path).read().splitlines()
@@ -36,7 +61,8 @@ def read_log(path):
             rec = json.loads(line)
             if isinstance(rec, dict) and "sample_ids" in rec:
                 continue
-            rec["step"], rec["loss"] = int(rec["step"]), float(rec["loss"])
+            rec["step"] = int(rec["step"])
+            rec["loss"] = None if rec["loss"] is None else float(rec["loss"])
         except (ValueError, KeyError, TypeError) as e:
             sys.exit(f"error: {path}:{number}: not a log line with a step and a loss ({e.__class__.__name__}: {e})")
         records.append(rec)
@@ -46,16 +72,13 @@ def read_log(path):
 
 
 def series(records, field):
-    """(steps, values) of the records that have `field` with a finite value."""
+    """(steps, values) of the records that have `field` with a finite value (null and NaN left out)."""
     pairs = [(r["step"], float(r[field])) for r in records
              if isinstance(r.get(field), (int, float)) and math.isfinite(float(r[field]))]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def plot(records, title):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(plt, records, title, fmt):
     norm = series(records, "grad_norm")
     fig, axes = plt.subplots(4 if norm[0] else 3, 1, figsize=(8, 10 if norm[0] else 8), sharex=True)
     ax_loss, ax_lr, ax_tok = axes[0], axes[1], axes[-1]
@@ -77,21 +100,25 @@ def plot(records, title):
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=100)
+    out = io.BytesIO()
+    fig.savefig(out, format=fmt, dpi=100)
     plt.close(fig)
-    return png.getvalue()
+    return out.getvalue()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("log")
-    ap.add_argument("out")
+    ap.add_argument("out", help="the figure; its suffix is the format (png, pdf, svg, ...)")
     ap.add_argument("--title", help="default: the log's file name")
     args = ap.parse_args()
+    plt = pyplot()
+    fmt = out_format(args.out)
     records = read_log(args.log)
-    write_atomic(args.out, [plot(records, args.title or os.path.basename(args.log))], [args.log])
-    print(f"{args.out}: {len(records)} steps plotted")
+    write_atomic(args.out, [plot(plt, records, args.title or os.path.basename(args.log), fmt)], [args.log])
+    no_loss = len(records) - len(series(records, "loss")[0])
+    left_out = f" ({no_loss} without a finite loss left out)" if no_loss else ""
+    print(f"{args.out}: {len(records)} steps plotted{left_out}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ default, or your own text with --input; and the tokenizer's id-to-bytes table, f
       --tokenizer Llama-3.2-1B/original/tokenizer.model --name corpus --val_tokens 100000
   scripts/prepare_data.py --input a.txt b.txt --input c.jsonl --name mine
   scripts/prepare_data.py --input a.txt --tokenizer tokenizer.json --vocab_out data/mine_vocab.bin
+  scripts/prepare_data.py --input notes.txt --tokenizer tokenizer.json --val_tokens 0   # no val split
   ./train_llama3 --input_bin data/mine_train.bin
 
 Tiny Shakespeare (no --input): the text (downloaded, or --text) is split into sections on blank
@@ -24,9 +25,11 @@ gives every file in it and its subfolders, sorted by path, names starting with "
 document gets BOS in front and is encoded as ordinary text; empty documents are skipped (counted).
 The val split is the first documents: up to the document boundary nearest to the target size
 (--val_tokens, or --val_fraction of all tokens, default 0.005) when that boundary lies within a factor
-of 2 of the target, else at exactly the target, inside a document. Each split must hold at least 257
-tokens (one batch of the trainer's default 4 x 64, plus the last target). Output in --out_dir:
-NAME_val.bin and NAME_train.bin (--name; default: the one input's name, or "data").
+of 2 of the target, else at exactly the target, inside a document; --val_tokens 0 makes no val split
+(every token is train). Each split must hold at least 257 tokens (one batch of the trainer's default
+B=4 x T=64, plus the last target), so a val split needs 514 tokens in all. Output in --out_dir (made
+when missing): NAME_val.bin (not with --val_tokens 0) and NAME_train.bin (--name; default: the one
+input's name, or "data").
 
 --tokenizer (default: tokenizer.model of the llama-models package) is told apart by its content:
 a tiktoken tokenizer.model ("base64token rank" lines; Meta's file is recognised by its sha256) or
@@ -38,7 +41,8 @@ and Llama-3.2-1B/original/tokenizer.model, which give the same tokens.
 
 Each file: a header of 256 little-endian int32 ([0]=20240801 magic, [1]=7 version, [2]=number of
 tokens, rest 0), then the tokens as little-endian uint32; written whole (safe_write.write_atomic),
-never over an input. Needs tiktoken and numpy (and llama-models for the default tokenizer).
+never over an input. Needs tiktoken and numpy (pip install -r requirements.txt), and for the default
+tokenizer llama-models (pip install -r requirements-data.txt).
 
 The vocabulary table (--vocab_out PATH; Tiny Shakespeare writes OUT_DIR/llama3_vocab.bin unless
 given another path), for the trainer to print token ids as text: a header of 256 little-endian
@@ -47,14 +51,22 @@ then n_tokens+1 little-endian uint32 offsets (offset[0]=0, non-decreasing, offse
 then the bytes. Token i is bytes[offset[i]:offset[i+1]]: its raw BPE bytes (a UTF-8 character may
 span tokens), or for a special token its name ("<|begin_of_text|>"). Every id below n_vocab must
 be a token. data/llama3_vocab.bin is made with Meta's tokenizer.model by the default command.
+
+Every failure (a missing package, a download that fails, an input that cannot be read or is not what it
+should be, an output folder that cannot be made, too little text) stops with one line "error: ..."
+naming the file or flag, exit status 1; a bad flag stops with argparse's usage and message, exit 2.
 """
-import argparse, base64, bisect, hashlib, importlib.util, json, os, struct, sys, urllib.request
+import argparse, base64, bisect, hashlib, http.client, importlib.util, json, os, struct, sys, urllib.request
 from pathlib import Path
 
-import numpy as np
-import tiktoken
+try:
+    import numpy as np
+    import tiktoken
+except ModuleNotFoundError as e:
+    sys.exit(f"error: prepare_data.py needs the Python package {e.name}: "
+             "python3 -m pip install -r requirements.txt")
 
-from safe_write import write_atomic
+from safe_write import refuse_input, write_atomic
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TOKENIZER_SHA256 = "82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55"
@@ -68,8 +80,15 @@ BOS_NAME, LLAMA3_BOS, LLAMA3_VOCAB = "<|begin_of_text|>", 128000, 128256
 MAGIC, VERSION, VAL_TOKENS = 20240801, 7, 32768
 VOCAB_MAGIC, VOCAB_VERSION, VOCAB_NAME = 20241202, 1, "llama3_vocab.bin"
 MIN_SPLIT_TOKENS = 4 * 64 + 1
+ONE_BATCH = "tokens (one batch of the trainer's default B=4 x T=64, plus the last target)"
 CHUNK_CHARS = 1 << 20  # a text file is read and encoded in pieces of about this many characters
 BLOCK_TOKENS = 1 << 20  # tokens are moved from a Python list into a numpy block every this many
+
+
+def fail(what):
+    """Every failure: one line "error: ...", exit status 1."""
+    sys.exit(f"error: {what}")
+
 
 # ---- tokenizers ----
 
@@ -84,14 +103,17 @@ def llama3_specials(n_ranks):
 def make_encoding(path, ranks, pat_str, special):
     """The tiktoken Encoding, once the ranks can encode any text (every single byte a token)."""
     if not ranks:
-        sys.exit(f"{path}: no tokens in the vocabulary")
+        fail(f"{path}: no tokens in the vocabulary")
     if len(set(ranks.values())) != len(ranks):
-        sys.exit(f"{path}: two vocabulary entries share an id")
+        fail(f"{path}: two vocabulary entries share an id")
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:
-        sys.exit(f"{path}: not a byte-level BPE: {len(missing)} single bytes are not tokens "
-                 f"(0x{missing[0]:02x} ...)")
-    return tiktoken.Encoding(name="llama3", pat_str=pat_str, mergeable_ranks=ranks, special_tokens=special)
+        fail(f"{path}: not a byte-level BPE: {len(missing)} single bytes are not tokens "
+             f"(0x{missing[0]:02x} ...)")
+    try:
+        return tiktoken.Encoding(name="llama3", pat_str=pat_str, mergeable_ranks=ranks, special_tokens=special)
+    except ValueError as e:  # the pre-tokenizer regex does not compile
+        fail(f"{path}: tiktoken cannot use it: {e}")
 
 
 def tiktoken_ranks(path, data):
@@ -103,8 +125,8 @@ def tiktoken_ranks(path, data):
                 token, rank = line.split()
                 ranks[base64.b64decode(token, validate=True)] = int(rank)
             except ValueError:  # binascii.Error is a ValueError too
-                sys.exit(f"{path}:{n}: neither a tokenizer.model line ('base64token rank') "
-                         "nor a tokenizer.json")
+                fail(f"{path}:{n}: neither a tokenizer.model line ('base64token rank') "
+                     "nor a tokenizer.json")
     return ranks
 
 
@@ -149,17 +171,17 @@ def hf_ranks(vocab, refuse):
 def hf_encoding(path, data):
     """The Encoding of an HF tokenizer.json holding a byte-level BPE (ranks = ids), as LLaMA-3's."""
     def refuse(why):
-        sys.exit(f"{path}: not a LLaMA-3 byte-level BPE tokenizer.json: {why}")
+        fail(f"{path}: not a LLaMA-3 byte-level BPE tokenizer.json: {why}")
     try:
         tok = json.loads(data)
     except ValueError as e:
-        sys.exit(f"{path}: not valid JSON ({e})")
+        fail(f"{path}: not valid JSON ({e})")
     model = tok.get("model") if isinstance(tok, dict) else None
     model = model if isinstance(model, dict) else {}
     if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
         refuse(f"model.type is {model.get('type')!r}, not 'BPE' with a vocab")
     if tok.get("normalizer"):
-        refuse(f"it has a normalizer ({tok['normalizer'].get('type')})")
+        refuse(f"it has a normalizer ({str(tok['normalizer'])[:60]})")
     pat_str = hf_split_pattern(tok.get("pre_tokenizer"), refuse)
     ranks = hf_ranks(model["vocab"], refuse)
     ids = set(ranks.values())
@@ -180,7 +202,7 @@ def load_tokenizer(path):
     try:
         data = Path(path).read_bytes()
     except OSError as e:
-        sys.exit(f"{path}: cannot read the tokenizer ({e.strerror})")
+        fail(f"{path}: cannot read the tokenizer ({e.strerror})")
     if data.lstrip()[:1] == b"{":  # base64 has no "{": JSON
         return hf_encoding(path, data), "HF tokenizer.json"
     ranks = tiktoken_ranks(path, data)
@@ -204,10 +226,14 @@ def llama3_mismatch(enc):
 
 
 def default_tokenizer_path():
+    """Meta's tokenizer.model as the package llama-models ships it (requirements-data.txt)."""
     spec = importlib.util.find_spec("llama_models")  # locates the package without importing it
     path = spec and Path(spec.origin).parent / "llama3" / "tokenizer.model"
     if not path or not path.exists():
-        sys.exit("tokenizer.model not found: `pip install llama-models` or pass --tokenizer PATH")
+        why = "not in it" if spec else "not installed"
+        fail(f"no --tokenizer, and the default, Meta's tokenizer.model from the Python package llama-models, is "
+             f"{why}: python3 -m pip install -r requirements-data.txt, or pass --tokenizer PATH (an HF "
+             "download's tokenizer.json or original/tokenizer.model)")
     return path
 
 
@@ -221,12 +247,12 @@ def input_files(paths):
         if os.path.isdir(p):
             found = walk_files(p)
             if not found:
-                sys.exit(f"{p}: no files in this folder")
+                fail(f"{p}: no files in this folder")
             files += found
         elif os.path.exists(p):
             files.append(p)
         else:
-            sys.exit(f"{p}: no such file or folder")
+            fail(f"{p}: no such file or folder")
     return files
 
 
@@ -264,23 +290,28 @@ def text_chunks(path, size=CHUNK_CHARS):
                     rest = rest[cut:]
             yield rest
     except UnicodeDecodeError as e:
-        sys.exit(f"{path}: not UTF-8 text ({e.reason} in a block read at byte {e.start})")
+        fail(f"{path}: not UTF-8 text ({e.reason} in a block read at byte {e.start})")
+    except OSError as e:
+        fail(f"{path}: cannot read ({e.strerror})")
 
 
 def jsonl_documents(path, field):
     """The `field` of every non-blank line of a JSONL file, each one document (a list of one text)."""
-    with open(path, "rb") as f:
-        for n, line in enumerate(f, 1):
-            try:
-                text = line.decode("utf-8")
-                if not text.strip():
-                    continue
-                obj = json.loads(text)
-            except ValueError as e:  # UnicodeDecodeError and JSONDecodeError both
-                sys.exit(f"{path}:{n}: not a line of UTF-8 JSON ({e})")
-            if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
-                sys.exit(f"{path}:{n}: no string field {field!r}")
-            yield [obj[field]]
+    try:
+        with open(path, "rb") as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    text = line.decode("utf-8")
+                    if not text.strip():
+                        continue
+                    obj = json.loads(text)
+                except ValueError as e:  # UnicodeDecodeError and JSONDecodeError both
+                    fail(f"{path}:{n}: not a line of UTF-8 JSON ({e})")
+                if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
+                    fail(f"{path}:{n}: no string field {field!r}")
+                yield [obj[field]]
+    except OSError as e:
+        fail(f"{path}: cannot read ({e.strerror})")
 
 
 def documents(files, field):
@@ -340,7 +371,7 @@ def val_split(starts, total, target):
 
 def write_datafile(filename, tokens, inputs):
     if len(tokens) >= 2**31:
-        sys.exit(f"{filename}: {len(tokens):,} tokens do not fit the header's int32 count")
+        fail(f"{filename}: {len(tokens):,} tokens do not fit the header's int32 count")
     header = struct.pack("<256i", MAGIC, VERSION, len(tokens), *([0] * 253))
     write_atomic(filename, [header, np.ascontiguousarray(tokens, dtype="<u4")], inputs)
     print(f"wrote {len(tokens):,} tokens to {filename} ({1024 + 4 * len(tokens):,} bytes)")
@@ -353,7 +384,7 @@ def vocab_tokens(enc, path):
         try:
             tokens.append(enc.decode_single_token_bytes(i))
         except KeyError:
-            sys.exit(f"{path}: not written: id {i} is no token (the tokenizer's ids below {enc.n_vocab} have a gap)")
+            fail(f"{path}: not written: id {i} is no token (the tokenizer's ids below {enc.n_vocab} have a gap)")
     return tokens
 
 
@@ -362,31 +393,51 @@ def write_vocab(path, enc, inputs):
     tokens = vocab_tokens(enc, path)
     offsets = np.cumsum([0] + [len(t) for t in tokens], dtype=np.int64)
     if offsets[-1] >= 2**31:
-        sys.exit(f"{path}: {offsets[-1]:,} bytes of tokens do not fit the header's int32 total")
+        fail(f"{path}: {offsets[-1]:,} bytes of tokens do not fit the header's int32 total")
     header = struct.pack("<256i", VOCAB_MAGIC, VOCAB_VERSION, len(tokens), int(offsets[-1]), *([0] * 252))
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     write_atomic(path, [header, offsets.astype("<u4"), b"".join(tokens)], inputs)
     print(f"wrote the table of {len(tokens):,} tokens to {path} ({os.path.getsize(path):,} bytes)")
 
 
-def refuse_overwrite(outputs, inputs):
-    """Before any work: an output that is one of the inputs stops the run (write_atomic checks again)."""
-    for out in outputs:
-        for i in inputs:
-            if os.path.exists(out) and os.path.exists(i) and os.path.samefile(out, i):
-                sys.exit(f"{out}: is the input {i}; not overwritten")
+def make_folder(path, flag):
+    """The output folder of `flag`, made when missing; one that cannot be made stops the run."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        fail(f"{flag} {path}: not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        fail(f"{flag} {path}: cannot make the folder ({e.strerror})")
+
+
+def make_folders(args):
+    make_folder(args.out_dir, "--out_dir")
+    if args.vocab_out:
+        make_folder(os.path.dirname(args.vocab_out) or ".", "--vocab_out")
 
 
 # ---- main ----
 
 
-def shakespeare(args, enc, inputs):
-    raw = Path(args.text).read_bytes() if args.text else urllib.request.urlopen(URL, timeout=60).read()
+def shakespeare_text(path):
+    """The Tiny Shakespeare text: the file --text names, else downloaded."""
+    try:
+        raw = Path(path).read_bytes() if path else urllib.request.urlopen(URL, timeout=60).read()
+    except (OSError, http.client.HTTPException) as e:  # urllib's URLError and timeouts are OSErrors
+        fail(f"--text {path}: cannot read ({e.strerror})" if path else
+             f"cannot download Tiny Shakespeare from {URL} ({getattr(e, 'reason', None) or e}): "
+             "pass --text PATH with a copy of it")
     print(f"text: {len(raw):,} bytes, sha256 {hashlib.sha256(raw).hexdigest()}")
-    tokens = shakespeare_tokens(raw.decode("utf-8"), enc)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        fail(f"{path or URL}: not UTF-8 text ({e.reason} at byte {e.start})")
+
+
+def shakespeare(args, enc, inputs):
+    make_folders(args)
+    tokens = shakespeare_tokens(shakespeare_text(args.text), enc)
     sections = int((tokens == enc.encode_single_token(BOS_NAME)).sum())
     print(f"{sections:,} sections, {len(tokens):,} tokens, max token id {tokens.max()}")
-    os.makedirs(args.out_dir, exist_ok=True)
     write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_val.bin"), tokens[:VAL_TOKENS], inputs)
     write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_train.bin"), tokens[VAL_TOKENS:], inputs)
     write_vocab(args.vocab_out or os.path.join(args.out_dir, VOCAB_NAME), enc, inputs)
@@ -403,27 +454,44 @@ def shakespeare_tokens(text, enc):
     return np.array(tokens, dtype="<u4")
 
 
+def val_end(args, starts, total):
+    """Where val ends (0: no val split, --val_tokens 0), once each split holds one batch at least."""
+    if args.val_tokens == 0:
+        if total < MIN_SPLIT_TOKENS:
+            fail(f"too little text: {total:,} tokens, and the train split needs at least {MIN_SPLIT_TOKENS} "
+                 f"{ONE_BATCH}: more text")
+        return 0
+    target = args.val_tokens or max(1, round(args.val_fraction * total))
+    cut = val_split(starts, total, target)
+    if min(cut, total - cut) < MIN_SPLIT_TOKENS:
+        fail(f"too little text for a val split: val would get {cut:,} tokens and train {total - cut:,} of "
+             f"{total:,}; each split needs at least {MIN_SPLIT_TOKENS} {ONE_BATCH}, {2 * MIN_SPLIT_TOKENS} "
+             "in all: more text, another --val_fraction / --val_tokens, or --val_tokens 0 for no val split")
+    where = "at a document boundary" if cut in starts else "inside a document"
+    print(f"val: tokens [0, {cut:,}) (target {target:,}, cut {where})")
+    return cut
+
+
 def own_data(args, enc, inputs):
     files = input_files(args.input)
     name = args.name or (Path(os.path.abspath(args.input[0])).stem if len(args.input) == 1 else "data")
-    outputs = [os.path.join(args.out_dir, f"{name}_{split}.bin") for split in ("val", "train")]
-    refuse_overwrite(outputs + ([args.vocab_out] if args.vocab_out else []), files + inputs)
+    val_out, train_out = (os.path.join(args.out_dir, f"{name}_{split}.bin") for split in ("val", "train"))
+    for out in (train_out, val_out, args.vocab_out):  # before any work (write_atomic checks again)
+        if out:
+            refuse_input(out, files + inputs)
+    make_folders(args)
     tokens, starts, n_docs, empty = encode_documents(enc, files, args.text_field)
     if n_docs == 0:
-        sys.exit(f"no text: {len(files)} input files hold {empty} documents, all empty")
+        fail(f"no text: {len(files)} input files hold {empty} documents, all empty")
     print(f"{n_docs:,} documents from {len(files):,} files ({empty:,} empty, skipped), "
           f"{len(tokens):,} tokens, max token id {tokens.max()}")
-    target = args.val_tokens or max(1, round(args.val_fraction * len(tokens)))
-    cut = val_split(starts, len(tokens), target)
-    if min(cut, len(tokens) - cut) < MIN_SPLIT_TOKENS:
-        sys.exit(f"too little text: val would get {cut:,} tokens and train {len(tokens) - cut:,} "
-                 f"of {len(tokens):,}; each needs {MIN_SPLIT_TOKENS} (one batch of 4 x 64, plus 1): "
-                 "more text, or another --val_fraction / --val_tokens")
-    where = "at a document boundary" if cut in starts else "inside a document"
-    print(f"val: tokens [0, {cut:,}) (target {target:,}, cut {where})")
-    os.makedirs(args.out_dir, exist_ok=True)
-    write_datafile(outputs[0], tokens[:cut], files + inputs)
-    write_datafile(outputs[1], tokens[cut:], files + inputs)
+    cut = val_end(args, starts, len(tokens))
+    if cut:
+        write_datafile(val_out, tokens[:cut], files + inputs)
+    else:
+        older = " (the one there, an older file, is left as it was)" if os.path.exists(val_out) else ""
+        print(f"no val split (--val_tokens 0): every token goes to train; {val_out} not written{older}")
+    write_datafile(train_out, tokens[cut:], files + inputs)
     if args.vocab_out:
         write_vocab(args.vocab_out, enc, files + inputs)
 
@@ -440,10 +508,13 @@ def parse_args(argv):
     split = ap.add_mutually_exclusive_group()
     split.add_argument("--val_fraction", type=float,
                        help="with --input: val's share of the tokens (default 0.005)")
-    split.add_argument("--val_tokens", type=int, help="with --input: val's size in tokens")
+    split.add_argument("--val_tokens", type=int,
+                       help="with --input: val's size in tokens; 0: no val split, NAME_train.bin only")
     ap.add_argument("--tokenizer",
-                    help="LLaMA-3 tokenizer.model or tokenizer.json (default: from llama_models)")
-    ap.add_argument("--out_dir", default="data")
+                    help="LLaMA-3 tokenizer.model or tokenizer.json (default: Meta's, from the package "
+                    "llama-models: pip install -r requirements-data.txt)")
+    ap.add_argument("--out_dir", default="data",
+                    help="folder of the token files, made when missing (default: data)")
     ap.add_argument("--vocab_out", metavar="PATH", help="also write the tokenizer's id-to-bytes table here "
                     f"(Tiny Shakespeare's default: OUT_DIR/{VOCAB_NAME})")
     args = ap.parse_args(argv)
@@ -454,8 +525,8 @@ def parse_args(argv):
         ap.error("--text (Tiny Shakespeare) and --input exclude each other")
     if args.val_fraction is not None and not 0 < args.val_fraction < 1:
         ap.error(f"--val_fraction {args.val_fraction}: not in (0, 1)")
-    if args.val_tokens is not None and args.val_tokens < 1:
-        ap.error(f"--val_tokens {args.val_tokens}: not positive")
+    if args.val_tokens is not None and args.val_tokens < 0:
+        ap.error(f"--val_tokens {args.val_tokens}: negative")
     args.text_field = args.text_field or "text"
     args.val_fraction = args.val_fraction or 0.005
     return args
@@ -469,9 +540,9 @@ def main(argv=None, llama3_only=True):
     print(f"tokenizer: {tokenizer}: {what}, n_vocab {enc.n_vocab}")
     why = llama3_mismatch(enc)
     if llama3_only and why:
-        sys.exit(f"{tokenizer}: not the LLaMA-3 tokenizer: {why}")
+        fail(f"{tokenizer}: not the LLaMA-3 tokenizer: {why}")
     if BOS_NAME not in enc._special_tokens:
-        sys.exit(f"{tokenizer}: no {BOS_NAME} token")
+        fail(f"{tokenizer}: no {BOS_NAME} token")
     inputs = [p for p in (args.text, args.tokenizer) if p]
     if args.input:
         own_data(args, enc, inputs)

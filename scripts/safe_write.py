@@ -1,23 +1,49 @@
 """Writing a file whole without losing anything (the scripts' rule, as the trainer's): never over one
 of the inputs, and through a temporary file in the same folder that is flushed, fsynced and renamed,
-so that a crash or a full disk leaves the old file or the new one, never a part."""
+so that a crash or a full disk leaves the old file or the new one, never a part. A write that fails
+(no such folder, no permission, a full disk, a folder where the file would go) stops with one line
+naming the output, not the temporary file."""
+import contextlib
 import os
+
+
+def refuse_input(path, inputs):
+    """Stops when `path` names one of `inputs` (links followed): no output may be an input."""
+    for i in inputs:
+        if os.path.exists(path) and os.path.exists(i) and os.path.samefile(path, i):
+            raise SystemExit(f"error: {path}: is the input {i}; not overwritten")
+
+
+@contextlib.contextmanager
+def named_errors(path):
+    """An OSError of writing `path` as one line naming `path`."""
+    try:
+        yield
+    except OSError as e:
+        raise SystemExit(f"error: {path}: cannot write: {e.strerror or e}") from None
 
 
 def write_atomic(path, chunks, inputs=()):
     """Writes the bytes-like chunks (bytes, contiguous numpy arrays) to `path`. `inputs`: paths this run
-    reads; `path` naming one of them (links followed) is refused before anything is written."""
-    for i in inputs:
-        if os.path.exists(path) and os.path.exists(i) and os.path.samefile(path, i):
-            raise SystemExit(f"{path}: is the input {i}; not overwritten")
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp{os.getpid()}")
+    reads; `path` naming one of them is refused before anything is written. An error raised while making
+    a chunk (the caller's, e.g. reading an input) passes through as it is."""
+    refuse_input(path, inputs)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise SystemExit(f"error: {path}: cannot write: no folder {folder}")
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        with named_errors(path):
+            f = open(tmp, "wb")
+        with f:
             for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+                with named_errors(path):
+                    f.write(chunk)
+            with named_errors(path):
+                f.flush()
+                os.fsync(f.fileno())
+        with named_errors(path):
+            os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -7,10 +7,13 @@ Builds random models of ref_llama3.py's small shape (2 layers, n_embd 256, 8 hea
 ffn 1024 = ffn_dim_multiplier 1.5, multiple_of 256) in HF layout, written by the safetensors library itself,
 and checks the scripts against the test's own formulation of the files (header by struct.pack, q/k rows by an
 explicit index loop, llm.c's layout, bf16 rounding by distance): round trips bit for bit, tied embeddings,
-shards, bf16 input and output, llm.c input, and that every unsupported config or file is refused in one line.
+shards, bf16 input and output, llm.c input, export's --tokenizer_from, and that every unsupported config or
+file, an output that cannot be written and a missing numpy are refused in one line (without numpy and
+safetensors only the last runs).
 With torch and transformers (CPU): from_pretrained on the exported folder against the original model's logits,
-the config round trip, bf16 against torch's rounding, and a save_pretrained model against ref_llama3.py's seed
-file. Prints "ok ..." / "FAIL ..." per check, "skipped: ..." for what cannot run, then "N passed, M failed".
+the config round trip, bf16 against torch's rounding, AutoTokenizer on an export with --tokenizer_from, and a
+save_pretrained model against ref_llama3.py's seed file. Prints "ok ..." / "FAIL ..." per check,
+"skipped: ..." for what cannot run, then "N passed, M failed".
 """
 import json
 import os
@@ -19,9 +22,14 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-import safetensors
-from safetensors.numpy import save_file
+try:
+    import numpy as np
+    import safetensors
+    from safetensors.numpy import save_file
+except ModuleNotFoundError as e:
+    MISSING = e.name
+else:
+    MISSING = None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL = dict(max_seq=8192, V=1000, L=2, NH=8, KVH=2, C=256, F=1024, mult=1.5, multiple_of=256, eps=1e-5,
@@ -36,9 +44,12 @@ def check(ok, what):
     print(f"{'ok  ' if ok else 'FAIL'} {what}")
 
 
-def run(script, *args):
-    p = subprocess.run([sys.executable, os.path.join(HERE, script), *map(str, args)], capture_output=True,
-                       text=True)
+def run(script, *args, blocked=None):
+    """(exit status, stdout, stderr) of a script; `blocked`: a module made unimportable first."""
+    block = f"import sys, runpy; sys.modules[{blocked!r}] = None; sys.argv = sys.argv[1:]; " \
+            f"sys.path.insert(0, {HERE!r}); runpy.run_path(sys.argv[0], run_name='__main__')"
+    p = subprocess.run([sys.executable, *(["-c", block] if blocked else []), os.path.join(HERE, script),
+                        *map(str, args)], capture_output=True, text=True)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -375,6 +386,63 @@ def check_export_refusals(d, seed):
     check(read_bytes(model) == data, "... and that input is unchanged")
 
 
+def check_unwritable(d, seed):
+    """Output paths that cannot be written: one line naming the output, never the temporary file."""
+    out = os.path.join(d, "no_such_folder", "model.bin")
+    rc, _, err = run("convert_hf.py", os.path.join(d, "hf"), out)
+    check(rc != 0 and len(err.strip().splitlines()) == 1 and out in err and ".tmp" not in err,
+          f"convert into a folder that does not exist: one line naming the output ({err.strip()})")
+    under_file = os.path.join(seed, "hf_out")  # a folder whose parent is a file
+    rc, _, err = run("export_hf.py", seed, under_file)
+    check(rc != 0 and len(err.strip().splitlines()) == 1 and under_file in err and "Traceback" not in err,
+          f"export into a folder that cannot be made: one line naming it ({err.strip()})")
+
+
+def fake_tokenizer_folder(d, tied, names):
+    """An HF download's tokenizer files (made-up contents) and its config.json."""
+    os.makedirs(d)
+    for name in names:
+        write_bytes(os.path.join(d, name), json.dumps({"made_up": name, "bytes": "é"}).encode())
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(hf_config(SMALL, tie_word_embeddings=tied), f)
+
+
+def check_tokenizer_from(d, seed):
+    """--tokenizer_from copies the tokenizer files there, names the missing ones, notes a tied source."""
+    src, out = os.path.join(d, "tok_src"), os.path.join(d, "tok_hf")
+    have = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
+    fake_tokenizer_folder(src, True, have)
+    rc, said, err = run("export_hf.py", seed, out, "--tokenizer_from", src)
+    copied = rc == 0 and all(read_bytes(os.path.join(out, n)) == read_bytes(os.path.join(src, n)) for n in have)
+    check(copied and not os.path.exists(os.path.join(out, "special_tokens_map.json")),
+          f"--tokenizer_from: the 3 tokenizer files there copied byte for byte {err.strip()}".strip())
+    missing = [line for line in said.splitlines() if "special_tokens_map.json" in line]
+    check(len(missing) == 1 and "not copied" in missing[0], f"... the missing one named in a line: {missing}")
+    untied = [line for line in said.splitlines() if "untied" in line]
+    check(len(untied) == 1 and "tie_word_embeddings false" in untied[0],
+          f"... and the tied source's export said to be untied: {untied}")
+    empty = os.path.join(d, "tok_empty")
+    os.makedirs(empty)
+    expect_refusal("export_hf.py", [seed, os.path.join(d, "tok_empty_hf"), "--tokenizer_from", empty],
+                   "none of tokenizer.json", "--tokenizer_from a folder without tokenizer files",
+                   absent=os.path.join(d, "tok_empty_hf"))
+    other = os.path.join(d, "tok_other")
+    fake_tokenizer_folder(other, False, have[:1])
+    with open(os.path.join(other, "config.json"), "w") as f:
+        json.dump(hf_config(dict(SMALL, V=128256)), f)
+    expect_refusal("export_hf.py", [seed, os.path.join(d, "tok_other_hf"), "--tokenizer_from", other],
+                   "vocab_size 128256, but the model's is 1000",
+                   "--tokenizer_from a folder of another vocabulary", absent=os.path.join(d, "tok_other_hf"))
+
+
+def check_missing_numpy():
+    """Without numpy, convert_hf.py and export_hf.py stop with one line saying how to install it."""
+    for script in ("convert_hf.py", "export_hf.py"):
+        rc, _, err = run(script, "in", "out", blocked="numpy")
+        check(rc != 0 and len(err.strip().splitlines()) == 1 and err.startswith("error: ") and "numpy" in err
+              and "pip install" in err, f"{script} without numpy: one line with the pip command ({err.strip()})")
+
+
 SMALL_CFG = hf_config(SMALL)
 
 
@@ -427,6 +495,24 @@ def check_transformers(d, t, torch, transformers):
           "export bfloat16 rounds as torch's .to(bfloat16)")
 
 
+def check_auto_tokenizer(d, seed, transformers):
+    """AutoTokenizer.from_pretrained loads an export made with --tokenizer_from, as it loads the source."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bos = "<|begin_of_text|>"
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=[bos],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the cat sat on the mat, hello world"] * 10, trainer)
+    src, out = os.path.join(d, "auto_src"), os.path.join(d, "auto_hf")
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos).save_pretrained(src)
+    rc, _, err = run("export_hf.py", seed, out, "--tokenizer_from", src)
+    ids = lambda folder: transformers.AutoTokenizer.from_pretrained(folder)("hello world, the mat").input_ids
+    got = ids(out) if rc == 0 else None
+    check(got == ids(src), f"AutoTokenizer.from_pretrained(export --tokenizer_from): the source's ids {got} "
+          f"{err}".strip())
+
+
 def check_against_ref(d):
     """A model transformers saves (save_pretrained) converts to the bytes ref_llama3.py writes for it."""
     sys.path.insert(0, HERE)
@@ -450,15 +536,19 @@ def all_checks(d, t):
     check_llmc(d, t)
     check_convert_refusals(d, t)
     check_export_refusals(d, seed)
+    check_unwritable(d, seed)
+    check_tokenizer_from(d, seed)
     try:
         import torch
         import transformers
     except ImportError:
         print("skipped: no torch/transformers (from_pretrained on the exported folder, the config round "
-              "trip, bf16 against torch, save_pretrained against ref_llama3.py)")
+              "trip, bf16 against torch, AutoTokenizer on an export with --tokenizer_from, save_pretrained "
+              "against ref_llama3.py)")
         return
     try:
         check_transformers(d, t, torch, transformers)
+        check_auto_tokenizer(d, seed, transformers)
         check_against_ref(d)
     except Exception as e:  # an earlier failure left a file out: one failure, not a traceback
         check(False, f"the torch/transformers checks stopped: {e!r}")
@@ -466,8 +556,13 @@ def all_checks(d, t):
 
 def main():
     sys.stdout.reconfigure(line_buffering=True)  # in order with the subprocesses' and transformers' stderr
-    with tempfile.TemporaryDirectory() as d:
-        all_checks(d, hf_tensors(SMALL, 1))
+    check_missing_numpy()
+    if MISSING:
+        print(f"skipped: the conversion checks of scripts/test_hf_convert.py need {MISSING} "
+              "(pip install -r requirements.txt)")
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            all_checks(d, hf_tensors(SMALL, 1))
     print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
     sys.exit(0 if results and all(results) else 1)
 

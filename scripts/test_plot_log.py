@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Test of scripts/plot_log.py (no GPU): a log like the trainer's is drawn into a PNG of the size
-asked for, a series holds exactly the finite values of its field (val_loss only where measured, a
-NaN loss left out), and bad logs or an output that is
-the log stop with one line naming the file (and line). Skipped, without a passed count, when
-matplotlib is missing. Ends with "N passed, M failed"."""
+asked for, or a PDF or SVG by the output's suffix; a series holds exactly the finite values of its
+field (val_loss only where measured, a NaN or null loss left out, as a skipped step's); bad logs, an
+unknown suffix, an output folder that does not exist or an output that is the log stop with one line
+naming the file (and line). Without matplotlib only the one-line "needs matplotlib" error is checked
+and the rest is skipped ("skipped: ..."). Ends with "N passed, M failed"."""
 import json
 import os
 import struct
@@ -21,8 +22,12 @@ def check(ok, what):
     passed, failed = passed + ok, failed + (not ok)
 
 
-def run(*args):
-    r = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True)
+def run(*args, blocked=None):
+    """(exit status, output) of plot_log.py; `blocked`: a module made unimportable first."""
+    block = f"import sys, runpy; sys.modules[{blocked!r}] = None; sys.argv = sys.argv[1:]; " \
+            "runpy.run_path(sys.argv[0], run_name='__main__')"
+    r = subprocess.run([sys.executable, *(["-c", block] if blocked else []), SCRIPT, *args],
+                       capture_output=True, text=True)
     return r.returncode, (r.stdout + r.stderr).strip()
 
 
@@ -32,29 +37,69 @@ def png_size(path):
     return struct.unpack(">II", head[16:24]) if head[:8] == b"\x89PNG\r\n\x1a\n" else None
 
 
-def write_log(path, n, with_val, with_norm=False):
-    """A log as the trainer writes it: with_val adds val_loss every 10 steps and a sample line after it."""
+def write_log(path, n, with_val, with_norm=False, skip_every=0):
+    """A log as the trainer writes it: with_val adds val_loss every 10 steps and a sample line after it;
+    every skip_every-th step is skipped, its loss and grad_norm null (the trainer's non-finite values)."""
     with open(path, "w") as f:
         for step in range(1, n + 1):
-            rec = {"step": step, "loss": 12.0 / step ** 0.3, "lr": 3e-4 * min(1, step / 10), "skipped": 0,
-                   "ms": 12.7, "tok_per_s": 20000 + step, "peak_mib": 23859}
+            skipped = skip_every and step % skip_every == 0
+            rec = {"step": step, "loss": None if skipped else 12.0 / step ** 0.3, "skipped": int(skipped),
+                   "lr": 3e-4 * min(1, step / 10), "ms": 12.7, "tok_per_s": 20000 + step, "peak_mib": 23859}
             if with_norm:
-                rec["grad_norm"] = 2.0 / step ** 0.5
+                rec["grad_norm"] = None if skipped else 2.0 / step ** 0.5
             if with_val and step % 10 == 0:
-                rec["val_loss"] = rec["loss"] + 0.1
+                rec["val_loss"] = 12.0 / step ** 0.3 + 0.1
             f.write(json.dumps(rec) + "\n")
             if with_val and step % 10 == 0:
                 f.write(json.dumps({"step": step, "sample_ids": [128000, 791, 1176]}) + "\n")
 
 
+def check_formats(d, log):
+    """The output's suffix picks the format; an unknown suffix is refused before anything is written."""
+    write_log(log, 30, True)
+    for suffix, magic in (("pdf", b"%PDF-"), ("svg", b"<svg")):
+        out = os.path.join(d, f"out.{suffix}")
+        rc, said = run(log, out)
+        head = open(out, "rb").read(4096) if os.path.exists(out) else b""
+        check(rc == 0 and magic in head, f"out.{suffix} holds {suffix.upper()}, not PNG bytes ({said})")
+    rc, said = run(log, os.path.join(d, "out.xyz"))
+    check(rc != 0 and len(said.splitlines()) == 1 and "out.xyz" in said and "'xyz'" in said
+          and not os.path.exists(os.path.join(d, "out.xyz")), f"an unknown suffix: one line ({said[:90]}...)")
+
+
+def check_skipped_steps(d, log, png):
+    """A log with null loss and grad_norm on skipped steps plots, those points left out."""
+    write_log(log, 100, True, with_norm=True, skip_every=7)
+    rc, out = run(log, png)
+    check(rc == 0 and png_size(png) == (800, 1000) and "14 without a finite loss left out" in out,
+          f"null loss and grad_norm on 14 skipped steps: plotted, the points left out ({out})")
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import plot_log
+    records = plot_log.read_log(log)
+    steps, _ = plot_log.series(records, "grad_norm")
+    check(len(steps) == 86 and 7 not in steps and 8 in steps, "series leaves the null grad_norms out")
+
+
+def check_unwritable(d, log):
+    out = os.path.join(d, "no_such_folder", "out.png")
+    rc, said = run(log, out)
+    check(rc != 0 and len(said.splitlines()) == 1 and out in said and ".tmp" not in said,
+          f"an output in a folder that does not exist: one line naming it ({said})")
+
+
 def main():
+    d = tempfile.mkdtemp()
+    log, png = os.path.join(d, "log.jsonl"), os.path.join(d, "out.png")
+    write_log(log, 5, False)
+    rc, out = run(log, png, blocked="matplotlib")
+    check(rc != 0 and len(out.splitlines()) == 1 and out.startswith("error: ") and "matplotlib" in out
+          and "pip install" in out, f"without matplotlib: one line with the pip command ({out})")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        print("skipped: test_plot_log.py needs matplotlib")
-        return
-    d = tempfile.mkdtemp()
-    log, png = os.path.join(d, "log.jsonl"), os.path.join(d, "out.png")
+        print("skipped: test_plot_log.py's plots need matplotlib (pip install -r requirements.txt)")
+        print(f"{passed} passed, {failed} failed")
+        sys.exit(1 if failed else 0)
     write_log(log, 100, True)
     rc, out = run(log, png)
     check(rc == 0 and png_size(png) == (800, 800) and "100 steps" in out,
@@ -76,10 +121,12 @@ def main():
     open(log, "w").close()
     rc, out = run(log, png)
     check(rc != 0 and "no log lines" in out, f"an empty log: {out}")
-    write_log(log, 5, False)
-    before = open(log).read()
-    rc, out = run(log, log)
-    check(rc != 0 and open(log).read() == before, f"the output naming the log: refused, the log unchanged ({out})")
+    png_log = os.path.join(d, "log.png")  # a suffix matplotlib writes: refused as the input, not the format
+    write_log(png_log, 5, False)
+    before = open(png_log).read()
+    rc, out = run(png_log, png_log)
+    check(rc != 0 and "not overwritten" in out and open(png_log).read() == before,
+          f"the output naming the log: refused, the log unchanged ({out})")
     sys.path.insert(0, os.path.dirname(SCRIPT))
     import plot_log
     records = [{"step": 1, "loss": 3.0, "val_loss": 3.5}, {"step": 2, "loss": float("nan")}, {"step": 3, "loss": 2.0}]
@@ -88,6 +135,9 @@ def main():
           "series: the finite values of a field, only where a line has it (a NaN loss left out)")
     rc, out = run(os.path.join(d, "missing.jsonl"), png)
     check(rc != 0 and "missing.jsonl: cannot read" in out, f"a missing log: {out}")
+    check_formats(d, log)
+    check_skipped_steps(d, log, png)
+    check_unwritable(d, log)
     print(f"{passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 

@@ -7,20 +7,24 @@ every document once and in order; bad inputs must stop with one line; the Tiny S
 keeps its sections and split. The id-to-bytes table (--vocab_out) of either tokenizer file must hold
 the tokenizer's bytes for every id and give a text back from its tokens. The checks run
 prepare_data.main(..., llama3_only=False), since the command line takes the LLaMA-3 vocabulary only
-(also checked). Ends with "N passed, M failed"."""
-import base64, json, os, random, re, subprocess, sys, tempfile
+(also checked). Every failure must be one line "error: ..." (a missing package, the default tokenizer
+not installed, a download that fails, an unreadable input, an output folder that cannot be made, too
+little text), and --val_tokens 0 must write NAME_train.bin alone. Without numpy or tiktoken, only the
+checks that need neither run (the requirements files, the missing-package error) and the rest is
+skipped ("skipped: ..."). Ends with "N passed, M failed"."""
+import base64, json, os, random, re, socket, subprocess, sys, tempfile
 from collections import Counter
-
-try:
-    import numpy as np
-    import tiktoken  # noqa: F401 (prepare_data's dependency)
-except ImportError as e:
-    print(f"skipped: scripts/test_prepare_data.py needs {e.name} (pip install tiktoken numpy)")
-    sys.exit(0)
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, SCRIPTS)
-import prepare_data as pd  # noqa: E402
+try:
+    import numpy as np
+    import tiktoken  # noqa: F401 (prepare_data's dependency)
+except ModuleNotFoundError as e:
+    MISSING = e.name
+else:
+    MISSING = None
+    import prepare_data as pd
 
 MIXED = ("Hello, World! It's 2024: 1234567 tokens.\n\n  indented\tand tabbed\r\nCRLF line\n"
          "café naïve Ελληνικά русский 数字と日本語 🙂👍\u00a0nbsp   trailing spaces   \n\n\n"
@@ -112,15 +116,22 @@ def make_doc(rng, n_words):
     return "\n".join(lines) + "\n"
 
 
-def run_cli(*args, strict=False):
-    """(exit status, stdout, stderr) of prepare_data.py; llama3_only=False unless strict."""
+def run_cli(*args, strict=False, blocked=None, env=None):
+    """(exit status, stdout, stderr) of prepare_data.py; llama3_only=False unless strict; `blocked`: a
+    module made unimportable first; `env`: added to the environment."""
     if strict:
         cmd = [sys.executable, os.path.join(SCRIPTS, "prepare_data.py"), *args]
     else:
-        cmd = [sys.executable, "-c", f"import sys; sys.path.insert(0, {SCRIPTS!r}); import prepare_data; "
-               "prepare_data.main(sys.argv[1:], llama3_only=False)", *args]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+        block = f"sys.modules[{blocked!r}] = None; " if blocked else ""
+        cmd = [sys.executable, "-c", f"import sys; {block}sys.path.insert(0, {SCRIPTS!r}); "
+               "import prepare_data; prepare_data.main(sys.argv[1:], llama3_only=False)", *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **(env or {})))
     return p.returncode, p.stdout, p.stderr
+
+
+def one_error(rc, err, *fragments):
+    """A failure as the script must report it: exit 1, one line "error: ..." holding every fragment."""
+    return rc == 1 and err.count("\n") == 1 and err.startswith("error: ") and all(f in err for f in fragments)
 
 
 def said(rc, err):
@@ -274,6 +285,79 @@ def check_refusals(d, hf, docs):
     rc, _, err = run_cli("--input", small, "--tokenizer", hf, "--out_dir", d)
     check(rc != 0 and re.search(r"val would get \d+ tokens and train [\d,]+ of [\d,]+", err),
           f"a split too small, the sizes named: {err.strip()[:110]}...")
+    check(one_error(rc, err, "at least 257 tokens", "B=4 x T=64", "514", "--val_tokens 0"),
+          f"... the minimum named, per split and for which B and T, and how to make no val split: "
+          f"...{err.strip()[-190:]}")
+
+
+def check_no_val(d, enc, hf, docs):
+    """--val_tokens 0: every token in NAME_train.bin, no NAME_val.bin, and the output says so."""
+    small = os.path.join(d, "few.txt")
+    open(small, "w").write(docs[0])
+    out = os.path.join(d, "noval")
+    rc, printed, err = run_cli("--input", small, "--tokenizer", hf, "--out_dir", out, "--val_tokens", "0")
+    train = read_tokens(os.path.join(out, "few_train.bin"))
+    check(rc == 0 and train == expected_stream(enc, docs[:1]) and os.listdir(out) == ["few_train.bin"],
+          f"--val_tokens 0: all {len(train or [])} tokens in few_train.bin, no few_val.bin{said(rc, err)}")
+    check("no val split" in printed and "few_val.bin not written" in printed,
+          f"... and the output says so: {[x for x in printed.splitlines() if 'val' in x]}")
+    tiny = os.path.join(d, "tiny.txt")
+    open(tiny, "w").write("a few words\n")
+    rc, _, err = run_cli("--input", tiny, "--tokenizer", hf, "--out_dir", out, "--val_tokens", "0")
+    check(one_error(rc, err, "train split needs at least 257 tokens", "B=4 x T=64"),
+          f"--val_tokens 0 on too little text: {err.strip()}")
+
+
+def check_failures_are_one_line(d, model, hf, text_file):
+    """User errors end in one "error: ..." line naming the file or flag, never in a traceback."""
+    rc, _, err = run_cli("--out_dir", d, blocked="llama_models")
+    check(one_error(rc, err, "llama-models", "pip install -r requirements-data.txt", "--tokenizer"),
+          f"no --tokenizer and no llama-models: the pip command ({err.strip()[:120]}...)")
+    rc, _, err = run_cli("--tokenizer", model, "--out_dir", d, env={"https_proxy": "http://127.0.0.1:9",
+                                                                     "no_proxy": "", "NO_PROXY": ""})
+    check(one_error(rc, err, "cannot download Tiny Shakespeare", "--text"),
+          f"a download that fails: {err.strip()}")
+    rc, _, err = run_cli("--text", os.path.join(d, "absent.txt"), "--tokenizer", model, "--out_dir", d)
+    check(one_error(rc, err, "--text", "absent.txt: cannot read"), f"a --text that is not there: {err.strip()}")
+    sock = os.path.join(d, "sock.txt")  # exists, but open() fails even for root
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(sock)
+        rc, _, err = run_cli("--input", text_file, sock, "--tokenizer", hf, "--out_dir", d)
+    check(one_error(rc, err, f"{sock}: cannot read"), f"an input that cannot be read: {err.strip()}")
+    rc, _, err = run_cli("--input", text_file, "--tokenizer", hf, "--val_tokens", "300",
+                         "--out_dir", os.path.join(text_file, "out"))
+    check(one_error(rc, err, "--out_dir", "cannot make the folder"),
+          f"an --out_dir that cannot be made: {err.strip()}")
+    rc, _, err = run_cli("--input", text_file, "--tokenizer", hf, "--val_tokens", "300", "--out_dir", d,
+                         "--vocab_out", os.path.join(text_file, "v.bin"))
+    check(one_error(rc, err, "--vocab_out"), f"a --vocab_out folder that cannot be made: {err.strip()}")
+    bad_regex = os.path.join(d, "regex.json")
+    tok = json.load(open(hf, encoding="utf-8"))
+    tok["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed"
+    json.dump(tok, open(bad_regex, "w", encoding="utf-8"), ensure_ascii=False)
+    rc, _, err = run_cli("--input", text_file, "--tokenizer", bad_regex, "--out_dir", d)
+    check(one_error(rc, err, "regex.json", "tiktoken cannot use it"),
+          f"a tokenizer.json whose regex does not compile: {err.strip()[:110]}")
+
+
+def check_requirements():
+    """The scripts' packages are declared: requirements.txt, and llama-models in requirements-data.txt."""
+    root = os.path.dirname(SCRIPTS)
+
+    def names(file):
+        path = os.path.join(root, file)
+        lines = open(path).read().splitlines() if os.path.exists(path) else []
+        return {re.split(r"[\s=<>~#\[]", x.strip())[0].lower() for x in lines if x.strip()[:1].isalnum()}
+    check({"numpy", "safetensors", "tiktoken", "matplotlib"} <= names("requirements.txt"),
+          f"requirements.txt names numpy, safetensors, tiktoken, matplotlib: {sorted(names('requirements.txt'))}")
+    check("llama-models" in names("requirements-data.txt"),
+          f"requirements-data.txt names llama-models: {sorted(names('requirements-data.txt'))}")
+
+
+def check_missing_package():
+    rc, _, err = run_cli("--input", "x.txt", blocked="numpy")
+    check(one_error(rc, err, "numpy", "pip install -r requirements.txt"),
+          f"without numpy: one line with the pip command ({err.strip()})")
 
 
 def read_vocab(path):
@@ -336,6 +420,13 @@ def check_shakespeare(d, enc, model):
 
 
 def main():
+    check_requirements()
+    check_missing_package()
+    if MISSING:
+        print(f"skipped: the tokenizer and token file checks of scripts/test_prepare_data.py need {MISSING} "
+              "(pip install -r requirements.txt)")
+        print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
+        sys.exit(0 if all(results) else 1)
     rng = random.Random(1)
     docs = [make_doc(rng, n) for n in (900, 700, 800, 600, 750)]
     with tempfile.TemporaryDirectory() as d:
@@ -346,6 +437,8 @@ def main():
         check_chunks(d, enc)
         check_own_data(d, enc, hf, docs)
         check_refusals(d, hf, docs)
+        check_no_val(d, enc, hf, docs)
+        check_failures_are_one_line(d, model, hf, text_file)
         check_vocab(d, enc, model, hf, text_file)
         check_shakespeare(d, enc, model)
     print(f"{sum(results)} passed, {len(results) - sum(results)} failed")

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Host test of scripts/safe_write.py (no GPU, no numpy): the file appears whole or not at all, an
-input is never an output, and no temporary file is left. Ends with "N passed, M failed"."""
+input is never an output, no temporary file is left, and a write that cannot be made stops with one
+line naming the output (not the temporary file). Ends with "N passed, M failed"."""
 import os
 import sys
 import tempfile
@@ -16,9 +17,33 @@ def check(ok, what):
     print(f"{'ok  ' if ok else 'FAIL'} {what}")
 
 
+def refusal(path):
+    """The message of the SystemExit that write_atomic(path) raises (another exception: its type and text)."""
+    try:
+        write_atomic(path, [b"x"])
+    except SystemExit as e:
+        return str(e)
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def check_unwritable(d):
+    missing = os.path.join(d, "no_such_folder", "out.bin")
+    said = refusal(missing)
+    check(said and said.startswith("error: ") and missing in said and ".tmp" not in said,
+          f"into a folder that does not exist: one line naming the output ({said})")
+    folder = os.path.join(d, "a_folder")
+    os.makedirs(folder)
+    said = refusal(folder)
+    check(said and folder in said and ".tmp" not in said and os.listdir(folder) == []
+          and sorted(os.listdir(d)) == ["a_folder", "out.bin"],
+          f"onto a folder: one line naming it, no temporary left ({said})")
+
+
 def failing_chunks():
     yield b"new start"
-    raise OSError("disk full (simulated)")
+    raise OSError("an input cannot be read (simulated)")
 
 
 with tempfile.TemporaryDirectory() as d:
@@ -31,7 +56,7 @@ with tempfile.TemporaryDirectory() as d:
     except OSError:
         raised = True
     check(raised and open(out, "rb").read() == b"abcdef" and os.listdir(d) == ["out.bin"],
-          "a write that fails midway leaves the old file whole and no temporary")
+          "an error making a chunk midway passes through as it is, the old file whole and no temporary")
     open(src, "wb").write(b"input")
     os.symlink(src, link)
     for target in (src, link):
@@ -42,5 +67,8 @@ with tempfile.TemporaryDirectory() as d:
             refused = "not overwritten" in str(e)
         check(refused and open(src, "rb").read() == b"input", f"an output naming the input ({os.path.basename(target)})"
               " is refused, the input unchanged")
+    os.remove(link)
+    os.remove(src)
+    check_unwritable(d)
 print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
 sys.exit(0 if all(results) else 1)
