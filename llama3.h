@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #define L3_ERR_LEN 1024
+#define L3_PATH_LEN 4352 // a path of PATH_MAX (4096) and a checkpoint's suffixes
 #define MODEL_MAGIC 20240803
 #define MODEL_VERSION_FP32 3
 #define MODEL_VERSION_BF16 5 // llm.c's bf16 llama3 files
@@ -615,6 +616,7 @@ typedef struct {
     const char* llmc_filepath; // NULL: random init (LLaMA3.2-1B shape, std 0.02, norms 1)
     const char* log_file;      // NULL: no JSON log
     int num_iteration, batch_size, sequence_length, total_batch_size;
+    int stop_after; // 0: run to num_iteration; else the last step of this invocation
     float learning_rate, weight_decay, beta1, beta2, eps;
     int overfit_single_batch;
     unsigned long long seed;
@@ -634,6 +636,9 @@ typedef struct {
     int sample_every, sample_tokens, top_k; // sample_every 0: no sampling
     float temperature;                      // 0: greedy
 } TrainArgs;
+
+// The last step this invocation runs: --stop_after, or the schedule's last step.
+static inline int last_step(const TrainArgs* a) { return a->stop_after ? a->stop_after : a->num_iteration; }
 
 // ---- learning-rate schedule ----
 // The lr of optimizer step t (1 = the first update, total = the run's last step): a linear warmup
@@ -699,10 +704,11 @@ typedef struct {
 static const FlagSpec FLAGS[] = {
     {"--input_bin", FLAG_PATH, ARG(input_bin), NULL, 0, 0, NULL, "llm.c token file (default: embedded tiny shakespeare)", 0},
     {"--llmc_filepath", FLAG_PATH, ARG(llmc_filepath), NULL, 0, 0, NULL, "model file, seed or llm.c format (default: random init)", 0},
-    {"--num_iteration", FLAG_INT, ARG(num_iteration), "100", 1, BIG_INT, NULL, "optimizer steps (with --resume: the last step to reach)", 0},
+    {"--num_iteration", FLAG_INT, ARG(num_iteration), "100", 1, BIG_INT, NULL, "optimizer steps of the run: the lr schedule's length, and its last step", 0},
+    {"--stop_after", FLAG_INT, ARG(stop_after), "0", 0, BIG_INT, NULL, "end this invocation after step N, to --resume later on the same schedule (0: at --num_iteration)", 0},
     {"--batch_size", FLAG_INT, ARG(batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", 0},
     {"--sequence_length", FLAG_INT, ARG(sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence", 0},
-    {"--total_batch_size", FLAG_INT, ARG(total_batch_size), "256", 1, BIG_INT, NULL, "tokens per optimizer step, a multiple of B*T", 0},
+    {"--total_batch_size", FLAG_INT, ARG(total_batch_size), "0", 0, BIG_INT, NULL, "tokens per optimizer step, a multiple of B*T (0: B*T, one micro-step)", 0},
     {"--learning_rate", FLAG_FLOAT, ARG(learning_rate), "1e-5", 0.0, 10.0, NULL, "AdamW peak lr", 0},
     {"--lr_schedule", FLAG_CHOICE, ARG(lr_schedule), "constant", 0, 0, "constant|cosine|linear|wsd", "lr after the warmup: constant; cosine or linear to lr*final_lr_frac at the last step; wsd: constant, then linear over the last decay_frac", 0},
     {"--warmup_iters", FLAG_INT, ARG(warmup_iters), "0", 0, BIG_INT, NULL, "steps of linear warmup from lr/N to lr", 0},
@@ -840,13 +846,54 @@ static inline const FlagSpec* flag_find(const char* name) {
     return NULL;
 }
 
-// Every field at the table's default; the rest (help) zero.
-static inline TrainArgs train_args_default(void) {
+// Edit distance between two flag names (insertions, deletions, substitutions), capped at 3.
+static inline int flag_distance(const char* x, const char* y) {
+    int nx = (int)strlen(x), ny = (int)strlen(y), row[64], prev;
+    if (nx > 62 || ny > 62 || abs(nx - ny) > 2) return 3;
+    for (int j = 0; j <= ny; j++) row[j] = j;
+    for (int i = 1; i <= nx; i++) {
+        prev = row[0], row[0] = i;
+        for (int j = 1; j <= ny; j++) {
+            int sub = prev + (x[i - 1] != y[j - 1]), del = row[j] + 1, ins = row[j - 1] + 1, was = row[j];
+            row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+            prev = was;
+        }
+    }
+    return row[ny] < 3 ? row[ny] : 3;
+}
+
+// The flag a typo most likely meant: the nearest name within 2 edits, or NULL.
+static inline const FlagSpec* flag_nearest(const char* name) {
+    const FlagSpec* best = NULL;
+    int best_d = 3;
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        int d = flag_distance(name, FLAGS[i].name);
+        if (d < best_d) best = &FLAGS[i], best_d = d;
+    }
+    return best;
+}
+
+// Every field at the table's default as typed (total_batch_size 0 means "B*T"); the rest zero.
+static inline TrainArgs flag_defaults(void) {
     TrainArgs a;
     memset(&a, 0, sizeof(a));
     char err[L3_ERR_LEN];
     for (int i = 0; i < NUM_FLAGS; i++)
         if (FLAGS[i].def) flag_set(&a, &FLAGS[i], FLAGS[i].def, 0, err);
+    return a;
+}
+
+// Values that follow from others once every flag is read: --total_batch_size not given (0) is one
+// micro-step of B*T tokens, as in llm.c (a B*T too large for an int is refused by train_args_check).
+static inline void train_args_resolve(TrainArgs* a) {
+    long long bt = (long long)a->batch_size * a->sequence_length;
+    if (a->total_batch_size == 0 && bt <= INT_MAX) a->total_batch_size = (int)bt;
+}
+
+// The arguments of a command line with no flags.
+static inline TrainArgs train_args_default(void) {
+    TrainArgs a = flag_defaults();
+    train_args_resolve(&a);
     return a;
 }
 
@@ -914,7 +961,7 @@ static inline void train_args_print(FILE* f, const TrainArgs* a) {
 // --flag value or --flag=value; a bool flag given without a value (next arg absent or a flag)
 // means true. --help or -h stops the parse with a->help set.
 static inline int train_args_parse(TrainArgs* a, int argc, char** argv, char* err) {
-    *a = train_args_default();
+    *a = flag_defaults();
     for (int i = 1; i < argc; i++) {
         const char* arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -928,13 +975,16 @@ static inline int train_args_parse(TrainArgs* a, int argc, char** argv, char* er
         size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
         snprintf(flag, sizeof(flag), "%.*s", (int)(n < sizeof(flag) - 1 ? n : sizeof(flag) - 1), arg);
         const FlagSpec* f = flag_find(flag);
-        if (!f) return l3_fail(err, "unknown flag '%s'", flag);
+        const FlagSpec* near = f ? NULL : flag_nearest(flag);
+        if (!f) return l3_fail(err, "unknown flag '%s'%s%s%s", flag, near ? ": did you mean " : "", near ? near->name : "",
+                               near ? "?" : "");
         if (eq) val = eq + 1;
         else if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) val = argv[++i];
         else if (f->kind == FLAG_BOOL) val = "1";
         else return l3_fail(err, "%s: missing value", flag);
         if (flag_set(a, f, val, 1, err)) return -1;
     }
+    train_args_resolve(a);
     return 0;
 }
 
@@ -953,6 +1003,33 @@ static inline int kernel_limits_check(const Llama3Config* c, int flash_attention
     return 0;
 }
 
+// The GPUs the build runs on: bf16 tensor cores (mma.sync, sm_80) and up. The Makefile builds sm_80
+// and sm_90a machine code and compute_80 PTX, which the driver compiles for newer GPUs at start.
+#define LLAMA3_MIN_COMPUTE_CAPABILITY 80
+static inline int gpu_check(int major, int minor, const char* name, char* err) {
+    if (major * 10 + minor < LLAMA3_MIN_COMPUTE_CAPABILITY)
+        return l3_fail(err, "GPU 0 (%s) has compute capability %d.%d: train_llama3 needs %d.%d or newer (bf16 tensor "
+                       "cores: A100, H100, H200 and later)", name, major, minor, LLAMA3_MIN_COMPUTE_CAPABILITY / 10,
+                       LLAMA3_MIN_COMPUTE_CAPABILITY % 10);
+    return 0;
+}
+
+// The val split of a user's token file when --val_bin is not given: prepare_data.py writes
+// NAME_val.bin beside NAME_train.bin. Written to out (L3_PATH_LEN bytes); -1 with a message when
+// there is none (the embedded val split belongs to the embedded training data only).
+static inline int val_path_beside(const char* input_bin, char* out, char* err) {
+    size_t n = strlen(input_bin), suffix = strlen("_train.bin");
+    struct stat st;
+    if (n < suffix || strcmp(input_bin + n - suffix, "_train.bin") || n >= L3_PATH_LEN)
+        return l3_fail(err, "--val_every with --input_bin %s: pass --val_bin (a val split is looked for beside the "
+                       "token file only for a NAME_train.bin)", input_bin);
+    snprintf(out, L3_PATH_LEN, "%.*s_val.bin", (int)(n - suffix), input_bin);
+    if (stat(out, &st) != 0 || !S_ISREG(st.st_mode))
+        return l3_fail(err, "--val_every with --input_bin %s: no val split %s beside it: pass --val_bin, or write one "
+                       "with scripts/prepare_data.py", input_bin, out);
+    return 0;
+}
+
 // Where the model's config comes from, for messages.
 static inline const char* model_source(const TrainArgs* a) {
     return a->llmc_filepath ? a->llmc_filepath : "the default LLaMA3.2-1B config";
@@ -964,8 +1041,21 @@ static inline int same_file(const char* x, const char* y) {
     return x && y && stat(x, &sx) == 0 && stat(y, &sy) == 0 && sx.st_dev == sy.st_dev && sx.st_ino == sy.st_ino;
 }
 
+// That an output can be written, without creating or changing anything: an existing file must be
+// writable, a new one's folder must exist and be writable.
+static inline int writable_check(const char* flag, const char* path, char* err) {
+    char folder[L3_PATH_LEN];
+    snprintf(folder, sizeof(folder), "%s", path);
+    char* slash = strrchr(folder, '/');
+    if (!slash) snprintf(folder, sizeof(folder), ".");
+    else slash[slash == folder] = 0; // "a/b" -> "a", "/b" -> "/"
+    if (access(path, F_OK) == 0 ? access(path, W_OK) != 0 : access(folder, W_OK) != 0)
+        return l3_fail(err, "%s %s: cannot open for writing: %s", flag, path, strerror(errno));
+    return 0;
+}
+
 // No output may be one of the inputs: a --log_file naming the model or the token file (directly or
-// through a link) would empty it before anything is read.
+// through a link) would empty it before anything is read. Each output can be written.
 static inline int outputs_check(const TrainArgs* a, char* err) {
     const char* inputs[2][2] = {{"--llmc_filepath", a->llmc_filepath}, {"--input_bin", a->input_bin}};
     for (int i = 0; i < 2; i++)
@@ -978,6 +1068,8 @@ static inline int outputs_check(const TrainArgs* a, char* err) {
     struct stat st;
     if (a->checkpoint_dir && stat(a->checkpoint_dir, &st) == 0 && !S_ISDIR(st.st_mode))
         return l3_fail(err, "--checkpoint_dir %s: exists and is not a directory", a->checkpoint_dir);
+    if (a->checkpoint_dir && writable_check("--checkpoint_dir", a->checkpoint_dir, err)) return -1;
+    if (a->log_file && writable_check("--log_file", a->log_file, err)) return -1;
     return 0;
 }
 
@@ -992,9 +1084,17 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
                        a->sequence_length, c->max_seq_len);
     long long bt = (long long)a->batch_size * a->sequence_length;
     if (bt > (1LL << 30)) return l3_fail(err, "--batch_size * --sequence_length = %lld is too large", bt);
-    if (a->total_batch_size % bt != 0)
-        return l3_fail(err, "--total_batch_size %d is not a multiple of batch_size*sequence_length = %lld",
-                       a->total_batch_size, bt);
+    if (a->total_batch_size % bt != 0) { // name the multiples on either side
+        long long below = a->total_batch_size / bt * bt, above = below + bt;
+        char lower[64] = "";
+        if (below) snprintf(lower, sizeof(lower), " or %lld (%lld micro-step%s)", below, below / bt, below > bt ? "s" : "");
+        return l3_fail(err, "--total_batch_size %d is not a multiple of --batch_size * --sequence_length = %lld: pass "
+                       "%lld (%lld micro-steps)%s, or leave it out for one micro-step", a->total_batch_size, bt, above,
+                       above / bt, lower);
+    }
+    if (a->stop_after > a->num_iteration)
+        return l3_fail(err, "--stop_after %d is past the schedule's last step, --num_iteration %d", a->stop_after,
+                       a->num_iteration);
     if (a->sample_every && a->sample_tokens >= a->sequence_length)
         return l3_fail(err, "--sample_tokens %d: at most --sequence_length - 1 = %d (a sample is one sequence)",
                        a->sample_tokens, a->sequence_length - 1);
@@ -1160,8 +1260,6 @@ static inline CheckpointState checkpoint_state_make(const TrainArgs* a, int step
     st.final_lr_frac = a->final_lr_frac, st.decay_frac = a->decay_frac, st.grad_clip = a->grad_clip;
     return st;
 }
-
-#define L3_PATH_LEN 4352
 
 // Formats a path into out (L3_PATH_LEN bytes); -1 with a message in err when it does not fit.
 static inline int path_fmt(char* out, char* err, const char* fmt, ...) {
@@ -1401,7 +1499,7 @@ static inline int state_arrays_read(const char* path, size_t n_params, float* ad
 
 // A resume continues the saved run: the same batch shape and token data (the data position and
 // AdamW's steps mean nothing otherwise), and steps left to run. The lr, the betas, weight decay,
-// --num_iteration and the switches may change.
+// --num_iteration (the schedule's length) and the switches may change.
 static inline int resume_check(const CheckpointState* st, const TrainArgs* a, const TokenData* d, const char* path,
                                char* err) {
     const struct { const char* flag; int now, saved; } same[] = {
@@ -1420,9 +1518,9 @@ static inline int resume_check(const CheckpointState* st, const TrainArgs* a, co
     if (st->loader_pos > d->n_tokens)
         return l3_fail(err, "--resume %s: data position %llu is past the token data", path,
                        (unsigned long long)st->loader_pos);
-    if (a->num_iteration <= st->step)
-        return l3_fail(err, "--resume %s: the checkpoint is at step %d; --num_iteration %d (the last step to reach) "
-                       "leaves nothing to run", path, st->step, a->num_iteration);
+    if (last_step(a) <= st->step)
+        return l3_fail(err, "--resume %s: the checkpoint is at step %d; %s %d leaves nothing to run", path, st->step,
+                       a->stop_after ? "--stop_after" : "--num_iteration", last_step(a));
     return 0;
 }
 
@@ -1435,4 +1533,47 @@ static inline int checkpoint_dir_check(const char* dir, int start_step, char* er
             return l3_fail(err, "--checkpoint_dir %s already holds step_%08d, after this run's start (step %d): "
                            "--resume from it, or use another folder", dir, steps[i], start_step);
     return 0;
+}
+
+// ---- the JSON log (--log_file) ----
+
+// A number for the JSON log as fmt prints it, or null when it is not finite: a skipped step's NaN
+// loss, printed as %f, would be `nan`, which no JSON reader takes.
+static inline const char* json_number(char* out, size_t len, const char* fmt, double v) {
+    if (isfinite(v)) snprintf(out, len, fmt, v);
+    else snprintf(out, len, "null");
+    return out;
+}
+
+// The step of a log line written by the trainer ({"step": N, ...}), or -1 for any other line.
+static inline long log_line_step(const char* line) {
+    long step;
+    return sscanf(line, "{\"step\": %ld", &step) == 1 ? step : -1;
+}
+
+// Opens the JSON log of a run that starts after step `resumed` (0: a fresh run). A fresh run
+// starts the log anew. A resumed run continues it: the lines up to and including step `resumed`
+// are kept and any later ones (written by the first part after its last checkpoint) are cut off,
+// as is a last line left half written, so that the file reads as one run. The file is created when
+// missing. NULL with a message in err on failure.
+static inline FILE* log_open(const char* path, int resumed, char* err) {
+    FILE* f = fopen(path, resumed ? "a+" : "w");
+    if (!f) {
+        l3_fail(err, "--log_file %s: cannot open for writing: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (!resumed) return f;
+    char* line = NULL;
+    size_t cap = 0;
+    long keep = 0; // bytes of the lines kept
+    ssize_t n;
+    rewind(f);
+    while ((n = getline(&line, &cap, f)) > 0 && line[n - 1] == '\n' && log_line_step(line) <= resumed) keep += n;
+    free(line);
+    if (ferror(f) || ftruncate(fileno(f), keep) != 0 || fseek(f, 0, SEEK_END) != 0) {
+        l3_fail(err, "--log_file %s: cannot continue the log of the resumed run: %s", path, strerror(errno));
+        fclose(f);
+        return NULL;
+    }
+    return f;
 }

@@ -454,11 +454,105 @@ static void test_cli(void) {
     rc |= parse(&a, err, "--deferred_adamw 16");
     CHECK(rc == 0 && a.sw.deferred_adamw == 16 && train_args_check(&a, &c, err) == 0, "--deferred_adamw 16: every layer");
     rc = parse(&a, err, "--batch_size 3 --sequence_length 64 --total_batch_size 256");
-    expect_error(rc ? rc : train_args_check(&a, &c, err), err, "B*T not dividing total_batch_size",
-                 "--total_batch_size 256", "192");
+    expect_error(rc ? rc : train_args_check(&a, &c, err), err, "B*T not dividing total_batch_size: the multiples named",
+                 "--total_batch_size 256 is not a multiple of --batch_size * --sequence_length = 192",
+                 "pass 384 (2 micro-steps) or 192 (1 micro-step), or leave it out");
     rc = parse(&a, err, "--batch_size 4 --sequence_length 64 --total_batch_size 1024");
     CHECK(rc == 0 && a.total_batch_size == 1024 && train_args_check(&a, &c, err) == 0,
           "total_batch_size 1024 = 4 micro-steps of 4x64");
+}
+
+// What a user types: --batch_size or --sequence_length alone (the total batch follows them), a
+// near-miss flag, --stop_after against the schedule.
+static void test_user_flags(void) {
+    TrainArgs a;
+    char err[L3_ERR_LEN];
+    Llama3Config c = llama3_2_1b_config();
+    int rc = parse(&a, err, "--batch_size 8");
+    CHECK(rc == 0 && a.total_batch_size == 512 && train_args_check(&a, &c, err) == 0,
+          "--batch_size 8 alone: one micro-step of 8 x 64 = %d tokens (%s)", a.total_batch_size, rc ? err : "ok");
+    rc = parse(&a, err, "--sequence_length 1024 --batch_size 2");
+    CHECK(rc == 0 && a.total_batch_size == 2048 && train_args_check(&a, &c, err) == 0,
+          "--sequence_length 1024 --batch_size 2 alone: total batch %d (2048)", a.total_batch_size);
+    rc = parse(&a, err, "--total_batch_size 0 --batch_size 2");
+    CHECK(rc == 0 && a.total_batch_size == 128, "--total_batch_size 0: B*T (%d)", a.total_batch_size);
+    CHECK(train_args_default().total_batch_size == 256, "the default total batch is the default B*T, 256");
+    expect_error(parse(&a, err, "--num_iterations 5"), err, "a near-miss flag", "unknown flag '--num_iterations'",
+                 "did you mean --num_iteration?");
+    expect_error(parse(&a, err, "--lerning_rate 1e-4"), err, "a misspelt flag", "did you mean --learning_rate?", NULL);
+    rc = parse(&a, err, "--zzzzzz 1");
+    CHECK(rc != 0 && !strstr(err, "did you mean"), "a flag near none: no guess (%s)", err);
+    rc = parse(&a, err, "--num_iteration 8 --stop_after 4");
+    CHECK(rc == 0 && last_step(&a) == 4 && lr_schedule_of(&a).total == 8 && train_args_check(&a, &c, err) == 0,
+          "--num_iteration 8 --stop_after 4: the run ends at step 4, the schedule spans 8");
+    rc = parse(&a, err, "--num_iteration 8");
+    CHECK(rc == 0 && last_step(&a) == 8, "without --stop_after the run ends at --num_iteration");
+    rc = parse(&a, err, "--num_iteration 8 --stop_after 9");
+    expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--stop_after past the schedule", "--stop_after 9",
+                 "--num_iteration 8");
+}
+
+// The GPUs the build takes, and the val split beside a user's token file.
+static void test_gpu_and_val_paths(void) {
+    char err[L3_ERR_LEN], out[L3_PATH_LEN];
+    expect_error(gpu_check(7, 5, "Tesla T4", err), err, "a GPU without bf16 tensor cores", "compute capability 7.5",
+                 "8.0 or newer");
+    int ok = gpu_check(8, 0, "A100", err) == 0 && gpu_check(8, 9, "L4", err) == 0 && gpu_check(9, 0, "H200", err) == 0 &&
+             gpu_check(12, 0, "future", err) == 0;
+    CHECK(ok, "compute capability 8.0, 8.9, 9.0 and 12.0 are taken");
+    const char* train = tmp_path("mine_train.bin");
+    const char* val = tmp_path("mine_val.bin");
+    write_file(train, "x", 1, NULL, 0);
+    expect_error(val_path_beside(train, out, err), err, "--val_every with no val split beside the token file",
+                 "no val split", "mine_val.bin");
+    write_file(val, "x", 1, NULL, 0);
+    CHECK(val_path_beside(train, out, err) == 0 && !strcmp(out, val), "NAME_val.bin beside NAME_train.bin is the val "
+          "split (%s)", out);
+    expect_error(val_path_beside(tmp_path("tokens.bin"), out, err), err, "a token file not named NAME_train.bin",
+                 "pass --val_bin", "tokens.bin");
+}
+
+// Reads a whole small text file into a static buffer.
+static const char* file_text(const char* path) {
+    static char text[4096];
+    FILE* f = fopen(path, "rb");
+    size_t n = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+    if (f) fclose(f);
+    text[n] = 0;
+    return text;
+}
+
+// The JSON log: non-finite numbers as null; a resumed run continues the log, cutting what the first
+// part wrote after the resumed step and a half-written last line; a fresh run starts it anew.
+static void test_json_log(void) {
+    char err[L3_ERR_LEN], num[32];
+    CHECK(!strcmp(json_number(num, sizeof(num), "%.6f", NAN), "null") &&
+              !strcmp(json_number(num, sizeof(num), "%.6f", -NAN), "null") &&
+              !strcmp(json_number(num, sizeof(num), "%.6g", INFINITY), "null") &&
+              !strcmp(json_number(num, sizeof(num), "%.6f", 1.5), "1.500000"),
+          "non-finite numbers are written as null, finite ones as printed");
+    const char* path = tmp_path("run.jsonl");
+    const char* first = "{\"step\": 1, \"loss\": 9.0}\n{\"step\": 2, \"loss\": 8.0}\n{\"step\": 2, \"sample_ids\": [1]}\n"
+                        "{\"step\": 3, \"loss\": 7.0}\n{\"step\": 4, \"loss\": 6.0}\n{\"step\": 5, \"lo";
+    write_file(path, first, strlen(first), NULL, 0);
+    FILE* f = log_open(path, 2, err);
+    int ok = f && fputs("{\"step\": 3, \"loss\": 7.5}\n", f) >= 0 && fclose(f) == 0;
+    CHECK(ok && !strcmp(file_text(path), "{\"step\": 1, \"loss\": 9.0}\n{\"step\": 2, \"loss\": 8.0}\n"
+                                          "{\"step\": 2, \"sample_ids\": [1]}\n{\"step\": 3, \"loss\": 7.5}\n"),
+          "a run resumed at step 2 keeps the lines of steps 1..2 (its sample too) and continues the log");
+    write_file(path, first, strlen(first), NULL, 0);
+    f = log_open(path, 5, err);
+    ok = f && fclose(f) == 0;
+    CHECK(ok && strlen(file_text(path)) == strlen(first) - strlen("{\"step\": 5, \"lo"),
+          "a run resumed at step 5 keeps the 4 whole lines and cuts the half-written one");
+    f = log_open(path, 0, err);
+    ok = f && fclose(f) == 0;
+    CHECK(ok && file_text(path)[0] == 0, "a fresh run starts the log anew");
+    f = log_open(tmp_path("new.jsonl"), 3, err);
+    CHECK(f != NULL, "a resumed run whose log is missing creates it (%s)", f ? "ok" : err);
+    if (f) fclose(f);
+    expect_error(log_open(tmp_path("no/such/dir/log.jsonl"), 0, err) != NULL ? 0 : -1, err, "a log in a missing folder",
+                 "cannot open for writing", "no/such/dir");
 }
 
 static void test_rope(void) {
@@ -814,6 +908,15 @@ static void test_hostile_sizes(void) {
     int refused = outputs_check(&a, err);
     CHECK(linked && refused && strstr(err, "same file as --input_bin"), "--log_file through a link to the token file: %s",
           err);
+    a = train_args_default(), a.log_file = tmp_path("no/such/dir/log.jsonl");
+    expect_error(outputs_check(&a, err), err, "a --log_file in a folder that does not exist, before anything runs",
+                 "--log_file", "cannot open for writing");
+    a.log_file = tmp_path("log.jsonl"), a.checkpoint_dir = tmp_path("no/such/ckpt");
+    expect_error(outputs_check(&a, err), err, "a --checkpoint_dir whose parent does not exist", "--checkpoint_dir",
+                 "cannot open for writing");
+    a.checkpoint_dir = tmp_path("ckpt_new");
+    CHECK(outputs_check(&a, err) == 0 && access(a.checkpoint_dir, F_OK) != 0 && access(a.log_file, F_OK) != 0,
+          "new outputs in existing folders pass the check, which creates neither");
 }
 
 
@@ -1066,6 +1169,9 @@ int main(void) {
     test_vocab();
     test_loader();
     test_cli();
+    test_user_flags();
+    test_gpu_and_val_paths();
+    test_json_log();
     test_flag_table();
     test_lr_schedule();
     test_rope();

@@ -1125,7 +1125,7 @@ static void log_write_failed(const char* path) {
 static void print_step(const Model* m, StepLog* lg, const TrainArgs* a, int t, const StepStats* st, double ms,
                        float val) {
     double tok_s = tokens_per_step(m) / (ms / 1000.0), elapsed = wall_seconds() - lg->wall_start;
-    double eta = elapsed / (t - lg->first + 1) * (a->num_iteration - t);
+    double eta = elapsed / (t - lg->first + 1) * (last_step(a) - t);
     printf("step %4d/%d | loss %.6f | lr %.2e", t, a->num_iteration, st->loss, st->lr);
     if (a->grad_clip > 0) printf(" | norm %.4f", st->grad_norm);
     if (val == val) printf(" | val %.6f", val);
@@ -1133,12 +1133,15 @@ static void print_step(const Model* m, StepLog* lg, const TrainArgs* a, int t, c
     if (st->skipped) printf(" | SKIPPED (non-finite loss or norm; %d in a row)", st->bad_in_row);
     printf("\n");
     if (!lg->json) return;
-    char extra[96] = "";
-    int len = a->grad_clip > 0 ? snprintf(extra, sizeof(extra), ", \"grad_norm\": %.6g", st->grad_norm) : 0;
-    if (val == val) snprintf(extra + len, sizeof(extra) - len, ", \"val_loss\": %.6f", val);
-    if (fprintf(lg->json, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g%s, \"skipped\": %d, \"ms\": %.3f, "
-                "\"tok_per_s\": %.1f, \"peak_mib\": %.0f}\n", t, st->loss, st->lr, extra, st->skipped, ms, tok_s,
-                lg->mem_mib) < 0 || fflush(lg->json) != 0)
+    char loss[32], lr[32], norm[32], vloss[32], extra[96] = ""; // a non-finite value is JSON's null
+    int len = a->grad_clip > 0 ? snprintf(extra, sizeof(extra), ", \"grad_norm\": %s",
+                                          json_number(norm, sizeof(norm), "%.6g", st->grad_norm)) : 0;
+    if (val == val) snprintf(extra + len, sizeof(extra) - len, ", \"val_loss\": %s",
+                             json_number(vloss, sizeof(vloss), "%.6f", val));
+    if (fprintf(lg->json, "{\"step\": %d, \"loss\": %s, \"lr\": %s%s, \"skipped\": %d, \"ms\": %.3f, "
+                "\"tok_per_s\": %.1f, \"peak_mib\": %.0f}\n", t, json_number(loss, sizeof(loss), "%.6f", st->loss),
+                json_number(lr, sizeof(lr), "%.6g", st->lr), extra, st->skipped, ms, tok_s, lg->mem_mib) < 0 ||
+        fflush(lg->json) != 0)
         log_write_failed(lg->json_path);
 }
 
@@ -1168,12 +1171,10 @@ static void log_step(Model* m, StepLog* lg, const TrainArgs* a, Saver* saver, in
     exit(EXIT_FAILURE);
 }
 
-// Every `every` steps and after the last (every 0: never).
-static bool due(int every, int t, int last) { return every > 0 && (t % every == 0 || t == last); }
-// A checkpoint is also written after the last step when --checkpoint_every is 0.
-static bool checkpoint_due(const TrainArgs* a, int t) {
-    return t == a->num_iteration || due(a->checkpoint_every, t, a->num_iteration);
-}
+// Every `every` steps and after this invocation's last (every 0: never).
+static bool due(int every, int t, const TrainArgs* a) { return every > 0 && (t % every == 0 || t == last_step(a)); }
+// A checkpoint is also written after this invocation's last step when --checkpoint_every is 0.
+static bool checkpoint_due(const TrainArgs* a, int t) { return t == last_step(a) || due(a->checkpoint_every, t, a); }
 
 // A sample after step t: printed decoded, and its ids as one JSON line.
 static void log_sample(Model* m, const StepLog* lg, const TrainIO* io, int t) {
@@ -1193,8 +1194,8 @@ static void log_sample(Model* m, const StepLog* lg, const TrainIO* io, int t) {
 
 // The val loss and a sample after step t, when due; the step's line first (both wait for the GPU).
 static void evaluate(Model* m, StepLog* lg, const TrainArgs* a, const TrainIO* io, int t) {
-    bool val = io->val && due(a->val_every, t, a->num_iteration);
-    bool sample = io->sampler && due(a->sample_every, t, a->num_iteration);
+    bool val = io->val && due(a->val_every, t, a);
+    bool sample = io->sampler && due(a->sample_every, t, a);
     if (!val && !sample) return;
     if (val) lg->val[t % 2] = val_loss(m, io->val);
     log_step(m, lg, a, io->saver, t);
@@ -1219,7 +1220,7 @@ static double peak_flops(void) {
 
 // The end of the run: tokens, time, throughput, MFU, the last losses.
 static void print_summary(const Model* m, const StepLog* lg, const TrainArgs* a, double wall) {
-    int n = a->num_iteration - lg->first + 1;
+    int n = last_step(a) - lg->first + 1;
     double tokens = n * tokens_per_step(m), tok_s = tokens / wall, peak = peak_flops();
     printf("done: %d steps, %.0f tokens in %.1f s, %.0f tok/s", n, tokens, wall, tok_s);
     if (peak > 0) printf(", MFU %.1f%%", 100.0 * flops_per_token(m) * tok_s / peak);
@@ -1232,13 +1233,14 @@ static void print_summary(const Model* m, const StepLog* lg, const TrainArgs* a,
         memcpy(ms, lg->ms + lg->first, (n - 1) * sizeof(double));
         double med = median(ms, n - 1);
         printf("steady state (steps %d..%d): median %.2f ms/step, %.0f tok/s, peak %.0f MiB\n", lg->first + 1,
-               a->num_iteration, med, tokens_per_step(m) / (med / 1000.0), lg->mem_mib);
+               last_step(a), med, tokens_per_step(m) / (med / 1000.0), lg->mem_mib);
         free(ms);
     }
 }
 
-// The training loop from step `first` (1, or the step after a resumed checkpoint) to
-// a->num_iteration. Each step's line is printed while the next step runs.
+// The training loop from step `first` (1, or the step after a resumed checkpoint) to last_step(a)
+// (the schedule runs to --num_iteration either way). Each step's line is printed while the next
+// step runs.
 static void train(Model* m, const TrainArgs* a, const TrainIO* io, int first) {
     StepLog lg = {};
     lg.ms = (double*)calloc(a->num_iteration, sizeof(double));
@@ -1246,7 +1248,8 @@ static void train(Model* m, const TrainArgs* a, const TrainIO* io, int first) {
     lg.val[0] = lg.val[1] = lg.last_val = NAN;
     for (int s = 0; s < 2; s++) CUDA_CHECK(cudaEventCreate(&lg.start[s])), CUDA_CHECK(cudaEventCreate(&lg.end[s]));
     lg.wall_start = wall_seconds();
-    for (int t = first; t <= a->num_iteration; t++) {
+    int last = last_step(a);
+    for (int t = first; t <= last; t++) {
         int slot = t % 2;
         CUDA_CHECK(cudaEventSynchronize(lg.end[slot])); // step t-2 used this staging slot
         stage_batches(m, io->loader, slot);
@@ -1257,11 +1260,11 @@ static void train(Model* m, const TrainArgs* a, const TrainIO* io, int first) {
         if (lg.logged < t - 1) log_step(m, &lg, a, io->saver, t - 1);
         evaluate(m, &lg, a, io, t);
     }
-    if (lg.logged < a->num_iteration) log_step(m, &lg, a, io->saver, a->num_iteration);
+    if (lg.logged < last) log_step(m, &lg, a, io->saver, last);
     optimizer_flush(m); // (nothing left after a save of the last step)
-    if (io->saver) saver_join(io->saver), printf("checkpoint: %s/step_%08d\n", a->checkpoint_dir, a->num_iteration);
+    if (io->saver) saver_join(io->saver), printf("checkpoint: %s/step_%08d\n", a->checkpoint_dir, last);
     double wall = wall_seconds() - lg.wall_start;
-    printf("wall time of the loop: %.3f s for %d steps%s\n", wall, a->num_iteration - first + 1,
+    printf("wall time of the loop: %.3f s for %d steps%s\n", wall, last - first + 1,
            io->saver ? " (the last checkpoint written included)" : "");
     print_summary(m, &lg, a, wall);
     if (lg.json && fclose(lg.json) != 0) log_write_failed(lg.json_path);
@@ -1285,9 +1288,10 @@ extern "C" const unsigned char _binary_data_tiny_shakespeare_val_bin_end[];
 extern "C" const unsigned char _binary_data_llama3_vocab_bin_start[];
 extern "C" const unsigned char _binary_data_llama3_vocab_bin_end[];
 
+// One line on stderr, and for a command-line error where to find the flags.
 static void die(const char* msg, const char* prog, bool usage) {
-    fprintf(stderr, "error: %s\n", msg);
-    if (usage) print_usage(stderr, prog);
+    if (usage) fprintf(stderr, "error: %s (%s --help lists the flags)\n", msg, prog);
+    else fprintf(stderr, "error: %s\n", msg);
     exit(EXIT_FAILURE);
 }
 
@@ -1306,6 +1310,8 @@ typedef struct {
     const char* model_path; // --llmc_filepath, the checkpoint's model.bin, or NULL
     char resume_model[L3_PATH_LEN], resume_state[L3_PATH_LEN];
     CheckpointState st;
+    const char* val_path; // --val_bin, the NAME_val.bin beside --input_bin, or NULL: the embedded val split
+    char val_beside[L3_PATH_LEN];
     TokenData val_tokens; // with --val_every
     DataLoader val_loader;
     Vocab vocab; // with --sample_every
@@ -1315,11 +1321,16 @@ typedef struct {
 static void check_eval_inputs(const TrainArgs* a, const Llama3Config* cfg, RunInputs* in, const char* prog) {
     char err[L3_ERR_LEN];
     if (a->val_every) {
-        load_tokens(&in->val_tokens, a->val_bin, _binary_data_tiny_shakespeare_val_bin_start,
+        in->val_path = a->val_bin;
+        if (!a->val_bin && a->input_bin) {
+            if (val_path_beside(a->input_bin, in->val_beside, err)) die(err, prog, false);
+            in->val_path = in->val_beside;
+        }
+        load_tokens(&in->val_tokens, in->val_path, _binary_data_tiny_shakespeare_val_bin_start,
                     _binary_data_tiny_shakespeare_val_bin_end, "embedded data/tiny_shakespeare_val.bin",
                     cfg->vocab_size);
         if (loader_init(&in->val_loader, &in->val_tokens, a->batch_size, a->sequence_length, 0,
-                        a->val_bin ? a->val_bin : "embedded val data", err))
+                        in->val_path ? in->val_path : "embedded val data", err))
             die(err, prog, false);
     }
     const unsigned char* v = _binary_data_llama3_vocab_bin_start;
@@ -1330,9 +1341,9 @@ static void check_eval_inputs(const TrainArgs* a, const Llama3Config* cfg, RunIn
 
 // Every input, checked before the GPU is touched: no output names an input, the model file (header,
 // size, llm.c's biases), a resumed checkpoint (its files, and that it continues this run), the flags
-// against the model, the token file and enough tokens for one batch. Then the outputs, opened only
-// now: the checkpoint folder, and the JSON log (returned; NULL: none).
-static FILE* check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat* fmt, TokenData* tokens,
+// against the model, the token file and enough tokens for one batch, and that the checkpoint folder
+// holds no later checkpoint of another run. Nothing is written here (open_outputs does that).
+static void check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat* fmt, TokenData* tokens,
                           DataLoader* loader, RunInputs* in, const char* prog) {
     char err[L3_ERR_LEN];
     if (outputs_check(a, err)) die(err, prog, false);
@@ -1355,14 +1366,43 @@ static FILE* check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat
         die(err, prog, false);
     if (a->resume && resume_check(&in->st, a, tokens, a->resume, err)) die(err, prog, false);
     check_eval_inputs(a, cfg, in, prog);
-    if (a->checkpoint_dir &&
-        (checkpoint_dir_check(a->checkpoint_dir, a->resume ? in->st.step : 0, err) || make_dir(a->checkpoint_dir, err)))
+    if (a->checkpoint_dir && checkpoint_dir_check(a->checkpoint_dir, a->resume ? in->st.step : 0, err))
         die(err, prog, false);
-    FILE* log_json = NULL;
-    if (a->log_file && !(log_json = fopen(a->log_file, "w"))) {
-        snprintf(err, sizeof(err), "--log_file %s: cannot open for writing: %s", a->log_file, strerror(errno));
+}
+
+// The GPU, before anything is allocated on it: one that is there (CUDA's own error named when not),
+// of a compute capability the build runs on, with this build's kernels loadable on it.
+static void gpu_start(const char* prog) {
+    char err[L3_ERR_LEN];
+    int n_dev = 0;
+    cudaError_t e = cudaGetDeviceCount(&n_dev);
+    if (e != cudaSuccess || n_dev == 0) {
+        snprintf(err, sizeof(err), "no CUDA device found (%s: %s); train_llama3 needs an NVIDIA GPU of compute "
+                 "capability %d.%d or newer", e != cudaSuccess ? cudaGetErrorName(e) : "cudaGetDeviceCount",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices", LLAMA3_MIN_COMPUTE_CAPABILITY / 10,
+                 LLAMA3_MIN_COMPUTE_CAPABILITY % 10);
         die(err, prog, false);
     }
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    if (gpu_check(prop.major, prop.minor, prop.name, err)) die(err, prog, false);
+    cudaFuncAttributes attr;
+    if ((e = cudaFuncGetAttributes(&attr, init_params_kernel)) != cudaSuccess) {
+        snprintf(err, sizeof(err), "GPU 0 (%s, compute capability %d.%d): this build has no kernels for it (%s); "
+                 "rebuild with make GENCODE=\"-gencode arch=compute_%d%d,code=sm_%d%d\"", prop.name, prop.major,
+                 prop.minor, cudaGetErrorString(e), prop.major, prop.minor, prop.major, prop.minor);
+        die(err, prog, false);
+    }
+}
+
+// The outputs, opened only once everything that can fail before step 1 has passed (inputs, GPU,
+// memory, the model loaded): the checkpoint folder, and the JSON log (returned; NULL: none), which
+// a resumed run continues (log_open).
+static FILE* open_outputs(const TrainArgs* a, const RunInputs* in, const char* prog) {
+    char err[L3_ERR_LEN];
+    if (a->checkpoint_dir && make_dir(a->checkpoint_dir, err)) die(err, prog, false);
+    FILE* log_json = NULL;
+    if (a->log_file && !(log_json = log_open(a->log_file, a->resume ? in->st.step : 0, err))) die(err, prog, false);
     return log_json;
 }
 
@@ -1404,6 +1444,7 @@ static void model_start(Model* m, const TrainArgs* a, ModelFileFormat fmt, RunIn
 
 int main(int argc, char** argv) {
     char err[L3_ERR_LEN];
+    setvbuf(stdout, NULL, _IOLBF, 0); // a line at a time under tee, nohup or a scheduler, in order with stderr
     TrainArgs a;
     if (train_args_parse(&a, argc, argv, err)) die(err, argv[0], true);
     if (a.help) {
@@ -1415,10 +1456,9 @@ int main(int argc, char** argv) {
     TokenData tokens = {}; // zeroed: gcc cannot see that load_tokens fills it or exits
     DataLoader loader;
     static RunInputs in; // (two paths of 4 KB: not on the stack)
-    FILE* log_json = check_inputs(&a, &cfg, &fmt, &tokens, &loader, &in, argv[0]);
+    check_inputs(&a, &cfg, &fmt, &tokens, &loader, &in, argv[0]);
     print_setup(&a, &cfg, fmt, &tokens, &in);
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) die("no CUDA device found", argv[0], false);
+    gpu_start(argv[0]);
 
     Model m;
     OptimConfig opt = {a.learning_rate, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_clip, lr_schedule_of(&a)};
@@ -1429,15 +1469,16 @@ int main(int argc, char** argv) {
     static Saver saver;
     ValData val;
     Sampler sampler = {NULL, a.sample_tokens, a.temperature, a.top_k, a.seed ^ 0x5a4d504cULL};
-    TrainIO io = {&loader, log_json, a.checkpoint_dir ? &saver : NULL, a.val_every ? &val : NULL,
+    TrainIO io = {&loader, NULL, a.checkpoint_dir ? &saver : NULL, a.val_every ? &val : NULL,
                   a.sample_every ? &sampler : NULL, &in.vocab};
     if (io.saver) saver_create(&saver, &m, a.checkpoint_dir, a.checkpoint_keep, &tokens);
     if (io.val) {
         val_create(&val, &m, &in.val_loader, a.val_tokens);
         printf("val: %d batches of %d x %d from %s\n", val.n_batches, m.B, m.T,
-               a.val_bin ? a.val_bin : "the embedded val split");
+               in.val_path ? in.val_path : "the embedded val split");
     }
     if (io.sampler) sampler.seq = (int*)device_alloc(m.T * sizeof(int), "sample tokens");
+    io.json = open_outputs(&a, &in, argv[0]);
     train(&m, &a, &io, a.resume ? in.st.step + 1 : 1);
     if (io.saver) saver_free(&saver);
     if (io.val) val_free(&val), tokens_free(&in.val_tokens);
