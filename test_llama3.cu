@@ -3,6 +3,8 @@
 //   ./test_llama3 REF [trainer switches, e.g. --shadow_weights 0]
 //   ./test_llama3 --train_args REF      prints the train_llama3 flags that repeat REF's run
 //   ./test_llama3 --log LOG.jsonl REF   every step's loss of a `train_llama3 --log_file` run against REF's
+//   ./test_llama3 --sampling            the trainer's sampler on fixed logits (no reference): top-k and
+//                                       the frequencies of softmax(logits / temperature), by chi-square
 // REF is the prefix of a reference's files: REF_model.bin (its random model, seed format),
 // REF_state.bin (layout at ref_state_read) and REF_tokens.bin (the token stream of its steps).
 // The output ends with "N passed, M failed"; the exit code is M > 0. What runs:
@@ -14,7 +16,8 @@
 //   AdamW path every step through train_step (AdamW overlapped with the backward, deferred into the
 //              next step, replayed from the CUDA graph) with each gradient replaced by PyTorch's as
 //              soon as the backward writes it [reference gradients]: each step's loss and the
-//              weights after each step against torch.optim.AdamW's, then after the final flush
+//              weights after each step against torch.optim.AdamW's, then after the final flush the
+//              weights and AdamW's m and v against torch's exp_avg and exp_avg_sq
 //   train()    the training loop itself on REF_tokens.bin (data loader, batch staging, the final
 //              flush), PyTorch's gradients again: each step's loss and the weights at the end
 //   free run   every step on our own gradients: losses, and the weights after the last step; with
@@ -27,8 +30,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <functional>
+#include <vector>
+
 #define STATE_MAGIC 20241129
-#define STATE_VERSION 4
+#define STATE_VERSION 5
 
 // ---- tolerances, fixed before measuring, and why ----
 // Logits and gradients: both sides round every matmul operand and activation to bf16 (2^-9
@@ -65,6 +72,16 @@ static const double TOL_NORM = 1e-4;
 // Gradient norm on our own gradients: the gradients' bf16-level differences (TOL_GRAD per tensor)
 // average over the tensors' squares; relative.
 static const double TOL_NORM_FREE = 1e-2;
+// AdamW's m and v after the last step on PyTorch's gradients, ||ours - torch's|| / ||torch's|| per
+// tensor and layer: the same fp32 recurrences on the same gradients. What differs: our 1 - beta in
+// fp32 (torch's fused kernel takes it in double: 2.4e-7 relative for 0.9 and 0.95), the FMAs' order
+// and, with clipping, the scale from our norm (the same squares summed in another order, 1e-7 to
+// 1e-6). So a few 1e-7 (a float64 replay of the reference's AdamW lands 2.3e-7 from torch's m and v);
+// 1e-5 leaves room for the scale, and a clipping scale ignored puts m off by 3x to 5x.
+static const double TOL_MOMENTS = 1e-5;
+// Sampling: the chi-square bound that a correct sampler exceeds with probability 1e-6 per setting
+// (z: the standard normal's 1 - 1e-6 quantile, for Wilson and Hilferty's approximation).
+static const double SAMPLE_FALSE_ALARM_Z = 4.753424;
 
 static int n_passed = 0, n_failed = 0;
 
@@ -99,8 +116,10 @@ static double rel_err(const float* ours, const float* want, const float* ref, co
 // grad_accum, B*T) each; fp32 HF RoPE inv_freq (HD/2), cos and sin (T, HD/2) each; step 1's first
 // micro-batch logits (B*T, V) under bf16 autocast and the same in plain fp32; per step t =
 // 1..n_steps two parameter-sized blocks in the seed file's tensor order: the step's gradients
-// (before clipping), the parameters after its AdamW; last the n_steps losses (each the mean over
-// the step's micro-batches), gradient norms (clip_grad_norm_'s, 0 without clipping) and lrs.
+// (before clipping), the parameters after its AdamW; then two more after the last step: AdamW's
+// exp_avg and exp_avg_sq (the lazy embedding's own, 0 in the rows no step touched); last the
+// n_steps losses (each the mean over the step's micro-batches), gradient norms (clip_grad_norm_'s,
+// 0 without clipping) and lrs.
 typedef struct {
     char model[512], state[512], tokens[512], tokens16[512], model_llmc[512]; // the last two may not exist
     Llama3Config cfg;
@@ -113,7 +132,8 @@ typedef struct {
     int32_t *inputs, *targets;
     float *inv_freq, *rope_cos, *rope_sin;
     float *logits, *logits_fp32, *losses;
-    size_t steps_offset; // byte offset of step 1's gradient block
+    size_t steps_offset;   // byte offset of step 1's gradient block
+    size_t moments_offset; // byte offset of exp_avg after the last step (exp_avg_sq follows)
 } Ref;
 
 static void read_exact(FILE* f, void* dst, size_t bytes, const char* path) {
@@ -134,7 +154,8 @@ static void ref_state_read(Ref* r) {
     int32_t h[256];
     read_exact(f, h, sizeof(h), r->state);
     if (h[0] != STATE_MAGIC || h[1] != STATE_VERSION || h[5] != r->cfg.vocab_size) {
-        fprintf(stderr, "%s: not a version-4 reference state for this model (regenerate it)\n", r->state);
+        fprintf(stderr, "%s: not a version-%d reference state for this model (regenerate it)\n", r->state,
+                STATE_VERSION);
         exit(EXIT_FAILURE);
     }
     r->B = h[2];
@@ -161,7 +182,8 @@ static void ref_state_read(Ref* r) {
     r->logits = (float*)read_array(f, bt * V * 4, r->state);
     r->logits_fp32 = (float*)read_array(f, bt * V * 4, r->state);
     r->steps_offset = 1024 + 2 * toks * 4 + (half + 2 * r->T * half) * 4 + 2 * bt * V * 4;
-    size_t losses_offset = r->steps_offset + 2 * (size_t)r->n_steps * r->n_params * 4;
+    r->moments_offset = r->steps_offset + 2 * (size_t)r->n_steps * r->n_params * 4;
+    size_t losses_offset = r->moments_offset + 2 * r->n_params * 4;
     if (fseeko(f, (off_t)losses_offset, SEEK_SET) != 0) { fprintf(stderr, "%s: truncated\n", r->state); exit(1); }
     r->losses = (float*)read_array(f, r->n_steps * 4, r->state);
     r->grad_norms = (float*)read_array(f, r->n_steps * 4, r->state);
@@ -211,6 +233,10 @@ static float* ref_grads(const Ref* r, int step) {
 static float* ref_params(const Ref* r, int step) {
     if (step == 0) return load_params(r, r->model, seed_file_segments(&r->cfg, 1024));
     return load_params(r, r->state, seed_file_segments(&r->cfg, grads_offset(r, step) + r->n_params * 4));
+}
+// PyTorch's AdamW moments after the last step: which 0 exp_avg (m), 1 exp_avg_sq (v).
+static float* ref_moments(const Ref* r, int which) {
+    return load_params(r, r->state, seed_file_segments(&r->cfg, r->moments_offset + which * r->n_params * 4));
 }
 
 static float* to_host(const float* device, size_t n) {
@@ -294,6 +320,20 @@ static void check_shadow(Model* m, const float* params) {
     for (size_t i = 0; i < n_shadow; i++) mismatched += shadow[i] != bf16_bits_rne(params[m->layout.matmul_begin + i]);
     check(mismatched == 0, "shadow == bf16(params) (mismatches)", (double)mismatched, 0);
     free(shadow);
+}
+
+// AdamW's m and v against torch's exp_avg and exp_avg_sq after the last step (the reference keeps
+// only those), per tensor and layer. With the lazy embedding only touched rows are non-zero, on
+// both sides.
+static void check_moments(const Model* m, const Ref* r) {
+    const float* ours_device[2] = {m->adam_m, m->adam_v};
+    const char* what[2] = {"adamw m after flush", "adamw v after flush"};
+    for (int i = 0; i < 2; i++) {
+        float *ours = to_host(ours_device[i], m->layout.total), *torch = ref_moments(r, i);
+        check_blocks(m, what[i], ours, torch, NULL, TOL_MOMENTS, false);
+        free(ours);
+        free(torch);
+    }
 }
 
 // [sparse rows] The sparse AdamW zeroes the gradient rows it used: wte's gradient is all zero.
@@ -536,7 +576,7 @@ static void test_step1(Model* m, const Ref* r) {
 }
 
 // Every step through train_step on PyTorch's gradients: loss and weights after each step (the
-// deferred layers still at p_{t-1}), then after the flush, the shadow and wte's gradient.
+// deferred layers still at p_{t-1}), then after the flush, the shadow, wte's gradient, m and v.
 static void test_adamw_path(Model* m, const Ref* r) {
     reset_training(m, r);
     use_ref_grads(r);
@@ -563,6 +603,7 @@ static void test_adamw_path(Model* m, const Ref* r) {
     free(ours);
     free(before);
     free(prev);
+    check_moments(m, r); // (after the frees: the 1B's blocks are 6 GB each)
 }
 
 // Every step's loss in a train() JSON log (one line per step, in order) against the reference's:
@@ -736,6 +777,114 @@ static void test_nan_guard(Model* m, const Ref* r) {
     for (float* b : {p0, m0, v0, p1, m1, v1}) free(b);
 }
 
+// ---- sampling: the trainer's sampler on fixed logits (no reference) ----
+// sample_token (kernels.cuh) with next_uniform's draws (the trainer's generator), one launch per
+// draw as sample_ids does, on one row of V logits: logit i is -rank(i) / 16 in bf16 (exact and
+// distinct for ranks below 256), rank(i) = 7919 i mod V (7919 is prime: a permutation), so that
+// the likely tokens lie scattered over the row. V = 10000: the weights pass gives 625 threads (20
+// warps, the last part-filled) a chunk of two 8-wide loads each (the 1B's 128256: 16 loads), and
+// the strided argmax and top-k passes take two loads on 226 threads. 40000 draws per setting.
+#define SAMPLE_V 10000
+#define SAMPLE_DRAWS 40000
+
+// softmax(logits / temperature) over the logits >= the top_k-th largest (all for top_k 0; ties
+// kept), 0 elsewhere: what sample_token documents, in double.
+static std::vector<double> sampling_probs(const std::vector<float>& logits, float temperature, int top_k) {
+    std::vector<float> sorted(logits);
+    std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+    float threshold = top_k > 0 && top_k < (int)logits.size() ? sorted[top_k - 1] : -INFINITY;
+    std::vector<double> p(logits.size());
+    double sum = 0.0;
+    for (size_t i = 0; i < p.size(); i++) {
+        p[i] = logits[i] >= threshold ? exp((logits[i] - sorted[0]) / (double)temperature) : 0.0;
+        sum += p[i];
+    }
+    for (double& q : p) q /= sum;
+    return p;
+}
+
+// Pearson's chi-square of the counts of n draws against n p over the tokens with p > 0; the
+// tokens that expect fewer than 5 draws are pooled into one bin, with the next least likely until
+// the pool expects at least 5. *bins: the bins compared.
+static double chi_square(const std::vector<int>& counts, const std::vector<double>& p, int n, int* bins) {
+    std::vector<int> order;
+    for (int i = 0; i < (int)p.size(); i++)
+        if (p[i] > 0.0) order.push_back(i);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return p[a] < p[b]; });
+    double pool_e = 0.0, pool_o = 0.0, chi2 = 0.0;
+    size_t j = 0;
+    for (; j < order.size() && (n * p[order[j]] < 5.0 || (pool_e > 0.0 && pool_e < 5.0)); j++)
+        pool_e += n * p[order[j]], pool_o += counts[order[j]];
+    if (pool_e > 0.0) chi2 += (pool_o - pool_e) * (pool_o - pool_e) / pool_e;
+    *bins = (pool_e > 0.0) + (int)(order.size() - j);
+    for (; j < order.size(); j++) {
+        double e = n * p[order[j]], d = counts[order[j]] - e;
+        chi2 += d * d / e;
+    }
+    return chi2;
+}
+
+// The chi-square of df degrees of freedom that a correct sampler exceeds with probability 1e-6, by
+// Wilson and Hilferty: (chi2 / df)^(1/3) is nearly normal, mean 1 - 2 / (9 df), variance 2 / (9 df).
+// In this tail it is 0.2 % (df 99) to 2.6 % (df 9) above the exact quantile: slightly conservative.
+static double chi_square_bound(int df) {
+    double s = 2.0 / (9.0 * df);
+    return df * pow(1.0 - s + SAMPLE_FALSE_ALARM_Z * sqrt(s), 3.0);
+}
+
+// n draws from the device row, each with the next uniform of *rng; the tokens, on the host.
+static std::vector<int> sample_draws(const bf16* row, int V, float temperature, int top_k, int n, uint64_t* rng) {
+    int* tokens;
+    CUDA_CHECK(cudaMalloc(&tokens, n * sizeof(int)));
+    for (int i = 0; i < n; i++) sample_token(tokens + i, row, V, temperature, top_k, next_uniform(rng), 0);
+    std::vector<int> out(n);
+    CUDA_CHECK(cudaMemcpy(out.data(), tokens, n * sizeof(int), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(tokens));
+    return out;
+}
+
+// One setting: no draw outside the top-k set (p 0 there), and the counts against p by chi-square.
+static void check_sampling(const bf16* row, const std::vector<float>& logits, float temperature, int top_k,
+                           uint64_t* rng) {
+    int V = (int)logits.size(), outside = 0, bins;
+    std::vector<double> p = sampling_probs(logits, temperature, top_k);
+    std::vector<int> counts(V, 0);
+    for (int token : sample_draws(row, V, temperature, top_k, SAMPLE_DRAWS, rng)) {
+        if (token >= 0 && token < V && p[token] > 0.0) counts[token]++;
+        else outside++;
+    }
+    double chi2 = chi_square(counts, p, SAMPLE_DRAWS, &bins), bound = chi_square_bound(bins - 1);
+    char name[96];
+    snprintf(name, sizeof(name), "sampling T %.1f top_k %d: draws outside the top-k set", temperature, top_k);
+    check(outside == 0, name, outside, 0);
+    snprintf(name, sizeof(name), "sampling T %.1f top_k %d: chi-square, %d bins (1e-6 bound)", temperature, top_k,
+             bins);
+    check(chi2 <= bound, name, chi2, bound);
+}
+
+// The settings: all V at T 1 (no top-k pass), top-k at T below and above 1, and a larger k. A
+// float64 replay of this test puts a correct sampler at 0.15 to 0.53 of each bound; a temperature
+// ignored at 79x (T 0.5) and 6x (T 2), top_k + 1 kept at 421 and 3063 draws outside, top_k - 1 at
+// 8x and 83x, a uniform over [0, 2) at 2000x and more. The generator's seed is fixed.
+static int test_sampling(void) {
+    const struct { float temperature; int top_k; } settings[] = {{1.0f, 0}, {0.5f, 20}, {2.0f, 10}, {0.8f, 100}};
+    std::vector<float> logits(SAMPLE_V);
+    std::vector<bf16> row_host(SAMPLE_V);
+    for (int i = 0; i < SAMPLE_V; i++) {
+        long long rank = 7919LL * i % SAMPLE_V;
+        row_host[i] = __float2bfloat16_rn((float)-rank / 16.0f);
+        logits[i] = __bfloat162float(row_host[i]);
+    }
+    bf16* row;
+    CUDA_CHECK(cudaMalloc(&row, SAMPLE_V * sizeof(bf16)));
+    CUDA_CHECK(cudaMemcpy(row, row_host.data(), SAMPLE_V * sizeof(bf16), cudaMemcpyHostToDevice));
+    uint64_t rng = 1234;
+    for (const auto& s : settings) check_sampling(row, logits, s.temperature, s.top_k, &rng);
+    CUDA_CHECK(cudaFree(row));
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
 // ---- the trainer's own runs ----
 
 // The flags that make train_llama3 repeat the reference's steps (its files are given apart).
@@ -776,8 +925,9 @@ static bool forward_backward_default(const Switches* sw) {
 int main(int argc, char** argv) {
     if (argc == 3 && !strcmp(argv[1], "--train_args")) return print_train_args(argv[2]);
     if (argc == 4 && !strcmp(argv[1], "--log")) return compare_log(argv[2], argv[3]);
+    if (argc == 2 && !strcmp(argv[1], "--sampling")) return test_sampling();
     if (argc < 2 || argv[1][0] == '-') {
-        fprintf(stderr, "usage: %s REF [switches] | --train_args REF | --log LOG.jsonl REF\n", argv[0]);
+        fprintf(stderr, "usage: %s REF [switches] | --train_args REF | --log LOG.jsonl REF | --sampling\n", argv[0]);
         return EXIT_FAILURE;
     }
     char err[L3_ERR_LEN];

@@ -7,15 +7,17 @@ schedule (--lr_schedule, --warmup_iters, ...) and, with --grad_clip, torch.nn.ut
 
     python scripts/ref_llama3.py --name small_t64 --shape small --batch_size 4 --seq_len 64
     python scripts/ref_llama3.py --name small_accum --shape small --grad_accum 3
-    python scripts/ref_llama3.py --name 1b --shape 1b --steps 2            # ~30 GB of files
+    python scripts/ref_llama3.py --name 1b --shape 1b --steps 2            # ~42 GB of files
     python scripts/ref_llama3.py --name small_dense --shape small --dense_embedding
     python scripts/ref_llama3.py --name small_sched --steps 5 --lr_schedule cosine --warmup_iters 2 --grad_clip 1
+    python scripts/ref_llama3.py --name small_b8 --shape small --batch_size 8 --seq_len 128 --vocab 8000
 
 The batches are consecutive windows of real text, the embedded Tiny Shakespeare
 (data/tiny_shakespeare_train.bin), read as the trainer's data loader reads a token file, so that
-the loss moves. The small shape's vocabulary is 1000: its ids are the text's 999 most frequent
-LLaMA-3 tokens by rank, every other token becomes 0. Weights are N(0, 0.02) (the q and k projections
-N(0, --qk_std)), norm weights U(0.5, 1.5) (all 1 would hide a norm reading another norm's weight).
+the loss moves. The small shape's vocabulary is 1000 (--vocab N: N): its ids are the text's 999
+(N - 1) most frequent LLaMA-3 tokens by rank, every other token becomes 0. Weights are N(0, 0.02)
+(the q and k projections N(0, --qk_std)), norm weights U(0.5, 1.5) (all 1 would hide a norm reading
+another norm's weight).
 
 Writes into OUT_DIR, each file to a temporary name, fsynced, then renamed:
   NAME_model.bin       the random model, seed/InfiniTrain format (q/k rows in Meta's pair order)
@@ -24,7 +26,8 @@ Writes into OUT_DIR, each file to a temporary name, fsynced, then renamed:
   NAME_tokens16.bin    the same stream, llm.c uint16 format (vocabularies up to 65536)
   NAME_state.bin       batches, HF's RoPE tables, step-1 logits (bf16 autocast and plain fp32),
                        every step's loss, gradients (before clipping) and parameters after AdamW,
-                       and every step's gradient norm and lr (layout: ref_state_read in test_llama3.cu)
+                       AdamW's exp_avg and exp_avg_sq after the last step, and every step's gradient
+                       norm and lr (layout: ref_state_read in test_llama3.cu)
 """
 import argparse
 import math
@@ -44,7 +47,7 @@ SHAPES = {  # n_layer, n_embd, n_head, n_kv_head, vocab_size, max_seq_len
 }
 FFN_MULTIPLIER, MULTIPLE_OF, NORM_EPS, ROPE_THETA = 1.5, 256, 1e-5, 500000.0
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "tiny_shakespeare_train.bin")
-STATE_MAGIC, STATE_VERSION = 20241129, 4
+STATE_MAGIC, STATE_VERSION = 20241129, 5
 SCHEDULES = ["constant", "cosine", "linear", "wsd"]  # the trainer's --lr_schedule, in its order
 
 
@@ -69,8 +72,9 @@ def ffn_hidden(C):
     return MULTIPLE_OF * ((hidden + MULTIPLE_OF - 1) // MULTIPLE_OF)
 
 
-def make_model(shape, device, seed, qk_std):
+def make_model(shape, device, seed, qk_std=0.02, vocab=0):
     L, C, NH, KVH, V, max_T = SHAPES[shape]
+    V = vocab or V
     cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=ffn_hidden(C), num_hidden_layers=L,
                       num_attention_heads=NH, num_key_value_heads=KVH, max_position_embeddings=max_T,
                       rms_norm_eps=NORM_EPS, tie_word_embeddings=False, attn_implementation="sdpa",
@@ -195,9 +199,19 @@ def lazy_adamw_(p, m, v, rows, step, lr, beta1, beta2, eps, wd):
     m[rows], v[rows] = m_r, v_r
 
 
+def adam_moments(model, cfg, opt, lazy):
+    """AdamW's exp_avg, then exp_avg_sq, in seed order as they are when read: torch's state, and the lazy update's
+    own for the embedding (lazy None: the embedding is in torch's). Untouched embedding rows are 0."""
+    emb = model.model.embed_tokens.weight
+    state = lambda p: lazy if lazy is not None and p is emb else opt.state[p]
+    for key in ("exp_avg", "exp_avg_sq"):
+        yield seed_order(model, cfg, lambda p: state(p)[key])
+
+
 def train(model, cfg, args, x, y, dev):
     """Yields each step's loss, its first micro-batch's logits, its gradients (before clipping), its parameters
-    after AdamW (seed order), its gradient norm (0 without --grad_clip) and its lr."""
+    after AdamW (seed order), its gradient norm (0 without --grad_clip), its lr, and adam_moments' generator
+    (evaluated when read: main reads the last step's after the last step)."""
     emb = model.model.embed_tokens.weight
     dense = [p for p in model.parameters() if p is not emb or args.dense_embedding]
     groups = [{"params": [p for p in dense if p.dim() > 1], "weight_decay": args.weight_decay},
@@ -205,7 +219,7 @@ def train(model, cfg, args, x, y, dev):
     opt = torch.optim.AdamW(groups, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
                             fused=dev.startswith("cuda"))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(args, s + 1) / args.lr)  # s: updates so far
-    emb_m, emb_v = torch.zeros_like(emb), torch.zeros_like(emb)
+    lazy = None if args.dense_embedding else {"exp_avg": torch.zeros_like(emb), "exp_avg_sq": torch.zeros_like(emb)}
     for step in range(1, args.steps + 1):
         model.zero_grad(set_to_none=True)
         losses = []
@@ -221,12 +235,13 @@ def train(model, cfg, args, x, y, dev):
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item() if args.grad_clip else 0.0
         lr = sched.get_last_lr()[0]
         opt.step()
-        if not args.dense_embedding:
-            lazy_adamw_(emb, emb_m, emb_v, torch.unique(x[step - 1].to(dev)), step, lr, args.beta1, args.beta2,
-                        args.eps, args.weight_decay)
+        if lazy is not None:
+            lazy_adamw_(emb, lazy["exp_avg"], lazy["exp_avg_sq"], torch.unique(x[step - 1].to(dev)), step, lr,
+                        args.beta1, args.beta2, args.eps, args.weight_decay)
         sched.step()
         print(f"step {step}: loss {np.mean(losses):.6f} lr {lr:.6g} grad norm {norm:.6f}")
-        yield np.mean(losses), first_logits, grads, seed_order(model, cfg, lambda p: p), norm, lr
+        yield (np.mean(losses), first_logits, grads, seed_order(model, cfg, lambda p: p), norm, lr,
+               adam_moments(model, cfg, opt, lazy))
 
 
 def main():
@@ -248,6 +263,9 @@ def main():
     ap.add_argument("--final_lr_frac", type=float, default=0.0)
     ap.add_argument("--decay_frac", type=float, default=0.2)
     ap.add_argument("--grad_clip", type=float, default=0.0, help="max global gradient norm (0: no clipping)")
+    ap.add_argument("--vocab", type=int, default=0,
+                    help="vocabulary size (0: the shape's), a multiple of 8: the text's N - 1 most frequent tokens "
+                         "and 0 for the rest (above 4096 the cross-entropy kernel's threads take more than one load)")
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--qk_std", type=float, default=0.02,
                     help="init std of the q and k projections: larger peaks the attention, so that a row's max "
@@ -256,8 +274,10 @@ def main():
     ap.add_argument("--llmc", action="store_true", help="also write the model in llm.c's format")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
+    if args.vocab % 8 or args.vocab < 0 or args.vocab > 128256:
+        ap.error(f"--vocab {args.vocab}: a multiple of 8 up to 128256 (the trainer's kernels take V % 8 == 0)")
     dev, B, T, A, n = args.device, args.batch_size, args.seq_len, args.grad_accum, args.steps
-    model, cfg = make_model(args.shape, dev, args.seed, args.qk_std)
+    model, cfg = make_model(args.shape, dev, args.seed, args.qk_std, args.vocab)
     out = lambda suffix: os.path.join(args.out_dir, f"{args.name}_{suffix}")
     os.makedirs(args.out_dir, exist_ok=True)
     inputs = [TEXT]
@@ -282,12 +302,13 @@ def main():
 
     def state():  # streamed: the 1B's per-step blocks are 6 GB each; each array contiguous for write()
         losses, norms, lrs = [], [], []
-        for step, (loss, logits, grads, params, norm, lr) in enumerate(train(model, cfg, args, x, y, dev), 1):
+        for step, (loss, logits, grads, params, norm, lr, moments) in enumerate(train(model, cfg, args, x, y, dev), 1):
             if step == 1:
                 yield from [header, x.numpy().astype(np.int32), y.numpy().astype(np.int32), *rope_tables(cfg, T),
                             logits.float().cpu().numpy(), logits_fp32]
             losses.append(loss), norms.append(norm), lrs.append(lr)
             yield from [grads, params]
+        yield from moments  # the last step's: exp_avg and exp_avg_sq after it
         yield from [np.array(v, dtype=np.float32) for v in (losses, norms, lrs)]
     write_atomic(out("state.bin"), state(), inputs)
     print(f"wrote {out('*')} ({n} steps of {A} x {B} x {T} tokens)")
