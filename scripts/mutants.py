@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
-"""Mutation check of the GPU tests: plants one realistic bug at a time into a copy of the tree, builds
-the copy, and runs the GPU part of `make test` on it (scripts/run_tests.sh, stopping at the first
-failing part, on the references already in ref/). Every mutant must fail. Prints a table: the bug,
-the first check that failed, its error against its tolerance.
+"""Mutation check of the tests: plants one realistic bug at a time into a copy of the tree, builds
+the copy, and runs `make test`'s driver on it (scripts/run_tests.sh, stopping at the first failing
+part, on the references already in ref/). Every mutant must fail. Prints a table: the bug, the
+first check that failed, its error against its tolerance.
 
     python3 scripts/mutants.py [--jobs 16] [--only NAME ...] [--gpu_only] [--out TABLE.md] [--keep DIR]
+    python3 scripts/mutants.py --host_only [--only NAME ...]    # HOST_MUTANTS, on any machine
 
-Run it on a GPU machine after `make test` has written the small references (ref/small_*). The
-copies are built for sm_90a only, in parallel; the dev/ kernel checks are left out (they are not
-rebuilt per mutant), so every bug here must be caught by test_llama3 or the trainer's own runs.
---gpu_only leaves the host unit tests and bad-input checks out, to show what the GPU tests
-alone catch of a bug that the host tests see first. Each mutant replaces a piece of code that
-must occur exactly once: when the code moves, the script stops and says which mutant to update.
+MUTANTS run on a GPU machine after `make test` has written the small references (ref/small_*). The
+copies are built for sm_90a (and compute_80 PTX, which make test looks for), in parallel; the dev/
+kernel checks are left out (they are not rebuilt per mutant), so every bug here must be caught by
+test_llama3 or the trainer's own runs. --gpu_only leaves the host unit tests and bad-input checks
+out, to show what the GPU tests alone catch of a bug that the host tests see first. HOST_MUTANTS
+are bugs of the host-side code (llama3.h, the trainer's main) that the host tests must catch
+without a GPU: --host_only runs them with the GPU parts left out. Each mutant replaces a piece of
+code that must occur exactly once: when the code moves, the script stops and says which to update.
 """
 import argparse
 import concurrent.futures as cf
@@ -23,7 +26,7 @@ import sys
 import tempfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-GENCODE = "-gencode arch=compute_90a,code=sm_90a"
+GENCODE = "-gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=compute_80"  # (make test checks the PTX)
 
 # name, kind, file, what the bug does, code, its replacement
 MUTANTS = [
@@ -106,6 +109,26 @@ MUTANTS = [
     ("flush_keeps_graph", "training loop", "train_llama3.cu", "a flush (val loss, sample, save) does not make "
      "the next step eager: its graph applies the flushed updates a second time",
      "    m->pending_begin = m->pending_end = 0;\n    m->eager_next = true;\n", "    m->pending_begin = m->pending_end = 0;\n"),
+    ("sample_temperature_ignored", "sampling", "kernels.cuh", "sampling weighs exp(logit - max) whatever the "
+     "temperature", "expf((logit_value(x) - max_logit) / temperature)", "expf(logit_value(x) - max_logit)"),
+    ("top_k_one_more", "sampling", "kernels.cuh", "top-k keeps the k + 1 largest logits",
+     "if (block_sum(n) >= top_k) threshold = t;", "if (block_sum(n) > top_k) threshold = t;"),
+    ("uniform_biased", "sampling", "train_llama3.cu", "next_uniform divides its 24 bits by 2^23: draws over "
+     "[0, 2), half of them clamped to the last kept token",
+     "return (float)((z ^ (z >> 31)) >> 40) / 16777216.0f;", "return (float)((z ^ (z >> 31)) >> 40) / 8388608.0f;"),
+    ("ce_sum_not_rescaled", "kernel", "kernels.cuh", "cross-entropy: a thread's running sum is not rescaled when a "
+     "later load of its row raises the max (vocabularies above 4096 only)",
+     "float sum = st.sum * expf(st.max - m);", "float sum = st.sum;"),
+    ("ce_backward_one_pass", "kernel", "kernels.cuh", "cross-entropy: dlogits written over a row's first 4096 "
+     "logits only (the rest keep the logits)",
+     "    __syncthreads();\n    for (int i = threadIdx.x * 8; i < V; i += blockDim.x * 8) {\n        Vec16<bf16> x = load16(row + i);\n        for (int e = 0; e < 8; e++) {\n            float p = expf(",
+     "    __syncthreads();\n    for (int i = threadIdx.x * 8; i < V && i < 4096; i += blockDim.x * 8) {\n        Vec16<bf16> x = load16(row + i);\n        for (int e = 0; e < 8; e++) {\n            float p = expf("),
+    ("resume_log_truncated", "checkpoints", "llama3.h", "a resumed run starts its --log_file anew (the first "
+     "part's lines lost)", 'FILE* f = fopen(path, resumed ? "a+" : "w");', 'FILE* f = fopen(path, "w");'),
+    ("resume_schedule_of_invocation", "checkpoints", "llama3.h", "the lr schedule spans this invocation "
+     "(--stop_after), not --num_iteration: a run in parts decays differently",
+     "LrSchedule s = {a->lr_schedule, a->warmup_iters, a->num_iteration,",
+     "LrSchedule s = {a->lr_schedule, a->warmup_iters, last_step(a),"),
     ("init_seed_from_clock", "determinism", "train_llama3.cu", "the random init seeded from the clock as "
      "well as --seed", "model_init_random(m, a->seed);", "model_init_random(m, a->seed ^ (uint64_t)time(NULL));"),
     ("embedding_grad_atomic", "determinism", "kernels.cuh", "the embedding gradient added row by row with "
@@ -116,6 +139,34 @@ MUTANTS = [
     for (int c = threadIdx.x * 4; c < C; c += blockDim.x * 4)
         for (int e = 0; e < 4; e++) atomicAdd(dwte + (size_t)tok * C + c + e, dresid[(size_t)sorted_positions[j] * C + c + e]);
     return;"""),
+]
+
+# Bugs the host tests catch on a machine without a GPU (run with --host_only).
+HOST_MUTANTS = [
+    ("json_nan_written", "log", "llama3.h", "a non-finite loss written as printf prints it (nan), not as null",
+     "    if (isfinite(v)) snprintf(out, len, fmt, v);", "    if (1) snprintf(out, len, fmt, v);"),
+    ("resume_truncates_log", "log", "llama3.h", "a resumed run starts its --log_file anew",
+     'FILE* f = fopen(path, resumed ? "a+" : "w");', 'FILE* f = fopen(path, "w");'),
+    ("resume_keeps_later_lines", "log", "llama3.h", "a resumed run keeps the log lines after its step",
+     "log_line_step(line) <= resumed) keep += n;", "log_line_step(line) >= -1) keep += n;"),
+    ("outputs_before_gpu", "log", "train_llama3.cu", "the log and checkpoint folder are opened before the GPU "
+     "is looked for", "    gpu_start(argv[0]);\n", "    open_outputs(&a, &in, argv[0]);\n    gpu_start(argv[0]);\n"),
+    ("stdout_block_buffered", "log", "train_llama3.cu", "stdout left block-buffered into a file or pipe",
+     "    setvbuf(stdout, NULL, _IOLBF, 0);", "   "),
+    ("total_batch_fixed", "flags", "llama3.h", "--total_batch_size not given stays 256 instead of B*T",
+     "    if (a->total_batch_size == 0 && bt <= INT_MAX) a->total_batch_size = (int)bt;",
+     "    if (a->total_batch_size == 0) a->total_batch_size = 256;"),
+    ("no_near_miss", "flags", "llama3.h", "an unknown flag gets no 'did you mean'",
+     "const FlagSpec* near = f ? NULL : flag_nearest(flag);", "const FlagSpec* near = NULL;"),
+    ("stop_after_ignored", "flags", "llama3.h", "--stop_after does not end the run early",
+     "return a->stop_after ? a->stop_after : a->num_iteration;", "return a->num_iteration;"),
+    ("schedule_ends_at_stop", "flags", "llama3.h", "the lr schedule spans the invocation (--stop_after), not "
+     "--num_iteration", "LrSchedule s = {a->lr_schedule, a->warmup_iters, a->num_iteration,",
+     "LrSchedule s = {a->lr_schedule, a->warmup_iters, last_step(a),"),
+    ("val_beside_unchecked", "flags", "llama3.h", "--val_every takes a NAME_val.bin beside the token file "
+     "that does not exist", "    if (stat(out, &st) != 0 || !S_ISREG(st.st_mode))\n", "    if (0)\n"),
+    ("old_gpus_taken", "gpu", "llama3.h", "a GPU of compute capability 7.x is taken",
+     "if (major * 10 + minor < LLAMA3_MIN_COMPUTE_CAPABILITY)", "if (major < 7)"),
 ]
 
 
@@ -151,9 +202,9 @@ def plant_check(mutants):
     sys.exit(1 if stale else 0)
 
 
-def build(dest):
-    r = subprocess.run(["make", "-s", "train_llama3", "test_llama3", "test_llama3_host", f"GENCODE={GENCODE}"],
-                       cwd=dest, capture_output=True, text=True)
+def build(dest, host_only):
+    targets = ["train_llama3", "test_llama3_host"] + ([] if host_only else ["test_llama3"])
+    r = subprocess.run(["make", "-s", *targets, f"GENCODE={GENCODE}"], cwd=dest, capture_output=True, text=True)
     return r.returncode, r.stdout + r.stderr
 
 
@@ -174,9 +225,9 @@ def first_failure(output):
     return None
 
 
-def run_tests(dest, gpu_only):
+def run_tests(dest, gpu_only, host_only):
     env = dict(os.environ, LLAMA3_FAIL_FAST="1", LLAMA3_TEST_SHAPES="small", LLAMA3_DEV_CHECKS="0",
-               LLAMA3_HOST_TESTS="0" if gpu_only else "1")
+               LLAMA3_HOST_TESTS="0" if gpu_only else "1", LLAMA3_GPU_TESTS="0" if host_only else "1")
     r = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=dest, env=env, capture_output=True, text=True,
                        errors="replace", timeout=900)  # (samples print raw token bytes)
     return r.returncode, r.stdout + r.stderr
@@ -187,15 +238,16 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--only", nargs="*", help="mutant names")
     ap.add_argument("--gpu_only", action="store_true", help="leave the host tests out")
+    ap.add_argument("--host_only", action="store_true", help="HOST_MUTANTS, with the GPU tests left out (no GPU needed)")
     ap.add_argument("--out", help="also write the table (markdown) here")
     ap.add_argument("--keep", help="build the copies in this folder and keep them")
     ap.add_argument("--plant_check", action="store_true",
                     help="only check that every mutant's code occurs exactly once (no GPU; make test runs it)")
     args = ap.parse_args()
-    mutants = [m for m in MUTANTS if not args.only or m[0] in args.only]
     if args.plant_check:
-        plant_check(mutants)
-    for ref in ("small_t64", "small_t1024", "small_b8", "small_accum", "small_dense"):
+        plant_check(MUTANTS + HOST_MUTANTS)
+    mutants = [m for m in (HOST_MUTANTS if args.host_only else MUTANTS) if not args.only or m[0] in args.only]
+    for ref in () if args.host_only else ("small_t64", "small_t1024", "small_b8", "small_accum", "small_dense"):
         if not os.path.exists(os.path.join(ROOT, "ref", f"{ref}_state.bin")):
             sys.exit(f"ref/{ref}_state.bin is missing: run `make test` on this GPU machine first")
     base = args.keep or tempfile.mkdtemp(prefix="mutants_")
@@ -205,12 +257,12 @@ def main():
         copy_tree(dest)
         plant(dest, m)
     with cf.ThreadPoolExecutor(args.jobs) as pool:
-        builds = list(pool.map(build, dests))
+        builds = list(pool.map(lambda d: build(d, args.host_only), dests))
     rows, survived = [], 0
     for dest, m, (rc, log) in zip(dests, mutants, builds):
         if rc != 0:
             sys.exit(f"mutant {m[0]} does not build:\n{log[-2000:]}")
-        rc, out = run_tests(dest, args.gpu_only)
+        rc, out = run_tests(dest, args.gpu_only, args.host_only)
         hit = first_failure(out) if rc != 0 else None
         survived += hit is None
         part, check, err, tol = hit or ("SURVIVED", "", "", "")

@@ -1,35 +1,43 @@
 #!/usr/bin/env bash
-# The driver of `make test` (run after `make all`). Everywhere: the host unit tests of llama3.h and
+# The driver of `make test` (run after `make all`). Everywhere: the scripts' Python packages
+# installed when missing (requirements.txt), the host unit tests of llama3.h, the scripts' tests and
 # the trainer's bad-input errors. On a machine with a GPU, also: test_llama3 against PyTorch
 # references (scripts/ref_llama3.py, written to ref/ when missing or older than the script) that
-# exercise every path, the trainer itself on a reference's files, the training smoke run, and every
-# dev/ kernel check. Ends with "N passed, M failed, K skipped" after the list of skipped parts and
-# why; exits non-zero if anything failed.
-#   LLAMA3_TEST_SHAPES="small"  leaves the 1B shape out (its reference writes ~30 GB to ref/)
+# exercise every path, the trainer itself on a reference's files, the training runs, and every
+# dev/ kernel check. Independent parts run at once (several fit on the GPU together), each into
+# its own output, printed with its time in the order they started, as soon as it and those before
+# it have ended. Ends with "N passed, M failed,
+# K skipped" after the list of skipped parts and why; exits non-zero if anything failed.
+#   LLAMA3_TEST_SHAPES="small"  leaves the 1B shape out (its reference writes ~42 GB to ref/)
 #   LLAMA3_DEV_CHECKS=0         leaves the dev/ kernel checks out
 #   LLAMA3_HOST_TESTS=0         leaves the host unit tests and the bad-input errors out (scripts/mutants.py
 #                               --gpu_only: what the GPU tests alone catch)
-#   LLAMA3_FAIL_FAST=1          stops after the first failing part (scripts/mutants.py)
+#   LLAMA3_GPU_TESTS=0          leaves the GPU parts out on a GPU machine (scripts/mutants.py --host_only)
+#   LLAMA3_FAIL_FAST=1          stops at the first failing part (scripts/mutants.py)
+#   LLAMA3_TEST_JOBS=N          parts run at once (default: the CPU cores, at most 8)
 set -u
 cd "$(dirname "$0")/.."
 passed=0
 failed=0
 skipped=()
+jobs_max=${LLAMA3_TEST_JOBS:-$(n=$(nproc 2>/dev/null || echo 2); echo $((n < 8 ? n : 8)))}
+tmp=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
+t_start=$SECONDS
 
 finish() {
     for s in "${skipped[@]+"${skipped[@]}"}"; do echo "SKIPPED $s"; done
+    echo "test time: $((SECONDS - t_start)) s"
     echo "$passed passed, $failed failed, ${#skipped[@]} skipped"
     [ "$failed" -eq 0 ]
     exit
 }
-count_failure() {
-    failed=$((failed + $1))
-    if [ "$1" -gt 0 ] && [ "${LLAMA3_FAIL_FAST:-0}" = 1 ]; then finish; fi
-}
+count_failure() { failed=$((failed + $1)); }
 
-# run NAME CMD...: a program that prints its own "N passed, M failed" line.
+# run NAME CMD...: a program that prints its own "N passed, M failed" line; its "skipped: ..." lines
+# are counted as skipped parts.
 run() {
-    local name=$1 out rc line p f
+    local name=$1 out rc line p f s
     shift
     echo "== $name: $*"
     out=$("$@" 2>&1)
@@ -40,6 +48,7 @@ run() {
     if [ -n "$line" ]; then p=${line%% passed*}; f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/'); fi
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "FAIL $name exited with $rc"; fi
     if echo "$out" | grep -qE "ERROR: (Address|Leak)Sanitizer|runtime error:"; then f=$((f + 1)); echo "FAIL $name: a sanitizer report"; fi
+    while IFS= read -r s; do skipped+=("${s#skipped: } ($name)"); done < <(echo "$out" | grep '^skipped: ')
     passed=$((passed + p))
     count_failure "$f"
 }
@@ -59,8 +68,85 @@ expect_error() {
     fi
 }
 
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# check OK NAME DETAIL: one pass or failure of a test written inline.
+check() {
+    if [ "$1" = 1 ]; then echo "ok   $2"; passed=$((passed + 1)); else echo "FAIL $2${3:+: $3}"; count_failure 1; fi
+}
+
+# ---- parts: independent pieces run at once ----
+# part NAME FUNC ARGS...: FUNC runs in the background with its own counts, its output to a file;
+# collect prints the parts in the order they were started, with their times, and adds the counts.
+part_names=() part_pids=()
+part() {
+    local name=$1 k=${#part_names[@]}
+    shift
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+    collect ready
+    (
+        passed=0 failed=0 skipped=()
+        start=$SECONDS
+        "$@"
+        echo "@@part $passed $failed $((SECONDS - start)) $((SECONDS - t_start))"
+        for s in "${skipped[@]+"${skipped[@]}"}"; do echo "@@skip $s"; done
+    ) > "$tmp/part$k.out" 2>&1 &
+    part_names+=("$name") part_pids+=($!)
+}
+# collect [ready]: prints the parts not yet printed, in the order they started, and adds their
+# counts; with "ready", only up to the first one still running (so the output streams).
+collected=0
+collect() {
+    local k out sum p f secs end
+    for ((k = collected; k < ${#part_names[@]}; k++)); do
+        if [ "${1:-}" = ready ] && kill -0 "${part_pids[$k]}" 2> /dev/null; then break; fi
+        wait "${part_pids[$k]}" 2> /dev/null # (one that wait -n took already has ended)
+        out="$tmp/part$k.out"
+        grep -v '^@@' "$out"
+        sum=$(grep '^@@part ' "$out" | tail -n 1)
+        if [ -z "$sum" ]; then echo "FAIL part ${part_names[$k]} ended without its counts"; p=0 f=1 secs=0
+        else read -r _ p f secs end <<< "$sum"; fi
+        echo "-- part ${part_names[$k]}: $p passed, $f failed, ${secs} s (ended at ${end:-?} s)"
+        passed=$((passed + p)) failed=$((failed + f))
+        while IFS= read -r s; do skipped+=("${s#@@skip }"); done < <(grep '^@@skip ' "$out")
+        collected=$((k + 1))
+        if [ "$f" -gt 0 ] && [ "${LLAMA3_FAIL_FAST:-0}" = 1 ]; then finish; fi
+    done
+}
+# Waits for the parts running now (one that needs the GPU to itself starts after).
+drain() { while [ -n "$(jobs -rp)" ]; do wait -n; done; }
+
+# ---- the scripts' Python packages ----
+# requirements.txt (the scripts: numpy, safetensors, tiktoken, matplotlib) and, on a GPU machine,
+# requirements-gpu.txt (torch and transformers, for the reference): installed with pip only when
+# one is missing, so a machine that has them all needs no network. A part that still lacks one
+# says "skipped: ..." and is counted as skipped.
+missing_packages() { # FILE: the distributions it names that python3 does not have
+    python3 - "$1" <<'PY' 2>/dev/null || echo "(python3 failed)"
+import re, sys
+from importlib import metadata
+for line in open(sys.argv[1]):
+    name = re.split(r"[<>=!~;\[ #]", line.strip(), maxsplit=1)[0]
+    if name:
+        try:
+            metadata.version(name)
+        except metadata.PackageNotFoundError:
+            print(name)
+PY
+}
+python_deps() {
+    local list=requirements.txt want out
+    nvidia-smi -L > /dev/null 2>&1 && [ "${LLAMA3_GPU_TESTS:-1}" != 0 ] && list="$list requirements-gpu.txt"
+    for f in $list; do
+        want=$(missing_packages "$f" | tr '\n' ' ')
+        [ -z "${want// /}" ] && continue
+        echo "== installing the Python packages of $f that are missing: $want"
+        if ! out=$(python3 -m pip install --quiet --disable-pip-version-check --retries 2 --timeout 15 -r "$f" 2>&1); then
+            echo "$out" | tail -n 3
+            echo "   pip could not install them: the tests that need them are skipped"
+        fi
+    done
+}
+
+# ---- host parts (no GPU needed) ----
 
 # Every file of the hostile corpus through ./train_llama3 as a model and as a token file: each run
 # must end with exactly one line on stderr, "error: ..." naming the file, and a non-zero exit,
@@ -75,13 +161,13 @@ corpus_through_trainer() {
         lines=$(wc -l < "$tmp/err")
         if [ "$lines" -ne 1 ] || ! grep -q "^error: .*$f" "$tmp/err"; then bad="$bad $f($(head -c 200 "$tmp/err"))"; fi
     done
-    if [ "$n" -gt 0 ] && [ -z "$bad" ]; then echo "ok   train_llama3 refuses each of the $n corpus files in one line naming it"
-        passed=$((passed + 1)); else echo "FAIL train_llama3 on the hostile corpus ($n files):$bad"; count_failure 1; fi
+    [ "$n" -gt 0 ] && [ -z "$bad" ] && ok=1 || ok=0
+    check $ok "train_llama3 refuses each of the $n corpus files in one line naming it" "$bad"
 }
 
 # Nothing is lost: no output is one of the inputs, and an output opens only after every input check.
 files_never_lost() {
-    local model="$tmp/corpus/model_llmc_bias_nonzero" keep="$tmp/keep.log" before
+    local model="$tmp/corpus/model_llmc_bias_nonzero" keep="$tmp/keep.log" before ok
     cp "$tmp/corpus/valid_seed_valid" "$tmp/model.bin" && before=$(cksum < "$tmp/model.bin")
     expect_error "--log_file naming the model file" "is the same file as --llmc_filepath" \
         ./train_llama3 --llmc_filepath "$tmp/model.bin" --log_file "$tmp/model.bin"
@@ -91,13 +177,33 @@ files_never_lost() {
     echo "an earlier run's log" > "$keep"
     expect_error "a run that fails on its token file" "cannot open token file" \
         ./train_llama3 --input_bin "$tmp/none.bin" --log_file "$keep"
-    if [ "$(cksum < "$tmp/model.bin")" = "$before" ] && [ "$(cat "$keep")" = "an earlier run's log" ]; then
-        echo "ok   the model file and an earlier log are unchanged after those runs"; passed=$((passed + 1))
-    else echo "FAIL a refused run changed the model file or emptied an earlier log"; count_failure 1; fi
+    [ "$(cksum < "$tmp/model.bin")" = "$before" ] && [ "$(cat "$keep")" = "an earlier run's log" ] && ok=1 || ok=0
+    check $ok "the model file and an earlier log are unchanged after those runs"
     expect_error "an llm.c bias that is not zero, before the GPU" "is not zero" ./train_llama3 --llmc_filepath "$model"
     expect_error "a token file through a pipe, <(cat ...)" "is a pipe or FIFO" \
         ./train_llama3 --input_bin <(cat data/tiny_shakespeare_val.bin)
     expect_error "an empty path" "--llmc_filepath: empty path" ./train_llama3 --llmc_filepath ""
+}
+
+# A run that stops after its inputs passed, where the GPU is looked at (no GPU here; on a GPU
+# machine, a batch too large for its memory): an earlier log and the checkpoint folder are
+# untouched, and stdout reaches a file a line at a time, so the step-free setup lines come before
+# the error (block buffering would write them at exit, after it).
+gpu_failure_loses_nothing() {
+    local keep="$tmp/gpu_keep.log" ck="$tmp/gpu_ckpt" frag args ok
+    if nvidia-smi -L > /dev/null 2>&1; then
+        frag="out of GPU memory" args=(--batch_size 32 --sequence_length 8192 --num_iteration 1)
+    else
+        frag="no CUDA device found" args=()
+    fi
+    echo "an earlier run's log" > "$keep"
+    ./train_llama3 "${args[@]}" --log_file "$keep" --checkpoint_dir "$ck" > "$tmp/gpu_fail.out" 2>&1
+    [ $? -ne 0 ] && [ "$(cat "$keep")" = "an earlier run's log" ] && [ ! -e "$ck" ] && ok=1 || ok=0
+    check $ok "a run that stops with '$frag' leaves an earlier --log_file as it was and creates no --checkpoint_dir" \
+        "$(tail -n 2 "$tmp/gpu_fail.out")"
+    grep -q '^model: ' "$tmp/gpu_fail.out" && tail -n 1 "$tmp/gpu_fail.out" | grep -qF "$frag" && ok=1 || ok=0
+    check $ok "stdout is line-buffered into a file: the setup lines come before the error on stderr" \
+        "$(head -c 300 "$tmp/gpu_fail.out")"
 }
 
 # Broken checkpoints given to --resume: each one line before the GPU is touched (no GPU needed).
@@ -117,64 +223,95 @@ bad_checkpoints() {
         ./train_llama3 --resume "$c" --llmc_filepath "$c/step_00000005/model.bin"
 }
 
-# The host unit tests of llama3.h and the trainer's bad-input errors (no GPU needed).
-host_tests() {
-    LLAMA3_CORPUS_DIR="$tmp/corpus" run "host unit tests (llama3.h, ASan + UBSan) and the hostile corpus" \
-        ./test_llama3_host
-    corpus_through_trainer
-    files_never_lost
-    run "the scripts' file writing (scripts/safe_write.py)" python3 scripts/test_safe_write.py
-    run "Hugging Face convert/export round trip" python3 scripts/test_hf_convert.py
-    run "prepare_data.py: your own text and tokenizers" python3 scripts/test_prepare_data.py
-    run "scripts/mutants.py: every mutant still plants its bug" python3 scripts/mutants.py --plant_check
-    run "plot_log.py: a training log drawn, bad logs refused" python3 scripts/test_plot_log.py
-
-    echo "== trainer bad-input errors"
-    printf 'not a model file at all, just text padding it out to more than 1024 bytes %01100d' 0 > "$tmp/junk.bin"
+# What a user types: each error one line on stderr that names the flag (and a near miss), the total
+# batch following B and T, the val split of a user's token file.
+user_errors() {
+    local err ok
+    ./train_llama3 --num_iterations 5 > /dev/null 2> "$tmp/typo.err"
+    err=$(cat "$tmp/typo.err")
+    [ "$(wc -l < "$tmp/typo.err")" -eq 1 ] && [[ "$err" == *"did you mean --num_iteration?"* && "$err" == *"--help"* ]] &&
+        ok=1 || ok=0
+    check $ok "a flag error is one line with a near miss and where the flags are listed" "$err"
     expect_error "unknown flag" "unknown flag '--bogus'" ./train_llama3 --bogus 1
     expect_error "bad value" "--batch_size: bad value 'x'" ./train_llama3 --batch_size x
+    expect_error "B*T not dividing the total batch: what to pass" "pass 512 (2 micro-steps)" \
+        ./train_llama3 --batch_size 4 --total_batch_size 300
+    expect_error "--val_every with a token file that has no val split beside it" "pass --val_bin" \
+        ./train_llama3 --input_bin data/tiny_shakespeare_val.bin --val_every 5
+    if ! nvidia-smi -L > /dev/null 2>&1; then
+        # These pass every input check and stop only at the GPU.
+        expect_error "--batch_size 8 --sequence_length 1024 alone pass the checks" "no CUDA device found" \
+            ./train_llama3 --batch_size 8 --sequence_length 1024
+        expect_error "no GPU: CUDA's own error and the compute capability needed" "compute capability 8.0 or newer" \
+            ./train_llama3
+    fi
+    if command -v cuobjdump > /dev/null; then
+        cuobjdump --list-ptx train_llama3 2>&1 | grep -q 'sm_80\|compute_80' && ok=1 || ok=0
+        check $ok "train_llama3 carries compute_80 PTX, which the driver compiles for GPUs newer than the build" \
+            "$(cuobjdump --list-ptx train_llama3 2>&1 | head -n 3)"
+    else
+        skipped+=("train_llama3 carries PTX for newer GPUs (no cuobjdump on this machine)")
+    fi
+}
+
+# The trainer's bad-input errors, in one part (they read the corpus the host unit tests wrote).
+trainer_errors() {
+    corpus_through_trainer
+    files_never_lost
+    gpu_failure_loses_nothing
+    printf 'not a model file at all, just text padding it out to more than 1024 bytes %01100d' 0 > "$tmp/junk.bin"
     expect_error "missing model file" "cannot open model file" ./train_llama3 --llmc_filepath "$tmp/none.bin"
     expect_error "bad model magic" "bad magic" ./train_llama3 --llmc_filepath "$tmp/junk.bin"
     expect_error "missing token file" "cannot open token file" ./train_llama3 --input_bin "$tmp/none.bin"
     expect_error "bad token magic" "bad magic" ./train_llama3 --input_bin "$tmp/junk.bin"
     expect_error "sequence too long" "longer than the model allows" ./train_llama3 --sequence_length 8193
-    expect_error "B*T not dividing total" "is not a multiple of" ./train_llama3 --batch_size 3
     expect_error "too few tokens" "not enough tokens for one batch" ./train_llama3 --input_bin data/tiny_shakespeare_val.bin --batch_size 8 --sequence_length 8192 --total_batch_size 65536
     expect_error "unwritable log file" "cannot open for writing" ./train_llama3 --log_file "$tmp/no/such/dir/log.json"
     bad_checkpoints
+    user_errors
     # Every script the README names runs as it is named: executable, with a #! line.
-    local s bad=""
+    local s bad="" ok
     for s in $(grep -o 'scripts/[a-z_]*\.\(sh\|py\)' README.md | sort -u); do
         [ -x "$s" ] && head -n 1 "$s" | grep -q '^#!' || bad="$bad $s"
     done
-    if [ -z "$bad" ]; then echo "ok   the README's scripts are executable"; passed=$((passed + 1)); else
-        echo "FAIL the README names scripts that do not run as named:$bad"; count_failure 1; fi
-    help_out=$(./train_llama3 --help 2>&1)
-    if [ $? -eq 0 ] && echo "$help_out" | grep -q "^usage: "; then
-        echo "ok   --help: the usage text, exit 0"
-        passed=$((passed + 1))
-    else
-        echo "FAIL --help: no usage text, or a non-zero exit"
-        count_failure 1
-    fi
+    [ -z "$bad" ] && ok=1 || ok=0
+    check $ok "the README's scripts are executable" "the README names scripts that do not run as named:$bad"
+    ./train_llama3 --help 2>&1 | grep -q "^usage: " && ok=1 || ok=0
+    check $ok "--help: the usage text, exit 0"
 }
-if [ "${LLAMA3_HOST_TESTS:-1}" = 0 ]; then
-    skipped+=("host unit tests and the trainer's bad-input errors (left out by LLAMA3_HOST_TESTS=0)")
-else
-    host_tests
-fi
+
+host_unit_tests() {
+    LLAMA3_CORPUS_DIR="$tmp/corpus" run "host unit tests (llama3.h, ASan + UBSan) and the hostile corpus" \
+        ./test_llama3_host
+    trainer_errors
+}
+
+host_parts() {
+    part "host unit tests and the trainer's bad-input errors" host_unit_tests
+    part "safe_write.py" run "the scripts' file writing (scripts/safe_write.py)" python3 scripts/test_safe_write.py
+    part "convert/export" run "Hugging Face convert/export round trip" python3 scripts/test_hf_convert.py
+    part "prepare_data.py" run "prepare_data.py: your own text and tokenizers" python3 scripts/test_prepare_data.py
+    part "mutants plant check" run "scripts/mutants.py: every mutant still plants its bug" \
+        python3 scripts/mutants.py --plant_check
+    part "plot_log.py" run "plot_log.py: a training log drawn, bad logs refused" python3 scripts/test_plot_log.py
+}
+
+# ---- GPU parts ----
 
 # The references: name, then scripts/ref_llama3.py's arguments. Each exercises a path the others
 # do not: one key tile (T=64, every switch), 16 key tiles of flash attention (T=1024, q and k
 # initialised larger so that the softmax is peaked and its running max moves between tiles), B=8
-# at two tiles, gradient accumulation (3 micro-steps per step), dense embedding AdamW, the 1B; and
-# the real training loop's optimizer: a warmup + cosine schedule with gradient clipping that clips
-# (norms ~3-5 against 1), with 3 micro-steps and linear decay, and with the dense embedding and wsd.
+# at two tiles with a vocabulary of 8000 (the cross-entropy's rows longer than its block's 4096-logit
+# stride), gradient accumulation (3 micro-steps per step), dense embedding AdamW, the 1B; and the
+# real training loop's optimizer: a warmup + cosine schedule with gradient clipping that clips
+# (norms 4 to 7 against 1) at eps 1e-3, where Adam's update depends on the gradient's scale (at
+# 1e-8 it hardly sees the clipping), with 3 micro-steps and linear decay, and with the dense
+# embedding and wsd.
 SMALL_REFS=(
-    "small_sched --shape small --batch_size 4 --seq_len 64 --steps 5 --lr_schedule cosine --warmup_iters 2 --final_lr_frac 0.1 --grad_clip 1.0"
+    "small_sched --shape small --batch_size 4 --seq_len 64 --steps 5 --lr_schedule cosine --warmup_iters 2 --final_lr_frac 0.1 --grad_clip 1.0 --eps 1e-3"
     "small_t64 --shape small --batch_size 4 --seq_len 64 --llmc"
     "small_t1024 --shape small --batch_size 2 --seq_len 1024 --qk_std 0.1"
-    "small_b8 --shape small --batch_size 8 --seq_len 128"
+    "small_b8 --shape small --batch_size 8 --seq_len 128 --vocab 8000"
     "small_accum --shape small --batch_size 4 --seq_len 64 --grad_accum 3"
     "small_dense --shape small --batch_size 4 --seq_len 64 --dense_embedding"
     "small_accum_clip --shape small --batch_size 4 --seq_len 64 --grad_accum 3 --lr_schedule linear --warmup_iters 1 --grad_clip 1.0"
@@ -187,44 +324,44 @@ SWITCHES=("--flash_attention 0" "--shadow_weights 0" "--vector_adam 0" "--metada
 # With clipping every AdamW group is deferred to the next step; these change where AdamW runs instead.
 CLIP_SWITCHES=("--overlap_optimizer 0" "--cuda_graph 0" "--bf16_grads 0" "--grad_zeroing memset" "--vector_adam 0")
 
-# make_refs SPEC...: writes each missing or stale reference, all at once; prints the names made.
+# make_refs SPEC...: writes each missing or stale reference, all at once.
 make_refs() {
-    local spec name pids=() names=()
+    local spec name pids=()
     mkdir -p ref
     for spec in "$@"; do
         name=${spec%% *}
-        if [ -f "ref/${name}_state.bin" ] && [ "ref/${name}_state.bin" -nt scripts/ref_llama3.py ]; then
-            names+=("$name")
-            continue
-        fi
+        [ -f "ref/${name}_state.bin" ] && [ "ref/${name}_state.bin" -nt scripts/ref_llama3.py ] && continue
         # shellcheck disable=SC2086
         python3 scripts/ref_llama3.py --name ${spec} --out_dir ref > "ref/${name}.log" 2>&1 &
         pids+=($!)
-        names+=("$name")
     done
-    for pid in "${pids[@]+"${pids[@]}"}"; do wait "$pid" || true; done
-    for name in "${names[@]}"; do
-        if [ -f "ref/${name}_state.bin" ]; then echo "$name"; else
-            echo "FAIL reference $name: $(tail -n 3 "ref/${name}.log")" >&2
-        fi
+    for pid in "${pids[@]+"${pids[@]}"}"; do wait "$pid"; done
+    for spec in "$@"; do
+        name=${spec%% *}
+        [ -f "ref/${name}_state.bin" ] || echo "FAIL reference $name: $(tail -n 3 "ref/${name}.log")"
     done
 }
+has_ref() { [ -f "ref/$1_state.bin" ] || { echo "FAIL reference $1 is missing"; count_failure 1; false; }; }
 
 # trainer_run NAME REF MODEL TOKENS: ./train_llama3 on the reference's files with its flags, every
 # step's loss from --log_file against PyTorch's.
 trainer_run() {
-    local name=$1 ref=$2 model=$3 tokens=$4 flags
+    local name=$1 ref=$2 model=$3 tokens=$4 flags log
+    log="$tmp/$(basename "$model" .bin)_$(basename "$tokens" .bin).jsonl" # (parts on one reference run at once)
+    has_ref "$ref" || return
     flags=$(./test_llama3 --train_args "ref/$ref") || { count_failure 1; return; }
     # shellcheck disable=SC2086
-    run "$name: train_llama3" ./train_llama3 $flags --llmc_filepath "$model" --input_bin "$tokens" \
-        --log_file "$tmp/$ref.jsonl"
-    run "$name: its losses against PyTorch" ./test_llama3 --log "$tmp/$ref.jsonl" "ref/$ref"
+    run "$name: train_llama3" ./train_llama3 $flags --llmc_filepath "$model" --input_bin "$tokens" --log_file "$log"
+    run "$name: its losses against PyTorch" ./test_llama3 --log "$log" "ref/$ref"
 }
 
 # A model with one NaN weight (a final-norm weight: every logit NaN): each step is skipped by the
-# NaN guard and shown as skipped, and --max_bad_steps of them in a row stop the run, non-zero.
+# NaN guard and shown as skipped, --max_bad_steps of them in a row stop the run, non-zero; its log
+# is JSON (null for the non-finite loss and norm) that Python's json module reads and plot_log.py draws.
 nan_guard_stops() {
-    python3 - "$1" "$tmp/nan_model.bin" <<'PY'
+    local ok
+    has_ref small_sched || return
+    python3 - ref/small_sched_model.bin "$tmp/nan_model.bin" <<'PY'
 import sys, numpy as np
 w = np.fromfile(sys.argv[1], dtype=np.float32)
 h = w[:256].view(np.int32)  # seed header: [3] vocab, [7] n_embd
@@ -234,116 +371,173 @@ w.tofile(sys.argv[2])
 PY
     expect_error "NaN guard: a model with a NaN weight stops after --max_bad_steps 3 skipped steps" \
         "steps 1..3 had a non-finite loss or gradient norm" ./train_llama3 --llmc_filepath "$tmp/nan_model.bin" \
-        --input_bin "$2" --num_iteration 20 --max_bad_steps 3
-    if ./train_llama3 --llmc_filepath "$tmp/nan_model.bin" --input_bin "$2" --num_iteration 20 --grad_clip 1 \
-        --max_bad_steps 3 2>/dev/null | grep -c "SKIPPED" | grep -qx 3; then
-        echo "ok   NaN guard with clipping: 3 step lines say SKIPPED"; passed=$((passed + 1))
-    else echo "FAIL NaN guard with clipping: not 3 step lines saying SKIPPED"; count_failure 1; fi
+        --input_bin ref/small_sched_tokens.bin --num_iteration 20 --max_bad_steps 3
+    ./train_llama3 --llmc_filepath "$tmp/nan_model.bin" --input_bin ref/small_sched_tokens.bin --num_iteration 20 \
+        --grad_clip 1 --max_bad_steps 3 --log_file "$tmp/nan.jsonl" 2> /dev/null | grep -c "SKIPPED" | grep -qx 3 &&
+        ok=1 || ok=0
+    check $ok "NaN guard with clipping: 3 step lines say SKIPPED"
+    python3 - "$tmp/nan.jsonl" <<'PY' > "$tmp/nan_json.out" 2>&1
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert len(rows) == 3 and all(r["skipped"] == 1 and r["loss"] is None and r["grad_norm"] is None for r in rows), rows
+PY
+    [ $? -eq 0 ] && python3 scripts/plot_log.py "$tmp/nan.jsonl" "$tmp/nan.png" >> "$tmp/nan_json.out" 2>&1 &&
+        [ -s "$tmp/nan.png" ] && ok=1 || ok=0
+    check $ok "the NaN-guard run's log: 3 JSON lines with null loss and grad_norm (json.loads), drawn by plot_log.py" \
+        "$(head -n 2 "$tmp/nan.jsonl"; tail -n 2 "$tmp/nan_json.out")"
 }
 
 # The val loss and samples read the weights between steps and leave training alone: 20 steps with
 # --val_every 5 --sample_every 7 log the same losses as 20 steps without, bit for bit, with and
 # without clipping (then every AdamW group is deferred); val at steps 5, 10, 15, 20, samples at 7, 14, 20.
 eval_leaves_training() {
-    local clip flags
-    for clip in 0 1; do
-        flags="--num_iteration 20 --lr_schedule cosine --warmup_iters 5 --learning_rate 1e-4 --grad_clip $clip"
-        # shellcheck disable=SC2086
-        ./train_llama3 $flags --log_file "$tmp/plain$clip.jsonl" > /dev/null 2>&1
-        # shellcheck disable=SC2086
-        ./train_llama3 $flags --val_every 5 --val_tokens 4096 --sample_every 7 --log_file "$tmp/eval$clip.jsonl" \
-            > "$tmp/eval$clip.out" 2>&1
-        if [ -s "$tmp/plain$clip.jsonl" ] && cmp -s <(grep -o '"loss": [^,]*' "$tmp/plain$clip.jsonl") \
-            <(grep -o '"loss": [^,]*' "$tmp/eval$clip.jsonl") && [ "$(grep -c '"loss"' "$tmp/eval$clip.jsonl")" -eq 20 ] &&
-            [ "$(grep -o '"step": [0-9]*, "loss": [^,]*, "lr": [^,]*, .*"val_loss"' "$tmp/eval$clip.jsonl" |
-                grep -o '"step": [0-9]*' | tr -d '"step: ' | tr '\n' ' ')" = "5 10 15 20 " ] &&
-            [ "$(grep -c '"sample_ids"' "$tmp/eval$clip.jsonl")" -eq 3 ] && grep -q "^sample at step 14" "$tmp/eval$clip.out"; then
-            echo "ok   --val_every 5 --sample_every 7 (grad_clip $clip): the same 20 losses as without them"
-            passed=$((passed + 1))
-        else
-            echo "FAIL --val_every/--sample_every (grad_clip $clip) changed the losses or did not log val and samples"
-            tail -n 5 "$tmp/eval$clip.out"; count_failure 1
-        fi
-    done
+    local clip=$1 flags ok
+    flags="--num_iteration 20 --lr_schedule cosine --warmup_iters 5 --learning_rate 1e-4 --grad_clip $clip"
+    # shellcheck disable=SC2086
+    ./train_llama3 $flags --log_file "$tmp/plain$clip.jsonl" > /dev/null 2>&1
+    # shellcheck disable=SC2086
+    ./train_llama3 $flags --val_every 5 --val_tokens 4096 --sample_every 7 --log_file "$tmp/eval$clip.jsonl" \
+        > "$tmp/eval$clip.out" 2>&1
+    if [ -s "$tmp/plain$clip.jsonl" ] && cmp -s <(grep -o '"loss": [^,]*' "$tmp/plain$clip.jsonl") \
+        <(grep -o '"loss": [^,]*' "$tmp/eval$clip.jsonl") && [ "$(grep -c '"loss"' "$tmp/eval$clip.jsonl")" -eq 20 ] &&
+        [ "$(grep -o '"step": [0-9]*, "loss": [^,]*, "lr": [^,]*, .*"val_loss"' "$tmp/eval$clip.jsonl" |
+            grep -o '"step": [0-9]*' | tr -d '"step: ' | tr '\n' ' ')" = "5 10 15 20 " ] &&
+        [ "$(grep -c '"sample_ids"' "$tmp/eval$clip.jsonl")" -eq 3 ] && grep -q "^sample at step 14" "$tmp/eval$clip.out"; then
+        ok=1
+    else ok=0; tail -n 5 "$tmp/eval$clip.out"; fi
+    check $ok "--val_every 5 --sample_every 7 (grad_clip $clip): the same 20 losses as without them"
 }
 
-# with_switches REF SWITCH...: test_llama3 on REF once per switch.
-with_switches() {
-    local ref=$1 switch
-    shift
-    for switch in "$@"; do
-        # shellcheck disable=SC2086
-        run "test_llama3 $ref $switch" ./test_llama3 "ref/$ref" $switch
-    done
-}
-
-gpu_reference_tests() {
-    local refs spec name specs=("${SMALL_REFS[@]}")
-    case " ${LLAMA3_TEST_SHAPES:-small 1b} " in
-        *" 1b "*) specs+=("$BIG_REF") ;;
-        *) skipped+=("test_llama3 1b and its train_llama3 run (left out by LLAMA3_TEST_SHAPES)") ;;
-    esac
-    refs=" $(make_refs "${specs[@]}" | tr '\n' ' ') "
-    for spec in "${specs[@]}"; do
-        name=${spec%% *}
-        if [[ "$refs" != *" $name "* ]]; then count_failure 1; continue; fi
-        run "test_llama3 $name" ./test_llama3 "ref/$name"
-        if [ "$name" = small_t64 ]; then
-            with_switches "$name" "${SWITCHES[@]}"
-            trainer_run "small_t64, seed model, uint32 tokens" small_t64 ref/small_t64_model.bin \
-                ref/small_t64_tokens.bin
-            trainer_run "small_t64, llm.c model, uint16 tokens" small_t64 ref/small_t64_model_llmc.bin \
-                ref/small_t64_tokens16.bin
-        fi
-        [ "$name" = small_accum ] && trainer_run "small_accum, 3 micro-steps" small_accum \
-            ref/small_accum_model.bin ref/small_accum_tokens.bin
-        if [ "$name" = small_sched ]; then
-            with_switches "$name" "${CLIP_SWITCHES[@]}"
-            trainer_run "small_sched, cosine schedule and clipping" small_sched ref/small_sched_model.bin \
-                ref/small_sched_tokens.bin
-            nan_guard_stops ref/small_sched_model.bin ref/small_sched_tokens.bin
-        fi
-        [ "$name" = 1b ] && trainer_run "1b" 1b ref/1b_model.bin ref/1b_tokens.bin
-    done
-    run "checkpoints: exact resume, bad resumes, SIGKILL during saves" bash scripts/test_checkpoints.sh
-    run "Hugging Face weights in and out of the trainer (scripts/test_hf_trainer.py)" python3 scripts/test_hf_trainer.py
-}
-
-dev_binaries=$(ls dev/*.cu 2>/dev/null | sed 's/\.cu$//')
-if nvidia-smi -L >/dev/null 2>&1; then
-    if python3 -c "import torch, transformers" >/dev/null 2>&1; then
-        gpu_reference_tests
-    else
-        skipped+=("test_llama3 against every reference, and train_llama3 on their files (GPU present, but"\
-" python3 has no torch and transformers for the reference)")
-    fi
-    expect_error "out of GPU memory" "out of GPU memory" ./train_llama3 --batch_size 32 --sequence_length 8192 --total_batch_size 262144 --num_iteration 1
+# The default trainer (1B shape, B=4, T=64): its smoke run, the errors it meets on the GPU, two runs
+# that must repeat each other, a bigger batch given by B and T alone.
+default_runs() {
+    local ok run
+    run "training smoke run (10 steps, loss must fall)" bash scripts/check_loss_falls.sh
     expect_error "a log that cannot be written stops the run" "--log_file /dev/full: write failed" \
         ./train_llama3 --num_iteration 3 --log_file /dev/full
-    run "training smoke run (10 steps, loss must fall)" bash scripts/check_loss_falls.sh
-    eval_leaves_training
-    # Two processes, the same seed and flags (the default 1B at B=4, T=64: graph, deferred AdamW, sparse
-    # embedding on): every logged loss the same (test_llama3 compares weights and losses bit for bit).
+    expect_error "no GPU visible: CUDA's own error named" "cudaErrorNoDevice" env CUDA_VISIBLE_DEVICES= ./train_llama3
+    ./train_llama3 --batch_size 8 --num_iteration 1 > "$tmp/bt.out" 2>&1 && grep -q "grad_accum 1" "$tmp/bt.out" &&
+        ok=1 || ok=0
+    check $ok "--batch_size 8 alone trains (one micro-step of 512 tokens)" "$(tail -n 2 "$tmp/bt.out")"
+    # Two processes, the same seed and flags (graph, deferred AdamW, sparse embedding on): every
+    # logged loss the same (test_llama3 compares weights and losses bit for bit).
     for run in 1 2; do ./train_llama3 --num_iteration 50 --log_file "$tmp/det$run.jsonl" > /dev/null 2>&1; done
-    if [ -s "$tmp/det1.jsonl" ] && cmp -s <(grep -o '"loss": [^,]*' "$tmp/det1.jsonl") \
-        <(grep -o '"loss": [^,]*' "$tmp/det2.jsonl") && [ "$(wc -l < "$tmp/det1.jsonl")" -eq 50 ]; then
-        echo "ok   two runs of 50 steps log the same losses"; passed=$((passed + 1))
-    else echo "FAIL two runs of 50 steps with the same seed log different losses"; count_failure 1; fi
+    [ -s "$tmp/det1.jsonl" ] && cmp -s <(grep -o '"loss": [^,]*' "$tmp/det1.jsonl") \
+        <(grep -o '"loss": [^,]*' "$tmp/det2.jsonl") && [ "$(wc -l < "$tmp/det1.jsonl")" -eq 50 ] && ok=1 || ok=0
+    check $ok "two runs of 50 steps with the same seed log the same losses"
+}
+
+# with_switch REF SWITCH: test_llama3 on REF with one switch off.
+with_switch() {
+    has_ref "$1" || return
+    # shellcheck disable=SC2086
+    run "test_llama3 $1 $2" ./test_llama3 "ref/$1" $2
+}
+test_ref() { has_ref "$1" && run "test_llama3 $1" ./test_llama3 "ref/$1"; }
+
+# The GPU parts that need no reference: they run while the references are written.
+gpu_parts_without_refs() {
+    part "sampling" run "test_llama3 --sampling: sampled tokens in the top-k set, frequencies by chi-square" \
+        ./test_llama3 --sampling
+    part "default trainer runs" default_runs
+    part "eval leaves training, no clipping" eval_leaves_training 0
+    part "eval leaves training, clipping" eval_leaves_training 1
+    if python3 -c "import torch, transformers" > /dev/null 2>&1; then
+        part "HF weights through the trainer" run "Hugging Face weights in and out of the trainer (scripts/test_hf_trainer.py)" \
+            python3 scripts/test_hf_trainer.py
+    fi
     if [ "${LLAMA3_DEV_CHECKS:-1}" = 0 ]; then
         skipped+=("dev/ kernel checks (left out by LLAMA3_DEV_CHECKS=0)")
     else
-        for bin in $dev_binaries; do run "$bin --check" "$bin" --check; done
+        for bin in $dev_binaries; do part "$bin" run "$bin --check" "$bin" --check; done
     fi
+}
+
+# The parts on the references, each test_llama3 run its own part.
+gpu_parts_on_refs() {
+    local spec name s
+    for spec in "${SMALL_REFS[@]}"; do
+        name=${spec%% *}
+        part "test_llama3 $name" test_ref "$name"
+        case $name in
+        small_t64)
+            for s in "${SWITCHES[@]}"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
+            part "train_llama3 small_t64 seed/uint32" trainer_run "small_t64, seed model, uint32 tokens" small_t64 \
+                ref/small_t64_model.bin ref/small_t64_tokens.bin
+            part "train_llama3 small_t64 llm.c/uint16" trainer_run "small_t64, llm.c model, uint16 tokens" small_t64 \
+                ref/small_t64_model_llmc.bin ref/small_t64_tokens16.bin
+            part "checkpoints" run "checkpoints: exact resume on a decaying schedule with clipping, the log continued, bad resumes, SIGKILL during saves" \
+                bash scripts/test_checkpoints.sh ;;
+        small_accum) part "train_llama3 small_accum" trainer_run "small_accum, 3 micro-steps" small_accum \
+            ref/small_accum_model.bin ref/small_accum_tokens.bin ;;
+        small_sched)
+            for s in "${CLIP_SWITCHES[@]}"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
+            part "train_llama3 small_sched" trainer_run "small_sched, cosine schedule and clipping" small_sched \
+                ref/small_sched_model.bin ref/small_sched_tokens.bin
+            part "NaN guard" nan_guard_stops ;;
+        esac
+    done
+}
+
+# The GPU parts that python3 without torch cannot run, for the skipped list.
+GPU_REF_PARTS=("test_llama3 against the PyTorch references (small T=64 with every switch, T=1024, B=8,"\
+" 3 micro-steps, dense embedding, schedules with clipping, 1B)"
+    "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens, 3 micro-steps, clipping)"
+    "the NaN guard on a poisoned reference model, and its JSON log read and drawn"
+    "checkpoints: exact resume, the log continued, SIGKILL during saves (scripts/test_checkpoints.sh)"
+    "Hugging Face model -> convert -> train -> export -> HF (scripts/test_hf_trainer.py)")
+
+# refs_wait PID OUTPUT: waits for make_refs and counts the references it could not write.
+refs_wait() {
+    wait "$1" 2> /dev/null
+    cat "$2"
+    count_failure "$(grep -c '^FAIL' "$2")"
+}
+
+# LLAMA3_TEST_SHAPES picks the references: the small ones, the 1B (written while the small parts
+# run, then compared with the GPU to itself), or both.
+gpu_tests() {
+    local shapes=" ${LLAMA3_TEST_SHAPES:-small 1b} " small_pid big_pid
+    [[ $shapes == *" small "* ]] || skipped+=("test_llama3 on the small references (left out by LLAMA3_TEST_SHAPES)")
+    [[ $shapes == *" 1b "* ]] || skipped+=("test_llama3 1b and its train_llama3 run (left out by LLAMA3_TEST_SHAPES)")
+    if ! python3 -c "import torch, transformers" > /dev/null 2>&1; then
+        for s in "${GPU_REF_PARTS[@]}"; do skipped+=("$s (GPU present, but python3 has no torch and transformers)"); done
+        gpu_parts_without_refs
+        return
+    fi
+    [[ $shapes == *" small "* ]] && { make_refs "${SMALL_REFS[@]}" > "$tmp/refs_small.out" 2>&1 & small_pid=$!; }
+    [[ $shapes == *" 1b "* ]] && { make_refs "$BIG_REF" > "$tmp/refs_1b.out" 2>&1 & big_pid=$!; }
+    gpu_parts_without_refs
+    if [[ $shapes == *" small "* ]]; then
+        refs_wait "$small_pid" "$tmp/refs_small.out"
+        gpu_parts_on_refs
+    fi
+    if [[ $shapes == *" 1b "* ]]; then
+        refs_wait "$big_pid" "$tmp/refs_1b.out"
+        drain # the 1B comparison takes the GPU's memory to itself
+        part "test_llama3 1b" test_ref 1b
+        part "train_llama3 1b" trainer_run "1b" 1b ref/1b_model.bin ref/1b_tokens.bin
+    fi
+}
+
+python_deps
+dev_binaries=$(ls dev/*.cu 2>/dev/null | sed 's/\.cu$//')
+if [ "${LLAMA3_HOST_TESTS:-1}" = 0 ]; then
+    skipped+=("host unit tests and the trainer's bad-input errors (left out by LLAMA3_HOST_TESTS=0)")
 else
-    skipped+=("test_llama3 against the PyTorch references (small T=64 with every switch, T=1024, B=8,"\
-" 3 micro-steps, dense embedding, schedules with clipping, the NaN guard, 1B) (no GPU on this machine)"
-        "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens) (no GPU on this machine)"
-        "out-of-memory error (no GPU on this machine)" "training smoke run (no GPU on this machine)"
-        "a log that cannot be written (/dev/full) stops the run (no GPU on this machine)"
-        "two runs of 50 steps log the same losses (no GPU on this machine)"
-        "--val_every and --sample_every leave the 20 losses unchanged, with and without clipping (no GPU on this machine)"
-        "checkpoints: exact resume, SIGKILL during saves (no GPU on this machine)"
-        "Hugging Face model -> convert -> train -> export -> HF (scripts/test_hf_trainer.py) (no GPU on this machine)")
-    for bin in $dev_binaries; do skipped+=("$bin --check (no GPU on this machine)"); done
+    host_parts
 fi
+if ! nvidia-smi -L > /dev/null 2>&1; then
+    for s in "${GPU_REF_PARTS[@]}"; do skipped+=("$s (no GPU on this machine)"); done
+    skipped+=("test_llama3 --sampling: the sampler's top-k set and frequencies on fixed logits (no GPU on this machine)"
+        "training smoke run, /dev/full, no visible GPU, B and T alone (no GPU on this machine)"
+        "two runs of 50 steps log the same losses (no GPU on this machine)"
+        "--val_every and --sample_every leave the 20 losses unchanged, with and without clipping (no GPU on this machine)")
+    for bin in $dev_binaries; do skipped+=("$bin --check (no GPU on this machine)"); done
+elif [ "${LLAMA3_GPU_TESTS:-1}" = 0 ]; then
+    skipped+=("every GPU part (left out by LLAMA3_GPU_TESTS=0)")
+else
+    gpu_tests
+fi
+collect
 finish

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # GPU test of checkpoints on the small model (ref/small_t64's files, made by ref_llama3.py when
-# missing), with the CUDA graph, deferred AdamW and sparse embedding on (the defaults):
-#  - exact resume: 20 steps straight, 20 with a save every 5 steps, and 10 + --resume + 10 leave the
-#    same bytes in step_00000020/model.bin and state.bin, and log the same losses;
+# missing), with the CUDA graph, deferred AdamW and sparse embedding on (the defaults), on a warmup +
+# cosine schedule with clipping that clips (so the lr of every step, and the norm, must resume right):
+#  - exact resume: 20 steps straight, 20 with a save every 5 steps, and 10 (--stop_after 10) +
+#    --resume + 10 leave the same bytes in step_00000020/model.bin and state.bin, and log the same
+#    losses; the resumed run continues the first part's log, which then reads as the straight run's;
+#  - a resume from step 10 of the run saved every 5 steps, into that run's full log: the log's
+#    steps 11..20 are replaced, not repeated;
 #  - a resume with another B, and a fresh run into a folder holding a later checkpoint, are refused;
-#  - SIGKILL while checkpoints are written (one every step, so the writer is nearly always busy):
+#  - SIGKILL while checkpoints are written (one every step, so the writer is nearly always busy),
+#    0.3, 0.6 and 0.9 s after the first one is complete:
 #    latest still names a complete checkpoint, and a resume from it logs the losses the straight run
 #    logged for the same steps.
 # Ends with "N passed, M failed".
@@ -21,11 +26,14 @@ fi
 result() { # OK NAME DETAIL
     if [ "$1" = 1 ]; then echo "ok   $2"; passed=$((passed + 1)); else echo "FAIL $2: $3"; failed=$((failed + 1)); fi
 }
+# The schedule of every run here: warmup, cosine decay to 0.1 of the peak, clipping at 1 (the small
+# model's norms are above it).
+schedule=(--learning_rate 1e-3 --lr_schedule cosine --warmup_iters 3 --final_lr_frac 0.1 --grad_clip 1)
 train() { # LOG DIR FLAGS...: train_llama3 on the small model's tokens, logging to LOG, saving into DIR
     local log=$1 dir=$2
     shift 2
-    ./train_llama3 --input_bin ref/small_t64_tokens.bin --learning_rate 1e-3 --log_file "$log" \
-        --checkpoint_dir "$dir" "$@" > "$log.out" 2>&1
+    ./train_llama3 --input_bin ref/small_t64_tokens.bin "${schedule[@]}" --log_file "$log" --checkpoint_dir "$dir" \
+        "$@" >> "$log.out" 2>&1
 }
 losses() { grep -o '"loss": [^,]*' "$@"; }
 errors() { grep -h "error" "$@" | head -n 3 | tr '\n' ' '; }
@@ -33,18 +41,25 @@ model=(--llmc_filepath ref/small_t64_model.bin)
 
 ok=1
 train "$c/straight.jsonl" "$c/straight" "${model[@]}" --num_iteration 20 || ok=0
-train "$c/every5.jsonl" "$c/every5" "${model[@]}" --num_iteration 20 --checkpoint_every 5 || ok=0
-train "$c/split1.jsonl" "$c/split" "${model[@]}" --num_iteration 10 || ok=0
-train "$c/split2.jsonl" "$c/split" --num_iteration 20 --resume "$c/split" || ok=0
+train "$c/every5.jsonl" "$c/every5" "${model[@]}" --num_iteration 20 --checkpoint_every 5 --checkpoint_keep 4 || ok=0
+train "$c/split.jsonl" "$c/split" "${model[@]}" --num_iteration 20 --stop_after 10 || ok=0
+[ "$(losses "$c/split.jsonl" | wc -l)" -eq 10 ] || ok=0
+train "$c/split.jsonl" "$c/split" --num_iteration 20 --resume "$c/split" || ok=0
 for f in model.bin state.bin; do
     cmp -s "$c/straight/step_00000020/$f" "$c/every5/step_00000020/$f" || ok=0
     cmp -s "$c/straight/step_00000020/$f" "$c/split/step_00000020/$f" || ok=0
 done
 cmp -s <(losses "$c/straight.jsonl") <(losses "$c/every5.jsonl") || ok=0
-cmp -s <(losses "$c/straight.jsonl") <(cat <(losses "$c/split1.jsonl") <(losses "$c/split2.jsonl")) || ok=0
 [ "$(losses "$c/straight.jsonl" | wc -l)" -eq 20 ] || ok=0
-result $ok "exact resume: 20 steps straight, with a save every 5, and 10 + resume + 10: the same model.bin, state.bin (m, v) and losses" \
+result $ok "exact resume on a cosine schedule with clipping: 20 steps straight, with a save every 5, and 10 (--stop_after) + resume + 10: the same model.bin, state.bin (m, v) and losses" \
     "$(errors "$c"/*.out)"
+cmp -s <(losses "$c/straight.jsonl") <(losses "$c/split.jsonl") && ok=1 || ok=0
+result $ok "the resumed run continues the first part's --log_file: its 20 losses are the straight run's" \
+    "$(losses "$c/split.jsonl" | wc -l) loss lines"
+train "$c/every5.jsonl" "$c/again" --num_iteration 20 --resume "$c/every5/step_00000010" && \
+    cmp -s <(losses "$c/straight.jsonl") <(losses "$c/every5.jsonl") && ok=1 || ok=0
+result $ok "a resume from step 10 into the full log of 20 steps replaces its steps 11..20 (20 loss lines, the straight run's)" \
+    "$(losses "$c/every5.jsonl" | wc -l) loss lines; $(errors "$c/every5.jsonl.out")"
 
 out=$(./train_llama3 --input_bin ref/small_t64_tokens.bin --resume "$c/split" --num_iteration 30 --batch_size 2 2>&1)
 [[ $? -ne 0 && "$out" == *"--batch_size 2 differs from the checkpoint's 4"* ]] && ok=1 || ok=0
@@ -55,18 +70,22 @@ result $ok "a fresh run into a folder holding a later checkpoint is refused" "$o
 
 train "$c/long.jsonl" "$c/long" "${model[@]}" --num_iteration 3000
 bad="" debris=0
-for delay in 2 2.5 3; do
+# Each kill comes a while after the first checkpoint is complete (latest written), not after a fixed
+# time from the start, which on a loaded machine can fall before the first save.
+for delay in 0.3 0.6 0.9; do
     dir=$c/kill_$delay
-    ./train_llama3 "${model[@]}" --input_bin ref/small_t64_tokens.bin --learning_rate 1e-3 --checkpoint_dir "$dir" \
+    ./train_llama3 "${model[@]}" --input_bin ref/small_t64_tokens.bin "${schedule[@]}" --checkpoint_dir "$dir" \
         --num_iteration 3000 --checkpoint_every 1 > "$c/kill.out" 2>&1 &
     pid=$!
+    for _ in $(seq 300); do [ -e "$dir/latest" ] && break; sleep 0.1; done
     sleep "$delay"
     kill -9 "$pid" 2> /dev/null || bad="$bad ($delay s: finished before the kill)"
     wait "$pid" 2> /dev/null
     ls "$dir"/step_*/*.tmp.* > /dev/null 2>&1 && debris=$((debris + 1))
     step=$(sed -n 's/^step_0*\([0-9]*\)$/\1/p' "$dir/latest")
     n=$((step + 3))
-    if ! train "$c/resumed.jsonl" "$dir" --num_iteration "$n" --resume "$dir"; then
+    rm -f "$c/resumed.jsonl"
+    if ! train "$c/resumed.jsonl" "$dir" --num_iteration 3000 --stop_after "$n" --resume "$dir"; then
         bad="$bad ($delay s: resume from step $step: $(errors "$c/resumed.jsonl.out"))"
         continue
     fi

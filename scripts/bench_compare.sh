@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The trainer of another revision against this tree's, on the same GPU in one call: both built
+# (train_llama3 only), then at each config each binary's 30 steps (median ms of steps 2..30, from
+# --log_file), the two runs of a config back to back so that the board's clocks and power state
+# are alike; one markdown table, new over old in the last column. For dev/PERF.md: a change keeps
+# its speed, or the table shows what it costs.
+#   scripts/bench_compare.sh [REV (default HEAD)] [--configs "B:T[:--flag=value] ..."]
+# The default configs are the three bench configs and the clipped B=4,T=64 run.
+set -u
+cd "$(dirname "$0")/.."
+rev=HEAD
+configs="4:64 4:1024 16:1024 4:64:--grad_clip=1"
+while [ $# -gt 0 ]; do
+    case $1 in
+        --configs) configs=$2; shift ;;
+        *) rev=$1 ;;
+    esac
+    shift
+done
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+git archive "$rev" | tar -x -C "$tmp" || { echo "error: cannot export revision $rev"; exit 1; }
+make -s -C "$tmp" train_llama3 > "$tmp/build.log" 2>&1 &
+old_build=$!
+make -s train_llama3 || exit 1
+wait "$old_build" || { echo "error: revision $rev does not build:"; tail -n 5 "$tmp/build.log"; exit 1; }
+
+# median BIN B T [flags]: the median step time in ms (steps 2..30), or "fail".
+median() {
+    local bin=$1 B=$2 T=$3
+    shift 3
+    "$bin" --batch_size "$B" --sequence_length "$T" --total_batch_size $((B * T)) --num_iteration 30 \
+        --log_file "$tmp/log.json" "$@" > "$tmp/run.log" 2>&1 || { echo fail; return; }
+    tail -n +2 "$tmp/log.json" | sed -E 's/.*"ms": ([0-9.]+),.*/\1/' | sort -g |
+        awk '{ ms[NR] = $1 } END { printf "%.2f\n", ms[int((NR + 1) / 2)] }'
+}
+
+echo "### $rev against this tree ($(date +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1))"
+echo "| config | $rev ms/step | this tree ms/step | new / old |"
+echo "|---|---|---|---|"
+for c in $configs; do
+    IFS=: read -r B T flags <<< "$c"
+    old=$(median "$tmp/train_llama3" "$B" "$T" ${flags:+"$flags"})
+    new=$(median ./train_llama3 "$B" "$T" ${flags:+"$flags"})
+    echo "| B=$B T=$T ${flags:+$flags} | $old | $new | $(awk -v a="$new" -v b="$old" 'BEGIN { if (b + 0 > 0 && a + 0 > 0) printf "%.3f", a / b; else print "-" }') |"
+done
