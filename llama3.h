@@ -975,9 +975,11 @@ static inline int train_args_parse(TrainArgs* a, int argc, char** argv, char* er
         size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
         snprintf(flag, sizeof(flag), "%.*s", (int)(n < sizeof(flag) - 1 ? n : sizeof(flag) - 1), arg);
         const FlagSpec* f = flag_find(flag);
-        const FlagSpec* near = f ? NULL : flag_nearest(flag);
-        if (!f) return l3_fail(err, "unknown flag '%s'%s%s%s", flag, near ? ": did you mean " : "", near ? near->name : "",
-                               near ? "?" : "");
+        if (!f) {
+            const FlagSpec* near = flag_nearest(flag);
+            if (near) return l3_fail(err, "unknown flag '%s': did you mean %s?", flag, near->name);
+            return l3_fail(err, "unknown flag '%s'", flag);
+        }
         if (eq) val = eq + 1;
         else if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) val = argv[++i];
         else if (f->kind == FLAG_BOOL) val = "1";
@@ -1085,12 +1087,14 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
     long long bt = (long long)a->batch_size * a->sequence_length;
     if (bt > (1LL << 30)) return l3_fail(err, "--batch_size * --sequence_length = %lld is too large", bt);
     if (a->total_batch_size % bt != 0) { // name the multiples on either side
-        long long below = a->total_batch_size / bt * bt, above = below + bt;
-        char lower[64] = "";
-        if (below) snprintf(lower, sizeof(lower), " or %lld (%lld micro-step%s)", below, below / bt, below > bt ? "s" : "");
+        long long above = (a->total_batch_size / bt + 1) * bt;
+        char multiples[96];
+        int len = snprintf(multiples, sizeof(multiples), "%lld (%lld micro-step%s)", above, above / bt, above > bt ? "s" : "");
+        if (above > bt)
+            snprintf(multiples + len, sizeof(multiples) - len, " or %lld (%lld micro-step%s)", above - bt,
+                     above / bt - 1, above > 2 * bt ? "s" : "");
         return l3_fail(err, "--total_batch_size %d is not a multiple of --batch_size * --sequence_length = %lld: pass "
-                       "%lld (%lld micro-steps)%s, or leave it out for one micro-step", a->total_batch_size, bt, above,
-                       above / bt, lower);
+                       "%s, or leave it out for one micro-step", a->total_batch_size, bt, multiples);
     }
     if (a->stop_after > a->num_iteration)
         return l3_fail(err, "--stop_after %d is past the schedule's last step, --num_iteration %d", a->stop_after,

@@ -157,7 +157,9 @@ HOST_MUTANTS = [
      "    if (a->total_batch_size == 0 && bt <= INT_MAX) a->total_batch_size = (int)bt;",
      "    if (a->total_batch_size == 0) a->total_batch_size = 256;"),
     ("no_near_miss", "flags", "llama3.h", "an unknown flag gets no 'did you mean'",
-     "const FlagSpec* near = f ? NULL : flag_nearest(flag);", "const FlagSpec* near = NULL;"),
+     "const FlagSpec* near = flag_nearest(flag);", "const FlagSpec* near = NULL;"),
+    ("outputs_unchecked", "log", "llama3.h", "a --log_file in a folder that does not exist is found only when it "
+     "opens, after the GPU", '    if (a->log_file && writable_check("--log_file", a->log_file, err)) return -1;\n', ""),
     ("stop_after_ignored", "flags", "llama3.h", "--stop_after does not end the run early",
      "return a->stop_after ? a->stop_after : a->num_iteration;", "return a->num_iteration;"),
     ("schedule_ends_at_stop", "flags", "llama3.h", "the lr schedule spans the invocation (--stop_after), not "
