@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "llama3.h" // LrSchedule and lr_at, evaluated on the device
+#include "llama3.h" // OptimConfig, LrSchedule and lr_at, evaluated on the device
 
 typedef __nv_bfloat16 bf16;
 
@@ -42,6 +42,20 @@ static void cublas_check(cublasStatus_t s, const char* what, const char* file, i
 
 static inline unsigned ceil_div(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 static inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+
+// A runtime bool as a template parameter (flash-attention's static_switch.h): runs the lambda
+// with CONST_NAME a constexpr true or false, so a launcher names its kernel once,
+// kernel<CONST_NAME>, instead of one launch line or ternary per instance. Nest it for two bools.
+#define BOOL_SWITCH(COND, CONST_NAME, ...)            \
+    [&] {                                             \
+        if (COND) {                                   \
+            constexpr static bool CONST_NAME = true;  \
+            return __VA_ARGS__();                     \
+        } else {                                      \
+            constexpr static bool CONST_NAME = false; \
+            return __VA_ARGS__();                     \
+        }                                             \
+    }()
 
 // ---- device helpers ----
 
@@ -275,12 +289,10 @@ __global__ void __launch_bounds__(1024)
 static void rmsnorm_forward(float* resid_out, bf16* normed, float* rstd, const float* resid_in, const bf16* branch,
                             const float* weight, int N, int C, float eps, cudaStream_t s) {
     rms_check_width("rmsnorm_forward", C);
-    if (branch)
-        rmsnorm_forward_kernel<true><<<N, rms_threads(C), 0, s>>>(resid_out, normed, rstd, resid_in, branch, weight,
-                                                                  C, eps);
-    else
-        rmsnorm_forward_kernel<false><<<N, rms_threads(C), 0, s>>>(resid_out, normed, rstd, resid_in, branch, weight,
-                                                                   C, eps);
+    BOOL_SWITCH(branch != NULL, ADD_BRANCH, [&] {
+        rmsnorm_forward_kernel<ADD_BRANCH>
+            <<<N, rms_threads(C), 0, s>>>(resid_out, normed, rstd, resid_in, branch, weight, C, eps);
+    });
     LAUNCH_CHECK();
 }
 
@@ -600,9 +612,12 @@ static void rope_permute(bool inverse, bf16* token_major, bf16* q, bf16* k, bf16
                          const float* rope_sin, HeadShape sh, cudaStream_t s, HeadShape* shape_in_memory = NULL) {
     unsigned grid = ceil_div((size_t)sh.B * sh.T * (sh.NH + 2 * sh.KVH) * sh.HD / 8, 256);
     stage_shape(shape_in_memory, sh, s);
-    auto kernel = inverse ? (shape_in_memory ? rope_permute_kernel<true, true> : rope_permute_kernel<true, false>)
-                          : (shape_in_memory ? rope_permute_kernel<false, true> : rope_permute_kernel<false, false>);
-    kernel<<<grid, 256, 0, s>>>(token_major, q, k, v, rope_cos, rope_sin, sh, shape_in_memory);
+    BOOL_SWITCH(inverse, INVERSE, [&] {
+        BOOL_SWITCH(shape_in_memory != NULL, SHAPE_IN_MEMORY, [&] {
+            rope_permute_kernel<INVERSE, SHAPE_IN_MEMORY>
+                <<<grid, 256, 0, s>>>(token_major, q, k, v, rope_cos, rope_sin, sh, shape_in_memory);
+        });
+    });
     LAUNCH_CHECK();
 }
 
@@ -624,9 +639,12 @@ static void permute_heads(bool to_heads, bf16* token_major, bf16* head_major, He
                           HeadShape* shape_in_memory = NULL) {
     unsigned grid = ceil_div((size_t)sh.B * sh.T * sh.NH * sh.HD / 8, 256);
     stage_shape(shape_in_memory, sh, s);
-    auto kernel = to_heads ? (shape_in_memory ? permute_heads_kernel<true, true> : permute_heads_kernel<true, false>)
-                           : (shape_in_memory ? permute_heads_kernel<false, true> : permute_heads_kernel<false, false>);
-    kernel<<<grid, 256, 0, s>>>(token_major, head_major, sh, shape_in_memory);
+    BOOL_SWITCH(to_heads, TO_HEADS, [&] {
+        BOOL_SWITCH(shape_in_memory != NULL, SHAPE_IN_MEMORY, [&] {
+            permute_heads_kernel<TO_HEADS, SHAPE_IN_MEMORY><<<grid, 256, 0, s>>>(token_major, head_major, sh,
+                                                                                 shape_in_memory);
+        });
+    });
     LAUNCH_CHECK();
 }
 
@@ -1082,8 +1100,9 @@ static void flash_attention_forward(bf16* out, float* lse2, const bf16* q, const
                                     cudaStream_t s) {
     dim3 grid(sh.B * sh.NH, ceil_div(sh.T, FA_TILE));
     float scale_log2 = 1.4426950408889634f / sqrtf((float)sh.HD);
-    if (sh.HD == 64) flash_forward_kernel<64><<<grid, FA_THREADS, 0, s>>>(out, lse2, q, k, v, sh, scale_log2);
-    else flash_forward_kernel<32><<<grid, FA_THREADS, 0, s>>>(out, lse2, q, k, v, sh, scale_log2);
+    BOOL_SWITCH(sh.HD == 64, HD64, [&] {
+        flash_forward_kernel<HD64 ? 64 : 32><<<grid, FA_THREADS, 0, s>>>(out, lse2, q, k, v, sh, scale_log2);
+    });
     LAUNCH_CHECK();
 }
 
@@ -1096,15 +1115,12 @@ static void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum, 
     LAUNCH_CHECK();
     float scale = 1.0f / sqrtf((float)sh.HD), scale_log2 = 1.4426950408889634f * scale;
     dim3 grid_kv(sh.B * sh.KVH, ceil_div(sh.T, FA_TILE)), grid_q(sh.B * sh.NH, ceil_div(sh.T, FA_TILE));
-    if (sh.HD == 64) {
-        flash_backward_dkv_kernel<64><<<grid_kv, FA_THREADS, 0, s>>>(dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+    BOOL_SWITCH(sh.HD == 64, HD64, [&] {
+        constexpr int HD = HD64 ? 64 : 32;
+        flash_backward_dkv_kernel<HD><<<grid_kv, FA_THREADS, 0, s>>>(dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
         LAUNCH_CHECK();
-        flash_backward_dq_kernel<64><<<grid_q, FA_THREADS, 0, s>>>(dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
-    } else {
-        flash_backward_dkv_kernel<32><<<grid_kv, FA_THREADS, 0, s>>>(dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
-        LAUNCH_CHECK();
-        flash_backward_dq_kernel<32><<<grid_q, FA_THREADS, 0, s>>>(dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
-    }
+        flash_backward_dq_kernel<HD><<<grid_q, FA_THREADS, 0, s>>>(dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+    });
     LAUNCH_CHECK();
 }
 
@@ -1249,23 +1265,36 @@ typedef struct {
     int skipped_total; // skipped steps of this process
 } StepStats;
 
-// One thread: t = ++step, then h[0] = step t's hyperparameters: the scheduled lr and the bias
-// corrections (in double, as torch.optim.AdamW computes them on the host); h[1] keeps step
-// t-1's, for the updates that a step leaves to the next one [deferred AdamW].
-__global__ void adamw_next_step_kernel(AdamWParams* h, int* step, AdamWParams base, LrSchedule sched,
-                                       StepStats* stats) {
-    int t = ++*step;
-    base.lr = lr_at(sched, t);
-    base.step_size = (float)(base.lr / (1.0 - pow((double)base.beta1, t)));
-    base.bias_corr2_sqrt = (float)sqrt(1.0 - pow((double)base.beta2, t));
-    base.grad_scale = 1.0f, base.skip = 0;
-    h[1] = h[0];
-    h[0] = base;
-    stats->lr = base.lr;
+// Step t's hyperparameters (t from 1): the scheduled lr and the bias corrections, in double as
+// torch.optim.AdamW computes them on the host; no clipping yet (grad_scale 1), not skipped.
+static inline L3_HOST_DEVICE AdamWParams adamw_params_at(const OptimConfig& o, int t) {
+    AdamWParams p;
+    p.lr = lr_at(o.sched, t);
+    p.beta1 = o.beta1, p.beta2 = o.beta2, p.eps = o.eps, p.weight_decay = o.weight_decay;
+    p.step_size = (float)(p.lr / (1.0 - pow((double)p.beta1, t)));
+    p.bias_corr2_sqrt = (float)sqrt(1.0 - pow((double)p.beta2, t));
+    p.grad_scale = 1.0f, p.skip = 0;
+    return p;
 }
-static void adamw_next_step(AdamWParams* h, int* step, AdamWParams base, LrSchedule sched, StepStats* stats,
-                            cudaStream_t s) {
-    adamw_next_step_kernel<<<1, 1, 0, s>>>(h, step, base, sched, stats);
+
+// AdamW's hyperparameters of the last two steps, in device memory. A step's first kernel
+// (adamw_next_step) moves `latest` into `previous` and writes its own into `latest`. So inside
+// step t, `latest` is step t's and `previous` step t-1's: the step whose deferred updates step t
+// runs first [deferred AdamW]; between steps, `latest` is the step just run.
+typedef struct {
+    AdamWParams latest, previous;
+} AdamWHistory;
+
+// One thread: t = ++step, then step t's hyperparameters into h->latest, step t-1's kept in
+// h->previous.
+__global__ void adamw_next_step_kernel(AdamWHistory* h, int* step, OptimConfig o, StepStats* stats) {
+    int t = ++*step;
+    h->previous = h->latest;
+    h->latest = adamw_params_at(o, t);
+    stats->lr = h->latest.lr;
+}
+static void adamw_next_step(AdamWHistory* h, int* step, OptimConfig o, StepStats* stats, cudaStream_t s) {
+    adamw_next_step_kernel<<<1, 1, 0, s>>>(h, step, o, stats);
     LAUNCH_CHECK();
 }
 
@@ -1332,8 +1361,9 @@ __global__ void sum_squares_rows_kernel(float* partial, const float* g, const in
 template <typename G> static void sum_squares(float* partial, const G* g, size_t n, cudaStream_t s) {
     const int vec = 16 / sizeof(G), threads = 256;
     unsigned blocks = std::min<unsigned>(SUMSQ_BLOCKS, ceil_div(n, (size_t)threads * vec));
-    if (n % vec == 0 && aligned16(g)) sum_squares_kernel<16 / sizeof(G)><<<blocks, threads, 0, s>>>(partial, g, n);
-    else sum_squares_kernel<1><<<blocks, threads, 0, s>>>(partial, g, n);
+    BOOL_SWITCH(n % vec == 0 && aligned16(g), VEC16, [&] {
+        sum_squares_kernel<VEC16 ? 16 / sizeof(G) : 1><<<blocks, threads, 0, s>>>(partial, g, n);
+    });
     LAUNCH_CHECK();
 }
 static void sum_squares_rows(float* partial, const float* g, const int* sorted_tokens, int n_sorted, int C,
@@ -1431,22 +1461,29 @@ __global__ void adamw_kernel(float* params, float* m, float* v, const G* grads, 
     }
 }
 
+#define ADAMW_THREADS 256 // per block of adamw_kernel
+
 // Guards [float4 Adam]: 128-bit access needs every fp32 pointer 16-byte aligned (the shadow and
 // bf16 gradients 8-byte), and a tensor smaller than one float4 per thread over all SMs runs
 // scalar so that it still spreads across the chip (the seed's minimum size, scaled by SM count).
+// shadow NULL: no shadow copy.
+template <typename G>
+static bool adamw_vec4_ok(const float* params, const float* m, const float* v, const G* grads, const bf16* shadow,
+                          size_t n, int sms) {
+    bool aligned = aligned16(params) && aligned16(m) && aligned16(v) && ((uintptr_t)grads % (4 * sizeof(G))) == 0 &&
+                   (shadow == NULL || ((uintptr_t)shadow & 7) == 0);
+    return aligned && n >= (size_t)sms * ADAMW_THREADS * 4;
+}
+// adamw_kernel over n elements, float4 where adamw_vec4_ok allows it; shadow NULL without SHADOW.
 // allow_vec4 = false forces the scalar kernel (the ablation's "no vectorised Adam").
 template <bool SHADOW, typename G>
 static void adamw_dense(float* params, float* m, float* v, const G* grads, bf16* shadow, size_t n,
                         const AdamWParams* h, bool decay, int sms, cudaStream_t s, bool allow_vec4 = true) {
-    const int threads = 256;
-    bool aligned = aligned16(params) && aligned16(m) && aligned16(v) && ((uintptr_t)grads % (4 * sizeof(G))) == 0 &&
-                   (!SHADOW || ((uintptr_t)shadow & 7) == 0);
-    bool large = n >= (size_t)sms * threads * 4;
-    if (allow_vec4 && aligned && large)
-        adamw_kernel<4, SHADOW><<<ceil_div(n / 4 + 1, threads), threads, 0, s>>>(params, m, v, grads, shadow, n, h,
-                                                                                 decay);
-    else
-        adamw_kernel<1, SHADOW><<<ceil_div(n, threads), threads, 0, s>>>(params, m, v, grads, shadow, n, h, decay);
+    const int threads = ADAMW_THREADS;
+    BOOL_SWITCH(allow_vec4 && adamw_vec4_ok(params, m, v, grads, shadow, n, sms), VEC4, [&] {
+        unsigned blocks = VEC4 ? ceil_div(n / 4 + 1, threads) : ceil_div(n, threads);
+        adamw_kernel<VEC4 ? 4 : 1, SHADOW><<<blocks, threads, 0, s>>>(params, m, v, grads, shadow, n, h, decay);
+    });
     LAUNCH_CHECK();
 }
 
@@ -1475,8 +1512,9 @@ __global__ void adamw_sparse_rows_kernel(float* params, float* m, float* v, floa
 static void adamw_sparse_rows(float* params, float* m, float* v, float* grads, const int* sorted_tokens, int n_sorted,
                               int C, const AdamWParams* h, cudaStream_t s, bool allow_vec4 = true) {
     bool vec4 = allow_vec4 && C % 4 == 0 && aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads);
-    if (vec4) adamw_sparse_rows_kernel<4><<<n_sorted, 128, 0, s>>>(params, m, v, grads, sorted_tokens, C, h);
-    else adamw_sparse_rows_kernel<1><<<n_sorted, 128, 0, s>>>(params, m, v, grads, sorted_tokens, C, h);
+    BOOL_SWITCH(vec4, VEC4, [&] {
+        adamw_sparse_rows_kernel<VEC4 ? 4 : 1><<<n_sorted, 128, 0, s>>>(params, m, v, grads, sorted_tokens, C, h);
+    });
     LAUNCH_CHECK();
 }
 
@@ -1632,10 +1670,10 @@ static void sample_token(int* token_out, const bf16* logits, int V, float temper
         fprintf(stderr, "sample_token: V = %d must be in [1, 2^24), temperature %g finite\n", V, temperature);
         exit(EXIT_FAILURE);
     }
-    if (V % 8 == 0 && aligned16(logits))
-        sample_token_kernel<8><<<1, SAMPLE_THREADS, 0, s>>>(token_out, logits, V, temperature, top_k, uniform);
-    else
-        sample_token_kernel<1><<<1, SAMPLE_THREADS, 0, s>>>(token_out, logits, V, temperature, top_k, uniform);
+    BOOL_SWITCH(V % 8 == 0 && aligned16(logits), VEC16, [&] {
+        sample_token_kernel<VEC16 ? 8 : 1>
+            <<<1, SAMPLE_THREADS, 0, s>>>(token_out, logits, V, temperature, top_k, uniform);
+    });
     LAUNCH_CHECK();
 }
 

@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -53,6 +54,7 @@ typedef struct {
 } Llama3Config;
 
 #define LLAMA3_MAX_FFN (1 << 20)
+#define LLAMA3_MAX_LAYERS 1024
 
 // LLaMA 3's FFN width: 4C, two thirds of it, times the multiplier (a float product, as Meta's
 // code computes it), rounded up to multiple_of. -1 when the product is not in [1, 2^20]: its
@@ -77,7 +79,7 @@ static inline Llama3Config llama3_2_1b_config(void) {
 static inline int config_check(Llama3Config* c, const char* source, char* err) {
     const struct { const char* name; long long value, lo, hi; } ints[] = {
         {"max_seq_len", c->max_seq_len, 1, 1 << 24},   {"vocab_size", c->vocab_size, 8, 1 << 24},
-        {"n_layer", c->n_layer, 1, 1024},              {"n_head", c->n_head, 1, 1024},
+        {"n_layer", c->n_layer, 1, LLAMA3_MAX_LAYERS}, {"n_head", c->n_head, 1, 1024},
         {"n_kv_head", c->n_kv_head, 1, 1024},          {"n_embd", c->n_embd, 8, 1 << 20},
         {"multiple_of", c->multiple_of, 1, 1 << 20},   {"use_scaled_rope", c->use_scaled_rope, 0, 1}};
     for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
@@ -590,67 +592,19 @@ static inline void rope_table(const Llama3Config* c, int T, float* cos_out, floa
     free(inv_freq);
 }
 
-// ---- command line ----
-// The seed report's flags (gflags style: --flag value or --flag=value) plus our own.
-
-// Optimisations that can be switched off, one by one, for the ablation (scripts/bench.sh).
-enum { GRAD_ZERO_NONE, GRAD_ZERO_MEMSET, GRAD_ZERO_FILL };
-typedef struct {
-    int shadow_weights;    // 0: cast each fp32 weight to bf16 before every GEMM that reads it
-    int vector_adam;       // 0: scalar AdamW kernels
-    int grad_zeroing;      // NONE: first gradient GEMM writes; MEMSET/FILL: zero every tensor each step
-    int metadata_by_value; // 0: shapes copied host-to-device before each kernel that takes them
-    int sparse_embedding;  // 0: dense embedding gradient and AdamW
-    int overlap_optimizer; // 0: AdamW after the backward pass instead of on a second stream during it
-    int flash_attention;   // 0: unfused attention (batched GEMMs, T x T scores in memory)
-    int bf16_grads;        // 0: fp32 matmul weight gradients even when one micro-step makes the step
-    int cuda_graph;        // 0: launch every kernel of every step from the host
-    int fused_rmsnorm;     // 0: RMSNorm (and its residual add) as separate ops, as autograd runs it
-    int deferred_adamw;    // layers 0..K-1 whose AdamW runs during the next step's forward; 0: none;
-                           // -1 (not given): deferred_layers()
-    int delete_fills;      // 0: zero-fill the attention and head-permute backward outputs first
-} Switches;
-
-typedef struct {
-    const char* input_bin;     // NULL: the embedded default data set
-    const char* llmc_filepath; // NULL: random init (LLaMA3.2-1B shape, std 0.02, norms 1)
-    const char* log_file;      // NULL: no JSON log
-    int num_iteration, batch_size, sequence_length, total_batch_size;
-    int stop_after; // 0: run to num_iteration; else the last step of this invocation
-    float learning_rate, weight_decay, beta1, beta2, eps;
-    int overfit_single_batch;
-    unsigned long long seed;
-    Switches sw;
-    int help; // --help or -h: print the usage and exit
-    const char* checkpoint_dir; // NULL: no checkpoints
-    int checkpoint_every;       // 0: only after the last step
-    int checkpoint_keep;        // complete checkpoints kept
-    const char* resume;         // NULL: a fresh run; else a checkpoint folder or a --checkpoint_dir
-    int lr_schedule;            // LR_CONSTANT, LR_COSINE, LR_LINEAR, LR_WSD (see lr_at)
-    int warmup_iters;
-    float final_lr_frac, decay_frac;
-    float grad_clip;   // 0: no clipping (and no gradient norm)
-    int max_bad_steps; // skipped steps in a row that stop the run
-    const char* val_bin; // NULL: the embedded tiny shakespeare val split
-    int val_every, val_tokens; // val_every 0: no validation
-    int sample_every, sample_tokens, top_k; // sample_every 0: no sampling
-    float temperature;                      // 0: greedy
-} TrainArgs;
-
-// The last step this invocation runs: --stop_after, or the schedule's last step.
-static inline int last_step(const TrainArgs* a) { return a->stop_after ? a->stop_after : a->num_iteration; }
-
 // ---- learning-rate schedule ----
 // The lr of optimizer step t (1 = the first update, total = the run's last step): a linear warmup
-// to lr over the first `warmup` steps (lr * t / warmup, never 0), then constant; cosine or linear
-// from lr down to lr * final_frac at step total; or wsd (warmup, stable, decay): lr until the last
-// decay_frac of the run, then linear down to lr * final_frac at step total. Compiled for the host
-// and, by nvcc, for the device, where the step's first kernel evaluates it from the step counter
-// (so a captured step replays with each step's own lr).
+// to the peak over the first `warmup` steps (peak * t / warmup, never 0), then constant; cosine or
+// linear from the peak down to peak * final_frac at step total; or wsd (warmup, stable, decay): the
+// peak until the last decay_frac of the run, then linear down to peak * final_frac at step total.
+// Compiled for the host and, by nvcc, for the device, where the step's first kernel evaluates it
+// from the step counter (so a captured step replays with each step's own lr).
 enum { LR_CONSTANT, LR_COSINE, LR_LINEAR, LR_WSD };
 typedef struct {
-    int kind, warmup, total;
-    float lr, final_frac, decay_frac;
+    int kind;   // LR_CONSTANT, LR_COSINE, LR_LINEAR, LR_WSD
+    int warmup; // --warmup_iters
+    int total;  // --num_iteration: the run's optimizer steps, in one invocation or several (--stop_after)
+    float peak_lr, final_frac, decay_frac;
 } LrSchedule;
 #ifdef __CUDACC__
 #define L3_HOST_DEVICE __host__ __device__
@@ -658,26 +612,120 @@ typedef struct {
 #define L3_HOST_DEVICE
 #endif
 static inline L3_HOST_DEVICE float lr_at(LrSchedule s, int t) {
-    if (t <= s.warmup) return (float)((double)s.lr * t / s.warmup);
-    if (s.kind == LR_CONSTANT) return s.lr;
+    if (t <= s.warmup) return (float)((double)s.peak_lr * t / s.warmup);
+    if (s.kind == LR_CONSTANT) return s.peak_lr;
     double start = s.warmup, wsd_start = s.total - (double)s.decay_frac * s.total; // where the decay starts
     if (s.kind == LR_WSD && wsd_start > start) start = wsd_start;
-    if (t <= start) return s.lr;
+    if (t <= start) return s.peak_lr;
     double p = (t - start) / (s.total - start); // (0, 1] up to the last step
     if (!(p <= 1)) p = 1;
     double f = s.kind == LR_COSINE ? 0.5 * (1.0 + cos(M_PI * p)) : 1.0 - p; // 1 -> 0
-    return (float)(s.lr * (s.final_frac + (1.0 - s.final_frac) * f));
-}
-static inline LrSchedule lr_schedule_of(const TrainArgs* a) {
-    LrSchedule s = {a->lr_schedule, a->warmup_iters, a->num_iteration, a->learning_rate, a->final_lr_frac,
-                    a->decay_frac};
-    return s;
+    return (float)(s.peak_lr * (s.final_frac + (1.0 - s.final_frac) * f));
 }
 
+// ---- configuration ----
+// Each part of the trainer owns one struct of settings, and the command line's table (FLAGS, below)
+// parses every flag straight into its field there: one copy of each value, nothing repacked.
+
+// The optimizer's: AdamW as torch.optim.AdamW, its lr schedule, and gradient clipping.
+typedef struct {
+    LrSchedule sched;
+    float beta1, beta2, eps, weight_decay;
+    float grad_clip; // 0: no clipping (and no gradient norm)
+} OptimConfig;
+
+// The training loop's: its inputs and log, the batch, and how long it runs.
+typedef struct {
+    const char* input_bin;     // NULL: the embedded default data set
+    const char* llmc_filepath; // NULL: random init (LLaMA3.2-1B shape, std 0.02, norms 1)
+    const char* log_file;      // NULL: no JSON log
+    int batch_size, sequence_length, total_batch_size;
+    int stop_after; // 0: run to the schedule's last step; else the last step of this invocation
+    int overfit_single_batch;
+    unsigned long long seed;
+    int max_bad_steps; // skipped steps in a row that stop the run
+} LoopConfig;
+
+// Evaluation's: the val loss and samples between steps.
+typedef struct {
+    const char* val_bin; // NULL: the embedded tiny shakespeare val split
+    int val_every, val_tokens; // val_every 0: no validation
+    int sample_every, sample_tokens, top_k; // sample_every 0: no sampling
+    float temperature;                      // 0: greedy
+} EvalConfig;
+
+// Checkpoints'.
+typedef struct {
+    const char* dir; // NULL: no checkpoints
+    int every;       // 0: only after the last step
+    int keep;        // complete checkpoints kept
+    const char* resume; // NULL: a fresh run; else a checkpoint folder or a --checkpoint_dir
+} CheckpointConfig;
+
+// Optimisations that can be switched off, one by one, for the ablation (scripts/bench.sh). A switch
+// is its row here and the code that reads it: its Switches field, its flag and --help line, the
+// scripts' list (--list_switches), the printed configuration, the checkpoint's record and the
+// test's choice of what to re-check all come from the row. A row: field (and flag) name, flag
+// kind, default, upper bound (ints), choices, what it changes (SWITCH_PASSES: the forward or
+// backward pass; SWITCH_OPTIMIZER: only when and how AdamW runs), the values the tests and the
+// ablation run it at, help.
+enum { GRAD_ZERO_NONE, GRAD_ZERO_MEMSET, GRAD_ZERO_FILL };
+typedef enum { NOT_A_SWITCH, SWITCH_PASSES, SWITCH_OPTIMIZER } SwitchScope;
+#define LLAMA3_SWITCHES(X)                                                                                             \
+    X(shadow_weights, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                     \
+      "1: AdamW writes bf16 copies of the weights; 0: cast each weight to bf16 before every GEMM that reads it")       \
+    X(vector_adam, FLAG_BOOL, "1", 0, NULL, SWITCH_OPTIMIZER, "0", "1: 128-bit AdamW; 0: scalar AdamW kernels")       \
+    X(grad_zeroing, FLAG_CHOICE, "none", 0, "none|memset|fill", SWITCH_PASSES, "memset fill",                          \
+      "none: the first gradient GEMM writes; memset or fill: zero every gradient tensor each step and accumulate")    \
+    X(metadata_by_value, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                  \
+      "1: shapes as kernel arguments; 0: copied host-to-device before each launch that takes them")                   \
+    X(sparse_embedding, FLAG_BOOL, "1", 0, NULL, SWITCH_OPTIMIZER, "0",                                                \
+      "1: lazy AdamW on the embedding rows the step touched; 0: dense embedding gradient and AdamW")                  \
+    X(overlap_optimizer, FLAG_BOOL, "1", 0, NULL, SWITCH_OPTIMIZER, "0",                                               \
+      "1: AdamW of each layer on a second stream during the backward; 0: after the backward pass")                    \
+    X(flash_attention, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                    \
+      "1: flash attention; 0: unfused (batched GEMMs, T x T scores and P in memory)")                                 \
+    X(bf16_grads, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                         \
+      "1: matmul weight gradients in bf16 when one micro-step makes the step; 0: fp32")                               \
+    X(cuda_graph, FLAG_BOOL, "1", 0, NULL, SWITCH_OPTIMIZER, "0",                                                      \
+      "1: steps 2.. replay one CUDA graph (not with metadata_by_value 0, whose copies a graph cannot hold); "         \
+      "0: every kernel launched from the host")                                                                       \
+    X(fused_rmsnorm, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                      \
+      "1: one kernel per RMSNorm forward/backward, residual add inside; 0: the separate ops autograd runs")           \
+    X(deferred_adamw, FLAG_INT, "-1", BIG_INT, NULL, SWITCH_OPTIMIZER, "0 1",                                          \
+      "AdamW of layers 0..N-1 in the next step's forward (not given: 12, or every layer of a smaller model; with "    \
+      "grad_clip every group; only with overlap_optimizer 1 and grad_zeroing none)")                                                              \
+    X(delete_fills, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                       \
+      "1: no fill before a kernel that overwrites its whole output; 0: the seed's fills before the attention and "    \
+      "head-permute backward")
+#define BIG_INT (1 << 30)
+
+typedef struct {
+#define SWITCH_FIELD(field, ...) int field;
+    LLAMA3_SWITCHES(SWITCH_FIELD)
+#undef SWITCH_FIELD
+} Switches;
+
+typedef struct {
+    LoopConfig loop;
+    OptimConfig optim;
+    EvalConfig eval;
+    CheckpointConfig ckpt;
+    Switches sw;
+    int help;          // --help or -h: print the usage and exit
+    int list_switches; // --list_switches: print each switch's ablation settings and exit
+} TrainArgs;
+
+// The last step this invocation runs: --stop_after, or the schedule's last step.
+static inline int last_step(const TrainArgs* a) { return a->loop.stop_after ? a->loop.stop_after : a->optim.sched.total; }
+
+// ---- command line ----
+// The seed report's flags (gflags style: --flag value or --flag=value) plus our own.
+//
 // One table drives parsing, the defaults, the usage text and the printed configuration: a new
-// flag is one row. A row names the TrainArgs field its value lands in (by offset), how the value
-// parses, its default as it would be typed (applied without the range check: deferred_adamw's -1
-// means "not given"), its range or choices, and its help.
+// flag is one row. A row names the field its value lands in (by offset into TrainArgs, inside its
+// consumer's struct), how the value parses, its default as it would be typed (applied without the
+// range check: deferred_adamw's -1 means "not given"), its range or choices, and its help.
 typedef enum {
     FLAG_INT,    // int in [lo, hi]
     FLAG_U64,    // unsigned long long in [lo, hi]
@@ -696,59 +744,51 @@ typedef struct {
     double lo, hi;
     const char* choices;
     const char* help;
-    int ablation; // 1: an optimisation, on by default, that --flag 0 turns off for the ablation
+    SwitchScope scope;          // a switch (an optimisation, on by default, off for the ablation), or not
+    const char* ablation_values; // a switch's values other than its default that the tests and the ablation run
 } FlagSpec;
 
 #define ARG(field) offsetof(TrainArgs, field)
-#define BIG_INT (1 << 30)
+#define SWITCH_FLAG(field, kind, def, hi, choices, scope, values, help) \
+    {"--" #field, kind, ARG(sw.field), def, 0, hi, choices, help, scope, values},
 static const FlagSpec FLAGS[] = {
-    {"--input_bin", FLAG_PATH, ARG(input_bin), NULL, 0, 0, NULL, "llm.c token file (default: embedded tiny shakespeare)", 0},
-    {"--llmc_filepath", FLAG_PATH, ARG(llmc_filepath), NULL, 0, 0, NULL, "model file, seed or llm.c format (default: random init)", 0},
-    {"--num_iteration", FLAG_INT, ARG(num_iteration), "100", 1, BIG_INT, NULL, "optimizer steps of the run: the lr schedule's length, and its last step", 0},
-    {"--stop_after", FLAG_INT, ARG(stop_after), "0", 0, BIG_INT, NULL, "end this invocation after step N, to --resume later on the same schedule (0: at --num_iteration)", 0},
-    {"--batch_size", FLAG_INT, ARG(batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", 0},
-    {"--sequence_length", FLAG_INT, ARG(sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence", 0},
-    {"--total_batch_size", FLAG_INT, ARG(total_batch_size), "0", 0, BIG_INT, NULL, "tokens per optimizer step, a multiple of B*T (0: B*T, one micro-step)", 0},
-    {"--learning_rate", FLAG_FLOAT, ARG(learning_rate), "1e-5", 0.0, 10.0, NULL, "AdamW peak lr", 0},
-    {"--lr_schedule", FLAG_CHOICE, ARG(lr_schedule), "constant", 0, 0, "constant|cosine|linear|wsd", "lr after the warmup: constant; cosine or linear to lr*final_lr_frac at the last step; wsd: constant, then linear over the last decay_frac", 0},
-    {"--warmup_iters", FLAG_INT, ARG(warmup_iters), "0", 0, BIG_INT, NULL, "steps of linear warmup from lr/N to lr", 0},
-    {"--final_lr_frac", FLAG_FLOAT, ARG(final_lr_frac), "0", 0.0, 1.0, NULL, "cosine, linear, wsd: the last step's lr over the peak", 0},
-    {"--decay_frac", FLAG_FLOAT, ARG(decay_frac), "0.2", 0.0, 1.0, NULL, "wsd: the fraction of the run that decays", 0},
-    {"--weight_decay", FLAG_FLOAT, ARG(weight_decay), "0", 0.0, 10.0, NULL, "AdamW decoupled weight decay (matrices and wte; not the norm weights)", 0},
-    {"--grad_clip", FLAG_FLOAT, ARG(grad_clip), "0", 0.0, 1e9, NULL, "clip the global gradient L2 norm to this (0: off; also measures the norm)", 0},
-    {"--max_bad_steps", FLAG_INT, ARG(max_bad_steps), "5", 1, BIG_INT, NULL, "stop after this many steps in a row skipped for a non-finite loss or grad norm", 0},
-    {"--beta1", FLAG_FLOAT, ARG(beta1), "0.9", 0.0, 0.999999, NULL, "AdamW beta1", 0},
-    {"--beta2", FLAG_FLOAT, ARG(beta2), "0.999", 0.0, 0.9999999403953552, NULL, "AdamW beta2", 0},
-    {"--eps", FLAG_FLOAT, ARG(eps), "1e-8", 1e-30, 1.0, NULL, "AdamW eps", 0},
-    {"--seed", FLAG_U64, ARG(seed), "42", 0, 9.2233720368547758e18, NULL, "random init seed", 0},
-    {"--overfit_single_batch", FLAG_BOOL, ARG(overfit_single_batch), "0", 0, 0, NULL, "train on the first batch only", 0},
-    {"--log_file", FLAG_PATH, ARG(log_file), NULL, 0, 0, NULL, "write one JSON line per step", 0},
-    {"--val_bin", FLAG_PATH, ARG(val_bin), NULL, 0, 0, NULL, "llm.c token file for the val loss (default: embedded tiny shakespeare val split)", 0},
-    {"--val_every", FLAG_INT, ARG(val_every), "0", 0, BIG_INT, NULL, "val loss every N steps and after the last (0: never)", 0},
-    {"--val_tokens", FLAG_INT, ARG(val_tokens), "32768", 1, BIG_INT, NULL, "tokens of val data per val loss (whole batches of B*T)", 0},
-    {"--sample_every", FLAG_INT, ARG(sample_every), "0", 0, BIG_INT, NULL, "generate text from BOS every N steps and after the last (0: never)", 0},
-    {"--sample_tokens", FLAG_INT, ARG(sample_tokens), "32", 1, BIG_INT, NULL, "tokens generated per sample (at most sequence_length - 1)", 0},
-    {"--temperature", FLAG_FLOAT, ARG(temperature), "1", 0.0, 100.0, NULL, "sampling temperature (0: greedy)", 0},
-    {"--top_k", FLAG_INT, ARG(top_k), "0", 0, BIG_INT, NULL, "sample from the k most likely tokens (0: all)", 0},
-    {"--checkpoint_dir", FLAG_PATH, ARG(checkpoint_dir), NULL, 0, 0, NULL, "save checkpoints there (DIR/step_N/, DIR/latest), always after the last step", 0},
-    {"--checkpoint_every", FLAG_INT, ARG(checkpoint_every), "0", 0, BIG_INT, NULL, "also save every N steps (0: only after the last)", 0},
-    {"--checkpoint_keep", FLAG_INT, ARG(checkpoint_keep), "2", 1, BIG_INT, NULL, "complete checkpoints kept, older ones deleted", 0},
-    {"--resume", FLAG_PATH, ARG(resume), NULL, 0, 0, NULL, "continue a run: a checkpoint folder, or a --checkpoint_dir (its latest)", 0},
-    {"--dtype", FLAG_ONLY, 0, NULL, 0, 0, "bfloat16", "the only precision (bf16 matmuls, fp32 master weights)", 0},
-    {"--device", FLAG_ONLY, 0, NULL, 0, 0, "cuda", "the only device", 0},
-    {"--sparse_embedding", FLAG_BOOL, ARG(sw.sparse_embedding), "1", 0, 0, NULL, "1: lazy row-sparse AdamW on wte; 0: dense AdamW", 1},
-    {"--overlap_optimizer", FLAG_BOOL, ARG(sw.overlap_optimizer), "1", 0, 0, NULL, "1: AdamW of each layer on a second stream during the backward", 1},
-    {"--shadow_weights", FLAG_BOOL, ARG(sw.shadow_weights), "1", 0, 0, NULL, "1: AdamW writes bf16 copies; 0: cast before every GEMM", 1},
-    {"--vector_adam", FLAG_BOOL, ARG(sw.vector_adam), "1", 0, 0, NULL, "1: 128-bit AdamW; 0: scalar", 1},
-    {"--metadata_by_value", FLAG_BOOL, ARG(sw.metadata_by_value), "1", 0, 0, NULL, "1: shapes as kernel arguments; 0: copied host-to-device per launch", 1},
-    {"--flash_attention", FLAG_BOOL, ARG(sw.flash_attention), "1", 0, 0, NULL, "1: flash attention; 0: unfused (scores and P in memory)", 1},
-    {"--bf16_grads", FLAG_BOOL, ARG(sw.bf16_grads), "1", 0, 0, NULL, "1: matmul weight gradients in bf16 when grad_accum is 1; 0: fp32", 1},
-    {"--cuda_graph", FLAG_BOOL, ARG(sw.cuda_graph), "1", 0, 0, NULL, "1: steps 2.. replay one CUDA graph (needs metadata_by_value 1)", 1},
-    {"--fused_rmsnorm", FLAG_BOOL, ARG(sw.fused_rmsnorm), "1", 0, 0, NULL, "1: one kernel per RMSNorm forward/backward; 0: separate ops", 1},
-    {"--delete_fills", FLAG_BOOL, ARG(sw.delete_fills), "1", 0, 0, NULL, "1: no fill before a kernel that overwrites its whole output; 0: the seed's fills", 1},
-    {"--deferred_adamw", FLAG_INT, ARG(sw.deferred_adamw), "-1", 0, BIG_INT, NULL, "AdamW of layers 0..N-1 in the next step's forward (not given: 12, or all layers of a smaller model; needs overlap_optimizer 1 and grad_zeroing none)", 1},
-    {"--grad_zeroing", FLAG_CHOICE, ARG(sw.grad_zeroing), "none", 0, 0, "none|memset|fill", "none: first gradient GEMM writes; memset or fill: zero grads each step", 1},
+    {"--input_bin", FLAG_PATH, ARG(loop.input_bin), NULL, 0, 0, NULL, "llm.c token file, uint32 LLaMA-3 or uint16 GPT-2 tokens (default: embedded tiny shakespeare)", NOT_A_SWITCH, NULL},
+    {"--llmc_filepath", FLAG_PATH, ARG(loop.llmc_filepath), NULL, 0, 0, NULL, "model file, seed/InfiniTrain or llm.c llama3 format, told apart by size (default: random init)", NOT_A_SWITCH, NULL},
+    {"--num_iteration", FLAG_INT, ARG(optim.sched.total), "100", 1, BIG_INT, NULL, "optimizer steps of the run: the lr schedule's length, and its last step", NOT_A_SWITCH, NULL},
+    {"--stop_after", FLAG_INT, ARG(loop.stop_after), "0", 0, BIG_INT, NULL, "end this invocation after step N, to --resume later on the same schedule (0: at --num_iteration)", NOT_A_SWITCH, NULL},
+    {"--batch_size", FLAG_INT, ARG(loop.batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", NOT_A_SWITCH, NULL},
+    {"--sequence_length", FLAG_INT, ARG(loop.sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence", NOT_A_SWITCH, NULL},
+    {"--total_batch_size", FLAG_INT, ARG(loop.total_batch_size), "0", 0, BIG_INT, NULL, "tokens per optimizer step, a multiple of B*T: N / (B*T) micro-steps accumulate gradients (0: B*T, one micro-step)", NOT_A_SWITCH, NULL},
+    {"--learning_rate", FLAG_FLOAT, ARG(optim.sched.peak_lr), "1e-5", 0.0, 10.0, NULL, "AdamW peak lr", NOT_A_SWITCH, NULL},
+    {"--lr_schedule", FLAG_CHOICE, ARG(optim.sched.kind), "constant", 0, 0, "constant|cosine|linear|wsd", "lr after the warmup: constant; cosine or linear to lr*final_lr_frac at the last step; wsd: constant, then linear over the last decay_frac", NOT_A_SWITCH, NULL},
+    {"--warmup_iters", FLAG_INT, ARG(optim.sched.warmup), "0", 0, BIG_INT, NULL, "steps of linear warmup from lr/N to lr", NOT_A_SWITCH, NULL},
+    {"--final_lr_frac", FLAG_FLOAT, ARG(optim.sched.final_frac), "0", 0.0, 1.0, NULL, "cosine, linear, wsd: the last step's lr over the peak", NOT_A_SWITCH, NULL},
+    {"--decay_frac", FLAG_FLOAT, ARG(optim.sched.decay_frac), "0.2", 0.0, 1.0, NULL, "wsd: the fraction of the run that decays", NOT_A_SWITCH, NULL},
+    {"--weight_decay", FLAG_FLOAT, ARG(optim.weight_decay), "0", 0.0, 10.0, NULL, "AdamW decoupled weight decay (matrices and wte; not the norm weights)", NOT_A_SWITCH, NULL},
+    {"--grad_clip", FLAG_FLOAT, ARG(optim.grad_clip), "0", 0.0, 1e9, NULL, "clip the global gradient L2 norm to this, as clip_grad_norm_ (0: off; also measures the norm, printed and logged)", NOT_A_SWITCH, NULL},
+    {"--max_bad_steps", FLAG_INT, ARG(loop.max_bad_steps), "5", 1, BIG_INT, NULL, "NaN guard: stop after this many steps in a row skipped for a non-finite loss or grad norm", NOT_A_SWITCH, NULL},
+    {"--beta1", FLAG_FLOAT, ARG(optim.beta1), "0.9", 0.0, 0.999999, NULL, "AdamW beta1", NOT_A_SWITCH, NULL},
+    {"--beta2", FLAG_FLOAT, ARG(optim.beta2), "0.999", 0.0, 0.9999999403953552, NULL, "AdamW beta2", NOT_A_SWITCH, NULL},
+    {"--eps", FLAG_FLOAT, ARG(optim.eps), "1e-8", 1e-30, 1.0, NULL, "AdamW eps", NOT_A_SWITCH, NULL},
+    {"--seed", FLAG_U64, ARG(loop.seed), "42", 0, 9.2233720368547758e18, NULL, "random init seed", NOT_A_SWITCH, NULL},
+    {"--overfit_single_batch", FLAG_BOOL, ARG(loop.overfit_single_batch), "0", 0, 0, NULL, "train on the first batch only", NOT_A_SWITCH, NULL},
+    {"--log_file", FLAG_PATH, ARG(loop.log_file), NULL, 0, 0, NULL, "one JSON line per step (step, loss, lr, grad_norm with clipping, val_loss when measured, skipped, ms, tok_per_s, peak_mib; non-finite: null) and per sample; continued by --resume", NOT_A_SWITCH, NULL},
+    {"--val_bin", FLAG_PATH, ARG(eval.val_bin), NULL, 0, 0, NULL, "llm.c token file for the val loss (default: NAME_val.bin beside an --input_bin NAME_train.bin, else the embedded val split)", NOT_A_SWITCH, NULL},
+    {"--val_every", FLAG_INT, ARG(eval.val_every), "0", 0, BIG_INT, NULL, "val loss every N steps and after the last (0: never)", NOT_A_SWITCH, NULL},
+    {"--val_tokens", FLAG_INT, ARG(eval.val_tokens), "32768", 1, BIG_INT, NULL, "tokens of val data per val loss (whole batches of B*T)", NOT_A_SWITCH, NULL},
+    {"--sample_every", FLAG_INT, ARG(eval.sample_every), "0", 0, BIG_INT, NULL, "generate text from BOS every N steps and after the last, printed decoded (0: never)", NOT_A_SWITCH, NULL},
+    {"--sample_tokens", FLAG_INT, ARG(eval.sample_tokens), "32", 1, BIG_INT, NULL, "tokens generated per sample (at most sequence_length - 1)", NOT_A_SWITCH, NULL},
+    {"--temperature", FLAG_FLOAT, ARG(eval.temperature), "1", 0.0, 100.0, NULL, "sampling temperature (0: greedy)", NOT_A_SWITCH, NULL},
+    {"--top_k", FLAG_INT, ARG(eval.top_k), "0", 0, BIG_INT, NULL, "sample from the k most likely tokens (0: all)", NOT_A_SWITCH, NULL},
+    {"--checkpoint_dir", FLAG_PATH, ARG(ckpt.dir), NULL, 0, 0, NULL, "save checkpoints there (PATH/step_N/, PATH/latest), always after the last step", NOT_A_SWITCH, NULL},
+    {"--checkpoint_every", FLAG_INT, ARG(ckpt.every), "0", 0, BIG_INT, NULL, "also save every N steps (0: only after the last)", NOT_A_SWITCH, NULL},
+    {"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "2", 1, BIG_INT, NULL, "complete checkpoints kept, older ones deleted once a newer one is complete", NOT_A_SWITCH, NULL},
+    {"--resume", FLAG_PATH, ARG(ckpt.resume), NULL, 0, 0, NULL, "continue a run: a checkpoint folder, or a --checkpoint_dir (its latest)", NOT_A_SWITCH, NULL},
+    {"--dtype", FLAG_ONLY, 0, NULL, 0, 0, "bfloat16", "accepted for the seed's command line: the only precision (bf16 matmuls, fp32 master weights)", NOT_A_SWITCH, NULL},
+    {"--device", FLAG_ONLY, 0, NULL, 0, 0, "cuda", "accepted for the seed's command line: the only device", NOT_A_SWITCH, NULL},
+    LLAMA3_SWITCHES(SWITCH_FLAG)
 };
+#undef SWITCH_FLAG
 #undef ARG
 #define NUM_FLAGS ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
 
@@ -886,8 +926,9 @@ static inline TrainArgs flag_defaults(void) {
 // Values that follow from others once every flag is read: --total_batch_size not given (0) is one
 // micro-step of B*T tokens, as in llm.c (a B*T too large for an int is refused by train_args_check).
 static inline void train_args_resolve(TrainArgs* a) {
-    long long bt = (long long)a->batch_size * a->sequence_length;
-    if (a->total_batch_size == 0 && bt <= INT_MAX) a->total_batch_size = (int)bt;
+    LoopConfig* l = &a->loop;
+    long long bt = (long long)l->batch_size * l->sequence_length;
+    if (l->total_batch_size == 0 && bt <= INT_MAX) l->total_batch_size = (int)bt;
 }
 
 // The arguments of a command line with no flags.
@@ -897,29 +938,106 @@ static inline TrainArgs train_args_default(void) {
     return a;
 }
 
-// Layers whose AdamW is deferred: --deferred_adamw's value (12 when not given), capped at the
-// model's layers (a 2-layer model defers both).
+// ---- the step's plan ----
+// When each AdamW update group runs, decided once for the run from the switches and clipping: the
+// step (train_llama3.cu step_work) only reads it. Update groups, in the order the forward reads them:
+// wte (0), layer l (1 + l), the head (final norm and lm_head, n_layer + 1).
+typedef enum {
+    ADAMW_OVERLAPPED,     // [streams] on the optimizer stream as soon as the last backward has written the group
+    ADAMW_DEFERRED,       // [deferred AdamW] at the start of the next step, beside its forward, which waits for it
+    ADAMW_AFTER_BACKWARD, // on the main stream after the backward pass (every group: one pass over the block)
+} AdamwTiming;
+static const char* const ADAMW_TIMING_NAMES[] = {"overlapped with the backward", "deferred to the next step",
+                                                 "after the backward"};
+typedef struct {
+    int n_groups;
+    AdamwTiming timing[LLAMA3_MAX_LAYERS + 2]; // per update group
+    bool measure_norm;   // [clipping] the last backward sums the gradients' squares as they become ready; no
+                         // AdamW may start before the global norm, so none is overlapped
+    bool after_backward; // every group ADAMW_AFTER_BACKWARD
+    bool any_deferred;   // some group ADAMW_DEFERRED: anything that reads the weights between steps (a save,
+                         // the val loss, a sample, the end of the run) first applies them (a flush)
+    bool use_graph;      // [graphs] steps 2.. replay one CUDA graph
+} StepPlan;
+
+// Layers whose AdamW is deferred without clipping: --deferred_adamw's value (12 when not given),
+// capped at the model's layers (a 2-layer model defers both).
 static inline int deferred_layers(const Switches* sw, int n_layer) {
     int k = sw->deferred_adamw >= 0 ? sw->deferred_adamw : 12;
     return k < n_layer ? k : n_layer;
 }
 
+// The plan. AdamW overlaps the backward with --overlap_optimizer (else it runs after it). Deferring
+// also needs no gradient zeroing (zeroing at the next step's start would clear the gradients the
+// deferred AdamW reads): layers 0..K-1 without clipping; with clipping, which measures the norm
+// instead of overlapping, every group (or, when it cannot defer, all of AdamW after the backward).
+// A graph cannot capture the ablation's per-launch shape copies from pageable host memory.
+static inline StepPlan step_plan(const Switches* sw, const OptimConfig* o, int n_layer) {
+    StepPlan p;
+    memset(&p, 0, sizeof(p));
+    p.n_groups = n_layer + 2;
+    p.measure_norm = o->grad_clip > 0;
+    bool can_defer = sw->overlap_optimizer && sw->grad_zeroing == GRAD_ZERO_NONE;
+    int k = deferred_layers(sw, n_layer);
+    for (int g = 0; g < p.n_groups; g++) {
+        if (!sw->overlap_optimizer || (p.measure_norm && !can_defer)) p.timing[g] = ADAMW_AFTER_BACKWARD;
+        else if (can_defer && (p.measure_norm || (g >= 1 && g < 1 + k))) p.timing[g] = ADAMW_DEFERRED;
+        else p.timing[g] = ADAMW_OVERLAPPED;
+    }
+    p.after_backward = p.timing[0] == ADAMW_AFTER_BACKWARD; // (all groups or none)
+    for (int g = 0; g < p.n_groups; g++) p.any_deferred |= p.timing[g] == ADAMW_DEFERRED;
+    p.use_graph = sw->cuda_graph && sw->metadata_by_value;
+    return p;
+}
+
+// The name of update group g: "wte", "layer 3", "head".
+static inline const char* group_name(const StepPlan* p, int g, char* out, size_t len) {
+    if (g == 0) snprintf(out, len, "wte");
+    else if (g == p->n_groups - 1) snprintf(out, len, "head");
+    else snprintf(out, len, "layer %d", g - 1);
+    return out;
+}
+
+// One line: each timing with its groups as runs ("deferred to the next step: layer 0..layer 11"),
+// then the norm and the graph.
+static inline void step_plan_print(FILE* f, const StepPlan* p) {
+    const char* sep = " AdamW ";
+    fprintf(f, "step plan:");
+    for (int t = ADAMW_OVERLAPPED; t <= ADAMW_AFTER_BACKWARD; t++) {
+        int runs = 0;
+        for (int g = 0; g < p->n_groups; g++) {
+            if (p->timing[g] != (AdamwTiming)t || (g > 0 && p->timing[g - 1] == (AdamwTiming)t)) continue;
+            int end = g; // the run of groups g..end
+            while (end + 1 < p->n_groups && p->timing[end + 1] == (AdamwTiming)t) end++;
+            char first[32], last[32];
+            if (runs++ == 0) fprintf(f, "%s%s: ", sep, ADAMW_TIMING_NAMES[t]), sep = " | ";
+            else fprintf(f, ", ");
+            fprintf(f, "%s", group_name(p, g, first, sizeof(first)));
+            if (end > g) fprintf(f, "..%s", group_name(p, end, last, sizeof(last)));
+        }
+    }
+    fprintf(f, " | gradient norm %s | %s\n", p->measure_norm ? "measured (clipping)" : "not measured",
+            p->use_graph ? "steps 2.. from one CUDA graph" : "every step launched from the host");
+}
+
 static inline void print_usage(FILE* f, const char* prog) {
     static const char* const META[] = {"N", "N", "F", "0/1", "PATH", "MODE", "VALUE"};
-    fprintf(f, "usage: %s [flags]  (--flag value or --flag=value)\n  %-26s this text\n", prog, "--help, -h");
+    fprintf(f, "usage: %s [flags]  (--flag value or --flag=value)\n  %-26s the usage text, and exit\n", prog,
+            "--help, -h");
+    fprintf(f, "  %-26s each optimisation's ablation settings, one per line, and exit\n", "--list_switches");
     for (int i = 0; i < NUM_FLAGS; i++) {
         const FlagSpec* g = &FLAGS[i];
         char head[64];
-        if (g->ablation && (i == 0 || !FLAGS[i - 1].ablation))
+        if (g->scope && (i == 0 || !FLAGS[i - 1].scope))
             fprintf(f, "optimisations (all on by default; off for the ablation):\n");
         snprintf(head, sizeof(head), "%s %s", g->name, g->kind == FLAG_ONLY ? g->choices : META[g->kind]);
         fprintf(f, "  %-26s %s", head, g->help);
         if (g->kind == FLAG_CHOICE) fprintf(f, " (%s)", g->choices);
-        int numeric = g->kind == FLAG_INT || g->kind == FLAG_FLOAT;
-        if (g->def && g->kind != FLAG_CHOICE && strcmp(g->def, "-1")) fprintf(f, " [%s", g->def);
-        else if (numeric) fprintf(f, " [");
-        if (numeric) fprintf(f, "%s%.10g..%.10g", strcmp(g->def, "-1") ? "; " : "", g->lo, g->hi);
-        if (g->def && g->kind != FLAG_CHOICE && (strcmp(g->def, "-1") || numeric)) fprintf(f, "]");
+        // [default; lo..hi]: the default as typed (none for a path; deferred_adamw's -1 is "not
+        // given", which its help explains), and a number's range
+        bool has_def = g->def && strcmp(g->def, "-1"), numeric = g->kind == FLAG_INT || g->kind == FLAG_FLOAT;
+        if (numeric) fprintf(f, " [%s%s%.10g..%.10g]", has_def ? g->def : "", has_def ? "; " : "", g->lo, g->hi);
+        else if (has_def) fprintf(f, " [%s]", g->def);
         fprintf(f, "\n");
     }
 }
@@ -950,7 +1068,7 @@ static inline void train_args_print(FILE* f, const TrainArgs* a) {
     for (int group = 0; group < 2; group++) {
         fprintf(f, "%s", group ? "optimisations:" : "flags:");
         for (int i = 0; i < NUM_FLAGS; i++) {
-            if (FLAGS[i].ablation != group || FLAGS[i].kind == FLAG_ONLY) continue;
+            if ((FLAGS[i].scope != NOT_A_SWITCH) != group || FLAGS[i].kind == FLAG_ONLY) continue;
             flag_format(a, &FLAGS[i], value, sizeof(value));
             fprintf(f, " %s %s |", FLAGS[i].name + 2, value);
         }
@@ -958,14 +1076,31 @@ static inline void train_args_print(FILE* f, const TrainArgs* a) {
     }
 }
 
+// The value of switch f (a row with a scope) in *sw.
+static inline int switch_value(const Switches* sw, const FlagSpec* f) {
+    return *(const int*)((const char*)sw + (f->offset - offsetof(TrainArgs, sw)));
+}
+
+// Every setting of an optimisation other than its default, one per line ("--flash_attention 0"),
+// in the table's order: the scripts' list of what to test and ablate (run_tests.sh, bench.sh,
+// sanitize.sh read it from the binary).
+static inline void print_switches(FILE* f) {
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        if (!FLAGS[i].scope) continue;
+        char values[64];
+        snprintf(values, sizeof(values), "%s", FLAGS[i].ablation_values);
+        for (char* v = strtok(values, " "); v; v = strtok(NULL, " ")) fprintf(f, "%s %s\n", FLAGS[i].name, v);
+    }
+}
+
 // --flag value or --flag=value; a bool flag given without a value (next arg absent or a flag)
-// means true. --help or -h stops the parse with a->help set.
+// means true. --help or -h (--list_switches) stops the parse with a->help (a->list_switches) set.
 static inline int train_args_parse(TrainArgs* a, int argc, char** argv, char* err) {
     *a = flag_defaults();
     for (int i = 1; i < argc; i++) {
         const char* arg = argv[i];
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            a->help = 1;
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h") || !strcmp(arg, "--list_switches")) {
+            *(strcmp(arg, "--list_switches") ? &a->help : &a->list_switches) = 1;
             return 0;
         }
         if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0') return l3_fail(err, "unexpected argument '%s'", arg);
@@ -1034,7 +1169,7 @@ static inline int val_path_beside(const char* input_bin, char* out, char* err) {
 
 // Where the model's config comes from, for messages.
 static inline const char* model_source(const TrainArgs* a) {
-    return a->llmc_filepath ? a->llmc_filepath : "the default LLaMA3.2-1B config";
+    return a->loop.llmc_filepath ? a->loop.llmc_filepath : "the default LLaMA3.2-1B config";
 }
 
 // Whether two paths name one file (device and inode, links followed); false if either is missing.
@@ -1059,19 +1194,19 @@ static inline int writable_check(const char* flag, const char* path, char* err) 
 // No output may be one of the inputs: a --log_file naming the model or the token file (directly or
 // through a link) would empty it before anything is read. Each output can be written.
 static inline int outputs_check(const TrainArgs* a, char* err) {
-    const char* inputs[2][2] = {{"--llmc_filepath", a->llmc_filepath}, {"--input_bin", a->input_bin}};
+    const char* inputs[2][2] = {{"--llmc_filepath", a->loop.llmc_filepath}, {"--input_bin", a->loop.input_bin}};
     for (int i = 0; i < 2; i++)
-        if (same_file(a->log_file, inputs[i][1]))
-            return l3_fail(err, "--log_file %s is the same file as %s %s, an input: not overwritten", a->log_file,
+        if (same_file(a->loop.log_file, inputs[i][1]))
+            return l3_fail(err, "--log_file %s is the same file as %s %s, an input: not overwritten", a->loop.log_file,
                            inputs[i][0], inputs[i][1]);
-    if (a->resume && a->llmc_filepath)
+    if (a->ckpt.resume && a->loop.llmc_filepath)
         return l3_fail(err, "--resume loads the checkpoint's model: --llmc_filepath %s cannot be used with it",
-                       a->llmc_filepath);
+                       a->loop.llmc_filepath);
     struct stat st;
-    if (a->checkpoint_dir && stat(a->checkpoint_dir, &st) == 0 && !S_ISDIR(st.st_mode))
-        return l3_fail(err, "--checkpoint_dir %s: exists and is not a directory", a->checkpoint_dir);
-    if (a->checkpoint_dir && writable_check("--checkpoint_dir", a->checkpoint_dir, err)) return -1;
-    if (a->log_file && writable_check("--log_file", a->log_file, err)) return -1;
+    if (a->ckpt.dir && stat(a->ckpt.dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return l3_fail(err, "--checkpoint_dir %s: exists and is not a directory", a->ckpt.dir);
+    if (a->ckpt.dir && writable_check("--checkpoint_dir", a->ckpt.dir, err)) return -1;
+    if (a->loop.log_file && writable_check("--log_file", a->loop.log_file, err)) return -1;
     return 0;
 }
 
@@ -1081,29 +1216,29 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
     if (kernel_limits_check(c, a->sw.flash_attention, model_source(a), err)) return -1;
     if (a->sw.deferred_adamw > c->n_layer)
         return l3_fail(err, "--deferred_adamw %d is more than the model's %d layers", a->sw.deferred_adamw, c->n_layer);
-    if (a->sequence_length > c->max_seq_len)
+    if (a->loop.sequence_length > c->max_seq_len)
         return l3_fail(err, "--sequence_length %d is longer than the model allows (max_seq_len %d)",
-                       a->sequence_length, c->max_seq_len);
-    long long bt = (long long)a->batch_size * a->sequence_length;
+                       a->loop.sequence_length, c->max_seq_len);
+    long long bt = (long long)a->loop.batch_size * a->loop.sequence_length;
     if (bt > (1LL << 30)) return l3_fail(err, "--batch_size * --sequence_length = %lld is too large", bt);
-    if (a->total_batch_size % bt != 0) { // name the multiples on either side
-        long long above = (a->total_batch_size / bt + 1) * bt;
+    if (a->loop.total_batch_size % bt != 0) { // name the multiples on either side
+        long long above = (a->loop.total_batch_size / bt + 1) * bt;
         char multiples[96];
         int len = snprintf(multiples, sizeof(multiples), "%lld (%lld micro-step%s)", above, above / bt, above > bt ? "s" : "");
         if (above > bt)
             snprintf(multiples + len, sizeof(multiples) - len, " or %lld (%lld micro-step%s)", above - bt,
                      above / bt - 1, above > 2 * bt ? "s" : "");
         return l3_fail(err, "--total_batch_size %d is not a multiple of --batch_size * --sequence_length = %lld: pass "
-                       "%s, or leave it out for one micro-step", a->total_batch_size, bt, multiples);
+                       "%s, or leave it out for one micro-step", a->loop.total_batch_size, bt, multiples);
     }
-    if (a->stop_after > a->num_iteration)
-        return l3_fail(err, "--stop_after %d is past the schedule's last step, --num_iteration %d", a->stop_after,
-                       a->num_iteration);
-    if (a->sample_every && a->sample_tokens >= a->sequence_length)
+    if (a->loop.stop_after > a->optim.sched.total)
+        return l3_fail(err, "--stop_after %d is past the schedule's last step, --num_iteration %d", a->loop.stop_after,
+                       a->optim.sched.total);
+    if (a->eval.sample_every && a->eval.sample_tokens >= a->loop.sequence_length)
         return l3_fail(err, "--sample_tokens %d: at most --sequence_length - 1 = %d (a sample is one sequence)",
-                       a->sample_tokens, a->sequence_length - 1);
-    if (a->top_k > c->vocab_size)
-        return l3_fail(err, "--top_k %d is more than the vocabulary (%d)", a->top_k, c->vocab_size);
+                       a->eval.sample_tokens, a->loop.sequence_length - 1);
+    if (a->eval.top_k > c->vocab_size)
+        return l3_fail(err, "--top_k %d is more than the vocabulary (%d)", a->eval.top_k, c->vocab_size);
     return 0;
 }
 
@@ -1222,7 +1357,7 @@ typedef struct {
     int32_t num_iteration;                                 // the saving run's, for the reader
     int32_t overfit_single_batch;
     float learning_rate, weight_decay, beta1, beta2, eps; // the saving run's; a resume may change them
-    int32_t switches[12];                                  // the saving run's Switches, for the reader
+    int32_t switches[12];                                  // the saving run's Switches (their rows' order), for the reader
     uint64_t seed;        // the random init's seed: the run's only randomness (no dropout)
     uint64_t n_params;    // parameters of the model (m and v hold this many floats each)
     uint64_t loader_pos;  // token offset of the next batch
@@ -1233,7 +1368,8 @@ typedef struct {
     float grad_clip;
 } CheckpointState;
 static_assert(sizeof(CheckpointState) <= CKPT_HEADER_BYTES, "the state header fits its 256 bytes");
-static_assert(sizeof(Switches) == 12 * sizeof(int32_t), "CheckpointState.switches holds a Switches");
+static_assert(sizeof(Switches) <= sizeof(((CheckpointState*)0)->switches),
+              "CheckpointState.switches records the Switches: a 13th switch needs it widened (a new CKPT_VERSION)");
 
 // FNV-1a over the first CKPT_HASH_TOKENS tokens: tells a different token file from the one a
 // checkpoint's data position belongs to, without reading a large file twice.
@@ -1253,15 +1389,15 @@ static inline CheckpointState checkpoint_state_make(const TrainArgs* a, int step
     CheckpointState st;
     memset(&st, 0, sizeof(st));
     st.magic = CKPT_MAGIC, st.version = CKPT_VERSION, st.step = step;
-    st.batch_size = a->batch_size, st.sequence_length = a->sequence_length, st.total_batch_size = a->total_batch_size;
-    st.num_iteration = a->num_iteration, st.overfit_single_batch = a->overfit_single_batch;
-    st.learning_rate = a->learning_rate, st.weight_decay = a->weight_decay;
-    st.beta1 = a->beta1, st.beta2 = a->beta2, st.eps = a->eps;
+    st.batch_size = a->loop.batch_size, st.sequence_length = a->loop.sequence_length, st.total_batch_size = a->loop.total_batch_size;
+    st.num_iteration = a->optim.sched.total, st.overfit_single_batch = a->loop.overfit_single_batch;
+    st.learning_rate = a->optim.sched.peak_lr, st.weight_decay = a->optim.weight_decay;
+    st.beta1 = a->optim.beta1, st.beta2 = a->optim.beta2, st.eps = a->optim.eps;
     memcpy(st.switches, &a->sw, sizeof(a->sw));
-    st.seed = a->seed, st.n_params = n_params, st.loader_pos = l->pos;
+    st.seed = a->loop.seed, st.n_params = n_params, st.loader_pos = l->pos;
     st.data_tokens = l->data->n_tokens, st.data_hash = data_hash;
-    st.lr_schedule = a->lr_schedule, st.warmup_iters = a->warmup_iters;
-    st.final_lr_frac = a->final_lr_frac, st.decay_frac = a->decay_frac, st.grad_clip = a->grad_clip;
+    st.lr_schedule = a->optim.sched.kind, st.warmup_iters = a->optim.sched.warmup;
+    st.final_lr_frac = a->optim.sched.final_frac, st.decay_frac = a->optim.sched.decay_frac, st.grad_clip = a->optim.grad_clip;
     return st;
 }
 
@@ -1507,10 +1643,10 @@ static inline int state_arrays_read(const char* path, size_t n_params, float* ad
 static inline int resume_check(const CheckpointState* st, const TrainArgs* a, const TokenData* d, const char* path,
                                char* err) {
     const struct { const char* flag; int now, saved; } same[] = {
-        {"--batch_size", a->batch_size, st->batch_size},
-        {"--sequence_length", a->sequence_length, st->sequence_length},
-        {"--total_batch_size", a->total_batch_size, st->total_batch_size},
-        {"--overfit_single_batch", a->overfit_single_batch, st->overfit_single_batch}};
+        {"--batch_size", a->loop.batch_size, st->batch_size},
+        {"--sequence_length", a->loop.sequence_length, st->sequence_length},
+        {"--total_batch_size", a->loop.total_batch_size, st->total_batch_size},
+        {"--overfit_single_batch", a->loop.overfit_single_batch, st->overfit_single_batch}};
     for (int i = 0; i < 4; i++)
         if (same[i].now != same[i].saved)
             return l3_fail(err, "--resume %s: %s %d differs from the checkpoint's %d (B, T and the total batch must stay "
@@ -1524,7 +1660,7 @@ static inline int resume_check(const CheckpointState* st, const TrainArgs* a, co
                        (unsigned long long)st->loader_pos);
     if (last_step(a) <= st->step)
         return l3_fail(err, "--resume %s: the checkpoint is at step %d; %s %d leaves nothing to run", path, st->step,
-                       a->stop_after ? "--stop_after" : "--num_iteration", last_step(a));
+                       a->loop.stop_after ? "--stop_after" : "--num_iteration", last_step(a));
     return 0;
 }
 

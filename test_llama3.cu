@@ -126,8 +126,7 @@ typedef struct {
     ModelFileFormat fmt;
     size_t n_params;
     int B, T, n_steps, sparse_embedding, grad_accum;
-    float lr, beta1, beta2, eps, weight_decay, grad_clip;
-    LrSchedule sched;
+    OptimConfig opt; // its AdamW, schedule and clipping
     float *grad_norms, *lrs;
     int32_t *inputs, *targets;
     float *inv_freq, *rope_cos, *rope_sin;
@@ -163,15 +162,15 @@ static void ref_state_read(Ref* r) {
     r->n_steps = h[4];
     r->sparse_embedding = h[6];
     r->grad_accum = h[7];
-    memcpy(&r->lr, &h[16], 4);
-    memcpy(&r->beta1, &h[17], 4);
-    memcpy(&r->beta2, &h[18], 4);
-    memcpy(&r->eps, &h[19], 4);
-    memcpy(&r->weight_decay, &h[20], 4);
-    memcpy(&r->grad_clip, &h[21], 4);
-    r->sched.kind = h[8], r->sched.warmup = h[9], r->sched.total = r->n_steps, r->sched.lr = r->lr;
-    memcpy(&r->sched.final_frac, &h[22], 4);
-    memcpy(&r->sched.decay_frac, &h[23], 4);
+    memcpy(&r->opt.sched.peak_lr, &h[16], 4);
+    memcpy(&r->opt.beta1, &h[17], 4);
+    memcpy(&r->opt.beta2, &h[18], 4);
+    memcpy(&r->opt.eps, &h[19], 4);
+    memcpy(&r->opt.weight_decay, &h[20], 4);
+    memcpy(&r->opt.grad_clip, &h[21], 4);
+    r->opt.sched.kind = h[8], r->opt.sched.warmup = h[9], r->opt.sched.total = r->n_steps;
+    memcpy(&r->opt.sched.final_frac, &h[22], 4);
+    memcpy(&r->opt.sched.decay_frac, &h[23], 4);
     size_t bt = (size_t)r->B * r->T, toks = (size_t)r->n_steps * r->grad_accum * bt, V = r->cfg.vocab_size;
     size_t half = r->cfg.n_embd / r->cfg.n_head / 2;
     r->inputs = (int32_t*)read_array(f, toks * 4, r->state);
@@ -288,7 +287,7 @@ static void check_blocks(const Model* m, const char* what, const float* ours, co
 }
 
 // The weights after step t on PyTorch's gradients, per tensor and layer, against torch's p_t
-// (`cur`), except the groups whose AdamW is deferred into the next step (m->pending_begin..end)
+// (`cur`), except the groups whose AdamW the plan defers into the next step while that is pending
 // [deferred AdamW]: those must still hold p_{t-1} (`prev`). Errors relative to the step's update
 // cur - prev. After a flush nothing is pending.
 static void check_step_weights(const Model* m, const char* what, const float* ours, const float* prev,
@@ -297,8 +296,7 @@ static void check_step_weights(const Model* m, const char* what, const float* ou
     for (int t = 0; t < NUM_PARAM_TENSORS; t++)
         for (int l = 0; l < (int)(p->size[t] / p->layer_size[t]); l++) {
             size_t off = p->offset[t] + (size_t)l * p->layer_size[t], n = p->layer_size[t];
-            int g = update_group(m, t, l);
-            bool deferred = g >= m->pending_begin && g < m->pending_end;
+            bool deferred = m->pending.updates && group_deferred(m, update_group(m, t, l));
             char name[96];
             snprintf(name, sizeof(name), "%s %s[%d]%s", what, PARAM_NAMES[t], l, deferred ? " (deferred: p_t-1)" : "");
             double e = rel_err(ours + off, (deferred ? prev : cur) + off, cur + off, prev + off, n);
@@ -360,7 +358,7 @@ __global__ void copy_ref_grad_kernel(G* grad, const float* ref_steps, size_t ste
     if (i < n) store_grad(grad + i, ref_steps[(size_t)(*step - 1) * step_stride + i]);
 }
 
-static void grad_written(Model* m, size_t offset, size_t count) {
+static void grad_written(const Model* m, size_t offset, size_t count) {
     if (!ref_grads_device) return;
     const ParamLayout* p = &m->layout;
     const float* src = ref_grads_device + offset;
@@ -388,26 +386,12 @@ static void use_own_grads(void) {
 
 // ---- runs ----
 
-// Back to the model file's weights and a fresh optimizer, as model_create leaves them; the CUDA
-// graph is dropped so that the next run captures its own (with or without the seam's copies).
+// Back to the model file's weights and a fresh optimizer (the trainer's own reset, which also drops
+// the CUDA graph, so that the next run captures its own with or without the seam's copies).
 static void reset_training(Model* m, const Ref* r) {
     char err[L3_ERR_LEN];
-    CUDA_CHECK(cudaDeviceSynchronize());
-    if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
-    m->step_graph = NULL;
+    model_reset_training(m);
     if (model_load(m, r->model, r->fmt, err)) fail_exit(err);
-    size_t P = m->layout.total;
-    CUDA_CHECK(cudaMemset(m->adam_m, 0, P * 4));
-    CUDA_CHECK(cudaMemset(m->adam_v, 0, P * 4));
-    CUDA_CHECK(cudaMemset(m->adam_step, 0, sizeof(int)));
-    CUDA_CHECK(cudaMemset(m->adam, 0, 2 * sizeof(AdamWParams)));
-    CUDA_CHECK(cudaMemset(m->grads, 0, grads_f32_count(&m->layout, m->grads_bf16 != NULL) * 4));
-    if (m->grads_bf16) CUDA_CHECK(cudaMemset(m->grads_bf16, 0, (m->layout.matmul_end - m->layout.matmul_begin) * 2));
-    CUDA_CHECK(cudaMemset(m->stats, 0, sizeof(StepStats)));
-    m->pending_begin = m->pending_end = 0;
-    m->eager_next = false;
-    m->steps_run = 0; // the first step runs eagerly (its GEMM plans exist; the graph is replayed from the second)
-    CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 // Step `step`'s micro-batches into staging slot `slot`: all inputs, then all targets.
@@ -433,13 +417,13 @@ static StepStats run_step(Model* m, const Ref* r, int t, int batch) {
 // `norm_tol` relative, LambdaLR's lr to TOL_LR of the peak lr.
 static void check_norm_lr(const char* what, const Ref* r, int t, const StepStats* st, double norm_tol) {
     char name[128];
-    if (r->grad_clip > 0) {
+    if (r->opt.grad_clip > 0) {
         double e = fabs(st->grad_norm - r->grad_norms[t - 1]) / r->grad_norms[t - 1];
         snprintf(name, sizeof(name), "%s step %d grad norm (ours %.6f ref %.6f)", what, t, st->grad_norm,
                  r->grad_norms[t - 1]);
         check(e <= norm_tol, name, e, norm_tol);
     }
-    double e = fabs(st->lr - r->lrs[t - 1]) / r->lr; // (relative to the peak: the last step's lr may be 0)
+    double e = fabs(st->lr - r->lrs[t - 1]) / r->opt.sched.peak_lr; // (relative to the peak: the last step's lr may be 0)
     snprintf(name, sizeof(name), "%s step %d lr (ours %.6g ref %.6g)", what, t, st->lr, r->lrs[t - 1]);
     check(e <= TOL_LR, name, e, TOL_LR);
 }
@@ -520,7 +504,7 @@ static void test_files(Model* m, const Ref* r) {
 static void check_logits(Model* m, const Ref* r) {
     size_t n = (size_t)r->B * r->T * m->cfg.vocab_size;
     bf16* logits_bf16 = (bf16*)malloc(n * 2);
-    CUDA_CHECK(cudaMemcpy(logits_bf16, act_bf16(m, A_LOGITS), n * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(logits_bf16, m->acts.logits, n * 2, cudaMemcpyDeviceToHost));
     float* logits = (float*)malloc(n * 4);
     for (size_t i = 0; i < n; i++) logits[i] = __bfloat162float(logits_bf16[i]);
     double err = rel_err(logits, r->logits, r->logits, NULL, n);
@@ -551,21 +535,17 @@ static float* grads_to_host(Model* m) {
     return g;
 }
 
-// Step 1's forward and backward over all its micro-steps: the first micro-batch's logits, the
-// step's loss, every gradient (accumulated over the micro-steps).
+// Step 1's forward and backward over all its micro-steps, the trainer's micro_step without the
+// optimizer: the first micro-batch's logits (a forward of its own, since the micro-step turns them
+// into dlogits), the step's loss, every gradient (accumulated over the micro-steps).
 static void test_step1(Model* m, const Ref* r) {
-    size_t N = (size_t)r->B * r->T, n_step = r->grad_accum * N;
+    size_t n_step = (size_t)r->grad_accum * r->B * r->T;
     reset_training(m, r);
     stage_ref_batch(m, r, 0, 0);
     CUDA_CHECK(cudaMemcpy(m->tokens, m->tokens_host, 2 * n_step * 4, cudaMemcpyHostToDevice));
-    for (int micro = 0; micro < r->grad_accum; micro++) {
-        const int* inputs = m->tokens + micro * N;
-        forward(m, inputs);
-        if (micro == 0) check_logits(m, r);
-        classifier(m, m->tokens + n_step + micro * N, micro);
-        backward(m, inputs, micro > 0, micro == r->grad_accum - 1);
-    }
-    loss_guard(m->adam, m->stats, act_f32(m, A_LOSSES), (int)n_step, true, m->stream);
+    forward(m, m->tokens, false);
+    check_logits(m, r);
+    for (int micro = 0; micro < r->grad_accum; micro++) micro_step(m, micro, false);
     StepStats st;
     CUDA_CHECK(cudaMemcpy(&st, m->stats, sizeof(st), cudaMemcpyDeviceToHost));
     check_loss("first", 1, st.loss, r->losses[0], TOL_LOSS);
@@ -663,9 +643,8 @@ static void test_train_loop(Model* m, const Ref* r) {
     FILE* log = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!log) fail_exit("cannot create a temporary log file");
     TrainArgs a = train_args_default();
-    a.num_iteration = r->n_steps;
-    a.learning_rate = r->lr, a.grad_clip = r->grad_clip; // (what train() prints and logs)
-    a.log_file = log_path; // for train()'s write-error message
+    a.optim = r->opt; // (what train() prints and logs)
+    a.loop.log_file = log_path; // for train()'s write-error message
     reset_training(m, r);
     use_ref_grads(r);
     TrainIO io = {&loader, log, NULL, NULL, NULL, NULL};
@@ -676,7 +655,7 @@ static void test_train_loop(Model* m, const Ref* r) {
     if (with_val) {
         val_of_step3(r, &val_tokens, &val_loader);
         val_create(&val, m, &val_loader, r->B * r->T);
-        io.val = &val, a.val_every = 2;
+        io.val = &val, a.eval.val_every = 2;
     }
     train(m, &a, &io, 1); // closes the log
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -892,14 +871,14 @@ static int print_train_args(const char* prefix) {
     Ref r;
     ref_open(&r, prefix);
     TrainArgs a = train_args_default(); // (for the schedule's name)
-    a.lr_schedule = r.sched.kind;
+    a.optim.sched.kind = r.opt.sched.kind;
     char schedule[32];
     flag_format(&a, flag_find("--lr_schedule"), schedule, sizeof(schedule));
     printf("--batch_size %d --sequence_length %d --total_batch_size %d --num_iteration %d --learning_rate %.9g "
            "--beta1 %.9g --beta2 %.9g --eps %.9g --weight_decay %.9g --sparse_embedding %d --lr_schedule %s "
            "--warmup_iters %d --final_lr_frac %.9g --decay_frac %.9g --grad_clip %.9g\n",
-           r.B, r.T, r.grad_accum * r.B * r.T, r.n_steps, r.lr, r.beta1, r.beta2, r.eps, r.weight_decay,
-           r.sparse_embedding, schedule, r.sched.warmup, r.sched.final_frac, r.sched.decay_frac, r.grad_clip);
+           r.B, r.T, r.grad_accum * r.B * r.T, r.n_steps, r.opt.sched.peak_lr, r.opt.beta1, r.opt.beta2, r.opt.eps, r.opt.weight_decay,
+           r.sparse_embedding, schedule, r.opt.sched.warmup, r.opt.sched.final_frac, r.opt.sched.decay_frac, r.opt.grad_clip);
     return 0;
 }
 
@@ -912,14 +891,13 @@ static int compare_log(const char* log_path, const char* prefix) {
     return n_failed > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
-// Whether the switches leave the forward and backward passes as by default (the others only
-// change when and how AdamW runs).
+// Whether the switches leave the forward and backward passes as by default: every switch the table
+// marks SWITCH_PASSES at its default (the others only change when and how AdamW runs).
 static bool forward_backward_default(const Switches* sw) {
     Switches d = train_args_default().sw;
-    return sw->shadow_weights == d.shadow_weights && sw->grad_zeroing == d.grad_zeroing &&
-           sw->metadata_by_value == d.metadata_by_value && sw->flash_attention == d.flash_attention &&
-           sw->bf16_grads == d.bf16_grads && sw->fused_rmsnorm == d.fused_rmsnorm &&
-           sw->delete_fills == d.delete_fills;
+    for (int i = 0; i < NUM_FLAGS; i++)
+        if (FLAGS[i].scope == SWITCH_PASSES && switch_value(sw, &FLAGS[i]) != switch_value(&d, &FLAGS[i])) return false;
+    return true;
 }
 
 int main(int argc, char** argv) {
@@ -939,21 +917,20 @@ int main(int argc, char** argv) {
     printf("model %s\n", r.model);
     config_print(stdout, &r.cfg);
     printf("reference: B %d T %d, %d steps of %d micro-steps, lr %g wd %g betas %g %g eps %g, %s embedding AdamW\n",
-           r.B, r.T, r.n_steps, r.grad_accum, r.lr, r.weight_decay, r.beta1, r.beta2, r.eps,
+           r.B, r.T, r.n_steps, r.grad_accum, r.opt.sched.peak_lr, r.opt.weight_decay, r.opt.beta1, r.opt.beta2, r.opt.eps,
            r.sparse_embedding ? "lazy" : "dense");
-    printf("reference schedule %d warmup %d final_lr_frac %g decay_frac %g, grad_clip %g\n", r.sched.kind,
-           r.sched.warmup, r.sched.final_frac, r.sched.decay_frac, r.grad_clip);
-    if (r.grad_clip > 0) { // a reference whose norms never exceed the clip would not test clipping
+    printf("reference schedule %d warmup %d final_lr_frac %g decay_frac %g, grad_clip %g\n", r.opt.sched.kind,
+           r.opt.sched.warmup, r.opt.sched.final_frac, r.opt.sched.decay_frac, r.opt.grad_clip);
+    if (r.opt.grad_clip > 0) { // a reference whose norms never exceed the clip would not test clipping
         float most = 0;
         for (int t = 0; t < r.n_steps; t++) most = fmaxf(most, r.grad_norms[t]);
-        check(most > r.grad_clip, "the reference clips: its largest gradient norm over --grad_clip", most / r.grad_clip,
+        check(most > r.opt.grad_clip, "the reference clips: its largest gradient norm over --grad_clip", most / r.opt.grad_clip,
               1.0);
     }
     Model m;
-    OptimConfig o = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay, r.grad_clip, r.sched};
-    model_create(&m, &r.cfg, &o, &a.sw, r.B, r.T, r.grad_accum);
-    printf("switches given: %d | bf16 grads %d | cuda graph %d | deferred layers %d | overlap %d\n", argc - 2,
-           m.grads_bf16 != NULL, m.use_graph, m.sw.deferred_adamw, m.sw.overlap_optimizer);
+    model_create(&m, &r.cfg, &r.opt, &a.sw, r.B, r.T, r.grad_accum);
+    printf("switches given: %d | bf16 grads %d\n", argc - 2, m.grads_bf16 != NULL);
+    step_plan_print(stdout, m.plan);
     if (argc == 2) {
         test_rope(&m, &r);
         test_files(&m, &r);

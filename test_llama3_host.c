@@ -1,5 +1,6 @@
-// test_llama3_host.c: unit tests of llama3.h (config, layout, file formats, loader, CLI, RoPE)
-// with gcc alone, no GPU. Crafted files go to a temporary directory. Ends with "N passed, M failed".
+// test_llama3_host.c: unit tests of llama3.h (config, layout, file formats, loader, CLI, switches, the
+// step plan, RoPE) with gcc alone, no GPU. Crafted files go to a temporary directory. Ends with
+// "N passed, M failed".
 #include "llama3.h"
 
 #include <float.h>
@@ -394,11 +395,11 @@ static void test_cli(void) {
                    "--device cuda --dtype bfloat16 --input_bin data/llama3/tiny_shakespeare_train.bin "
                    "--llmc_filepath data/llama3/llama3.2_1B_fp32.bin --num_iteration 5 --batch_size 4 "
                    "--sequence_length 64 --total_batch_size 256");
-    CHECK(rc == 0 && a.num_iteration == 5 && a.batch_size == 4 && a.sequence_length == 64 &&
-              a.total_batch_size == 256 && !strcmp(a.llmc_filepath, "data/llama3/llama3.2_1B_fp32.bin"),
+    CHECK(rc == 0 && a.optim.sched.total == 5 && a.loop.batch_size == 4 && a.loop.sequence_length == 64 &&
+              a.loop.total_batch_size == 256 && !strcmp(a.loop.llmc_filepath, "data/llama3/llama3.2_1B_fp32.bin"),
           "the seed report's command line parses (%s)", rc ? err : "ok");
-    CHECK(a.learning_rate == 1e-5f && a.beta1 == 0.9f && a.beta2 == 0.999f && a.eps == 1e-8f &&
-              a.weight_decay == 0.0f,
+    CHECK(a.optim.sched.peak_lr == 1e-5f && a.optim.beta1 == 0.9f && a.optim.beta2 == 0.999f && a.optim.eps == 1e-8f &&
+              a.optim.weight_decay == 0.0f,
           "defaults: lr 1e-5, betas 0.9/0.999, eps 1e-8, wd 0");
     Switches d = a.sw;
     CHECK(d.sparse_embedding && d.overlap_optimizer && d.shadow_weights && d.vector_adam && d.metadata_by_value &&
@@ -410,8 +411,8 @@ static void test_cli(void) {
     rc = parse(&a, err, "-h");
     CHECK(rc == 0 && a.help, "-h too (%s)", rc ? err : "ok");
     rc = parse(&a, err, "--learning_rate=3e-4 --overfit_single_batch --seed 7 --weight_decay 0.1 --sparse_embedding 0");
-    CHECK(rc == 0 && a.learning_rate == 3e-4f && a.overfit_single_batch == 1 && a.seed == 7 &&
-              a.weight_decay == 0.1f && a.sw.sparse_embedding == 0,
+    CHECK(rc == 0 && a.optim.sched.peak_lr == 3e-4f && a.loop.overfit_single_batch == 1 && a.loop.seed == 7 &&
+              a.optim.weight_decay == 0.1f && a.sw.sparse_embedding == 0,
           "--flag=value, bare bool flag, our own flags (%s)", rc ? err : "ok");
     rc = parse(&a, err, "--shadow_weights 0 --vector_adam=0 --metadata_by_value false --overlap_optimizer 0 "
                         "--grad_zeroing fill --flash_attention 0 --bf16_grads=false --cuda_graph 0 --fused_rmsnorm 0 "
@@ -458,7 +459,7 @@ static void test_cli(void) {
                  "--total_batch_size 256 is not a multiple of --batch_size * --sequence_length = 192",
                  "pass 384 (2 micro-steps) or 192 (1 micro-step), or leave it out");
     rc = parse(&a, err, "--batch_size 4 --sequence_length 64 --total_batch_size 1024");
-    CHECK(rc == 0 && a.total_batch_size == 1024 && train_args_check(&a, &c, err) == 0,
+    CHECK(rc == 0 && a.loop.total_batch_size == 1024 && train_args_check(&a, &c, err) == 0,
           "total_batch_size 1024 = 4 micro-steps of 4x64");
 }
 
@@ -469,21 +470,21 @@ static void test_user_flags(void) {
     char err[L3_ERR_LEN];
     Llama3Config c = llama3_2_1b_config();
     int rc = parse(&a, err, "--batch_size 8");
-    CHECK(rc == 0 && a.total_batch_size == 512 && train_args_check(&a, &c, err) == 0,
-          "--batch_size 8 alone: one micro-step of 8 x 64 = %d tokens (%s)", a.total_batch_size, rc ? err : "ok");
+    CHECK(rc == 0 && a.loop.total_batch_size == 512 && train_args_check(&a, &c, err) == 0,
+          "--batch_size 8 alone: one micro-step of 8 x 64 = %d tokens (%s)", a.loop.total_batch_size, rc ? err : "ok");
     rc = parse(&a, err, "--sequence_length 1024 --batch_size 2");
-    CHECK(rc == 0 && a.total_batch_size == 2048 && train_args_check(&a, &c, err) == 0,
-          "--sequence_length 1024 --batch_size 2 alone: total batch %d (2048)", a.total_batch_size);
+    CHECK(rc == 0 && a.loop.total_batch_size == 2048 && train_args_check(&a, &c, err) == 0,
+          "--sequence_length 1024 --batch_size 2 alone: total batch %d (2048)", a.loop.total_batch_size);
     rc = parse(&a, err, "--total_batch_size 0 --batch_size 2");
-    CHECK(rc == 0 && a.total_batch_size == 128, "--total_batch_size 0: B*T (%d)", a.total_batch_size);
-    CHECK(train_args_default().total_batch_size == 256, "the default total batch is the default B*T, 256");
+    CHECK(rc == 0 && a.loop.total_batch_size == 128, "--total_batch_size 0: B*T (%d)", a.loop.total_batch_size);
+    CHECK(train_args_default().loop.total_batch_size == 256, "the default total batch is the default B*T, 256");
     expect_error(parse(&a, err, "--num_iterations 5"), err, "a near-miss flag", "unknown flag '--num_iterations'",
                  "did you mean --num_iteration?");
     expect_error(parse(&a, err, "--lerning_rate 1e-4"), err, "a misspelt flag", "did you mean --learning_rate?", NULL);
     rc = parse(&a, err, "--zzzzzz 1");
     CHECK(rc != 0 && !strstr(err, "did you mean"), "a flag near none: no guess (%s)", err);
     rc = parse(&a, err, "--num_iteration 8 --stop_after 4");
-    CHECK(rc == 0 && last_step(&a) == 4 && lr_schedule_of(&a).total == 8 && train_args_check(&a, &c, err) == 0,
+    CHECK(rc == 0 && last_step(&a) == 4 && a.optim.sched.total == 8 && train_args_check(&a, &c, err) == 0,
           "--num_iteration 8 --stop_after 4: the run ends at step 4, the schedule spans 8");
     rc = parse(&a, err, "--num_iteration 8");
     CHECK(rc == 0 && last_step(&a) == 8, "without --stop_after the run ends at --num_iteration");
@@ -908,14 +909,14 @@ static void test_hostile_sizes(void) {
     int refused = outputs_check(&a, err);
     CHECK(linked && refused && strstr(err, "same file as --input_bin"), "--log_file through a link to the token file: %s",
           err);
-    a = train_args_default(), a.log_file = tmp_path("no/such/dir/log.jsonl");
+    a = train_args_default(), a.loop.log_file = tmp_path("no/such/dir/log.jsonl");
     expect_error(outputs_check(&a, err), err, "a --log_file in a folder that does not exist, before anything runs",
                  "--log_file", "cannot open for writing");
-    a.log_file = tmp_path("log.jsonl"), a.checkpoint_dir = tmp_path("no/such/ckpt");
+    a.loop.log_file = tmp_path("log.jsonl"), a.ckpt.dir = tmp_path("no/such/ckpt");
     expect_error(outputs_check(&a, err), err, "a --checkpoint_dir whose parent does not exist", "--checkpoint_dir",
                  "cannot open for writing");
-    a.checkpoint_dir = tmp_path("ckpt_new");
-    CHECK(outputs_check(&a, err) == 0 && access(a.checkpoint_dir, F_OK) != 0 && access(a.log_file, F_OK) != 0,
+    a.ckpt.dir = tmp_path("ckpt_new");
+    CHECK(outputs_check(&a, err) == 0 && access(a.ckpt.dir, F_OK) != 0 && access(a.loop.log_file, F_OK) != 0,
           "new outputs in existing folders pass the check, which creates neither");
 }
 
@@ -959,7 +960,7 @@ static void test_llmc_bf16_file(void) {
 
 static TrainArgs ckpt_args(void) {
     TrainArgs a = train_args_default();
-    a.batch_size = 2, a.sequence_length = 8, a.total_batch_size = 16, a.num_iteration = 30;
+    a.loop.batch_size = 2, a.loop.sequence_length = 8, a.loop.total_batch_size = 16, a.optim.sched.total = 30;
     return a;
 }
 
@@ -993,16 +994,16 @@ static void test_checkpoint_round_trip(void) {
           "model.bin (seed format), m, v, step and data position read back bit for bit (%s)", rc ? err : "ok");
     CHECK(resume_check(&rd, &a, &d, dir, err) == 0, "the same run resumes (%s)", err);
     TrainArgs b = a;
-    b.batch_size = 4;
+    b.loop.batch_size = 4;
     expect_error(resume_check(&rd, &b, &d, dir, err), err, "resume with another B", "--batch_size 4 differs", NULL);
-    b = a, b.total_batch_size = 32;
+    b = a, b.loop.total_batch_size = 32;
     expect_error(resume_check(&rd, &b, &d, dir, err), err, "resume with another total batch", "--total_batch_size", NULL);
-    b = a, b.num_iteration = 10;
+    b = a, b.optim.sched.total = 10;
     expect_error(resume_check(&rd, &b, &d, dir, err), err, "--num_iteration not past the step", "nothing to run", NULL);
     toks[5] ^= 1;
     expect_error(resume_check(&rd, &a, &d, dir, err), err, "resume on other token data", "token data differs", NULL);
     toks[5] ^= 1;
-    b = a, b.learning_rate = 3e-4f, b.num_iteration = 99;
+    b = a, b.optim.sched.peak_lr = 3e-4f, b.optim.sched.total = 99;
     CHECK(resume_check(&rd, &b, &d, dir, err) == 0, "a resume may change the lr and --num_iteration");
     expect_error(state_header_read(state, n + 1, &rd, err), err, "state of another model", "from another model", NULL);
     expect_error(checkpoint_dir_check(dir, 0, err), err, "a fresh run into a folder with a later checkpoint",
@@ -1073,9 +1074,6 @@ static void test_checkpoint_prune(void) {
     free(zeros);
 }
 
-// The flag table drives parsing, defaults, usage and the printed configuration: every row is in the
-// usage and the printout, its default typed back on a command line gives the same arguments, and
-// a numeric flag takes its bounds and refuses beyond them.
 // The lr schedule (llama3.h lr_at, which the device evaluates too): warmup from lr/N, each shape's
 // value at its ends and middle, wsd's stable part, and never 0 or above the peak.
 static void test_lr_schedule(void) {
@@ -1108,23 +1106,32 @@ static void test_lr_schedule(void) {
     TrainArgs a = train_args_default();
     Llama3Config c = llama3_2_1b_config();
     char err[L3_ERR_LEN];
-    a.sample_every = 10, a.sample_tokens = 64;
+    a.eval.sample_every = 10, a.eval.sample_tokens = 64;
     expect_error(train_args_check(&a, &c, err), err, "a sample longer than a sequence", "--sample_tokens 64", "63");
-    a.sample_tokens = 8, a.top_k = 200000;
+    a.eval.sample_tokens = 8, a.eval.top_k = 200000;
     expect_error(train_args_check(&a, &c, err), err, "top_k past the vocabulary", "--top_k 200000", NULL);
 }
 
+// What was printed to f (a tmpfile), NUL-terminated, to free; f is closed. Empty if it cannot be read.
+static char* printed_text(FILE* f) {
+    long size = ftell(f);
+    char* text = calloc(size + 1, 1);
+    rewind(f);
+    if (fread(text, 1, size, f) != (size_t)size) text[0] = '\0';
+    fclose(f);
+    return text;
+}
+
+// The flag table drives parsing, defaults, usage and the printed configuration: every row is in the
+// usage and the printout, its default typed back on a command line gives the same arguments, and
+// a numeric flag takes its bounds and refuses beyond them.
 static void test_flag_table(void) {
     char err[L3_ERR_LEN], value[256], line[512];
     TrainArgs d = train_args_default(), a;
     FILE* f = tmpfile();
     print_usage(f, "prog");
     train_args_print(f, &d);
-    long size = ftell(f);
-    char* text = calloc(size + 1, 1);
-    rewind(f);
-    size_t got = fread(text, 1, size, f);
-    fclose(f);
+    char* text = printed_text(f);
     int missing = 0, round_trip_bad = 0, bounds_bad = 0;
     for (int i = 0; i < NUM_FLAGS; i++) {
         const FlagSpec* g = &FLAGS[i];
@@ -1140,13 +1147,108 @@ static void test_flag_table(void) {
         snprintf(line, sizeof(line), "%s=%.10g", g->name, g->lo - (g->kind == FLAG_INT ? 1.0 : 1e-3 + fabs(g->lo)));
         bounds_bad += train_args_parse(&a, 2, argv, err) == 0 || !strstr(err, g->name);
     }
-    CHECK(got == (size_t)size && missing == 0, "every one of the %d flags in the usage text and the printed configuration",
+    CHECK(text[0] && missing == 0, "every one of the %d flags in the usage text and the printed configuration",
           NUM_FLAGS);
     CHECK(round_trip_bad == 0, "each default, typed back as --flag=value, gives the default arguments (%d differ)",
           round_trip_bad);
     CHECK(bounds_bad == 0, "each numeric flag takes its bounds and refuses below them, naming itself (%d wrong)",
           bounds_bad);
     free(text);
+}
+
+// --list_switches: every switch row's ablation values, each "--flag value" on its own line in the
+// table's order and nothing else, each a value the flag parses into, other than its default.
+static void test_list_switches(void) {
+    char err[L3_ERR_LEN], expected[4096] = "", line[256];
+    TrainArgs d = train_args_default(), a;
+    int rows = 0, values = 0, bad = 0, empty = 0;
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        const FlagSpec* g = &FLAGS[i];
+        if (!g->scope) continue;
+        rows++;
+        int before = values;
+        char list[64];
+        snprintf(list, sizeof(list), "%s", g->ablation_values);
+        for (char* v = strtok(list, " "); v; v = strtok(NULL, " "), values++) {
+            snprintf(line, sizeof(line), "%s %s\n", g->name, v);
+            strncat(expected, line, sizeof(expected) - strlen(expected) - 1);
+            char* argv[] = {(char*)"prog", (char*)g->name, v};
+            bad += train_args_parse(&a, 3, argv, err) != 0 || switch_value(&a.sw, g) == switch_value(&d.sw, g);
+        }
+        empty += values == before;
+    }
+    FILE* f = tmpfile();
+    print_switches(f);
+    char* text = printed_text(f);
+    CHECK(rows == (int)(sizeof(Switches) / sizeof(int)) && empty == 0,
+          "every one of the %d switch rows has ablation values (%d without)", rows, empty);
+    CHECK(!strcmp(text, expected), "print_switches: the %d settings of the %d switches, one per line, nothing else%s%s",
+          values, rows, strcmp(text, expected) ? ":\n" : "", strcmp(text, expected) ? text : "");
+    CHECK(bad == 0, "each setting parses into a value other than its switch's default (%d do not)", bad);
+    int rc = parse(&a, err, "--batch_size 8 --list_switches --bogus");
+    CHECK(rc == 0 && a.list_switches && !a.help, "--list_switches stops the parse and asks for the list (%s)",
+          rc ? err : "ok");
+    free(text);
+}
+
+// The step plan of a command line on a model of n_layer layers, and its timings as one letter per
+// update group (wte, the layers, the head): O overlapped, D deferred, A after the backward.
+static StepPlan plan_of(const char* flags, int n_layer, char* letters) {
+    TrainArgs a;
+    char err[L3_ERR_LEN];
+    if (parse(&a, err, flags)) printf("FAIL %s: %s\n", flags, err), n_failed++;
+    StepPlan p = step_plan(&a.sw, &a.optim, n_layer);
+    for (int g = 0; g < p.n_groups; g++) letters[g] = "ODA"[p.timing[g]];
+    letters[p.n_groups] = '\0';
+    return p;
+}
+
+// step_plan against the rules in its comment, on the 1B (16 layers, 18 groups) and a 2-layer model:
+// `want` the timings, then measure_norm and use_graph; after_backward and any_deferred must follow
+// from the timings.
+static void test_step_plan(void) {
+    const struct { const char* flags; int n_layer; const char* want; bool norm, graph; } cases[] = {
+        {"", 16, "ODDDDDDDDDDDDOOOOO", false, true},                       // layers 0..11 deferred
+        {"--grad_clip 1", 16, "DDDDDDDDDDDDDDDDDD", true, true},           // clipping defers every group
+        {"--grad_clip 1 --deferred_adamw 0", 16, "DDDDDDDDDDDDDDDDDD", true, true},
+        {"--overlap_optimizer 0", 16, "AAAAAAAAAAAAAAAAAA", false, true},
+        {"--grad_clip 1 --overlap_optimizer 0", 16, "AAAAAAAAAAAAAAAAAA", true, true},
+        {"--grad_clip 1 --grad_zeroing memset", 16, "AAAAAAAAAAAAAAAAAA", true, true}, // cannot defer
+        {"--grad_zeroing fill", 16, "OOOOOOOOOOOOOOOOOO", false, true},
+        {"--deferred_adamw 0", 16, "OOOOOOOOOOOOOOOOOO", false, true},
+        {"--deferred_adamw 1", 16, "ODOOOOOOOOOOOOOOOO", false, true},
+        {"--deferred_adamw 16", 16, "ODDDDDDDDDDDDDDDDO", false, true},
+        {"--metadata_by_value 0", 16, "ODDDDDDDDDDDDOOOOO", false, false}, // no graph with the copies
+        {"--cuda_graph 0", 16, "ODDDDDDDDDDDDOOOOO", false, false},
+        {"", 2, "ODDO", false, true},                                      // 12 capped at the 2 layers
+        {"--grad_clip 1", 2, "DDDD", true, true},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char got[LLAMA3_MAX_LAYERS + 3];
+        StepPlan p = plan_of(cases[i].flags, cases[i].n_layer, got);
+        bool all_after = strspn(got, "A") == strlen(got), deferred = strchr(got, 'D') != NULL;
+        CHECK(p.n_groups == cases[i].n_layer + 2 && !strcmp(got, cases[i].want) && p.measure_norm == cases[i].norm &&
+                  p.use_graph == cases[i].graph && p.after_backward == all_after && p.any_deferred == deferred,
+              "step plan, %d layers, '%s': %s (%s), norm %d, graph %d, after_backward %d, any_deferred %d",
+              cases[i].n_layer, cases[i].flags, got, cases[i].want, p.measure_norm, p.use_graph, p.after_backward,
+              p.any_deferred);
+    }
+    const struct { const char* flags; const char* want; } lines[] = {
+        {"", "step plan: AdamW overlapped with the backward: wte, layer 12..head | deferred to the next step: layer "
+             "0..layer 11 | gradient norm not measured | steps 2.. from one CUDA graph\n"},
+        {"--grad_clip 1 --grad_zeroing memset --cuda_graph 0", "step plan: AdamW after the backward: wte..head | "
+             "gradient norm measured (clipping) | every step launched from the host\n"},
+    };
+    for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
+        char letters[LLAMA3_MAX_LAYERS + 3];
+        StepPlan p = plan_of(lines[i].flags, 16, letters);
+        FILE* f = tmpfile();
+        step_plan_print(f, &p);
+        char* text = printed_text(f);
+        CHECK(!strcmp(text, lines[i].want), "step_plan_print of the 1B plan '%s': %.*s", lines[i].flags,
+              (int)strcspn(text, "\n"), text);
+        free(text);
+    }
 }
 
 int main(void) {
@@ -1173,6 +1275,8 @@ int main(void) {
     test_gpu_and_val_paths();
     test_json_log();
     test_flag_table();
+    test_list_switches();
+    test_step_plan();
     test_lr_schedule();
     test_rope();
     test_hostile_values();

@@ -33,79 +33,91 @@ static_assert(4 * RMS_VEC * 1024 == LLAMA3_MAX_N_EMBD, "kernel_limits_check's n_
 #endif
 
 // ---- activations ----
-// Everything the backward pass reads is saved per layer; scratch is shared by all layers.
-// One allocation; each buffer starts on a 256-byte boundary (cuBLASLt's preferred alignment).
-enum {
-    A_RESID,        // fp32 (L+1, N, C)  input of each layer; [L] feeds the final norm
-    A_H,            // fp32 (L, N, C)    residual after attention
-    A_RSTD_ATTN,    // fp32 (L, N)
-    A_RSTD_FFN,     // fp32 (L, N)
-    A_RSTD_FINAL,   // fp32 (N)
-    A_NORMED_ATTN,  // bf16 (L, N, C)
-    A_QKV_HEADS,    // bf16 (L, N * QKV) q (B,NH,T,HD) after RoPE, then k, v (B,KVH,T,HD)
-    A_PROBS,        // bf16 (L, B, NH, T, T) causal softmax, unfused attention only; dS in backward
-    A_LSE,          // fp32 (L, B, NH, T) log2-sum-exp of each query row, flash attention only
-    A_ATT_Y,        // bf16 (L, N, C)    attention output, token-major
-    A_NORMED_FFN,   // bf16 (L, N, C)
-    A_GATE_UP,      // bf16 (L, N, 2F)
-    A_ACT,          // bf16 (L, N, F)    silu(gate) * up
-    A_NORMED_FINAL, // bf16 (N, C)
-    A_LOGITS,       // bf16 (N, V)       becomes dlogits in place
+// Everything the backward pass reads is saved per layer; scratch is shared by all layers. Each
+// buffer is a typed pointer, laid into one allocation by act_layout's table (a buffer's element
+// size is its pointer's); each starts on a 256-byte boundary (cuBLASLt's preferred alignment).
+typedef struct {
+    float* resid;        // (L+1, N, C)  input of each layer; [L] feeds the final norm
+    float* h;            // (L, N, C)    residual after attention
+    float* rstd_attn;    // (L, N)
+    float* rstd_ffn;     // (L, N)
+    float* rstd_final;   // (N)
+    bf16* normed_attn;   // (L, N, C)
+    bf16* qkv_heads;     // (L, N * QKV) q (B,NH,T,HD) after RoPE, then k, v (B,KVH,T,HD)
+    bf16* probs;         // (L, B, NH, T, T) causal softmax, unfused attention only; dS in backward
+    float* lse;          // (L, B, NH, T) log2-sum-exp of each query row, flash attention only
+    bf16* att_y;         // (L, N, C)    attention output, token-major
+    bf16* normed_ffn;    // (L, N, C)
+    bf16* gate_up;       // (L, N, 2F)
+    bf16* act;           // (L, N, F)    silu(gate) * up
+    bf16* normed_final;  // (N, C)
+    bf16* logits;        // (N, V)       becomes dlogits in place
     // scratch
-    A_QKV,          // bf16 (N, QKV)     qkv GEMM output; dqkv in backward
-    A_BRANCH,       // bf16 (N, C)       o-proj / down output; gradients into norms in backward
-    A_HEADS_O,      // bf16 (N, C)       unfused attention: output head-major; dO in backward
-    A_SCORES,       // fp32 (B, NH, T, T) scores, unfused attention only; dP in backward
-    A_DSUM,         // fp32 (B, NH, T)   rowsum(dO * O), flash attention backward
-    A_DHEADS,       // bf16 (N * QKV)    dq, dk, dv head-major
-    A_DRESID,       // fp32 (N, C)       gradient of the residual stream
-    A_DRESID_BF16,  // bf16 (N, C)       the same, rounded: the branch gradient the GEMMs read
-    A_DACT,         // bf16 (N, F)
-    A_DGATE_UP,     // bf16 (N, 2F)
-    A_DW_PARTIAL,   // fp32 (blocks, C)  RMSNorm weight-gradient partial sums
-    A_LOSSES,       // fp32 (grad_accum * N) per-token losses of the step
-    A_RMS_OPS,      // fp32 (3, N, C)    --fused_rmsnorm 0 only: the separate ops' intermediates
-    A_RMS_ROWS,     // fp32 (2, N)       the same, per row
-    NUM_ACTS
-};
+    bf16* qkv;           // (N, QKV)     qkv GEMM output; dqkv in backward
+    bf16* branch;        // (N, C)       o-proj / down output; gradients into norms in backward
+    bf16* heads_o;       // (N, C)       unfused attention: output head-major; dO in backward
+    float* scores;       // (B, NH, T, T) scores, unfused attention only; dP in backward
+    float* dsum;         // (B, NH, T)   rowsum(dO * O), flash attention backward
+    bf16* dheads;        // (N * QKV)    dq, dk, dv head-major
+    float* dresid;       // (N, C)       gradient of the residual stream
+    bf16* dresid_bf16;   // (N, C)       the same, rounded: the branch gradient the GEMMs read
+    bf16* dact;          // (N, F)
+    bf16* dgate_up;      // (N, 2F)
+    float* dw_partial;   // (blocks, C)  RMSNorm weight-gradient partial sums
+    float* losses;       // (grad_accum * N) per-token losses of the step
+    float* rms_ops;      // (3, N, C)    --fused_rmsnorm 0 only: the separate ops' intermediates
+    float* rms_rows;     // (2, N)       the same, per row
+} Activations;
 
 typedef struct {
-    size_t offset[NUM_ACTS];
-    size_t total;
-} ActLayout;
+    size_t field;      // offsetof(Activations, the buffer)
+    size_t elem_bytes; // sizeof(*buffer)
+    size_t count;      // elements
+} ActRow;
+#define ACT_ROW(name, n) {offsetof(Activations, name), sizeof(*((Activations*)0)->name), (n)}
 
-static ActLayout act_layout(const Llama3Config* c, int B, int T, int grad_accum, int sms, bool flash, bool fused_rms) {
+// Lays every buffer into `block` (NULL: only measures) and returns the bytes they take.
+static size_t act_layout(Activations* acts, unsigned char* block, const Llama3Config* c, int B, int T, int grad_accum,
+                         int sms, bool flash, bool fused_rms) {
     size_t N = (size_t)B * T, C = c->n_embd, L = c->n_layer, F = c->ffn_hidden, V = c->vocab_size;
     size_t QKV = qkv_dim(c), ROWS = (size_t)B * c->n_head * T, ATT = flash ? 0 : ROWS * T, LSE = flash ? ROWS : 0;
-    size_t elems[NUM_ACTS] = {(L + 1) * N * C, L * N * C, L * N, L * N, N, L * N * C, L * N * QKV, L * ATT, L * LSE,
-                              L * N * C, L * N * C, L * N * 2 * F, L * N * F, N * C, N * V,
-                              N * QKV, N * C, N * C, ATT, LSE, N * QKV, N * C, N * C, N * F, N * 2 * F,
-                              (size_t)rms_bwd_blocks((int)N, sms) * C, grad_accum * N, fused_rms ? 0 : 3 * N * C,
-                              fused_rms ? 0 : 2 * N};
-    int fp32[NUM_ACTS] = {1, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 0, 1, 1, 1, 1};
-    ActLayout a;
-    a.total = 0;
-    for (int i = 0; i < NUM_ACTS; i++) {
-        size_t bytes = elems[i] * (fp32[i] ? 4 : 2);
-        a.offset[i] = a.total;
-        a.total += (bytes + 255) / 256 * 256;
+    const ActRow rows[] = {
+        ACT_ROW(resid, (L + 1) * N * C), ACT_ROW(h, L * N * C), ACT_ROW(rstd_attn, L * N), ACT_ROW(rstd_ffn, L * N),
+        ACT_ROW(rstd_final, N), ACT_ROW(normed_attn, L * N * C), ACT_ROW(qkv_heads, L * N * QKV),
+        ACT_ROW(probs, L * ATT), ACT_ROW(lse, L * LSE), ACT_ROW(att_y, L * N * C), ACT_ROW(normed_ffn, L * N * C),
+        ACT_ROW(gate_up, L * N * 2 * F), ACT_ROW(act, L * N * F), ACT_ROW(normed_final, N * C),
+        ACT_ROW(logits, N * V), ACT_ROW(qkv, N * QKV), ACT_ROW(branch, N * C), ACT_ROW(heads_o, N * C),
+        ACT_ROW(scores, ATT), ACT_ROW(dsum, LSE), ACT_ROW(dheads, N * QKV), ACT_ROW(dresid, N * C),
+        ACT_ROW(dresid_bf16, N * C), ACT_ROW(dact, N * F), ACT_ROW(dgate_up, N * 2 * F),
+        ACT_ROW(dw_partial, (size_t)rms_bwd_blocks((int)N, sms) * C), ACT_ROW(losses, grad_accum * N),
+        ACT_ROW(rms_ops, fused_rms ? 0 : 3 * N * C), ACT_ROW(rms_rows, fused_rms ? 0 : 2 * N)};
+    static_assert(sizeof(rows) / sizeof(rows[0]) * sizeof(void*) == sizeof(Activations), "a row per buffer");
+    size_t total = 0;
+    for (const ActRow& r : rows) {
+        if (block) *(unsigned char**)((unsigned char*)acts + r.field) = block + total;
+        total += (r.count * r.elem_bytes + 255) / 256 * 256;
     }
-    return a;
+    return total;
 }
+#undef ACT_ROW
 
 // ---- model ----
 
+// [deferred AdamW] What the last step left undone, set on the host as each step is launched: the
+// AdamW of the plan's deferred groups, which the next step runs first (its forward waits for each
+// group) or a flush applies; and a save's copy of the weights, which the next step's AdamW must
+// wait for [checkpoints].
 typedef struct {
-    float lr, beta1, beta2, eps, weight_decay; // lr: the schedule's peak
-    float grad_clip;                           // 0: no clipping
-    LrSchedule sched;
-} OptimConfig;
+    bool updates;          // the deferred groups' AdamW of the last step has not run
+    cudaEvent_t* save_copy; // NULL: no save since the last step
+} Pending;
 
 typedef struct {
     Llama3Config cfg;
     ParamLayout layout;
     OptimConfig opt;
     Switches sw; // which optimisations are on (all, except in the ablation)
+    const StepPlan* plan; // when each AdamW group runs, for the whole run (step_plan)
     int B, T, grad_accum, sms;
     // one block each, parameter-sized (see llama3.h for the order)
     float* params; // fp32 master weights
@@ -116,43 +128,35 @@ typedef struct {
     float* adam_v;
     bf16* shadow;      // [shadow weights] bf16 copy of params[matmul_begin, matmul_end)
     bf16* cast_weight; // with shadow_weights off: one weight cast to bf16 just before its GEMM
-    unsigned char* acts;
-    ActLayout act;
+    Activations acts;   // typed pointers into one block
+    void* acts_block;
+    size_t acts_bytes;
     int* tokens;          // device: the step's inputs (grad_accum*N) then targets (grad_accum*N)
     int32_t* tokens_host; // pinned staging, two steps' worth (double buffered)
     float* rope_cos;      // (T, HD/2)
     float* rope_sin;
-    TokenSorter sorter; // sized for grad_accum*N tokens
+    TokenSorter* sorter;  // [sparse rows] sized for grad_accum*N tokens
     StepStats* stats;      // device: the step's loss, gradient norm, lr, NaN guard counts
     StepStats* stats_host; // pinned, two slots
     float* sumsq;          // [clipping] SUMSQ_BLOCKS partial sums of squares per gradient tensor (sumsq_slot)
-    Gemm gemm;
+    Gemm* gemm;            // cuBLASLt and its plans (made on each shape's first use)
     cudaStream_t stream;
     // [streams] the optimizer stream, and the events that order it against the main stream
     cudaStream_t opt_stream;
     cudaEvent_t grads_ready, opt_done;
-    AdamWParams* adam; // device: [0] this step's hyperparameters, [1] the previous step's [graphs]
-    int* adam_step;    // device: AdamW steps taken
-    bool adam_overlap; // this backward pass runs AdamW as gradients become ready
-    bool measure_norm; // [clipping] this backward pass sums the gradients' squares as they become ready
-    // [deferred AdamW] update groups (update_group: wte, each layer, the head) that this backward
-    // leaves to the next step, and those the previous step left, which the forward waits for
-    int defer_begin, defer_end, pending_begin, pending_end;
     cudaEvent_t* group_updated; // per update group: its deferred AdamW is done
-    bool eager_next; // the next step runs eagerly: a flush applied the deferred updates its graph would
-    bool use_graph;    // [graphs] replay the step from a CUDA graph
-    cudaGraphExec_t step_graph; // captured at this process's second step (the first made every GEMM plan)
+    AdamWHistory* adam;         // device: the hyperparameters of this step and the previous one
+    int* adam_step;             // device: AdamW steps taken
+    Pending pending;
+    cudaGraphExec_t step_graph; // [graphs] captured at this process's second step (the first made every GEMM plan)
     int steps_run;              // steps this process has launched
-    // [checkpoints] a save's device-to-host copy still running: the next step waits for it before
-    // its AdamW
-    cudaEvent_t* save_copy;
     HeadShape* shape_in_memory; // with metadata_by_value off: where shapes are copied before launches
 } Model;
 
 static size_t param_offset(const Model* m, int tensor, int layer) {
     return m->layout.offset[tensor] + (size_t)layer * m->layout.layer_size[tensor];
 }
-static float* param_ptr(Model* m, float* block, int tensor, int layer) { return block + param_offset(m, tensor, layer); }
+static float* param_ptr(const Model* m, float* block, int tensor, int layer) { return block + param_offset(m, tensor, layer); }
 // The fp32 gradient of the parameter at `offset`: every parameter, or with bf16 grads wte and the
 // norm weights, whose block skips the matmul weights' range.
 static float* grad_f32(const Model* m, size_t offset) {
@@ -163,20 +167,22 @@ static float* grad_f32(const Model* m, size_t offset) {
 // [bf16 grads] The bf16 gradient of the matmul weight at `offset` (a shadow-block index).
 static bf16* grad_bf16(const Model* m, size_t offset) { return m->grads_bf16 + (offset - m->layout.matmul_begin); }
 // The bf16 weight a GEMM reads: the shadow copy, or (ablation) a cast of the fp32 master made now.
-static const bf16* weight_bf16(Model* m, int tensor, int layer) {
+static const bf16* weight_bf16(const Model* m, int tensor, int layer) {
     size_t offset = m->layout.offset[tensor] + (size_t)layer * m->layout.layer_size[tensor];
     if (m->sw.shadow_weights) return m->shadow + (offset - m->layout.matmul_begin);
     cast_to_bf16(m->cast_weight, m->params + offset, m->layout.layer_size[tensor], m->stream);
     return m->cast_weight;
 }
 // AdamW update groups, in the order the forward reads them: wte, layer l at 1 + l, then the head
-// (final norm and lm_head). A deferred group is updated at the start of the next step.
+// (final norm and lm_head); the plan says when each is updated (llama3.h step_plan).
 static int head_group(const Model* m) { return m->cfg.n_layer + 1; }
 static int num_groups(const Model* m) { return m->cfg.n_layer + 2; }
 static int update_group(const Model* m, int tensor, int layer) {
     if (tensor == P_WTE) return 0;
     return tensor == P_LM_HEAD || tensor == P_FINAL_NORM ? head_group(m) : 1 + layer;
 }
+// [deferred AdamW] Whether the plan defers update group g's AdamW to the next step.
+static bool group_deferred(const Model* m, int g) { return m->plan->timing[g] == ADAMW_DEFERRED; }
 // [clipping] Where a gradient tensor's partial sums of squares go: wte, lm_head, final norm, then
 // the layer tensors (P_QKV..P_FFN_NORM, consecutive) layer by layer.
 static int sumsq_slot(int tensor, int layer) {
@@ -184,8 +190,6 @@ static int sumsq_slot(int tensor, int layer) {
     return tensor == P_FINAL_NORM ? 2 : 3 + layer * (P_FFN_NORM - P_QKV + 1) + (tensor - P_QKV);
 }
 static int sumsq_slots(const Llama3Config* c) { return 3 + c->n_layer * (P_FFN_NORM - P_QKV + 1); }
-static float* act_f32(Model* m, int id, size_t index = 0) { return (float*)(m->acts + m->act.offset[id]) + index; }
-static bf16* act_bf16(Model* m, int id, size_t index = 0) { return (bf16*)(m->acts + m->act.offset[id]) + index; }
 
 // cudaMalloc with the amount named when the GPU is out of memory.
 static void* device_alloc(size_t bytes, const char* what) {
@@ -220,20 +224,20 @@ static size_t grads_f32_count(const ParamLayout* p, bool bf16_grads) {
 }
 // Device bytes of the model's buffers: weights, AdamW state, gradients, bf16 weights, activations
 // and the cuBLASLt workspace (not the token buffers, RoPE table and sort scratch: a few MiB).
-static size_t model_bytes(const ParamLayout* p, const ActLayout* a, const Switches* sw, int grad_accum) {
+static size_t model_bytes(const ParamLayout* p, size_t acts_bytes, const Switches* sw, int grad_accum) {
     size_t f32_n = grads_f32_count(p, uses_bf16_grads(sw, grad_accum)); // the rest are bf16
-    return p->total * 12 + f32_n * 4 + (p->total - f32_n) * 2 + bf16_weight_bytes(p, sw) + a->total +
+    return p->total * 12 + f32_n * 4 + (p->total - f32_n) * 2 + bf16_weight_bytes(p, sw) + acts_bytes +
            GEMM_WORKSPACE_BYTES;
 }
 
 // Stops with the amounts when the model's buffers do not fit in the GPU's free memory.
 static void check_fits(const Model* m, int grad_accum) {
-    size_t free_b, total_b, need = model_bytes(&m->layout, &m->act, &m->sw, grad_accum);
+    size_t free_b, total_b, need = model_bytes(&m->layout, m->acts_bytes, &m->sw, grad_accum);
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     if (need <= free_b) return;
     fprintf(stderr, "out of GPU memory: the model needs %.2f GiB (weights, grads, AdamW state, shadow: %.2f; "
                     "activations for B=%d T=%d: %.2f), %.2f GiB free\n",
-            need / 1073741824.0, (need - m->act.total) / 1073741824.0, m->B, m->T, m->act.total / 1073741824.0,
+            need / 1073741824.0, (need - m->acts_bytes) / 1073741824.0, m->B, m->T, m->acts_bytes / 1073741824.0,
             free_b / 1073741824.0);
     exit(EXIT_FAILURE);
 }
@@ -267,47 +271,35 @@ static void sorter_create(TokenSorter* ts, size_t n, int vocab_size) {
     ts->temp = device_alloc(ts->temp_bytes, "token sort scratch");
 }
 
-static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* opt, const Switches* sw, int B, int T,
-                         int grad_accum) {
-    memset(m, 0, sizeof(*m));
-    m->cfg = *cfg, m->opt = *opt, m->sw = *sw, m->B = B, m->T = T, m->grad_accum = grad_accum;
-    CUDA_CHECK(cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, 0));
-    m->layout = param_layout(cfg);
-    m->sw.deferred_adamw = deferred_layers(sw, cfg->n_layer);
-    char err[L3_ERR_LEN];
-    if (kernel_limits_check(cfg, sw->flash_attention, "model", err)) { // test_llama3 comes here without train_args_check
-        fprintf(stderr, "%s\n", err);
-        exit(EXIT_FAILURE);
-    }
-    m->act = act_layout(cfg, B, T, grad_accum, m->sms, sw->flash_attention, sw->fused_rmsnorm);
-    check_fits(m, grad_accum);
-    size_t P = m->layout.total, N = (size_t)B * T, n_step = grad_accum * N;
+// The model's device buffers: weights, gradients, AdamW state, bf16 weights, activations, tokens
+// and the step's small state.
+static void model_alloc(Model* m) {
+    size_t P = m->layout.total, n_step = (size_t)m->grad_accum * m->B * m->T;
     m->params = (float*)device_alloc(P * 4, "fp32 weights");
-    size_t grads_f32_n = grads_f32_count(&m->layout, uses_bf16_grads(sw, grad_accum));
+    size_t grads_f32_n = grads_f32_count(&m->layout, uses_bf16_grads(&m->sw, m->grad_accum));
     m->grads = (float*)device_alloc(grads_f32_n * 4, "fp32 gradients");
     if (grads_f32_n < P) m->grads_bf16 = (bf16*)device_alloc((P - grads_f32_n) * 2, "bf16 gradients");
     m->adam_m = (float*)device_alloc(P * 4, "AdamW m");
     m->adam_v = (float*)device_alloc(P * 4, "AdamW v");
-    if (sw->shadow_weights) m->shadow = (bf16*)device_alloc(bf16_weight_bytes(&m->layout, sw), "bf16 shadow weights");
-    else m->cast_weight = (bf16*)device_alloc(bf16_weight_bytes(&m->layout, sw), "bf16 weight cast buffer");
-    if (!sw->metadata_by_value) m->shape_in_memory = (HeadShape*)device_alloc(sizeof(HeadShape), "shape metadata");
-    m->acts = (unsigned char*)device_alloc(m->act.total, "activations");
+    size_t bf16_bytes = bf16_weight_bytes(&m->layout, &m->sw);
+    if (m->sw.shadow_weights) m->shadow = (bf16*)device_alloc(bf16_bytes, "bf16 shadow weights");
+    else m->cast_weight = (bf16*)device_alloc(bf16_bytes, "bf16 weight cast buffer");
+    if (!m->sw.metadata_by_value) m->shape_in_memory = (HeadShape*)device_alloc(sizeof(HeadShape), "shape metadata");
+    m->acts_block = device_alloc(m->acts_bytes, "activations");
+    act_layout(&m->acts, (unsigned char*)m->acts_block, &m->cfg, m->B, m->T, m->grad_accum, m->sms,
+               m->sw.flash_attention, m->sw.fused_rmsnorm);
     m->tokens = (int*)device_alloc(2 * n_step * sizeof(int), "tokens");
     CUDA_CHECK(cudaMallocHost(&m->tokens_host, 2 * 2 * n_step * sizeof(int32_t)));
     CUDA_CHECK(cudaMallocHost(&m->stats_host, 2 * sizeof(StepStats)));
     m->stats = (StepStats*)device_alloc(sizeof(StepStats), "step statistics");
-    CUDA_CHECK(cudaMemset(m->stats, 0, sizeof(StepStats)));
-    size_t sumsq_n = (size_t)sumsq_slots(cfg) * SUMSQ_BLOCKS;
-    m->sumsq = (float*)device_alloc(sumsq_n * sizeof(float), "gradient norm partial sums");
-    CUDA_CHECK(cudaMemset(m->sumsq, 0, sumsq_n * sizeof(float))); // slots a launch leaves unused stay 0
-    m->adam = (AdamWParams*)device_alloc(2 * sizeof(AdamWParams), "AdamW hyperparameters");
-    CUDA_CHECK(cudaMemset(m->adam, 0, 2 * sizeof(AdamWParams)));
+    m->sumsq = (float*)device_alloc((size_t)sumsq_slots(&m->cfg) * SUMSQ_BLOCKS * sizeof(float), "gradient norm partial sums");
+    m->adam = (AdamWHistory*)device_alloc(sizeof(AdamWHistory), "AdamW hyperparameters");
     m->adam_step = (int*)device_alloc(sizeof(int), "AdamW step counter");
-    CUDA_CHECK(cudaMemset(m->adam_step, 0, sizeof(int)));
-    // A graph cannot capture the ablation's per-launch copies from pageable host memory.
-    m->use_graph = sw->cuda_graph && sw->metadata_by_value;
-    // The step's own stream outranks the optimizer's: when both have blocks ready, the SMs take
-    // the backward's first and AdamW (with its ~35 GB of streaming) fills what is left.
+}
+
+// [streams] The step's own stream outranks the optimizer's: when both have blocks ready, the SMs
+// take the backward's first and AdamW (with its ~35 GB of streaming) fills what is left.
+static void model_streams(Model* m) {
     int prio_low, prio_high;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&prio_low, &prio_high));
     CUDA_CHECK(cudaStreamCreateWithPriority(&m->stream, cudaStreamDefault, prio_high));
@@ -317,21 +309,64 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     m->group_updated = (cudaEvent_t*)malloc(num_groups(m) * sizeof(cudaEvent_t));
     for (int g = 0; g < num_groups(m); g++)
         CUDA_CHECK(cudaEventCreateWithFlags(&m->group_updated[g], cudaEventDisableTiming));
-    // Zero once: Adam's state starts at zero and wte's gradient rows are kept zero [sparse rows].
-    CUDA_CHECK(cudaMemsetAsync(m->adam_m, 0, P * 4, m->stream));
-    CUDA_CHECK(cudaMemsetAsync(m->adam_v, 0, P * 4, m->stream));
-    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, grads_f32_n * 4, m->stream));
+}
+
+// A fresh optimizer on the weights as they are: AdamW's m, v and step counter, every gradient
+// (wte's rows are kept zero from here on [sparse rows]), the norm's partial sums (slots a launch
+// leaves unused stay 0), the statistics and the pending state zeroed, and the CUDA graph dropped
+// (the next step runs eagerly and the one after is captured anew). model_create ends with it; the
+// test calls it between its runs.
+static void model_reset_training(Model* m) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
+    m->step_graph = NULL;
+    size_t P = m->layout.total, grads_f32_n = grads_f32_count(&m->layout, m->grads_bf16 != NULL);
+    CUDA_CHECK(cudaMemset(m->adam_m, 0, P * 4));
+    CUDA_CHECK(cudaMemset(m->adam_v, 0, P * 4));
+    CUDA_CHECK(cudaMemset(m->adam_step, 0, sizeof(int)));
+    CUDA_CHECK(cudaMemset(m->adam, 0, sizeof(AdamWHistory)));
+    CUDA_CHECK(cudaMemset(m->grads, 0, grads_f32_n * 4));
+    if (m->grads_bf16) CUDA_CHECK(cudaMemset(m->grads_bf16, 0, (P - grads_f32_n) * 2));
+    CUDA_CHECK(cudaMemset(m->sumsq, 0, (size_t)sumsq_slots(&m->cfg) * SUMSQ_BLOCKS * sizeof(float)));
+    CUDA_CHECK(cudaMemset(m->stats, 0, sizeof(StepStats)));
+    m->pending.updates = false, m->pending.save_copy = NULL;
+    m->steps_run = 0;
+}
+
+// Everything of a model for B x T micro-batches, grad_accum per step, trained with optimizer `opt`
+// and switches `sw` (its weights still to be set: model_init_random or model_load).
+static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* opt, const Switches* sw, int B, int T,
+                         int grad_accum) {
+    memset(m, 0, sizeof(*m));
+    m->cfg = *cfg, m->opt = *opt, m->sw = *sw, m->B = B, m->T = T, m->grad_accum = grad_accum;
+    CUDA_CHECK(cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, 0));
+    m->layout = param_layout(cfg);
+    char err[L3_ERR_LEN];
+    if (kernel_limits_check(cfg, sw->flash_attention, "model", err)) { // test_llama3 comes here without train_args_check
+        fprintf(stderr, "%s\n", err);
+        exit(EXIT_FAILURE);
+    }
+    StepPlan* plan = (StepPlan*)malloc(sizeof(StepPlan));
+    *plan = step_plan(sw, opt, cfg->n_layer);
+    m->plan = plan;
+    m->acts_bytes = act_layout(&m->acts, NULL, cfg, B, T, grad_accum, m->sms, sw->flash_attention, sw->fused_rmsnorm);
+    check_fits(m, grad_accum);
+    model_alloc(m);
+    model_streams(m);
     rope_upload(m);
-    sorter_create(&m->sorter, n_step, cfg->vocab_size);
-    gemm_create(&m->gemm);
+    m->sorter = (TokenSorter*)malloc(sizeof(TokenSorter));
+    sorter_create(m->sorter, (size_t)grad_accum * B * T, cfg->vocab_size);
+    m->gemm = (Gemm*)malloc(sizeof(Gemm));
+    gemm_create(m->gemm);
+    model_reset_training(m);
 }
 
 static void model_free(Model* m) {
-    gemm_destroy(&m->gemm);
+    gemm_destroy(m->gemm);
     if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
     void* device[] = {m->adam,   m->adam_step, m->params,      m->grads,  m->grads_bf16, m->adam_m,
-                      m->adam_v, m->shadow,    m->cast_weight, m->shape_in_memory, m->acts, m->tokens,
-                      m->stats,  m->sumsq,     m->rope_cos,    m->sorter.sorted_tokens, m->sorter.temp};
+                      m->adam_v, m->shadow,    m->cast_weight, m->shape_in_memory, m->acts_block, m->tokens,
+                      m->stats,  m->sumsq,     m->rope_cos,    m->sorter->sorted_tokens, m->sorter->temp};
     for (size_t i = 0; i < sizeof(device) / sizeof(device[0]); i++) CUDA_CHECK(cudaFree(device[i]));
     CUDA_CHECK(cudaFreeHost(m->tokens_host));
     CUDA_CHECK(cudaFreeHost(m->stats_host));
@@ -341,6 +376,9 @@ static void model_free(Model* m) {
     CUDA_CHECK(cudaEventDestroy(m->opt_done));
     for (int g = 0; g < num_groups(m); g++) CUDA_CHECK(cudaEventDestroy(m->group_updated[g]));
     free(m->group_updated);
+    free((void*)m->plan);
+    free(m->sorter);
+    free(m->gemm);
 }
 
 // The bf16 shadow of the matmul weights, made once after the masters are set; from then on the
@@ -379,46 +417,80 @@ static int model_load(Model* m, const char* path, ModelFileFormat fmt, char* err
 
 // ---- forward ----
 
-static HeadShape head_shape(Model* m) {
+static HeadShape head_shape(const Model* m) {
     HeadShape sh = {m->B, m->T, m->cfg.n_head, m->cfg.n_kv_head, m->cfg.n_embd / m->cfg.n_head};
     return sh;
 }
 
-// Causal GQA attention of one layer on head-major q, k, v into token-major att_y[l]: flash
-// attention, or (--flash_attention 0) unfused: per (batch, kv head), the G query heads sharing it
-// form G*T rows of batched GEMMs, scores = q k^T / sqrt(HD) (fp32), P = softmax (bf16), o = P v.
-static void attention_forward(Model* m, int l) {
+// y (N, out) = x (N, in) @ W^T: a linear layer's forward, bf16, W the layer's bf16 weight.
+static void linear_forward(const Model* m, bf16* y, const bf16* x, int tensor, int layer, int out, int in) {
+    matmul(m->gemm, m->stream, y, x, weight_bf16(m, tensor, layer), m->B * m->T, out, in, false, true, false);
+}
+
+// The unfused attention's GEMMs, batched over (batch, kv head): the G query heads that share a kv
+// head are G*T rows of one matrix, so GQA repeats no K or V. Per batch entry q, o, dq and dO are
+// (G*T, HD), k, v, dk and dv (T, HD), scores, P, dP and dS (G*T, T).
+typedef struct {
+    int G, T, HD, batch;
+    long long rows, keys, probs; // the strides of the (G*T, HD), (T, HD) and (G*T, T) matrices
+} AttnGemm;
+static AttnGemm attn_gemm(const Model* m) {
     HeadShape sh = head_shape(m);
-    int G = sh.NH / sh.KVH, T = sh.T, HD = sh.HD, batch = sh.B * sh.KVH;
-    size_t N = (size_t)sh.B * T;
-    bf16* q = act_bf16(m, A_QKV_HEADS, l * N * qkv_dim(&m->cfg));
-    bf16 *k = q + N * m->cfg.n_embd, *v = k + N * sh.KVH * HD;
+    int G = sh.NH / sh.KVH;
+    AttnGemm g = {G, sh.T, sh.HD, sh.B * sh.KVH, (long long)G * sh.T * sh.HD, (long long)sh.T * sh.HD,
+                  (long long)G * sh.T * sh.T};
+    return g;
+}
+// (G*T, T) fp32 = alpha * rows (G*T, HD) @ keys^T (T, HD): scores = q k^T / sqrt(HD), dP = dO v^T.
+static void attn_scores_gemm(const Model* m, float* out, const bf16* rows, const bf16* keys, float alpha) {
+    AttnGemm g = attn_gemm(m);
+    matmul(m->gemm, m->stream, out, rows, keys, g.G * g.T, g.T, g.HD, false, true, true, alpha, 0.0f, g.batch, g.rows,
+           g.keys, g.probs);
+}
+// (G*T, HD) = alpha * P (G*T, T) @ x (T, HD), bf16: o = P v, dq = dS k / sqrt(HD).
+static void attn_mix_gemm(const Model* m, bf16* out, const bf16* probs, const bf16* x, float alpha) {
+    AttnGemm g = attn_gemm(m);
+    matmul(m->gemm, m->stream, out, probs, x, g.G * g.T, g.HD, g.T, false, false, false, alpha, 0.0f, g.batch, g.probs,
+           g.keys, g.rows);
+}
+// (T, HD) = alpha * P^T (T, G*T) @ y (G*T, HD), bf16, summing over the G query heads: dv = P^T dO,
+// dk = dS^T q / sqrt(HD).
+static void attn_mix_t_gemm(const Model* m, bf16* out, const bf16* probs, const bf16* y, float alpha) {
+    AttnGemm g = attn_gemm(m);
+    matmul(m->gemm, m->stream, out, probs, y, g.T, g.HD, g.G * g.T, true, false, false, alpha, 0.0f, g.batch, g.probs,
+           g.rows, g.keys);
+}
+
+// Causal GQA attention of one layer on head-major q, k, v into token-major att_y[l]: flash
+// attention, or (--flash_attention 0) unfused: scores = q k^T / sqrt(HD) (fp32), P = softmax
+// (bf16), o = P v.
+static void attention_forward(const Model* m, int l) {
+    HeadShape sh = head_shape(m);
+    size_t N = (size_t)sh.B * sh.T;
+    bf16* q = m->acts.qkv_heads + l * N * qkv_dim(&m->cfg);
+    bf16 *k = q + N * m->cfg.n_embd, *v = k + N * sh.KVH * sh.HD;
+    bf16* att_y = m->acts.att_y + l * N * m->cfg.n_embd;
     if (m->sw.flash_attention) {
-        flash_attention_forward(act_bf16(m, A_ATT_Y, l * N * m->cfg.n_embd),
-                                act_f32(m, A_LSE, (size_t)l * sh.B * sh.NH * T), q, k, v, sh, m->stream);
+        flash_attention_forward(att_y, m->acts.lse + (size_t)l * sh.B * sh.NH * sh.T, q, k, v, sh, m->stream);
         return;
     }
-    bf16* probs = act_bf16(m, A_PROBS, (size_t)l * sh.B * sh.NH * T * T);
-    float* scores = act_f32(m, A_SCORES);
-    long long sq = (long long)G * T * HD, skv = (long long)T * HD, sp = (long long)G * T * T;
-    matmul(&m->gemm, m->stream, scores, q, k, G * T, T, HD, false, true, true, 1.0f / sqrtf((float)HD), 0.0f, batch,
-           sq, skv, sp);
-    attention_softmax(false, probs, scores, sh.B * sh.NH * T, T, m->stream);
-    bf16* o = act_bf16(m, A_HEADS_O);
-    matmul(&m->gemm, m->stream, o, probs, v, G * T, HD, T, false, false, false, 1.0f, 0.0f, batch, sp, skv, sq);
-    permute_heads(false, act_bf16(m, A_ATT_Y, l * N * m->cfg.n_embd), o, sh, m->stream, m->shape_in_memory);
+    bf16* probs = m->acts.probs + (size_t)l * sh.B * sh.NH * sh.T * sh.T;
+    attn_scores_gemm(m, m->acts.scores, q, k, 1.0f / sqrtf((float)sh.HD));
+    attention_softmax(false, probs, m->acts.scores, sh.B * sh.NH * sh.T, sh.T, m->stream);
+    attn_mix_gemm(m, m->acts.heads_o, probs, v, 1.0f);
+    permute_heads(false, att_y, m->acts.heads_o, sh, m->stream, m->shape_in_memory);
 }
 
 // The --fused_rmsnorm 0 ops' scratch buffers.
-static RmsScratch rms_scratch(Model* m) {
+static RmsScratch rms_scratch(const Model* m) {
     size_t NC = (size_t)m->B * m->T * m->cfg.n_embd, N = (size_t)m->B * m->T;
-    RmsScratch s = {{act_f32(m, A_RMS_OPS), act_f32(m, A_RMS_OPS, NC), act_f32(m, A_RMS_OPS, 2 * NC)},
-                    {act_f32(m, A_RMS_ROWS), act_f32(m, A_RMS_ROWS, N)}};
+    RmsScratch s = {{m->acts.rms_ops, m->acts.rms_ops + NC, m->acts.rms_ops + 2 * NC},
+                    {m->acts.rms_rows, m->acts.rms_rows + N}};
     return s;
 }
 // One RMSNorm, with the residual add first when branch != NULL: the fused kernel, or (ablation,
 // --fused_rmsnorm 0) the separate ops autograd would run.
-static void norm_forward(Model* m, int tensor, int layer, float* resid_out, bf16* normed, float* rstd,
+static void norm_forward(const Model* m, int tensor, int layer, float* resid_out, bf16* normed, float* rstd,
                          const float* resid_in, const bf16* branch) {
     int N = m->B * m->T, C = m->cfg.n_embd;
     const float* weight = param_ptr(m, m->params, tensor, layer);
@@ -432,65 +504,64 @@ static void norm_forward(Model* m, int tensor, int layer, float* resid_out, bf16
 
 // One transformer block. Its first RMSNorm also adds the previous block's MLP output into the
 // residual stream (resid[l] = h[l-1] + branch) [fused RMSNorm].
-static void block_forward(Model* m, int l) {
+static void block_forward(const Model* m, int l) {
     const Llama3Config* c = &m->cfg;
     int N = m->B * m->T, C = c->n_embd, F = c->ffn_hidden, QKV = qkv_dim(c);
     size_t NC = (size_t)N * C;
-    float* resid = act_f32(m, A_RESID, l * NC);
-    float* h = act_f32(m, A_H, l * NC);
-    bf16* normed_attn = act_bf16(m, A_NORMED_ATTN, l * NC);
-    bf16* branch = act_bf16(m, A_BRANCH);
-    const float* prev_h = l > 0 ? act_f32(m, A_H, (l - 1) * NC) : resid;
-    norm_forward(m, P_ATTN_NORM, l, resid, normed_attn, act_f32(m, A_RSTD_ATTN, (size_t)l * N), prev_h,
+    float* resid = m->acts.resid + l * NC;
+    float* h = m->acts.h + l * NC;
+    bf16* normed_attn = m->acts.normed_attn + l * NC;
+    bf16* branch = m->acts.branch;
+    const float* prev_h = l > 0 ? m->acts.h + (l - 1) * NC : resid;
+    norm_forward(m, P_ATTN_NORM, l, resid, normed_attn, m->acts.rstd_attn + (size_t)l * N, prev_h,
                  l > 0 ? branch : NULL);
-    bf16* qkv = act_bf16(m, A_QKV);
-    matmul(&m->gemm, m->stream, qkv, normed_attn, weight_bf16(m, P_QKV, l), N, QKV, C, false, true, false);
-    bf16* q = act_bf16(m, A_QKV_HEADS, (size_t)l * N * QKV);
+    bf16* qkv = m->acts.qkv;
+    linear_forward(m, qkv, normed_attn, P_QKV, l, QKV, C);
+    bf16* q = m->acts.qkv_heads + (size_t)l * N * QKV;
     rope_permute(false, qkv, q, q + NC, q + NC + (size_t)N * (QKV - C) / 2, m->rope_cos, m->rope_sin, head_shape(m),
                  m->stream, m->shape_in_memory);
     attention_forward(m, l);
-    matmul(&m->gemm, m->stream, branch, act_bf16(m, A_ATT_Y, l * NC), weight_bf16(m, P_ATTN_OUT, l), N, C, C, false,
-           true, false);
-    bf16* normed_ffn = act_bf16(m, A_NORMED_FFN, l * NC);
-    norm_forward(m, P_FFN_NORM, l, h, normed_ffn, act_f32(m, A_RSTD_FFN, (size_t)l * N), resid, branch);
-    bf16* gate_up = act_bf16(m, A_GATE_UP, (size_t)l * N * 2 * F);
-    matmul(&m->gemm, m->stream, gate_up, normed_ffn, weight_bf16(m, P_GATE_UP, l), N, 2 * F, C, false, true, false);
-    bf16* act = act_bf16(m, A_ACT, (size_t)l * N * F);
+    linear_forward(m, branch, m->acts.att_y + l * NC, P_ATTN_OUT, l, C, C);
+    bf16* normed_ffn = m->acts.normed_ffn + l * NC;
+    norm_forward(m, P_FFN_NORM, l, h, normed_ffn, m->acts.rstd_ffn + (size_t)l * N, resid, branch);
+    bf16* gate_up = m->acts.gate_up + (size_t)l * N * 2 * F;
+    linear_forward(m, gate_up, normed_ffn, P_GATE_UP, l, 2 * F, C);
+    bf16* act = m->acts.act + (size_t)l * N * F;
     swiglu(false, act, NULL, gate_up, N, F, m->stream);
-    matmul(&m->gemm, m->stream, branch, act, weight_bf16(m, P_DOWN, l), N, C, F, false, true, false);
+    linear_forward(m, branch, act, P_DOWN, l, C, F);
 }
 
-// [deferred AdamW] The forward reads update group g only once the previous step's deferred
-// update of it is done.
-static void wait_for_update(Model* m, int g) {
-    if (g >= m->pending_begin && g < m->pending_end) CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->group_updated[g]));
+// [deferred AdamW] With after_deferred (the previous step left its deferred groups' AdamW to this
+// one), the forward reads update group g only once that update of it is done.
+static void wait_for_update(const Model* m, int g, bool after_deferred) {
+    if (after_deferred && group_deferred(m, g))
+        CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->group_updated[g]));
 }
 
-// inputs: (B*T) token ids on the device. Leaves bf16 logits (B*T, V) in A_LOGITS.
-static void forward(Model* m, const int* inputs) {
+// inputs: (B*T) token ids on the device. Leaves bf16 logits (B*T, V) in acts.logits.
+static void forward(const Model* m, const int* inputs, bool after_deferred) {
     NVTX_PUSH("forward");
     const Llama3Config* c = &m->cfg;
     int N = m->B * m->T, C = c->n_embd, L = c->n_layer;
     size_t NC = (size_t)N * C;
-    wait_for_update(m, 0);
-    embedding_forward(act_f32(m, A_RESID), inputs, m->params + m->layout.offset[P_WTE], N, C, m->stream);
+    wait_for_update(m, 0, after_deferred);
+    embedding_forward(m->acts.resid, inputs, m->params + m->layout.offset[P_WTE], N, C, m->stream);
     for (int l = 0; l < L; l++) {
-        wait_for_update(m, 1 + l);
+        wait_for_update(m, 1 + l, after_deferred);
         block_forward(m, l);
     }
-    wait_for_update(m, head_group(m));
-    norm_forward(m, P_FINAL_NORM, 0, act_f32(m, A_RESID, L * NC), act_bf16(m, A_NORMED_FINAL), act_f32(m, A_RSTD_FINAL),
-                 act_f32(m, A_H, (L - 1) * NC), act_bf16(m, A_BRANCH));
-    matmul(&m->gemm, m->stream, act_bf16(m, A_LOGITS), act_bf16(m, A_NORMED_FINAL), weight_bf16(m, P_LM_HEAD, 0), N,
-           c->vocab_size, C, false, true, false);
+    wait_for_update(m, head_group(m), after_deferred);
+    norm_forward(m, P_FINAL_NORM, 0, m->acts.resid + L * NC, m->acts.normed_final, m->acts.rstd_final,
+                 m->acts.h + (L - 1) * NC, m->acts.branch);
+    linear_forward(m, m->acts.logits, m->acts.normed_final, P_LM_HEAD, 0, c->vocab_size, C);
     NVTX_POP();
 }
 
 // Per-token losses of micro-step `micro` and dlogits in place, scaled for the mean over the
 // whole step's tokens.
-static void classifier(Model* m, const int* targets, int micro) {
+static void classifier(const Model* m, const int* targets, int micro) {
     int N = m->B * m->T;
-    cross_entropy(act_bf16(m, A_LOGITS), act_f32(m, A_LOSSES, (size_t)micro * N), targets, N, m->cfg.vocab_size,
+    cross_entropy(m->acts.logits, m->acts.losses + (size_t)micro * N, targets, N, m->cfg.vocab_size,
                   1.0f / ((float)N * m->grad_accum), m->stream);
 }
 
@@ -501,160 +572,160 @@ static void classifier(Model* m, const int* targets, int micro) {
 // the optimizer path training runs (overlapped, deferred, replayed from the graph) is checked on
 // the reference's own gradients; the trainer compiles it away.
 #ifdef TESTING
-static void grad_written(Model* m, size_t offset, size_t count);
+static void grad_written(const Model* m, size_t offset, size_t count);
 #else
-static inline void grad_written(Model*, size_t, size_t) {}
+static inline void grad_written(const Model*, size_t, size_t) {}
 #endif
 
 // Weight gradient of a linear layer y = x W^T: dW (out, in) (+)= dy^T x, bf16 [bf16 grads] or
 // fp32. The first micro-step writes (beta 0), later ones accumulate: no zeroing of grads needed.
-static void weight_grad(Model* m, int tensor, int layer, const bf16* dy, const bf16* x, int out, int in, bool accumulate) {
+static void weight_grad(const Model* m, int tensor, int layer, const bf16* dy, const bf16* x, int out, int in, bool accumulate) {
     size_t offset = param_offset(m, tensor, layer);
     void* dw = m->grads_bf16 ? (void*)grad_bf16(m, offset) : (void*)grad_f32(m, offset);
-    matmul(&m->gemm, m->stream, dw, dy, x, out, in, m->B * m->T, true, false, !m->grads_bf16, 1.0f,
+    matmul(m->gemm, m->stream, dw, dy, x, out, in, m->B * m->T, true, false, !m->grads_bf16, 1.0f,
            accumulate ? 1.0f : 0.0f);
     grad_written(m, offset, (size_t)out * in);
 }
 // Input gradient of a linear layer: dx (N, in) = dy (N, out) @ W (out, in), bf16.
-static void input_grad(Model* m, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in) {
-    matmul(&m->gemm, m->stream, dx, dy, weight_bf16(m, tensor, layer), m->B * m->T, in, out, false, false, false);
+static void input_grad(const Model* m, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in) {
+    matmul(m->gemm, m->stream, dx, dy, weight_bf16(m, tensor, layer), m->B * m->T, in, out, false, false, false);
 }
 
 // Backward of one RMSNorm: dresid (+)= its input gradient, dresid_bf16 = the same rounded, and
 // the weight gradient written or accumulated.
-static void norm_backward(Model* m, int tensor, int layer, const float* x, const float* rstd, bool accumulate_dx,
+static void norm_backward(const Model* m, int tensor, int layer, const float* x, const float* rstd, bool accumulate_dx,
                           bool accumulate) {
     int N = m->B * m->T, C = m->cfg.n_embd;
     float *dw = grad_f32(m, param_offset(m, tensor, layer)), *weight = param_ptr(m, m->params, tensor, layer);
     if (m->sw.fused_rmsnorm) {
-        rmsnorm_backward(act_f32(m, A_DRESID), act_bf16(m, A_DRESID_BF16), dw, act_f32(m, A_DW_PARTIAL),
-                         act_bf16(m, A_BRANCH), x, weight, rstd, N, C, accumulate_dx, accumulate, m->sms, m->stream);
+        rmsnorm_backward(m->acts.dresid, m->acts.dresid_bf16, dw, m->acts.dw_partial,
+                         m->acts.branch, x, weight, rstd, N, C, accumulate_dx, accumulate, m->sms, m->stream);
     } else {
         RmsScratch s = rms_scratch(m);
-        rmsnorm_backward_ops(act_f32(m, A_DRESID), act_bf16(m, A_DRESID_BF16), dw, act_bf16(m, A_BRANCH), x, weight,
+        rmsnorm_backward_ops(m->acts.dresid, m->acts.dresid_bf16, dw, m->acts.branch, x, weight,
                              rstd, N, C, accumulate_dx, accumulate, &s, m->stream);
     }
     grad_written(m, param_offset(m, tensor, layer), C);
 }
 
 // Attention backward from dy (token-major gradient of att_y[l]) to dq, dk, dv (head-major, in
-// A_DHEADS). Unfused: dO = dy head-major, dV = P^T dO, dP = dO V^T, dS = softmax'(P, dP) over P,
+// acts.dheads). Unfused: dO = dy head-major, dV = P^T dO, dP = dO V^T, dS = softmax'(P, dP) over P,
 // dQ = dS K / sqrt(HD), dK = dS^T Q / sqrt(HD); the G query heads of a kv head are G*T rows of one
 // GEMM, so dK and dV sum over them as K = G*T.
-static void attention_backward(Model* m, int l, bf16* dy) {
+static void attention_backward(const Model* m, int l, bf16* dy) {
     HeadShape sh = head_shape(m);
-    int G = sh.NH / sh.KVH, T = sh.T, HD = sh.HD, batch = sh.B * sh.KVH;
-    size_t N = (size_t)sh.B * T, C = m->cfg.n_embd, KVD = (size_t)sh.KVH * HD;
-    bf16* q = act_bf16(m, A_QKV_HEADS, l * N * qkv_dim(&m->cfg));
+    size_t N = (size_t)sh.B * sh.T, C = m->cfg.n_embd, KVD = (size_t)sh.KVH * sh.HD;
+    bf16* q = m->acts.qkv_heads + l * N * qkv_dim(&m->cfg);
     bf16 *k = q + N * C, *v = k + N * KVD;
+    bf16 *dq = m->acts.dheads, *dk = dq + N * C, *dv = dk + N * KVD;
     if (m->sw.flash_attention) {
-        bf16 *dq = act_bf16(m, A_DHEADS), *dk = dq + N * C, *dv = dk + N * KVD;
-        flash_attention_backward(dq, dk, dv, act_f32(m, A_DSUM), dy, act_bf16(m, A_ATT_Y, l * N * C), q, k, v,
-                                 act_f32(m, A_LSE, (size_t)l * sh.B * sh.NH * T), sh, m->stream);
+        flash_attention_backward(dq, dk, dv, m->acts.dsum, dy, m->acts.att_y + l * N * C, q, k, v,
+                                 m->acts.lse + (size_t)l * sh.B * sh.NH * sh.T, sh, m->stream);
         return;
     }
-    permute_heads(true, dy, act_bf16(m, A_HEADS_O), sh, m->stream, m->shape_in_memory);
-    bf16* probs = act_bf16(m, A_PROBS, (size_t)l * sh.B * sh.NH * T * T);
-    bf16 *dq = act_bf16(m, A_DHEADS), *dk = dq + N * C, *dv = dk + N * KVD, *dout = act_bf16(m, A_HEADS_O);
-    float* dprobs = act_f32(m, A_SCORES);
-    long long sq = (long long)G * T * HD, skv = (long long)T * HD, sp = (long long)G * T * T;
-    float scale = 1.0f / sqrtf((float)HD);
-    matmul(&m->gemm, m->stream, dv, probs, dout, T, HD, G * T, true, false, false, 1.0f, 0.0f, batch, sp, sq, skv);
-    matmul(&m->gemm, m->stream, dprobs, dout, v, G * T, T, HD, false, true, true, 1.0f, 0.0f, batch, sq, skv, sp);
-    attention_softmax(true, probs, dprobs, sh.B * sh.NH * T, T, m->stream);
-    matmul(&m->gemm, m->stream, dq, probs, k, G * T, HD, T, false, false, false, scale, 0.0f, batch, sp, skv, sq);
-    matmul(&m->gemm, m->stream, dk, probs, q, T, HD, G * T, true, false, false, scale, 0.0f, batch, sp, sq, skv);
+    bf16 *probs = m->acts.probs + (size_t)l * sh.B * sh.NH * sh.T * sh.T, *dout = m->acts.heads_o;
+    float scale = 1.0f / sqrtf((float)sh.HD);
+    permute_heads(true, dy, dout, sh, m->stream, m->shape_in_memory);
+    attn_mix_t_gemm(m, dv, probs, dout, 1.0f);
+    attn_scores_gemm(m, m->acts.scores, dout, v, 1.0f); // dP
+    attention_softmax(true, probs, m->acts.scores, sh.B * sh.NH * sh.T, sh.T, m->stream); // dS over P
+    attn_mix_gemm(m, dq, probs, k, scale);
+    attn_mix_t_gemm(m, dk, probs, q, scale);
 }
 
 // Ablation only (--delete_fills 0): zero n bf16 that the next kernel overwrites whole, as the
 // seed's framework did in front of its Mask, Tril, RepeatInterleave and Transpose backward until
 // its "P0" change deleted those Fill(0) calls. Their counterparts here: the attention backward
 // (causal mask, GQA head sums) and the head permute's backward.
-static void redundant_fill(Model* m, bf16* buf, size_t n) {
+static void redundant_fill(const Model* m, bf16* buf, size_t n) {
     if (!m->sw.delete_fills) fill(buf, n, 0.0f, m->stream);
 }
 
 // One block in reverse. On entry dresid holds the gradient of the block's output and
 // dresid_bf16 its rounded copy; on exit they hold the gradient of its input.
-static void block_backward(Model* m, int l, bool accumulate) {
+static void block_backward(const Model* m, int l, bool accumulate) {
     const Llama3Config* c = &m->cfg;
     int N = m->B * m->T, C = c->n_embd, F = c->ffn_hidden, QKV = qkv_dim(c);
     size_t NC = (size_t)N * C;
-    bf16 *dresid_bf16 = act_bf16(m, A_DRESID_BF16), *dbranch = act_bf16(m, A_BRANCH);
+    bf16 *dresid_bf16 = m->acts.dresid_bf16, *dbranch = m->acts.branch;
     // MLP: down, SwiGLU, gate_up, ffn norm
-    bf16 *dact = act_bf16(m, A_DACT), *dgate_up = act_bf16(m, A_DGATE_UP);
-    weight_grad(m, P_DOWN, l, dresid_bf16, act_bf16(m, A_ACT, (size_t)l * N * F), C, F, accumulate);
+    bf16 *dact = m->acts.dact, *dgate_up = m->acts.dgate_up;
+    weight_grad(m, P_DOWN, l, dresid_bf16, m->acts.act + (size_t)l * N * F, C, F, accumulate);
     input_grad(m, P_DOWN, l, dact, dresid_bf16, C, F);
-    swiglu(true, dgate_up, dact, act_bf16(m, A_GATE_UP, (size_t)l * N * 2 * F), N, F, m->stream);
-    weight_grad(m, P_GATE_UP, l, dgate_up, act_bf16(m, A_NORMED_FFN, l * NC), 2 * F, C, accumulate);
+    swiglu(true, dgate_up, dact, m->acts.gate_up + (size_t)l * N * 2 * F, N, F, m->stream);
+    weight_grad(m, P_GATE_UP, l, dgate_up, m->acts.normed_ffn + l * NC, 2 * F, C, accumulate);
     input_grad(m, P_GATE_UP, l, dbranch, dgate_up, 2 * F, C);
-    norm_backward(m, P_FFN_NORM, l, act_f32(m, A_H, l * NC), act_f32(m, A_RSTD_FFN, (size_t)l * N), true, accumulate);
+    norm_backward(m, P_FFN_NORM, l, m->acts.h + l * NC, m->acts.rstd_ffn + (size_t)l * N, true, accumulate);
     // attention: out projection, heads, RoPE, qkv, attention norm
-    weight_grad(m, P_ATTN_OUT, l, dresid_bf16, act_bf16(m, A_ATT_Y, l * NC), C, C, accumulate);
+    weight_grad(m, P_ATTN_OUT, l, dresid_bf16, m->acts.att_y + l * NC, C, C, accumulate);
     input_grad(m, P_ATTN_OUT, l, dbranch, dresid_bf16, C, C);
-    bf16 *dheads = act_bf16(m, A_DHEADS), *dqkv = act_bf16(m, A_QKV);
+    bf16 *dheads = m->acts.dheads, *dqkv = m->acts.qkv;
     redundant_fill(m, dheads, (size_t)N * QKV);
     attention_backward(m, l, dbranch);
     redundant_fill(m, dqkv, (size_t)N * QKV);
     rope_permute(true, dqkv, dheads, dheads + NC, dheads + NC + (size_t)N * (QKV - C) / 2, m->rope_cos, m->rope_sin,
                  head_shape(m), m->stream, m->shape_in_memory);
-    weight_grad(m, P_QKV, l, dqkv, act_bf16(m, A_NORMED_ATTN, l * NC), QKV, C, accumulate);
+    weight_grad(m, P_QKV, l, dqkv, m->acts.normed_attn + l * NC, QKV, C, accumulate);
     input_grad(m, P_QKV, l, dbranch, dqkv, QKV, C);
-    norm_backward(m, P_ATTN_NORM, l, act_f32(m, A_RESID, l * NC), act_f32(m, A_RSTD_ATTN, (size_t)l * N), true,
+    norm_backward(m, P_ATTN_NORM, l, m->acts.resid + l * NC, m->acts.rstd_attn + (size_t)l * N, true,
                   accumulate);
 }
 
-static void adamw_tensor(Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s); // in the optimizer section
-static void grad_sum_squares(Model* m, int tensor, int layer, cudaStream_t s);
+static void adamw_tensor(const Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s); // in the optimizer section
+static void grad_sum_squares(const Model* m, int tensor, int layer, cudaStream_t s);
 static const int LAYER_TENSORS[] = {P_QKV, P_ATTN_OUT, P_GATE_UP, P_DOWN, P_ATTN_NORM, P_FFN_NORM};
 
-// [streams] With adam_overlap, AdamW runs on the optimizer stream as soon as the backward pass
-// has written a group of gradients (lm_head first, then layer by layer), filling the bandwidth
-// the backward's small kernels leave idle (at low priority: B=4, T=64 15.29 -> 14.46 ms,
-// dev/PERF.md). This orders the optimizer stream after everything the main stream has issued.
-static void optimizer_stream_waits(Model* m) {
+// [streams] With AdamW overlapped (the plan's ADAMW_OVERLAPPED groups), it runs on the optimizer
+// stream as soon as the backward pass has written a group of gradients (lm_head first, then layer
+// by layer), filling the bandwidth the backward's small kernels leave idle (at low priority: B=4,
+// T=64 15.29 -> 14.46 ms, dev/PERF.md). This orders the optimizer stream after everything the
+// main stream has issued.
+static void optimizer_stream_waits(const Model* m) {
     CUDA_CHECK(cudaEventRecord(m->grads_ready, m->stream));
     CUDA_CHECK(cudaStreamWaitEvent(m->opt_stream, m->grads_ready));
 }
 
-// [streams] The backward has just written the gradients of `tensors` (of layer `layer`, one update
-// group). On the optimizer stream: with clipping their sums of squares (AdamW then waits for the
-// global norm), else their AdamW unless the group is deferred.
-static void gradients_done(Model* m, const int* tensors, int n, int layer) {
-    int group = update_group(m, tensors[0], layer);
-    bool update = m->adam_overlap && !(group >= m->defer_begin && group < m->defer_end);
-    if (!update && !m->measure_norm) return;
+// [streams] The step's last backward has just written the gradients of `tensors` (of layer
+// `layer`, one update group). On the optimizer stream, as the plan has it: with clipping their
+// sums of squares (AdamW then waits for the global norm), else their AdamW if it is overlapped.
+static void gradients_done(const Model* m, const int* tensors, int n, int layer) {
+    const StepPlan* p = m->plan;
+    if (p->timing[update_group(m, tensors[0], layer)] != ADAMW_OVERLAPPED && !p->measure_norm) return;
     optimizer_stream_waits(m);
     for (int i = 0; i < n; i++) {
-        if (m->measure_norm) grad_sum_squares(m, tensors[i], layer, m->opt_stream);
-        else adamw_tensor(m, tensors[i], layer, m->adam, m->opt_stream);
+        if (p->measure_norm) grad_sum_squares(m, tensors[i], layer, m->opt_stream);
+        else adamw_tensor(m, tensors[i], layer, &m->adam->latest, m->opt_stream);
     }
 }
 
-// From dlogits (in A_LOGITS) to every weight gradient. accumulate: add to the gradients of
-// earlier micro-steps of this step instead of overwriting them. last: the step's last micro-step.
-static void backward(Model* m, const int* inputs, bool accumulate, bool last) {
+// From dlogits (in acts.logits) to every weight gradient. accumulate: add to the gradients of
+// earlier micro-steps of this step instead of overwriting them. to_optimizer: the step's last
+// micro-step, whose gradients go to the optimizer group by group as they are written.
+static void backward(const Model* m, const int* inputs, bool accumulate, bool to_optimizer) {
     NVTX_PUSH("backward");
     const Llama3Config* c = &m->cfg;
     int N = m->B * m->T, C = c->n_embd, V = c->vocab_size, L = c->n_layer;
     size_t NC = (size_t)N * C;
     static const int lm_head[] = {P_LM_HEAD}, final_norm[] = {P_FINAL_NORM}, wte[] = {P_WTE};
-    bf16* dlogits = act_bf16(m, A_LOGITS);
-    weight_grad(m, P_LM_HEAD, 0, dlogits, act_bf16(m, A_NORMED_FINAL), V, C, accumulate);
-    input_grad(m, P_LM_HEAD, 0, act_bf16(m, A_BRANCH), dlogits, V, C); // reads lm_head's shadow: before its AdamW
-    gradients_done(m, lm_head, 1, 0);
-    norm_backward(m, P_FINAL_NORM, 0, act_f32(m, A_RESID, L * NC), act_f32(m, A_RSTD_FINAL), false, accumulate);
-    gradients_done(m, final_norm, 1, 0);
+    auto done = [&](const int* tensors, int n, int layer) {
+        if (to_optimizer) gradients_done(m, tensors, n, layer);
+    };
+    bf16* dlogits = m->acts.logits;
+    weight_grad(m, P_LM_HEAD, 0, dlogits, m->acts.normed_final, V, C, accumulate);
+    input_grad(m, P_LM_HEAD, 0, m->acts.branch, dlogits, V, C); // reads lm_head's shadow: before its AdamW
+    done(lm_head, 1, 0);
+    norm_backward(m, P_FINAL_NORM, 0, m->acts.resid + L * NC, m->acts.rstd_final, false, accumulate);
+    done(final_norm, 1, 0);
     for (int l = L - 1; l >= 0; l--) {
         block_backward(m, l, accumulate);
-        gradients_done(m, LAYER_TENSORS, 6, l);
+        done(LAYER_TENSORS, 6, l);
     }
-    token_sort(&m->sorter, inputs, N, m->stream);
-    embedding_backward(grad_f32(m, m->layout.offset[P_WTE]), act_f32(m, A_DRESID), &m->sorter, N, C, m->stream);
+    token_sort(m->sorter, inputs, N, m->stream);
+    embedding_backward(grad_f32(m, m->layout.offset[P_WTE]), m->acts.dresid, m->sorter, N, C, m->stream);
     grad_written(m, m->layout.offset[P_WTE], m->layout.size[P_WTE]);
-    if (last && m->grad_accum > 1) // [sparse rows] the rows of all micro-steps: AdamW's and the norm's
-        token_sort(&m->sorter, m->tokens, m->grad_accum * N, m->stream);
-    gradients_done(m, wte, 1, 0);
+    if (to_optimizer && m->grad_accum > 1) // [sparse rows] the rows of all micro-steps: AdamW's and the norm's
+        token_sort(m->sorter, m->tokens, m->grad_accum * N, m->stream);
+    done(wte, 1, 0);
     NVTX_POP();
 }
 
@@ -662,27 +733,24 @@ static void backward(Model* m, const int* inputs, bool accumulate, bool last) {
 
 // The step counter moves on and this step's hyperparameters are written, on the device: the first
 // work of each step, so that a captured step is the same graph every step [graphs].
-static void optimizer_begin_step(Model* m) {
-    const OptimConfig* o = &m->opt;
-    AdamWParams base = {o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, 0.0f, 0.0f, 1.0f, 0};
-    adamw_next_step(m->adam, m->adam_step, base, o->sched, m->stats, m->stream);
+static void optimizer_begin_step(const Model* m) {
+    adamw_next_step(m->adam, m->adam_step, m->opt, m->stats, m->stream);
 }
 
 // AdamW over params[begin, end) with hyperparameters h (device) and the gradients at `grads`,
 // writing the bf16 shadow where the range holds matmul weights; weight decay on all but the norm
 // weights (as llm.c and the Hugging Face Trainer decay).
-template <typename G> static void adamw_launch(Model* m, size_t begin, size_t end, const G* grads, bool matmul,
+template <typename G> static void adamw_launch(const Model* m, size_t begin, size_t end, const G* grads, bool matmul,
                                                const AdamWParams* h, cudaStream_t s) {
     float *p = m->params + begin, *am = m->adam_m + begin, *av = m->adam_v + begin;
-    bool decay = begin < m->layout.norm_begin;
-    if (m->sw.shadow_weights && matmul)
-        adamw_dense<true>(p, am, av, grads, m->shadow + (begin - m->layout.matmul_begin), end - begin, h, decay, m->sms,
-                          s, m->sw.vector_adam);
-    else
-        adamw_dense<false>(p, am, av, grads, (bf16*)NULL, end - begin, h, decay, m->sms, s, m->sw.vector_adam);
+    bool decay = begin < m->layout.norm_begin, shadow = m->sw.shadow_weights && matmul;
+    bf16* shadow_out = shadow ? m->shadow + (begin - m->layout.matmul_begin) : NULL;
+    BOOL_SWITCH(shadow, SHADOW, [&] {
+        adamw_dense<SHADOW>(p, am, av, grads, shadow_out, end - begin, h, decay, m->sms, s, m->sw.vector_adam);
+    });
 }
 // The range lies within the matmul weights, the norm weights, or wte.
-static void adamw_range(Model* m, size_t begin, size_t end, const AdamWParams* h, cudaStream_t s) {
+static void adamw_range(const Model* m, size_t begin, size_t end, const AdamWParams* h, cudaStream_t s) {
     const ParamLayout* p = &m->layout;
     bool matmul = begin >= p->matmul_begin && end <= p->matmul_end;
     if (matmul && m->grads_bf16) adamw_launch(m, begin, end, grad_bf16(m, begin), matmul, h, s);
@@ -690,17 +758,17 @@ static void adamw_range(Model* m, size_t begin, size_t end, const AdamWParams* h
 }
 
 // wte: lazy AdamW over the rows this step touched [sparse rows] (sorted by the backward), or dense.
-static void adamw_embedding(Model* m, const AdamWParams* h, cudaStream_t s) {
+static void adamw_embedding(const Model* m, const AdamWParams* h, cudaStream_t s) {
     size_t wte = m->layout.offset[P_WTE];
     if (!m->sw.sparse_embedding) {
         adamw_range(m, wte, wte + m->layout.size[P_WTE], h, s);
         return;
     }
-    adamw_sparse_rows(m->params + wte, m->adam_m + wte, m->adam_v + wte, grad_f32(m, wte), m->sorter.sorted_tokens,
+    adamw_sparse_rows(m->params + wte, m->adam_m + wte, m->adam_v + wte, grad_f32(m, wte), m->sorter->sorted_tokens,
                       m->grad_accum * m->B * m->T, m->cfg.n_embd, h, s, m->sw.vector_adam);
 }
 
-static void adamw_tensor(Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s) {
+static void adamw_tensor(const Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s) {
     if (tensor == P_WTE) return adamw_embedding(m, h, s);
     size_t begin = param_offset(m, tensor, layer);
     adamw_range(m, begin, begin + m->layout.layer_size[tensor], h, s);
@@ -708,11 +776,11 @@ static void adamw_tensor(Model* m, int tensor, int layer, const AdamWParams* h, 
 
 // [clipping] The sum of squares of one gradient tensor into its slot's partial sums: bf16 or fp32,
 // and wte's touched rows only [sparse rows].
-static void grad_sum_squares(Model* m, int tensor, int layer, cudaStream_t s) {
+static void grad_sum_squares(const Model* m, int tensor, int layer, cudaStream_t s) {
     size_t offset = param_offset(m, tensor, layer), n = m->layout.layer_size[tensor];
     float* partial = m->sumsq + (size_t)sumsq_slot(tensor, layer) * SUMSQ_BLOCKS;
     if (tensor == P_WTE && m->sw.sparse_embedding)
-        sum_squares_rows(partial, grad_f32(m, offset), m->sorter.sorted_tokens, m->grad_accum * m->B * m->T,
+        sum_squares_rows(partial, grad_f32(m, offset), m->sorter->sorted_tokens, m->grad_accum * m->B * m->T,
                          m->cfg.n_embd, s);
     else if (m->grads_bf16 && offset >= m->layout.matmul_begin && offset < m->layout.matmul_end)
         sum_squares(partial, grad_bf16(m, offset), n, s);
@@ -722,43 +790,45 @@ static void grad_sum_squares(Model* m, int tensor, int layer, cudaStream_t s) {
 
 // AdamW after the backward pass (the step begun by optimizer_begin_step), in three launches over
 // the parameter block's ranges: matmul weights (writing their shadows), norm weights, and wte.
-static void optimizer_step(Model* m) {
+static void optimizer_step(const Model* m) {
     NVTX_PUSH("optimizer");
     const ParamLayout* p = &m->layout;
-    adamw_range(m, p->matmul_begin, p->matmul_end, m->adam, m->stream);
-    adamw_range(m, p->norm_begin, p->total, m->adam, m->stream);
-    adamw_embedding(m, m->adam, m->stream);
+    const AdamWParams* h = &m->adam->latest;
+    adamw_range(m, p->matmul_begin, p->matmul_end, h, m->stream);
+    adamw_range(m, p->norm_begin, p->total, h, m->stream);
+    adamw_embedding(m, h, m->stream);
     NVTX_POP();
 }
 
 // One update group's AdamW (see update groups at head_group).
-static void adamw_group(Model* m, int g, const AdamWParams* h, cudaStream_t s) {
+static void adamw_group(const Model* m, int g, const AdamWParams* h, cudaStream_t s) {
     if (g == 0) adamw_embedding(m, h, s);
     else if (g == head_group(m)) adamw_tensor(m, P_FINAL_NORM, 0, h, s), adamw_tensor(m, P_LM_HEAD, 0, h, s);
     else for (int t : LAYER_TENSORS) adamw_tensor(m, t, g - 1, h, s);
 }
 
-// [deferred AdamW] The updates the previous step left (groups pending_begin..pending_end-1), in
-// the order the forward reads them, with hyperparameters h; after each group an event that the
-// forward waits on before reading it. At the start of a step they run on the optimizer stream
-// beside the forward, whose small GEMMs leave most of the bandwidth idle, instead of as the tail
-// of the previous step's AdamW, which the whole forward had to wait for. With clipping every group
-// is deferred: no update may start before the backward has given the global norm.
-static void adamw_deferred(Model* m, const AdamWParams* h, cudaStream_t s) {
-    for (int g = m->pending_begin; g < m->pending_end; g++) {
+// [deferred AdamW] The updates of the plan's deferred groups, which the previous step left, in the
+// order the forward reads them, with hyperparameters h; after each group an event that the forward
+// waits on before reading it. At the start of a step they run on the optimizer stream beside the
+// forward, whose small GEMMs leave most of the bandwidth idle, instead of as the tail of the
+// previous step's AdamW, which the whole forward had to wait for. With clipping every group is
+// deferred: no update may start before the backward has given the global norm.
+static void adamw_deferred(const Model* m, const AdamWParams* h, cudaStream_t s) {
+    for (int g = 0; g < m->plan->n_groups; g++) {
+        if (!group_deferred(m, g)) continue;
         adamw_group(m, g, h, s);
         CUDA_CHECK(cudaEventRecord(m->group_updated[g], s));
     }
 }
 
-// [deferred AdamW] Applies what the last step left, with its hyperparameters (m->adam[0]): the
-// weights are whole again, for anything that reads them (a save, the val loss, a sample). The
-// next step then runs eagerly: its graph would apply the same updates again.
+// [deferred AdamW] Applies what the last step deferred, between steps, with that step's
+// hyperparameters (`latest`), so that the weights are whole for whatever reads them: a save, the
+// val loss, a sample, the end of the run. Nothing is pending after it, so the next step runs
+// eagerly (the graph holds the steady state, whose first work would apply them again).
 static void optimizer_flush(Model* m) {
-    if (m->pending_begin == m->pending_end) return;
-    adamw_deferred(m, m->adam, m->stream);
-    m->pending_begin = m->pending_end = 0;
-    m->eager_next = true;
+    if (!m->pending.updates) return;
+    adamw_deferred(m, &m->adam->latest, m->stream);
+    m->pending.updates = false;
 }
 
 // ---- training step ----
@@ -766,7 +836,7 @@ static void optimizer_flush(Model* m) {
 // Ablation only (--grad_zeroing memset|fill): zero every gradient tensor, layer by layer, before
 // the step, as a framework that accumulates into .grad does; the trainer's own path writes the
 // first micro-step's gradients with beta 0 instead and zeroes nothing.
-static void zero_grads(Model* m) {
+static void zero_grads(const Model* m) {
     const ParamLayout* p = &m->layout;
     bool fill_kernels = m->sw.grad_zeroing == GRAD_ZERO_FILL;
     for (int t = P_LM_HEAD; t < NUM_PARAM_TENSORS; t++)
@@ -784,53 +854,45 @@ static void zero_grads(Model* m) {
         }
 }
 
-// How the last backward pass of a step meets the optimizer: AdamW overlapping it on the optimizer
-// stream, which groups it defers to the next step, and with clipping the sums of squares instead
-// (every group deferred, or all of AdamW after the norm when deferring is off). Deferring needs
-// the overlap and no gradient zeroing (zeroing at the next step's start would clear gradients
-// that the deferred AdamW reads).
-static void plan_optimizer(Model* m) {
-    bool clip = m->opt.grad_clip > 0, can_defer = m->sw.overlap_optimizer && m->sw.grad_zeroing == GRAD_ZERO_NONE;
-    m->measure_norm = clip;
-    m->adam_overlap = m->sw.overlap_optimizer && !clip;
-    m->defer_begin = clip ? 0 : 1;
-    m->defer_end = !can_defer ? m->defer_begin : clip ? num_groups(m) : 1 + m->sw.deferred_adamw;
+// Micro-step `micro` of the step: forward (the first waits for each group the previous step
+// deferred), the per-token losses and dlogits, and the backward, accumulating onto the earlier
+// micro-steps' gradients. The last also takes the step's mean loss and its NaN guard (before any
+// AdamW of the step), and with to_optimizer its backward hands each group's gradients on as the
+// plan has it (the test's gradient check runs the micro-steps without).
+static void micro_step(const Model* m, int micro, bool to_optimizer) {
+    int N = m->B * m->T, n_step = m->grad_accum * N;
+    const int* inputs = m->tokens + (size_t)micro * N;
+    bool last = micro == m->grad_accum - 1, accumulate = micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE;
+    forward(m, inputs, micro == 0 && m->pending.updates);
+    classifier(m, m->tokens + n_step + (size_t)micro * N, micro);
+    if (last) loss_guard(&m->adam->latest, m->stats, m->acts.losses, n_step, !m->plan->measure_norm, m->stream);
+    if (micro == 0 && !m->sw.sparse_embedding) // dense wte gradient: the whole table is re-zeroed every step
+        CUDA_CHECK(cudaMemsetAsync(grad_f32(m, m->layout.offset[P_WTE]), 0, m->layout.size[P_WTE] * 4, m->stream));
+    if (last && m->pending.save_copy) CUDA_CHECK(cudaStreamWaitEvent(m->stream, *m->pending.save_copy));
+    backward(m, inputs, accumulate, last && to_optimizer);
 }
 
-// Everything of one optimizer step after its tokens are on the device: the AdamW that the
-// previous step deferred, forward/backward per micro-step, the mean loss and the NaN guard, with
-// clipping the global norm, and AdamW (overlapping the last backward, deferred, or after it).
-// Launches only: no host sync, and from step 2 on no host value that changes between steps, so it
-// can be captured.
-static void step_work(Model* m) {
-    int N = m->B * m->T, n_step = m->grad_accum * N;
-    bool clip = m->opt.grad_clip > 0;
+// Everything of one optimizer step after its tokens are on the device, as the plan has it: the
+// AdamW the previous step deferred (on the optimizer stream, beside this step's forward), the
+// micro-steps (the last one's backward overlapping AdamW or the norm's sums), then with clipping
+// the global norm, the main stream joining the optimizer stream, and AdamW after the backward.
+// Launches only, on a const Model: nothing host-side changes in here, since the same launches are
+// captured once and replayed [graphs]; no host sync, and every value that changes per step lives
+// on the device.
+static void step_work(const Model* m) {
+    const StepPlan* p = m->plan;
     optimizer_begin_step(m);
-    if (m->pending_end > m->pending_begin) optimizer_stream_waits(m), adamw_deferred(m, m->adam + 1, m->opt_stream);
+    if (m->pending.updates) optimizer_stream_waits(m), adamw_deferred(m, &m->adam->previous, m->opt_stream);
     if (m->sw.grad_zeroing != GRAD_ZERO_NONE) zero_grads(m);
-    for (int micro = 0; micro < m->grad_accum; micro++) {
-        const int* inputs = m->tokens + (size_t)micro * N;
-        bool last = micro == m->grad_accum - 1;
-        forward(m, inputs);
-        m->pending_begin = m->pending_end = 0; // the forward has waited for each of them
-        classifier(m, m->tokens + n_step + (size_t)micro * N, micro);
-        if (last) loss_guard(m->adam, m->stats, act_f32(m, A_LOSSES), n_step, !clip, m->stream); // before any AdamW
-        if (micro == 0 && !m->sw.sparse_embedding) // dense wte gradient: the whole table is re-zeroed every step
-            CUDA_CHECK(cudaMemsetAsync(grad_f32(m, m->layout.offset[P_WTE]), 0, m->layout.size[P_WTE] * 4, m->stream));
-        if (last) plan_optimizer(m);
-        if (m->save_copy && last) CUDA_CHECK(cudaStreamWaitEvent(m->stream, *m->save_copy));
-        backward(m, inputs, micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE, last);
-    }
-    if (clip) clip_guard(m->adam, m->stats, m->sumsq, sumsq_slots(&m->cfg) * SUMSQ_BLOCKS, m->opt.grad_clip,
-                         m->opt_stream);
-    if (m->adam_overlap || clip) { // the next step's forward needs every weight that is not deferred
-        CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream));
+    for (int micro = 0; micro < m->grad_accum; micro++) micro_step(m, micro, true);
+    if (p->measure_norm)
+        clip_guard(&m->adam->latest, m->stats, m->sumsq, sumsq_slots(&m->cfg) * SUMSQ_BLOCKS, m->opt.grad_clip,
+                   m->opt_stream);
+    if (p->measure_norm || !p->after_backward) { // the optimizer stream worked in the backward: the next
+        CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream)); // forward needs every weight not deferred
         CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->opt_done));
     }
-    if (!m->adam_overlap && m->defer_begin == m->defer_end) optimizer_step(m);
-    m->pending_begin = m->defer_begin, m->pending_end = m->defer_end;
-    m->adam_overlap = m->measure_norm = false;
-    m->defer_begin = m->defer_end = 0;
+    if (p->after_backward) optimizer_step(m);
 }
 
 // [graphs] step_work recorded once into a CUDA graph (both streams: the optimizer stream forks
@@ -847,22 +909,30 @@ static void capture_step(Model* m) {
     CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
+// [graphs] The state every step but the first starts from when nothing reads the weights between
+// steps, and so the one the graph is captured in: the last step's deferred updates pending (if the
+// plan defers any), no save's copy running. Any other step runs eagerly.
+static bool pending_is_steady(const Model* m) {
+    return m->pending.updates == m->plan->any_deferred && !m->pending.save_copy;
+}
+
 // Optimizer step t on the batches already staged in tokens_host slot `slot`: one host-to-device
-// copy of the step's tokens, the step's work (eagerly at step 1 and after a flush, else from the
-// graph), and its StepStats copied to pinned memory (read a step later, never waited on here). No
-// host sync.
+// copy of the step's tokens, the step's work (from the graph when planned and steady, else
+// eagerly), what it leaves pending, and its StepStats copied to pinned memory (read a step later,
+// never waited on here). No host sync.
 static void train_step(Model* m, int slot) {
     NVTX_PUSH("step");
     int n_step = m->grad_accum * m->B * m->T;
     CUDA_CHECK(cudaMemcpyAsync(m->tokens, m->tokens_host + (size_t)slot * 2 * n_step, 2 * n_step * sizeof(int),
                                cudaMemcpyHostToDevice, m->stream));
-    if (m->use_graph && m->steps_run > 0 && !m->eager_next && !m->save_copy) {
+    if (m->plan->use_graph && m->steps_run > 0 && pending_is_steady(m)) { // (the first step makes the GEMM plans)
         if (!m->step_graph) capture_step(m);
         CUDA_CHECK(cudaGraphLaunch(m->step_graph, m->stream));
     } else {
         step_work(m);
-        m->save_copy = NULL, m->eager_next = false;
     }
+    m->pending.updates = m->plan->any_deferred;
+    m->pending.save_copy = NULL;
     m->steps_run++;
     CUDA_CHECK(cudaMemcpyAsync(m->stats_host + slot, m->stats, sizeof(StepStats), cudaMemcpyDeviceToHost, m->stream));
     NVTX_POP();
@@ -883,8 +953,7 @@ static void stage_batches(Model* m, DataLoader* loader, int slot) {
 // being copied; the copy of a 1B model (18 GB) runs at PCIe speed, the files at the disk's.
 
 typedef struct {
-    const char* dir;
-    int keep;
+    const CheckpointConfig* ckpt; // where (dir) and how many to keep
     Llama3Config cfg;
     size_t n_params;
     uint64_t data_hash; // tokens_hash of the run's token data, for each save's state
@@ -898,9 +967,9 @@ typedef struct {
     char err[L3_ERR_LEN];
 } Saver;
 
-static void saver_create(Saver* s, const Model* m, const char* dir, int keep, const TokenData* data) {
+static void saver_create(Saver* s, const Model* m, const CheckpointConfig* ckpt, const TokenData* data) {
     memset(s, 0, sizeof(*s));
-    s->dir = dir, s->keep = keep, s->cfg = m->cfg, s->n_params = m->layout.total, s->data_hash = tokens_hash(data);
+    s->ckpt = ckpt, s->cfg = m->cfg, s->n_params = m->layout.total, s->data_hash = tokens_hash(data);
     size_t bytes = s->n_params * sizeof(float);
     float** host[3] = {&s->params, &s->adam_m, &s->adam_v};
     for (int i = 0; i < 3; i++)
@@ -921,8 +990,8 @@ static void* saver_write(void* arg) {
     char err[L3_ERR_LEN];
     int rc = -1;
     if (cudaEventSynchronize(s->copied) != cudaSuccess) snprintf(err, sizeof(err), "the copy to the host failed");
-    else if (checkpoint_write(s->dir, &s->cfg, &s->st, s->params, s->adam_m, s->adam_v, err) == 0)
-        rc = checkpoint_prune(s->dir, s->st.step, s->keep, err);
+    else if (checkpoint_write(s->ckpt->dir, &s->cfg, &s->st, s->params, s->adam_m, s->adam_v, err) == 0)
+        rc = checkpoint_prune(s->ckpt->dir, s->st.step, s->ckpt->keep, err);
     if (rc) {
         snprintf(s->err, sizeof(s->err), "%s", err);
         __atomic_store_n(&s->failed, 1, __ATOMIC_RELEASE);
@@ -951,7 +1020,7 @@ static void checkpoint_save(Model* m, Saver* s, const TrainArgs* a, const DataLo
     CUDA_CHECK(cudaMemcpyAsync(s->adam_m, m->adam_m, bytes, cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaMemcpyAsync(s->adam_v, m->adam_v, bytes, cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaEventRecord(s->copied, s->stream));
-    m->save_copy = &s->copied;
+    m->pending.save_copy = &s->copied;
     s->st = checkpoint_state_make(a, step, s->n_params, loader, s->data_hash);
     if (pthread_create(&s->writer, NULL, saver_write, s) != 0) {
         fprintf(stderr, "error: checkpoint: cannot start the writer thread\n");
@@ -1026,9 +1095,9 @@ static float val_loss(Model* m, ValData* v) {
     size_t N = (size_t)m->B * m->T;
     optimizer_flush(m);
     for (int i = 0; i < v->n_batches; i++) {
-        forward(m, v->tokens + i * 2 * N);
+        forward(m, v->tokens + i * 2 * N, false);
         classifier(m, v->tokens + i * 2 * N + N, 0); // (also writes dlogits: unused)
-        mean(v->batch_loss + i, act_f32(m, A_LOSSES), (int)N, m->stream);
+        mean(v->batch_loss + i, m->acts.losses, (int)N, m->stream);
     }
     mean(v->batch_loss + v->n_batches, v->batch_loss, v->n_batches, m->stream);
     float loss;
@@ -1040,11 +1109,9 @@ static float val_loss(Model* m, ValData* v) {
 
 #define LLAMA3_BOS 128000
 typedef struct {
-    int* seq;          // device: the sequence being generated (T ids; unwritten positions 0)
-    int n_tokens;      // tokens generated per sample
-    float temperature; // 0: greedy
-    int top_k;
-    uint64_t rng;      // the host's own generator (splitmix64): training draws nothing from it
+    const EvalConfig* cfg; // sample_tokens per sample, temperature (0: greedy), top_k
+    int* seq;              // device: the sequence being generated (T ids; unwritten positions 0)
+    uint64_t rng;          // the host's own generator (splitmix64): training draws nothing from it
 } Sampler;
 
 static float next_uniform(uint64_t* state) { // splitmix64, top 24 bits: [0, 1)
@@ -1054,8 +1121,8 @@ static float next_uniform(uint64_t* state) { // splitmix64, top 24 bits: [0, 1)
     return (float)((z ^ (z >> 31)) >> 40) / 16777216.0f;
 }
 
-// Generates s->n_tokens tokens after BOS (token 0 in a vocabulary without LLaMA-3's BOS) into
-// ids[0..n_tokens]: one forward pass of one sequence (B = 1, the same T) per token, the next id
+// Generates cfg->sample_tokens tokens after BOS (token 0 in a vocabulary without LLaMA-3's BOS) into
+// ids[0..sample_tokens]: one forward pass of one sequence (B = 1, the same T) per token, the next id
 // drawn on the device from the row of the last position.
 static void sample_ids(Model* m, Sampler* s, int* ids) {
     NVTX_PUSH("sample");
@@ -1065,12 +1132,12 @@ static void sample_ids(Model* m, Sampler* s, int* ids) {
     ids[0] = V > LLAMA3_BOS ? LLAMA3_BOS : 0;
     CUDA_CHECK(cudaMemsetAsync(s->seq, 0, T * sizeof(int), m->stream));
     CUDA_CHECK(cudaMemcpyAsync(s->seq, ids, sizeof(int), cudaMemcpyHostToDevice, m->stream));
-    for (int pos = 0; pos < s->n_tokens; pos++) {
-        forward(m, s->seq);
-        sample_token(s->seq + pos + 1, act_bf16(m, A_LOGITS, (size_t)pos * V), V, s->temperature, s->top_k,
+    for (int pos = 0; pos < s->cfg->sample_tokens; pos++) {
+        forward(m, s->seq, false);
+        sample_token(s->seq + pos + 1, m->acts.logits + (size_t)pos * V, V, s->cfg->temperature, s->cfg->top_k,
                      next_uniform(&s->rng), m->stream);
     }
-    CUDA_CHECK(cudaMemcpyAsync(ids, s->seq, (s->n_tokens + 1) * sizeof(int), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaMemcpyAsync(ids, s->seq, (s->cfg->sample_tokens + 1) * sizeof(int), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     m->B = B;
     NVTX_POP();
@@ -1126,15 +1193,15 @@ static void print_step(const Model* m, StepLog* lg, const TrainArgs* a, int t, c
                        float val) {
     double tok_s = tokens_per_step(m) / (ms / 1000.0), elapsed = wall_seconds() - lg->wall_start;
     double eta = elapsed / (t - lg->first + 1) * (last_step(a) - t);
-    printf("step %4d/%d | loss %.6f | lr %.2e", t, a->num_iteration, st->loss, st->lr);
-    if (a->grad_clip > 0) printf(" | norm %.4f", st->grad_norm);
+    printf("step %4d/%d | loss %.6f | lr %.2e", t, a->optim.sched.total, st->loss, st->lr);
+    if (a->optim.grad_clip > 0) printf(" | norm %.4f", st->grad_norm);
     if (val == val) printf(" | val %.6f", val);
     printf(" | %.2f ms | %.0f tok/s | peak %.0f MiB | %.0f s, ETA %.0f s", ms, tok_s, lg->mem_mib, elapsed, eta);
     if (st->skipped) printf(" | SKIPPED (non-finite loss or norm; %d in a row)", st->bad_in_row);
     printf("\n");
     if (!lg->json) return;
     char loss[32], lr[32], norm[32], vloss[32], extra[96] = ""; // a non-finite value is JSON's null
-    int len = a->grad_clip > 0 ? snprintf(extra, sizeof(extra), ", \"grad_norm\": %s",
+    int len = a->optim.grad_clip > 0 ? snprintf(extra, sizeof(extra), ", \"grad_norm\": %s",
                                           json_number(norm, sizeof(norm), "%.6g", st->grad_norm)) : 0;
     if (val == val) snprintf(extra + len, sizeof(extra) - len, ", \"val_loss\": %s",
                              json_number(vloss, sizeof(vloss), "%.6f", val));
@@ -1163,10 +1230,10 @@ static void log_step(Model* m, StepLog* lg, const TrainArgs* a, Saver* saver, in
     print_step(m, lg, a, t, &st, ms, lg->val[slot]);
     lg->last = st, lg->logged = t;
     if (lg->val[slot] == lg->val[slot]) lg->last_val = lg->val[slot];
-    if (st.bad_in_row < a->max_bad_steps) return;
+    if (st.bad_in_row < a->loop.max_bad_steps) return;
     if (saver) saver_join(saver);
     fprintf(stderr, "error: steps %d..%d had a non-finite loss or gradient norm (--max_bad_steps %d): stopping; their "
-            "updates were skipped, the weights are step %d's%s\n", t - st.bad_in_row + 1, t, a->max_bad_steps,
+            "updates were skipped, the weights are step %d's%s\n", t - st.bad_in_row + 1, t, a->loop.max_bad_steps,
             t - st.bad_in_row, saver ? " (checkpoints written since hold them too)" : "");
     exit(EXIT_FAILURE);
 }
@@ -1174,13 +1241,13 @@ static void log_step(Model* m, StepLog* lg, const TrainArgs* a, Saver* saver, in
 // Every `every` steps and after this invocation's last (every 0: never).
 static bool due(int every, int t, const TrainArgs* a) { return every > 0 && (t % every == 0 || t == last_step(a)); }
 // A checkpoint is also written after this invocation's last step when --checkpoint_every is 0.
-static bool checkpoint_due(const TrainArgs* a, int t) { return t == last_step(a) || due(a->checkpoint_every, t, a); }
+static bool checkpoint_due(const TrainArgs* a, int t) { return t == last_step(a) || due(a->ckpt.every, t, a); }
 
 // A sample after step t: printed decoded, and its ids as one JSON line.
 static void log_sample(Model* m, const StepLog* lg, const TrainIO* io, int t) {
-    int n = io->sampler->n_tokens + 1, *ids = (int*)malloc(n * sizeof(int));
+    int n = io->sampler->cfg->sample_tokens + 1, *ids = (int*)malloc(n * sizeof(int));
     sample_ids(m, io->sampler, ids);
-    printf("sample at step %d (%s): ", t, io->sampler->temperature > 0 ? "sampled" : "greedy");
+    printf("sample at step %d (%s): ", t, io->sampler->cfg->temperature > 0 ? "sampled" : "greedy");
     vocab_print(stdout, io->vocab, ids, n);
     printf("\n");
     if (lg->json) {
@@ -1194,8 +1261,8 @@ static void log_sample(Model* m, const StepLog* lg, const TrainIO* io, int t) {
 
 // The val loss and a sample after step t, when due; the step's line first (both wait for the GPU).
 static void evaluate(Model* m, StepLog* lg, const TrainArgs* a, const TrainIO* io, int t) {
-    bool val = io->val && due(a->val_every, t, a);
-    bool sample = io->sampler && due(a->sample_every, t, a);
+    bool val = io->val && due(a->eval.val_every, t, a);
+    bool sample = io->sampler && due(a->eval.sample_every, t, a);
     if (!val && !sample) return;
     if (val) lg->val[t % 2] = val_loss(m, io->val);
     log_step(m, lg, a, io->saver, t);
@@ -1243,8 +1310,8 @@ static void print_summary(const Model* m, const StepLog* lg, const TrainArgs* a,
 // step runs.
 static void train(Model* m, const TrainArgs* a, const TrainIO* io, int first) {
     StepLog lg = {};
-    lg.ms = (double*)calloc(a->num_iteration, sizeof(double));
-    lg.json = io->json, lg.json_path = a->log_file, lg.first = first, lg.logged = first - 1;
+    lg.ms = (double*)calloc(a->optim.sched.total, sizeof(double));
+    lg.json = io->json, lg.json_path = a->loop.log_file, lg.first = first, lg.logged = first - 1;
     lg.val[0] = lg.val[1] = lg.last_val = NAN;
     for (int s = 0; s < 2; s++) CUDA_CHECK(cudaEventCreate(&lg.start[s])), CUDA_CHECK(cudaEventCreate(&lg.end[s]));
     lg.wall_start = wall_seconds();
@@ -1262,7 +1329,7 @@ static void train(Model* m, const TrainArgs* a, const TrainIO* io, int first) {
     }
     if (lg.logged < last) log_step(m, &lg, a, io->saver, last);
     optimizer_flush(m); // (nothing left after a save of the last step)
-    if (io->saver) saver_join(io->saver), printf("checkpoint: %s/step_%08d\n", a->checkpoint_dir, last);
+    if (io->saver) saver_join(io->saver), printf("checkpoint: %s/step_%08d\n", a->ckpt.dir, last);
     double wall = wall_seconds() - lg.wall_start;
     printf("wall time of the loop: %.3f s for %d steps%s\n", wall, last - first + 1,
            io->saver ? " (the last checkpoint written included)" : "");
@@ -1320,21 +1387,21 @@ typedef struct {
 // The val data (--val_bin or the embedded val split) and the vocabulary, when the run uses them.
 static void check_eval_inputs(const TrainArgs* a, const Llama3Config* cfg, RunInputs* in, const char* prog) {
     char err[L3_ERR_LEN];
-    if (a->val_every) {
-        in->val_path = a->val_bin;
-        if (!a->val_bin && a->input_bin) {
-            if (val_path_beside(a->input_bin, in->val_beside, err)) die(err, prog, false);
+    if (a->eval.val_every) {
+        in->val_path = a->eval.val_bin;
+        if (!a->eval.val_bin && a->loop.input_bin) {
+            if (val_path_beside(a->loop.input_bin, in->val_beside, err)) die(err, prog, false);
             in->val_path = in->val_beside;
         }
         load_tokens(&in->val_tokens, in->val_path, _binary_data_tiny_shakespeare_val_bin_start,
                     _binary_data_tiny_shakespeare_val_bin_end, "embedded data/tiny_shakespeare_val.bin",
                     cfg->vocab_size);
-        if (loader_init(&in->val_loader, &in->val_tokens, a->batch_size, a->sequence_length, 0,
+        if (loader_init(&in->val_loader, &in->val_tokens, a->loop.batch_size, a->loop.sequence_length, 0,
                         in->val_path ? in->val_path : "embedded val data", err))
             die(err, prog, false);
     }
     const unsigned char* v = _binary_data_llama3_vocab_bin_start;
-    if (a->sample_every &&
+    if (a->eval.sample_every &&
         vocab_parse(&in->vocab, v, _binary_data_llama3_vocab_bin_end - v, "embedded data/llama3_vocab.bin", err))
         die(err, prog, false);
 }
@@ -1347,26 +1414,26 @@ static void check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat*
                           DataLoader* loader, RunInputs* in, const char* prog) {
     char err[L3_ERR_LEN];
     if (outputs_check(a, err)) die(err, prog, false);
-    in->model_path = a->llmc_filepath;
-    if (a->resume) {
-        if (checkpoint_resolve(a->resume, in->resume_model, in->resume_state, err))
+    in->model_path = a->loop.llmc_filepath;
+    if (a->ckpt.resume) {
+        if (checkpoint_resolve(a->ckpt.resume, in->resume_model, in->resume_state, err))
             die(err, prog, false);
         in->model_path = in->resume_model;
     }
     if (in->model_path && (model_header_read(in->model_path, cfg, fmt, err) ||
                            model_file_check(in->model_path, cfg, *fmt, err)))
         die(err, prog, false);
-    if (a->resume && state_header_read(in->resume_state, param_layout(cfg).total, &in->st, err)) die(err, prog, false);
+    if (a->ckpt.resume && state_header_read(in->resume_state, param_layout(cfg).total, &in->st, err)) die(err, prog, false);
     if (train_args_check(a, cfg, err)) die(err, prog, false);
-    load_tokens(tokens, a->input_bin, _binary_data_tiny_shakespeare_train_bin_start,
+    load_tokens(tokens, a->loop.input_bin, _binary_data_tiny_shakespeare_train_bin_start,
                 _binary_data_tiny_shakespeare_train_bin_end, "embedded data/tiny_shakespeare_train.bin",
                 cfg->vocab_size);
-    if (loader_init(loader, tokens, a->batch_size, a->sequence_length, a->overfit_single_batch,
-                    a->input_bin ? a->input_bin : "embedded data", err))
+    if (loader_init(loader, tokens, a->loop.batch_size, a->loop.sequence_length, a->loop.overfit_single_batch,
+                    a->loop.input_bin ? a->loop.input_bin : "embedded data", err))
         die(err, prog, false);
-    if (a->resume && resume_check(&in->st, a, tokens, a->resume, err)) die(err, prog, false);
+    if (a->ckpt.resume && resume_check(&in->st, a, tokens, a->ckpt.resume, err)) die(err, prog, false);
     check_eval_inputs(a, cfg, in, prog);
-    if (a->checkpoint_dir && checkpoint_dir_check(a->checkpoint_dir, a->resume ? in->st.step : 0, err))
+    if (a->ckpt.dir && checkpoint_dir_check(a->ckpt.dir, a->ckpt.resume ? in->st.step : 0, err))
         die(err, prog, false);
 }
 
@@ -1400,9 +1467,9 @@ static void gpu_start(const char* prog) {
 // a resumed run continues (log_open).
 static FILE* open_outputs(const TrainArgs* a, const RunInputs* in, const char* prog) {
     char err[L3_ERR_LEN];
-    if (a->checkpoint_dir && make_dir(a->checkpoint_dir, err)) die(err, prog, false);
+    if (a->ckpt.dir && make_dir(a->ckpt.dir, err)) die(err, prog, false);
     FILE* log_json = NULL;
-    if (a->log_file && !(log_json = log_open(a->log_file, a->resume ? in->st.step : 0, err))) die(err, prog, false);
+    if (a->loop.log_file && !(log_json = log_open(a->loop.log_file, a->ckpt.resume ? in->st.step : 0, err))) die(err, prog, false);
     return log_json;
 }
 
@@ -1410,24 +1477,22 @@ static FILE* open_outputs(const TrainArgs* a, const RunInputs* in, const char* p
 static void print_setup(const TrainArgs* a, const Llama3Config* cfg, ModelFileFormat fmt, const TokenData* tokens,
                         const RunInputs* in) {
     if (in->model_path) printf("model: %s, %s format\n", in->model_path, model_format_name(fmt));
-    else printf("model: LLaMA3.2-1B shape, random init (seed %llu)\n", a->seed);
-    if (a->resume) printf("resume: %s at step %d, data position %llu\n", in->resume_state, in->st.step,
+    else printf("model: LLaMA3.2-1B shape, random init (seed %llu)\n", a->loop.seed);
+    if (a->ckpt.resume) printf("resume: %s at step %d, data position %llu\n", in->resume_state, in->st.step,
                           (unsigned long long)in->st.loader_pos);
     config_print(stdout, cfg);
-    printf("data: %s, %zu tokens\n", a->input_bin ? a->input_bin : "embedded tiny shakespeare (LLaMA-3 tokens)",
+    printf("data: %s, %zu tokens\n", a->loop.input_bin ? a->loop.input_bin : "embedded tiny shakespeare (LLaMA-3 tokens)",
            tokens->n_tokens);
 }
+// The model as created: its size and memory, every flag's value, and the step's plan (which
+// optimisations take effect for this model and batch, and when each AdamW group runs).
 static void print_model(const Model* m, const TrainArgs* a) {
     printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g | memory %.2f GiB\n", m->layout.total, m->B,
-           m->T, m->grad_accum, a->learning_rate, a->weight_decay,
-           model_bytes(&m->layout, &m->act, &a->sw, m->grad_accum) / 1073741824.0);
+           m->T, m->grad_accum, m->opt.sched.peak_lr, m->opt.weight_decay,
+           model_bytes(&m->layout, m->acts_bytes, &m->sw, m->grad_accum) / 1073741824.0);
     train_args_print(stdout, a);
-    bool defers = a->sw.overlap_optimizer && a->sw.grad_zeroing == GRAD_ZERO_NONE;
-    char deferred[32];
-    if (defers && a->grad_clip > 0) snprintf(deferred, sizeof(deferred), "all (clipping)");
-    else snprintf(deferred, sizeof(deferred), "%d", defers ? m->sw.deferred_adamw : 0);
-    printf("in effect: bf16_grads %d | cuda_graph %d | deferred_adamw %s\n", m->grads_bf16 != NULL, m->use_graph,
-           deferred);
+    printf("in effect: bf16_grads %d\n", m->grads_bf16 != NULL);
+    step_plan_print(stdout, m->plan);
 }
 
 // The weights: a model file, a checkpoint (with its AdamW state and data position), or random init.
@@ -1437,9 +1502,9 @@ static void model_start(Model* m, const TrainArgs* a, ModelFileFormat fmt, RunIn
     if (in->model_path) {
         if (model_load(m, in->model_path, fmt, err)) die(err, prog, false);
     } else {
-        model_init_random(m, a->seed);
+        model_init_random(m, a->loop.seed);
     }
-    if (a->resume) checkpoint_restore(m, in->resume_state, &in->st), loader->pos = in->st.loader_pos;
+    if (a->ckpt.resume) checkpoint_restore(m, in->resume_state, &in->st), loader->pos = in->st.loader_pos;
 }
 
 int main(int argc, char** argv) {
@@ -1447,8 +1512,8 @@ int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); // a line at a time under tee, nohup or a scheduler, in order with stderr
     TrainArgs a;
     if (train_args_parse(&a, argc, argv, err)) die(err, argv[0], true);
-    if (a.help) {
-        print_usage(stdout, argv[0]);
+    if (a.help || a.list_switches) {
+        a.help ? print_usage(stdout, argv[0]) : print_switches(stdout);
         return 0;
     }
     Llama3Config cfg = llama3_2_1b_config();
@@ -1461,25 +1526,24 @@ int main(int argc, char** argv) {
     gpu_start(argv[0]);
 
     Model m;
-    OptimConfig opt = {a.learning_rate, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_clip, lr_schedule_of(&a)};
-    model_create(&m, &cfg, &opt, &a.sw, a.batch_size, a.sequence_length,
-                 a.total_batch_size / (a.batch_size * a.sequence_length));
+    model_create(&m, &cfg, &a.optim, &a.sw, a.loop.batch_size, a.loop.sequence_length,
+                 a.loop.total_batch_size / (a.loop.batch_size * a.loop.sequence_length));
     print_model(&m, &a);
     model_start(&m, &a, fmt, &in, &loader, argv[0]);
     static Saver saver;
     ValData val;
-    Sampler sampler = {NULL, a.sample_tokens, a.temperature, a.top_k, a.seed ^ 0x5a4d504cULL};
-    TrainIO io = {&loader, NULL, a.checkpoint_dir ? &saver : NULL, a.val_every ? &val : NULL,
-                  a.sample_every ? &sampler : NULL, &in.vocab};
-    if (io.saver) saver_create(&saver, &m, a.checkpoint_dir, a.checkpoint_keep, &tokens);
+    Sampler sampler = {&a.eval, NULL, a.loop.seed ^ 0x5a4d504cULL};
+    TrainIO io = {&loader, NULL, a.ckpt.dir ? &saver : NULL, a.eval.val_every ? &val : NULL,
+                  a.eval.sample_every ? &sampler : NULL, &in.vocab};
+    if (io.saver) saver_create(&saver, &m, &a.ckpt, &tokens);
     if (io.val) {
-        val_create(&val, &m, &in.val_loader, a.val_tokens);
+        val_create(&val, &m, &in.val_loader, a.eval.val_tokens);
         printf("val: %d batches of %d x %d from %s\n", val.n_batches, m.B, m.T,
                in.val_path ? in.val_path : "the embedded val split");
     }
     if (io.sampler) sampler.seq = (int*)device_alloc(m.T * sizeof(int), "sample tokens");
     io.json = open_outputs(&a, &in, argv[0]);
-    train(&m, &a, &io, a.resume ? in.st.step + 1 : 1);
+    train(&m, &a, &io, a.ckpt.resume ? in.st.step + 1 : 1);
     if (io.saver) saver_free(&saver);
     if (io.val) val_free(&val), tokens_free(&in.val_tokens);
     if (io.sampler) CUDA_CHECK(cudaFree(sampler.seq)), vocab_free(&in.vocab);

@@ -60,12 +60,10 @@ static void adam_free(AdamBuffers& b) {
 }
 
 // The path adamw_dense<true> takes for these buffers (version 3: fp32 grads, 4: bf16): its
-// launcher's condition, same inputs.
+// guard (kernels.cuh adamw_vec4_ok), same inputs.
 static bool trainer_uses_float4(const AdamBuffers& b, size_t n, int sms, int version) {
-    bool grads_aligned = version == 4 ? ((uintptr_t)b.grads_bf16 & 7) == 0 : aligned16(b.grads);
-    bool aligned = aligned16(b.params) && aligned16(b.m) && aligned16(b.v) && grads_aligned &&
-                   ((uintptr_t)b.shadow & 7) == 0;
-    return aligned && n >= (size_t)sms * 256 * 4;
+    if (version == 4) return adamw_vec4_ok(b.params, b.m, b.v, b.grads_bf16, b.shadow, n, sms);
+    return adamw_vec4_ok(b.params, b.m, b.v, b.grads, b.shadow, n, sms);
 }
 
 // decay: weight decay applies (false: the norm weights' launch).

@@ -213,21 +213,30 @@ typedef struct {
     int t;
 } AdamWStep;
 
+// AdamW at s's constant lr (no warmup, no decay up to step s.t), without clipping.
+static OptimConfig optim_config(const AdamWStep& s) {
+    OptimConfig o = {};
+    o.sched.kind = LR_CONSTANT;
+    o.sched.warmup = 0;
+    o.sched.total = s.t;
+    o.sched.peak_lr = s.lr;
+    o.beta1 = s.beta1, o.beta2 = s.beta2, o.eps = s.eps, o.weight_decay = s.weight_decay;
+    return o;
+}
+
 // The kernels' hyperparameters for step s where they read them, device memory (kernels.cuh,
 // [graphs]), written by the trainer's adamw_next_step from step t - 1: its bias corrections are
 // under test with the kernels (the reference, adamw_cpu, computes its own).
 static const AdamWParams* dev_adamw_params(const AdamWStep& s) {
-    AdamWParams* h = dev_alloc<AdamWParams>(2); // adamw_next_step also moves the old h[0] to h[1]
-    CUDA_CHECK(cudaMemset(h, 0, 2 * sizeof(AdamWParams)));
+    AdamWHistory* h = dev_alloc<AdamWHistory>(1);
+    CUDA_CHECK(cudaMemset(h, 0, sizeof(AdamWHistory)));
     int* step = dev_upload(std::vector<int>{s.t - 1});
     StepStats* stats = dev_alloc<StepStats>(1);
-    AdamWParams base = {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, 0.0f, 0.0f, 1.0f, 0};
-    LrSchedule constant = {LR_CONSTANT, 0, s.t, s.lr, 0.0f, 0.0f};
-    adamw_next_step(h, step, base, constant, stats, 0);
+    adamw_next_step(h, step, optim_config(s), stats, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     CUDA_CHECK(cudaFree(step));
     CUDA_CHECK(cudaFree(stats));
-    return h;
+    return &h->latest;
 }
 // A new device copy of h[0] with the fields the step's guard kernels fill in: clip_guard's
 // clipping scale and the NaN guard's skip.

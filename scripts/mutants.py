@@ -58,25 +58,25 @@ MUTANTS = [
      "            store16(grads + row + c, Vec16<float>{});\n", ""),
     ("deferred_wrong_step", "optimizer path", "train_llama3.cu", "deferred AdamW with the current step's "
      "bias corrections instead of its own step's",
-     "adamw_deferred(m, m->adam + 1, m->opt_stream)", "adamw_deferred(m, m->adam, m->opt_stream)"),
+     "adamw_deferred(m, &m->adam->previous, m->opt_stream)", "adamw_deferred(m, &m->adam->latest, m->opt_stream)"),
     ("overlapped_wrong_step", "optimizer path", "train_llama3.cu", "overlapped per-layer AdamW with the "
      "previous step's hyperparameters",
-     "else adamw_tensor(m, tensors[i], layer, m->adam, m->opt_stream);",
-     "else adamw_tensor(m, tensors[i], layer, m->adam + 1, m->opt_stream);"),
+     "else adamw_tensor(m, tensors[i], layer, &m->adam->latest, m->opt_stream);",
+     "else adamw_tensor(m, tensors[i], layer, &m->adam->previous, m->opt_stream);"),
     ("previous_step_not_kept", "optimizer path", "kernels.cuh", "the step counter kernel does not keep the "
      "previous step's hyperparameters for the deferred layers",
-     "    h[1] = h[0];\n", ""),
+     "    h->previous = h->latest;\n", ""),
     ("flush_skipped", "optimizer path", "train_llama3.cu", "the final flush applies nothing: the last "
      "step's deferred layers are never updated",
-     "    adamw_deferred(m, m->adam, m->stream);\n    m->pending_begin = m->pending_end = 0;",
-     "    m->pending_begin = m->pending_end = 0;"),
+     "    adamw_deferred(m, &m->adam->latest, m->stream);\n    m->pending.updates = false;",
+     "    m->pending.updates = false;"),
     ("micro_steps_overwrite", "accumulation", "train_llama3.cu", "every micro-step's weight-gradient GEMM "
      "overwrites (beta 0) instead of adding",
      "accumulate ? 1.0f : 0.0f);", "0.0f);"),
     ("step_work_overwrite", "accumulation", "train_llama3.cu", "the training step's later micro-steps do not "
      "accumulate (only the last micro-batch's gradient is used)",
-     "backward(m, inputs, micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE, last);",
-     "backward(m, inputs, m->sw.grad_zeroing != GRAD_ZERO_NONE, last);"),
+     "accumulate = micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE;",
+     "accumulate = m->sw.grad_zeroing != GRAD_ZERO_NONE;"),
     ("loss_scale_ignores_accum", "accumulation", "train_llama3.cu", "dlogits scaled by 1/N instead of "
      "1/(N * micro-steps)",
      "1.0f / ((float)N * m->grad_accum), m->stream);", "1.0f / (float)N, m->stream);"),
@@ -89,26 +89,27 @@ MUTANTS = [
     ("checkpoint_no_flush", "checkpoints", "train_llama3.cu", "a save does not apply the deferred AdamW updates "
      "first (the saved weights miss them, and the eager step after the save skips them)",
      "    saver_join(s); // the host buffers are free again\n    optimizer_flush(m);\n",
-     "    saver_join(s); // the host buffers are free again\n    m->pending_begin = m->pending_end = 0;\n"),
+     "    saver_join(s); // the host buffers are free again\n    m->pending.updates = false;\n"),
     ("resume_step_not_restored", "checkpoints", "train_llama3.cu", "a resume restores m and v but not AdamW's step "
      "counter (bias corrections start again at step 1)",
      "    CUDA_CHECK(cudaMemcpy(m->adam_step, &st->step, sizeof(int), cudaMemcpyHostToDevice));\n", ""),
     ("lr_schedule_step", "training loop", "kernels.cuh", "the schedule's lr of the next step (off by one)",
-     "base.lr = lr_at(sched, t);", "base.lr = lr_at(sched, t + 1);"),
+     "p.lr = lr_at(o.sched, t);", "p.lr = lr_at(o.sched, t + 1);"),
     ("clip_scale_ignored", "training loop", "kernels.cuh", "AdamW ignores the clipping scale (the norm is "
      "measured, the gradients not clipped)", "    g *= h.grad_scale;\n", ""),
     ("norm_rows_repeated", "training loop", "kernels.cuh", "the gradient norm counts a wte row once per "
      "occurrence of its token", "        if (!owns_row(sorted_tokens, j)) continue;\n", ""),
     ("norm_weights_decayed", "training loop", "train_llama3.cu", "weight decay on the norm weights too",
-     "bool decay = begin < m->layout.norm_begin;", "bool decay = true;"),
+     "bool decay = begin < m->layout.norm_begin,", "bool decay = true,"),
     ("nan_guard_ignored", "training loop", "kernels.cuh", "the dense AdamW updates on a step the NaN guard skips",
      "    if (h.skip) return;\n", ""),
     ("val_no_flush", "training loop", "train_llama3.cu", "the val loss reads the weights without the step's "
      "deferred updates", "    optimizer_flush(m);\n    for (int i = 0; i < v->n_batches; i++) {",
      "    for (int i = 0; i < v->n_batches; i++) {"),
-    ("flush_keeps_graph", "training loop", "train_llama3.cu", "a flush (val loss, sample, save) does not make "
-     "the next step eager: its graph applies the flushed updates a second time",
-     "    m->pending_begin = m->pending_end = 0;\n    m->eager_next = true;\n", "    m->pending_begin = m->pending_end = 0;\n"),
+    ("flush_keeps_pending", "training loop", "train_llama3.cu", "a flush (val loss, sample, save) leaves the "
+     "updates it applied pending: the next step (from the graph) applies them a second time",
+     "    adamw_deferred(m, &m->adam->latest, m->stream);\n    m->pending.updates = false;\n",
+     "    adamw_deferred(m, &m->adam->latest, m->stream);\n"),
     ("sample_temperature_ignored", "sampling", "kernels.cuh", "sampling weighs exp(logit - max) whatever the "
      "temperature", "expf((logit_value(x) - max_logit) / temperature)", "expf(logit_value(x) - max_logit)"),
     ("top_k_one_more", "sampling", "kernels.cuh", "top-k keeps the k + 1 largest logits",
@@ -127,10 +128,11 @@ MUTANTS = [
      "part's lines lost)", 'FILE* f = fopen(path, resumed ? "a+" : "w");', 'FILE* f = fopen(path, "w");'),
     ("resume_schedule_of_invocation", "checkpoints", "llama3.h", "the lr schedule spans this invocation "
      "(--stop_after), not --num_iteration: a run in parts decays differently",
-     "LrSchedule s = {a->lr_schedule, a->warmup_iters, a->num_iteration,",
-     "LrSchedule s = {a->lr_schedule, a->warmup_iters, last_step(a),"),
+     "    if (l->total_batch_size == 0 && bt <= INT_MAX) l->total_batch_size = (int)bt;\n",
+     "    if (l->total_batch_size == 0 && bt <= INT_MAX) l->total_batch_size = (int)bt;\n"
+     "    a->optim.sched.total = last_step(a);\n"),
     ("init_seed_from_clock", "determinism", "train_llama3.cu", "the random init seeded from the clock as "
-     "well as --seed", "model_init_random(m, a->seed);", "model_init_random(m, a->seed ^ (uint64_t)time(NULL));"),
+     "well as --seed", "model_init_random(m, a->loop.seed);", "model_init_random(m, a->loop.seed ^ (uint64_t)time(NULL));"),
     ("embedding_grad_atomic", "determinism", "kernels.cuh", "the embedding gradient added row by row with "
      "atomicAdd in arrival order (right values, order-dependent rounding)",
      """    if (!owns_row(sorted_tokens, j)) return;
@@ -154,21 +156,33 @@ HOST_MUTANTS = [
     ("stdout_block_buffered", "log", "train_llama3.cu", "stdout left block-buffered into a file or pipe",
      "    setvbuf(stdout, NULL, _IOLBF, 0);", "   "),
     ("total_batch_fixed", "flags", "llama3.h", "--total_batch_size not given stays 256 instead of B*T",
-     "    if (a->total_batch_size == 0 && bt <= INT_MAX) a->total_batch_size = (int)bt;",
-     "    if (a->total_batch_size == 0) a->total_batch_size = 256;"),
+     "    if (l->total_batch_size == 0 && bt <= INT_MAX) l->total_batch_size = (int)bt;",
+     "    if (l->total_batch_size == 0) l->total_batch_size = 256;"),
     ("no_near_miss", "flags", "llama3.h", "an unknown flag gets no 'did you mean'",
      "const FlagSpec* near = flag_nearest(flag);", "const FlagSpec* near = NULL;"),
     ("outputs_unchecked", "log", "llama3.h", "a --log_file in a folder that does not exist is found only when it "
-     "opens, after the GPU", '    if (a->log_file && writable_check("--log_file", a->log_file, err)) return -1;\n', ""),
+     "opens, after the GPU", '    if (a->loop.log_file && writable_check("--log_file", a->loop.log_file, err)) return -1;\n', ""),
     ("stop_after_ignored", "flags", "llama3.h", "--stop_after does not end the run early",
-     "return a->stop_after ? a->stop_after : a->num_iteration;", "return a->num_iteration;"),
+     "return a->loop.stop_after ? a->loop.stop_after : a->optim.sched.total;", "return a->optim.sched.total;"),
     ("schedule_ends_at_stop", "flags", "llama3.h", "the lr schedule spans the invocation (--stop_after), not "
-     "--num_iteration", "LrSchedule s = {a->lr_schedule, a->warmup_iters, a->num_iteration,",
-     "LrSchedule s = {a->lr_schedule, a->warmup_iters, last_step(a),"),
+     "--num_iteration",
+     "    if (l->total_batch_size == 0 && bt <= INT_MAX) l->total_batch_size = (int)bt;\n",
+     "    if (l->total_batch_size == 0 && bt <= INT_MAX) l->total_batch_size = (int)bt;\n"
+     "    a->optim.sched.total = last_step(a);\n"),
     ("val_beside_unchecked", "flags", "llama3.h", "--val_every takes a NAME_val.bin beside the token file "
      "that does not exist", "    if (stat(out, &st) != 0 || !S_ISREG(st.st_mode))\n", "    if (0)\n"),
     ("old_gpus_taken", "gpu", "llama3.h", "a GPU of compute capability 7.x is taken",
      "if (major * 10 + minor < LLAMA3_MIN_COMPUTE_CAPABILITY)", "if (major < 7)"),
+    ("clip_not_deferred", "step plan", "llama3.h", "with clipping only layers 0..11 are deferred: the other groups "
+     "are overlapped, and their AdamW would start before the global norm is known",
+     "can_defer && (p.measure_norm || (g >= 1 && g < 1 + k))", "can_defer && (g >= 1 && g < 1 + k)"),
+    ("list_switches_first_only", "flags", "llama3.h", "--list_switches prints only the first ablation value of each "
+     "switch (--grad_zeroing fill and --deferred_adamw 1 drop out of the tests and the ablation)",
+     'v = strtok(NULL, " ")) fprintf(f, "%s %s\\n", FLAGS[i].name, v);',
+     'v = NULL) fprintf(f, "%s %s\\n", FLAGS[i].name, v);'),
+    ("flag_default_undocumented", "flags", "llama3.h", "--checkpoint_keep's default changed to 3 in FLAGS: the "
+     "README's flag table still says 2",
+     '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "2",', '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "3",'),
 ]
 
 
@@ -204,9 +218,10 @@ def plant_check(mutants):
     sys.exit(1 if stale else 0)
 
 
-def build(dest, host_only):
+def build(dest, host_only, gpu_only):
     targets = ["train_llama3", "test_llama3_host"] + ([] if host_only else ["test_llama3"])
-    r = subprocess.run(["make", "-s", *targets, f"GENCODE={GENCODE}"], cwd=dest, capture_output=True, text=True)
+    gencode = GENCODE.split(" -gencode arch=compute_80")[0] if gpu_only else GENCODE  # (the PTX check is a host part)
+    r = subprocess.run(["make", "-s", "-j3", *targets, f"GENCODE={gencode}"], cwd=dest, capture_output=True, text=True)
     return r.returncode, r.stdout + r.stderr
 
 
@@ -259,12 +274,13 @@ def main():
         copy_tree(dest)
         plant(dest, m)
     with cf.ThreadPoolExecutor(args.jobs) as pool:
-        builds = list(pool.map(lambda d: build(d, args.host_only), dests))
-    rows, survived = [], 0
-    for dest, m, (rc, log) in zip(dests, mutants, builds):
+        builds = list(pool.map(lambda d: build(d, args.host_only, args.gpu_only), dests))
+    for m, (rc, log) in zip(mutants, builds):
         if rc != 0:
             sys.exit(f"mutant {m[0]} does not build:\n{log[-2000:]}")
-        rc, out = run_tests(dest, args.gpu_only, args.host_only)
+    rows, survived = [], 0
+    for dest, m in zip(dests, mutants):
+        rc, out = run_tests(dest, args.gpu_only, args.host_only)  # one at a time: the default runs fill the GPU
         hit = first_failure(out) if rc != 0 else None
         survived += hit is None
         part, check, err, tol = hit or ("SURVIVED", "", "", "")
