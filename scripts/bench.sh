@@ -7,7 +7,8 @@
 #                    [--flags "TRAINER FLAGS"] [--write]
 # --flags     also run the trainer with these flags at each config (e.g. "--grad_clip 1"): a row
 #             "llama3.cu FLAGS" beside the plain one, its time over the plain run in the last column
-# --ablation  also the seed report's configurations A..J (cumulative) and ours, at B=4,T=64
+# --ablation  also the seed report's configurations A..J (cumulative) and ours, at B=4,T=64, then each
+#             setting of ./train_llama3 --list_switches that none of them covers, alone
 # --write     append the tables to dev/PERF.md with the date and this command line
 # Steps: 30 trainer steps (median of steps 2..30), 20 PyTorch steps after 5 warm-up steps.
 set -u
@@ -33,6 +34,52 @@ done
 make -s train_llama3 || exit 1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+
+# The seed report's configurations A..J (G and I are its baselines), cumulative as in its table, then
+# ours. Each entry: row|label|the flags that turn off what this row adds. A row runs with the
+# off-flags of every later row, latest first, so that where two rows set one flag (grad_zeroing:
+# fill before E, memset before E') the earlier row's value comes last and wins.
+ABLATION=(
+    "A|baseline: every optimisation off|"
+    "B|+ shadow weights (cast fused into AdamW)|--shadow_weights 0"
+    "C|+ float4 AdamW|--vector_adam 0"
+    "D|+ redundant fills deleted (before the attention and head-permute backward outputs)|--delete_fills 0"
+    "E|+ memset instead of fill kernels|--grad_zeroing fill"
+    "E'|+ no zeroing at all (first gradient GEMM writes)|--grad_zeroing memset"
+    "F|+ shapes by value (no per-launch H2D)|--metadata_by_value 0"
+    "H|+ fused RMSNorm (one kernel each way, residual add inside)|--fused_rmsnorm 0"
+    "J|+ sparse embedding rows, lazy AdamW|--sparse_embedding 0"
+    "K|+ AdamW overlapping the backward (second stream, lower priority)|--overlap_optimizer 0"
+    "L|+ flash attention|--flash_attention 0"
+    "M|+ bf16 weight gradients, as autocast rounds them|--bf16_grads 0"
+    "N|+ the step replayed from one CUDA graph|--cuda_graph 0"
+    "O|+ AdamW of layers 0..11 deferred into the next forward (all on)|--deferred_adamw 0"
+)
+# The switches' settings other than their defaults, from the trainer (llama3.h LLAMA3_SWITCHES): each
+# row's flags must be one of them (a renamed switch stops the script instead of dropping out of the
+# table), and every setting no row covers gets a row of its own after them, run alone (every other
+# optimisation on), labelled with the setting.
+settings=$(./train_llama3 --list_switches) || { echo "error: ./train_llama3 --list_switches failed"; exit 1; }
+n_seed=${#ABLATION[@]}
+for entry in "${ABLATION[@]}"; do
+    off=${entry##*|}
+    if [ -n "$off" ] && ! grep -qxF -- "$off" <<< "$settings"; then
+        echo "error: ABLATION row ${entry%%|*} of scripts/bench.sh turns off '$off', which is not a setting of" \
+            "./train_llama3 --list_switches: update the row"
+        exit 1
+    fi
+done
+while IFS= read -r setting; do
+    printf '%s\n' "${ABLATION[@]##*|}" | grep -qxF -- "$setting" || ABLATION+=("alone|$setting|$setting")
+done <<< "$settings"
+# ablation_flags I: the trainer flags of row I (0-based): a seed row's and every later seed row's, or
+# an added row's own.
+ablation_flags() {
+    local k flags=""
+    if [ "$1" -ge "$n_seed" ]; then echo "${ABLATION[$1]##*|}"; return; fi
+    for ((k = n_seed - 1; k > $1; k--)); do flags="$flags ${ABLATION[$k]##*|}"; done
+    echo "$flags"
+}
 
 # FLOP per token: 6 * non-embedding parameters + 12 * L * C * T (attention), against 989 TFLOP/s.
 mfu() { awk -v tok_s="$1" -v T="$2" 'BEGIN { printf "%.1f%%", 100 * tok_s * (6 * 1235814400 + 12 * 16 * 2048 * T) / 989e12 }'; }
@@ -81,38 +128,14 @@ row() { # row CONFIG IMPL "ms min max tok_s peak" T OURS_MS
     done
 } | tee "$tmp/table.md"
 
-# The seed report's configurations A..J (G and I are its baselines), cumulative as in its table, then
-# ours. Each entry: row|label|the flags that turn off what this row adds. A row runs with the
-# off-flags of every later row, latest first, so that where two rows set one flag (grad_zeroing:
-# fill before E, memset before E') the earlier row's value comes last and wins.
-ABLATION=(
-    "A|baseline: every optimisation off|"
-    "B|+ shadow weights (cast fused into AdamW)|--shadow_weights 0"
-    "C|+ float4 AdamW|--vector_adam 0"
-    "D|+ redundant fills deleted (before the attention and head-permute backward outputs)|--delete_fills 0"
-    "E|+ memset instead of fill kernels|--grad_zeroing fill"
-    "E'|+ no zeroing at all (first gradient GEMM writes)|--grad_zeroing memset"
-    "F|+ shapes by value (no per-launch H2D)|--metadata_by_value 0"
-    "H|+ fused RMSNorm (one kernel each way, residual add inside)|--fused_rmsnorm 0"
-    "J|+ sparse embedding rows, lazy AdamW|--sparse_embedding 0"
-    "K|+ AdamW overlapping the backward (second stream, lower priority)|--overlap_optimizer 0"
-    "L|+ flash attention|--flash_attention 0"
-    "M|+ bf16 weight gradients, as autocast rounds them|--bf16_grads 0"
-    "N|+ the step replayed from one CUDA graph|--cuda_graph 0"
-    "O|+ AdamW of layers 0..11 deferred into the next forward (all on)|--deferred_adamw 0"
-)
-# ablation_flags I: the trainer flags of row I (0-based).
-ablation_flags() {
-    local k flags=""
-    for ((k = ${#ABLATION[@]} - 1; k > $1; k--)); do flags="$flags ${ABLATION[$k]##*|}"; done
-    echo "$flags"
-}
 if [ "$ablation" = 1 ]; then
     {
         echo
         echo "### Ablation at B=4, T=64 ($(date +%F)): the seed report's configurations, cumulative"
         echo
         echo "Rows G and I of the seed report are baselines (F and H again); the seed measured D and E against C."
+        [ "${#ABLATION[@]}" -gt "$n_seed" ] &&
+            echo "Rows \"alone\": a setting of \`--list_switches\` that no seed row covers, with every other optimisation on."
         echo
         echo "| row | configuration | ms/step | spread | tok/s | MFU | peak memory | time vs A |"
         echo "|---|---|---|---|---|---|---|---|"

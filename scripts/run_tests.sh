@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The driver of `make test` (run after `make all`). Everywhere: the scripts' Python packages
-# installed when missing (requirements.txt), the host unit tests of llama3.h, the scripts' tests and
-# the trainer's bad-input errors. On a machine with a GPU, also: test_llama3 against PyTorch
-# references (scripts/ref_llama3.py, written to ref/ when missing or older than the script) that
-# exercise every path, the trainer itself on a reference's files, the training runs, and every
-# dev/ kernel check. Independent parts run at once (several fit on the GPU together), each into
-# its own output, printed with its time in the order they started, as soon as it and those before
-# it have ended. Ends with "N passed, M failed,
-# K skipped" after the list of skipped parts and why; exits non-zero if anything failed.
+# installed when missing (requirements.txt), the host unit tests of llama3.h, the scripts' tests,
+# the trainer's bad-input errors and the README's flag tables against its --help. On a machine with
+# a GPU, also: test_llama3 against PyTorch references (scripts/ref_llama3.py, written to ref/ when
+# missing or older than the script) that exercise every path, the trainer itself on a reference's
+# files, the training runs, and every dev/ kernel check. Independent parts run at once (several fit
+# on the GPU together), each into its own output, printed with its time in the order they started,
+# as soon as it and those before it have ended. Ends with "N passed, M failed, K skipped" after the
+# list of skipped parts and why; exits non-zero if anything failed.
 #   LLAMA3_TEST_SHAPES="small"  leaves the 1B shape out (its reference writes ~42 GB to ref/)
 #   LLAMA3_DEV_CHECKS=0         leaves the dev/ kernel checks out
 #   LLAMA3_HOST_TESTS=0         leaves the host unit tests and the bad-input errors out (scripts/mutants.py
@@ -286,8 +286,38 @@ host_unit_tests() {
     trainer_errors
 }
 
+# The README's flag tables are ./train_llama3 --help's (scripts/flag_table.py: a stale table, or one
+# without its markers, is one line and exit 1; --write mends it), and the switch lists of the GPU
+# parts are ./train_llama3 --list_switches's.
+flag_tables() {
+    local out ok readme="$tmp/README.md"
+    echo "== flag table: scripts/flag_table.py against ./train_llama3 --help, the switch lists against --list_switches"
+    out=$(python3 scripts/flag_table.py --check README.md 2>&1) && ok=1 || ok=0
+    check "$ok" "README.md's flag tables are ./train_llama3 --help's (scripts/flag_table.py --check)" "$out"
+    # shellcheck disable=SC2016 # (the backquotes are the table's)
+    sed 's/^| `--batch_size N` | [^|]*|/| `--batch_size N` | 8 |/' README.md > "$readme"
+    expect_error "flag_table.py --check: a stale table, the line named" "$readme line" \
+        python3 scripts/flag_table.py --check "$readme"
+    python3 scripts/flag_table.py --write "$readme" > /dev/null && cmp -s README.md "$readme" && ok=1 || ok=0
+    check "$ok" "flag_table.py --write mends the stale table and nothing else"
+    grep -v '^<!-- end of flag table -->$' README.md > "$readme"
+    expect_error "flag_table.py --check: a README without its end marker" "occurs 0 times" \
+        python3 scripts/flag_table.py --check "$readme"
+    switch_lists
+}
+
+# switch_lists: --list_switches gives the settings of every switch, and each of CLIP_SWITCHES is one.
+switch_lists() {
+    local s bad="" ok
+    for s in "${CLIP_SWITCHES[@]}"; do grep -qxF -- "$s" <<< "$ALL_SWITCHES" || bad="$bad '$s'"; done
+    [ "${#SWITCHES[@]}" -gt 0 ] && [ -z "$bad" ] && ok=1 || ok=0
+    check "$ok" "./train_llama3 --list_switches: ${#SWITCHES[@]} settings for small_t64, and each of CLIP_SWITCHES" \
+        "not among them:${bad:- (it printed nothing)}"
+}
+
 host_parts() {
     part "host unit tests and the trainer's bad-input errors" host_unit_tests
+    part "flag table" flag_tables
     part "safe_write.py" run "the scripts' file writing (scripts/safe_write.py)" python3 scripts/test_safe_write.py
     part "convert/export" run "Hugging Face convert/export round trip" python3 scripts/test_hf_convert.py
     part "prepare_data.py" run "prepare_data.py: your own text and tokenizers" python3 scripts/test_prepare_data.py
@@ -318,10 +348,13 @@ SMALL_REFS=(
     "small_dense_clip --shape small --batch_size 4 --seq_len 64 --steps 5 --dense_embedding --lr_schedule wsd --decay_frac 0.4 --grad_clip 1.0"
 )
 BIG_REF="1b --shape 1b --batch_size 4 --seq_len 64 --steps 2"
-SWITCHES=("--flash_attention 0" "--shadow_weights 0" "--vector_adam 0" "--metadata_by_value 0"
-    "--overlap_optimizer 0" "--bf16_grads 0" "--cuda_graph 0" "--fused_rmsnorm 0" "--deferred_adamw 0"
-    "--deferred_adamw 1" "--delete_fills 0" "--grad_zeroing memset" "--grad_zeroing fill")
-# With clipping every AdamW group is deferred to the next step; these change where AdamW runs instead.
+# Every setting of the switches other than their defaults, from the trainer (llama3.h LLAMA3_SWITCHES),
+# each a test_llama3 run on small_t64; all but --sparse_embedding 0: test_llama3 takes the embedding's
+# AdamW from the reference, and small_dense is the dense embedding's own reference.
+ALL_SWITCHES=$(./train_llama3 --list_switches 2> /dev/null)
+mapfile -t SWITCHES < <(grep -v '^--sparse_embedding ' <<< "$ALL_SWITCHES")
+# With clipping every AdamW group is deferred to the next step; these change where AdamW runs instead
+# (a hand-picked few of the settings, each of which must be one: switch_lists).
 CLIP_SWITCHES=("--overlap_optimizer 0" "--cuda_graph 0" "--bf16_grads 0" "--grad_zeroing memset" "--vector_adam 0")
 
 # make_refs SPEC...: writes each missing or stale reference, all at once.
