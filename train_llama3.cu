@@ -92,8 +92,12 @@ static size_t act_layout(Activations* acts, unsigned char* block, const Llama3Co
         ACT_ROW(dw_partial, (size_t)rms_bwd_blocks((int)N, sms) * C), ACT_ROW(losses, grad_accum * N),
         ACT_ROW(rms_ops, fused_rms ? 0 : 3 * N * C), ACT_ROW(rms_rows, fused_rms ? 0 : 2 * N)};
     static_assert(sizeof(rows) / sizeof(rows[0]) * sizeof(void*) == sizeof(Activations), "a row per buffer");
-    size_t total = 0;
+    size_t total = 0, i = 0;
     for (const ActRow& r : rows) {
+        if (r.field != i++ * sizeof(void*)) { // each buffer once, in the struct's order
+            fprintf(stderr, "act_layout: row %zu is not the struct's buffer %zu\n", i - 1, i - 1);
+            exit(EXIT_FAILURE);
+        }
         if (block) *(unsigned char**)((unsigned char*)acts + r.field) = block + total;
         total += (r.count * r.elem_bytes + 255) / 256 * 256;
     }
