@@ -1242,6 +1242,54 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
     return 0;
 }
 
+// ---- ranks ----
+// The rank and world size a launcher gives the process: torchrun and most schedulers set RANK,
+// WORLD_SIZE and LOCAL_RANK; Open MPI's mpirun OMPI_COMM_WORLD_RANK, _SIZE and _LOCAL_RANK; MPICH's
+// and Slurm's PMI, PMI_RANK and PMI_SIZE. None of them: one rank. `get` looks a variable up (getenv).
+typedef struct {
+    int rank, world, local_rank;
+    const char* source; // the launcher's variables, for messages ("RANK/WORLD_SIZE"); NULL: none set
+} RankEnv;
+
+static inline int env_int(const char* (*get)(const char*), const char* name, int lo, int* out, char* err) {
+    const char* s = get(name);
+    if (!s) return 1; // not set
+    long long v = 0;
+    if (parse_int(name, s, lo, INT_MAX, &v, err)) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static inline int rank_env_read(const char* (*get)(const char*), RankEnv* r, char* err) {
+    static const char* const VARS[][4] = {{"RANK", "WORLD_SIZE", "LOCAL_RANK", "RANK/WORLD_SIZE"},
+                                          {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                           "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun's OMPI_COMM_WORLD_RANK/_SIZE"},
+                                          {"PMI_RANK", "PMI_SIZE", NULL, "PMI_RANK/PMI_SIZE"}};
+    r->rank = 0, r->world = 1, r->local_rank = 0, r->source = NULL;
+    for (int i = 0; i < 3; i++) {
+        int world_rc = env_int(get, VARS[i][1], 1, &r->world, err);
+        if (world_rc < 0) return -1;
+        if (world_rc > 0) continue;
+        int rank_rc = env_int(get, VARS[i][0], 0, &r->rank, err);
+        if (rank_rc < 0 || (VARS[i][2] && env_int(get, VARS[i][2], 0, &r->local_rank, err) < 0)) return -1;
+        r->source = VARS[i][3];
+        if (rank_rc > 0) return l3_fail(err, "%s is set but %s is not", VARS[i][1], VARS[i][0]);
+        if (r->rank >= r->world) return l3_fail(err, "%s %d is not below %s %d", VARS[i][0], r->rank, VARS[i][1], r->world);
+        return 0;
+    }
+    return 0;
+}
+
+// This trainer runs as one process on one GPU: under a launcher of N > 1 ranks every process would
+// train alone on the whole batch and write the same log and checkpoints, so it refuses.
+static inline int rank_env_check(const RankEnv* r, char* err) {
+    if (r->world > 1)
+        return l3_fail(err, "launched as rank %d of %d (%s): train_llama3 trains as one process on one GPU, and %d "
+                       "processes would each train alone on the same outputs: start one", r->rank, r->world,
+                       r->source, r->world);
+    return 0;
+}
+
 // ---- vocabulary (decoding generated tokens) ----
 // data/llama3_vocab.bin, written by scripts/prepare_data.py and linked into the trainer
 // (_binary_data_llama3_vocab_bin_start/_end): a header of 256 little-endian int32 ([0] magic

@@ -1499,6 +1499,10 @@ static void print_model(const Model* m, const TrainArgs* a) {
     step_plan_print(stdout, m->plan);
 }
 
+// The launcher's rank variables, through getenv (rank_env_read takes a lookup so that the host tests
+// can give it their own).
+static const char* env_lookup(const char* name) { return getenv(name); }
+
 // The weights: a model file, a checkpoint (with its AdamW state and data position), or random init.
 static void model_start(Model* m, const TrainArgs* a, ModelFileFormat fmt, RunInputs* in, DataLoader* loader,
                         const char* prog) {
@@ -1520,6 +1524,8 @@ int main(int argc, char** argv) {
         a.help ? print_usage(stdout, argv[0]) : print_switches(stdout);
         return 0;
     }
+    RankEnv ranks;
+    if (rank_env_read(env_lookup, &ranks, err) || rank_env_check(&ranks, err)) die(err, argv[0], false);
     Llama3Config cfg = llama3_2_1b_config();
     ModelFileFormat fmt = MODEL_FILE_SEED;
     TokenData tokens = {}; // zeroed: gcc cannot see that load_tokens fills it or exits

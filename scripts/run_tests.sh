@@ -234,6 +234,8 @@ user_errors() {
     check $ok "a flag error is one line with a near miss and where the flags are listed" "$err"
     expect_error "unknown flag" "unknown flag '--bogus'" ./train_llama3 --bogus 1
     expect_error "bad value" "--batch_size: bad value 'x'" ./train_llama3 --batch_size x
+    expect_error "two processes of torchrun (RANK, WORLD_SIZE): refused, not trained twice" "rank 1 of 2" \
+        env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 ./train_llama3
     expect_error "B*T not dividing the total batch: what to pass" "pass 512 (2 micro-steps)" \
         ./train_llama3 --batch_size 4 --total_batch_size 300
     expect_error "--val_every with a token file that has no val split beside it" "pass --val_bin" \
