@@ -694,7 +694,7 @@ typedef enum { NOT_A_SWITCH, SWITCH_PASSES, SWITCH_OPTIMIZER } SwitchScope;
       "1: one kernel per RMSNorm forward/backward, residual add inside; 0: the separate ops autograd runs")           \
     X(deferred_adamw, FLAG_INT, "-1", BIG_INT, NULL, SWITCH_OPTIMIZER, "0 1",                                          \
       "AdamW of layers 0..N-1 in the next step's forward (not given: 12, or every layer of a smaller model; with "    \
-      "grad_clip every group; only with overlap_optimizer 1 and grad_zeroing none)")                                                              \
+      "grad_clip every group; only with overlap_optimizer 1 and grad_zeroing none)")                                  \
     X(delete_fills, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                       \
       "1: no fill before a kernel that overwrites its whole output; 0: the seed's fills before the attention and "    \
       "head-permute backward")
@@ -946,12 +946,12 @@ typedef enum {
     ADAMW_OVERLAPPED,     // [streams] on the optimizer stream as soon as the last backward has written the group
     ADAMW_DEFERRED,       // [deferred AdamW] at the start of the next step, beside its forward, which waits for it
     ADAMW_AFTER_BACKWARD, // on the main stream after the backward pass (every group: one pass over the block)
-} AdamwTiming;
+} AdamWTiming;
 static const char* const ADAMW_TIMING_NAMES[] = {"overlapped with the backward", "deferred to the next step",
                                                  "after the backward"};
 typedef struct {
     int n_groups;
-    AdamwTiming timing[LLAMA3_MAX_LAYERS + 2]; // per update group
+    AdamWTiming timing[LLAMA3_MAX_LAYERS + 2]; // per update group
     bool measure_norm;   // [clipping] the last backward sums the gradients' squares as they become ready; no
                          // AdamW may start before the global norm, so none is overlapped
     bool after_backward; // every group ADAMW_AFTER_BACKWARD
@@ -975,6 +975,7 @@ static inline int deferred_layers(const Switches* sw, int n_layer) {
 static inline StepPlan step_plan(const Switches* sw, const OptimConfig* o, int n_layer) {
     StepPlan p;
     memset(&p, 0, sizeof(p));
+    assert(n_layer >= 1 && n_layer <= LLAMA3_MAX_LAYERS); // (config_check bounds every model's)
     p.n_groups = n_layer + 2;
     p.measure_norm = o->grad_clip > 0;
     bool can_defer = sw->overlap_optimizer && sw->grad_zeroing == GRAD_ZERO_NONE;
@@ -1006,9 +1007,9 @@ static inline void step_plan_print(FILE* f, const StepPlan* p) {
     for (int t = ADAMW_OVERLAPPED; t <= ADAMW_AFTER_BACKWARD; t++) {
         int runs = 0;
         for (int g = 0; g < p->n_groups; g++) {
-            if (p->timing[g] != (AdamwTiming)t || (g > 0 && p->timing[g - 1] == (AdamwTiming)t)) continue;
+            if (p->timing[g] != (AdamWTiming)t || (g > 0 && p->timing[g - 1] == (AdamWTiming)t)) continue;
             int end = g; // the run of groups g..end
-            while (end + 1 < p->n_groups && p->timing[end + 1] == (AdamwTiming)t) end++;
+            while (end + 1 < p->n_groups && p->timing[end + 1] == (AdamWTiming)t) end++;
             char first[32], last[32];
             if (runs++ == 0) fprintf(f, "%s%s: ", sep, ADAMW_TIMING_NAMES[t]), sep = " | ";
             else fprintf(f, ", ");
@@ -1087,7 +1088,7 @@ static inline int switch_value(const Switches* sw, const FlagSpec* f) {
 static inline void print_switches(FILE* f) {
     for (int i = 0; i < NUM_FLAGS; i++) {
         if (!FLAGS[i].scope) continue;
-        char values[64];
+        char values[256];
         snprintf(values, sizeof(values), "%s", FLAGS[i].ablation_values);
         for (char* v = strtok(values, " "); v; v = strtok(NULL, " ")) fprintf(f, "%s %s\n", FLAGS[i].name, v);
     }
@@ -1243,51 +1244,46 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
 }
 
 // ---- ranks ----
-// The rank and world size a launcher gives the process: torchrun and most schedulers set RANK,
-// WORLD_SIZE and LOCAL_RANK; Open MPI's mpirun OMPI_COMM_WORLD_RANK, _SIZE and _LOCAL_RANK; MPICH's
-// and Slurm's PMI, PMI_RANK and PMI_SIZE. None of them: one rank. `get` looks a variable up (getenv).
+// The world size a launcher gives the process, with its rank: torchrun and most schedulers set
+// WORLD_SIZE and RANK, Open MPI's mpirun OMPI_COMM_WORLD_SIZE and _RANK, MPICH's and Slurm's PMI
+// PMI_SIZE and PMI_RANK. Only a whole number counts: a variable that is unset, empty or anything
+// else is not a launcher's, and leaves one rank. `get` looks a variable up (getenv).
 typedef struct {
-    int rank, world, local_rank;
-    const char* source; // the launcher's variables, for messages ("RANK/WORLD_SIZE"); NULL: none set
+    int rank, world;    // rank -1: the launcher set no rank
+    const char* source; // the launcher's variables, for messages ("RANK/WORLD_SIZE"); NULL: none
 } RankEnv;
 
-static inline int env_int(const char* (*get)(const char*), const char* name, int lo, int* out, char* err) {
+static inline int env_count(const char* (*get)(const char*), const char* name) {
     const char* s = get(name);
-    if (!s) return 1; // not set
-    long long v = 0;
-    if (parse_int(name, s, lo, INT_MAX, &v, err)) return -1;
-    *out = (int)v;
-    return 0;
+    char* end;
+    long v = s && *s >= '0' && *s <= '9' ? strtol(s, &end, 10) : -1;
+    return v >= 0 && v <= INT_MAX && !*end ? (int)v : -1;
 }
 
-static inline int rank_env_read(const char* (*get)(const char*), RankEnv* r, char* err) {
-    static const char* const VARS[][4] = {{"RANK", "WORLD_SIZE", "LOCAL_RANK", "RANK/WORLD_SIZE"},
-                                          {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                           "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun's OMPI_COMM_WORLD_RANK/_SIZE"},
-                                          {"PMI_RANK", "PMI_SIZE", NULL, "PMI_RANK/PMI_SIZE"}};
-    r->rank = 0, r->world = 1, r->local_rank = 0, r->source = NULL;
+static inline RankEnv rank_env_read(const char* (*get)(const char*)) {
+    static const char* const VARS[][3] = {{"WORLD_SIZE", "RANK", "RANK/WORLD_SIZE"},
+                                          {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                                           "mpirun's OMPI_COMM_WORLD_RANK/_SIZE"},
+                                          {"PMI_SIZE", "PMI_RANK", "PMI_RANK/PMI_SIZE"}};
+    RankEnv r = {0, 1, NULL};
     for (int i = 0; i < 3; i++) {
-        int world_rc = env_int(get, VARS[i][1], 1, &r->world, err);
-        if (world_rc < 0) return -1;
-        if (world_rc > 0) continue;
-        int rank_rc = env_int(get, VARS[i][0], 0, &r->rank, err);
-        if (rank_rc < 0 || (VARS[i][2] && env_int(get, VARS[i][2], 0, &r->local_rank, err) < 0)) return -1;
-        r->source = VARS[i][3];
-        if (rank_rc > 0) return l3_fail(err, "%s is set but %s is not", VARS[i][1], VARS[i][0]);
-        if (r->rank >= r->world) return l3_fail(err, "%s %d is not below %s %d", VARS[i][0], r->rank, VARS[i][1], r->world);
-        return 0;
+        int world = env_count(get, VARS[i][0]);
+        if (world < 1) continue;
+        r.world = world, r.rank = env_count(get, VARS[i][1]), r.source = VARS[i][2];
+        break;
     }
-    return 0;
+    return r;
 }
 
 // This trainer runs as one process on one GPU: under a launcher of N > 1 ranks every process would
 // train alone on the whole batch and write the same log and checkpoints, so it refuses.
 static inline int rank_env_check(const RankEnv* r, char* err) {
-    if (r->world > 1)
-        return l3_fail(err, "launched as rank %d of %d (%s): train_llama3 trains as one process on one GPU, and %d "
-                       "processes would each train alone on the same outputs: start one", r->rank, r->world,
-                       r->source, r->world);
-    return 0;
+    if (r->world <= 1) return 0;
+    char which[32] = "one";
+    if (r->rank >= 0) snprintf(which, sizeof(which), "rank %d", r->rank);
+    return l3_fail(err, "launched as %s of %d ranks (%s): train_llama3 trains as one process on one GPU, and %d "
+                   "processes would each train alone on the same outputs: start one", which, r->world, r->source,
+                   r->world);
 }
 
 // ---- vocabulary (decoding generated tokens) ----
@@ -1416,8 +1412,8 @@ typedef struct {
     float grad_clip;
 } CheckpointState;
 static_assert(sizeof(CheckpointState) <= CKPT_HEADER_BYTES, "the state header fits its 256 bytes");
-static_assert(sizeof(Switches) <= sizeof(((CheckpointState*)0)->switches),
-              "CheckpointState.switches records the Switches: a 13th switch needs it widened (a new CKPT_VERSION)");
+static_assert(sizeof(Switches) == sizeof(((CheckpointState*)0)->switches),
+              "CheckpointState.switches records the Switches: another switch needs a new CKPT_VERSION");
 
 // FNV-1a over the first CKPT_HASH_TOKENS tokens: tells a different token file from the one a
 // checkpoint's data position belongs to, without reading a large file twice.

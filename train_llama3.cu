@@ -95,7 +95,7 @@ static size_t act_layout(Activations* acts, unsigned char* block, const Llama3Co
     size_t total = 0, i = 0;
     for (const ActRow& r : rows) {
         if (r.field != i++ * sizeof(void*)) { // each buffer once, in the struct's order
-            fprintf(stderr, "act_layout: row %zu is not the struct's buffer %zu\n", i - 1, i - 1);
+            fprintf(stderr, "act_layout: row %zu lays out buffer %zu of the struct\n", i - 1, r.field / sizeof(void*));
             exit(EXIT_FAILURE);
         }
         if (block) *(unsigned char**)((unsigned char*)acts + r.field) = block + total;
@@ -880,9 +880,10 @@ static void micro_step(const Model* m, int micro, bool to_optimizer) {
 // AdamW the previous step deferred (on the optimizer stream, beside this step's forward), the
 // micro-steps (the last one's backward overlapping AdamW or the norm's sums), then with clipping
 // the global norm, the main stream joining the optimizer stream, and AdamW after the backward.
-// Launches only, on a const Model: nothing host-side changes in here, since the same launches are
-// captured once and replayed [graphs]; no host sync, and every value that changes per step lives
-// on the device.
+// Launches only, on a const Model: no field of the Model changes in here, since the same launches
+// are captured once and replayed [graphs] (only the GEMM plan cache behind m->gemm grows on a
+// shape's first use, which the eager first step makes); no host sync, and every value that changes
+// per step lives on the device.
 static void step_work(const Model* m) {
     const StepPlan* p = m->plan;
     optimizer_begin_step(m);
@@ -892,8 +893,9 @@ static void step_work(const Model* m) {
     if (p->measure_norm)
         clip_guard(&m->adam->latest, m->stats, m->sumsq, sumsq_slots(&m->cfg) * SUMSQ_BLOCKS, m->opt.grad_clip,
                    m->opt_stream);
-    if (p->measure_norm || !p->after_backward) { // the optimizer stream worked in the backward: the next
-        CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream)); // forward needs every weight not deferred
+    // The optimizer stream worked in the backward: the next forward needs every weight not deferred.
+    if (p->measure_norm || !p->after_backward) {
+        CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream));
         CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->opt_done));
     }
     if (p->after_backward) optimizer_step(m);
@@ -1524,8 +1526,8 @@ int main(int argc, char** argv) {
         a.help ? print_usage(stdout, argv[0]) : print_switches(stdout);
         return 0;
     }
-    RankEnv ranks;
-    if (rank_env_read(env_lookup, &ranks, err) || rank_env_check(&ranks, err)) die(err, argv[0], false);
+    RankEnv ranks = rank_env_read(env_lookup);
+    if (rank_env_check(&ranks, err)) die(err, argv[0], false);
     Llama3Config cfg = llama3_2_1b_config();
     ModelFileFormat fmt = MODEL_FILE_SEED;
     TokenData tokens = {}; // zeroed: gcc cannot see that load_tokens fills it or exits

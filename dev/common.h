@@ -238,7 +238,7 @@ static const AdamWParams* dev_adamw_params(const AdamWStep& s) {
     CUDA_CHECK(cudaFree(stats));
     return &h->latest;
 }
-// A new device copy of h[0] with the fields the step's guard kernels fill in: clip_guard's
+// A new device copy of h (the step's `latest`) with the fields the step's guard kernels fill in: clip_guard's
 // clipping scale and the NaN guard's skip.
 static const AdamWParams* dev_adamw_params_with(const AdamWParams* h, float grad_scale, int skip) {
     AdamWParams host;

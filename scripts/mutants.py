@@ -172,8 +172,8 @@ HOST_MUTANTS = [
     ("val_beside_unchecked", "flags", "llama3.h", "--val_every takes a NAME_val.bin beside the token file "
      "that does not exist", "    if (stat(out, &st) != 0 || !S_ISREG(st.st_mode))\n", "    if (0)\n"),
     ("two_ranks_taken", "launch", "llama3.h", "a process launched as one of several ranks (torchrun, mpirun) trains "
-     "alone anyway, writing the same outputs as the others", "    if (r->world > 1)\n        return l3_fail(err, \"launched",
-     "    if (0)\n        return l3_fail(err, \"launched"),
+     "alone anyway, writing the same outputs as the others", "    if (r->world <= 1) return 0;\n",
+     "    if (r->world <= 1 || 1) return 0;\n"),
     ("old_gpus_taken", "gpu", "llama3.h", "a GPU of compute capability 7.x is taken",
      "if (major * 10 + minor < LLAMA3_MIN_COMPUTE_CAPABILITY)", "if (major < 7)"),
     ("clip_not_deferred", "step plan", "llama3.h", "with clipping only layers 0..11 are deferred: the other groups "

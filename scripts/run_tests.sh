@@ -234,7 +234,7 @@ user_errors() {
     check $ok "a flag error is one line with a near miss and where the flags are listed" "$err"
     expect_error "unknown flag" "unknown flag '--bogus'" ./train_llama3 --bogus 1
     expect_error "bad value" "--batch_size: bad value 'x'" ./train_llama3 --batch_size x
-    expect_error "two processes of torchrun (RANK, WORLD_SIZE): refused, not trained twice" "rank 1 of 2" \
+    expect_error "two processes of torchrun (RANK, WORLD_SIZE): refused, not trained twice" "rank 1 of 2 ranks" \
         env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 ./train_llama3
     expect_error "B*T not dividing the total batch: what to pass" "pass 512 (2 micro-steps)" \
         ./train_llama3 --batch_size 4 --total_batch_size 300
@@ -312,7 +312,7 @@ flag_tables() {
 switch_lists() {
     local s bad="" ok
     for s in "${CLIP_SWITCHES[@]}"; do grep -qxF -- "$s" <<< "$ALL_SWITCHES" || bad="$bad '$s'"; done
-    [ "${#SWITCHES[@]}" -gt 0 ] && [ -z "$bad" ] && ok=1 || ok=0
+    [ -n "$ALL_SWITCHES" ] && [ -n "${SWITCHES[0]:-}" ] && [ -z "$bad" ] && ok=1 || ok=0
     check "$ok" "./train_llama3 --list_switches: ${#SWITCHES[@]} settings for small_t64, and each of CLIP_SWITCHES" \
         "not among them:${bad:- (it printed nothing)}"
 }
@@ -353,8 +353,8 @@ BIG_REF="1b --shape 1b --batch_size 4 --seq_len 64 --steps 2"
 # Every setting of the switches other than their defaults, from the trainer (llama3.h LLAMA3_SWITCHES),
 # each a test_llama3 run on small_t64; all but --sparse_embedding 0: test_llama3 takes the embedding's
 # AdamW from the reference, and small_dense is the dense embedding's own reference.
-ALL_SWITCHES=$(./train_llama3 --list_switches 2> /dev/null)
-mapfile -t SWITCHES < <(grep -v '^--sparse_embedding ' <<< "$ALL_SWITCHES")
+ALL_SWITCHES=$(./train_llama3 --list_switches 2> /dev/null | grep -v '^$')
+mapfile -t SWITCHES < <(grep -v -e '^--sparse_embedding ' -e '^$' <<< "$ALL_SWITCHES")
 # With clipping every AdamW group is deferred to the next step; these change where AdamW runs instead
 # (a hand-picked few of the settings, each of which must be one: switch_lists).
 CLIP_SWITCHES=("--overlap_optimizer 0" "--cuda_graph 0" "--bf16_grads 0" "--grad_zeroing memset" "--vector_adam 0")
@@ -464,6 +464,7 @@ default_runs() {
 
 # with_switch REF SWITCH: test_llama3 on REF with one switch off.
 with_switch() {
+    [ -n "$2" ] || { echo "FAIL test_llama3 $1 with an empty switch (./train_llama3 --list_switches printed none)"; count_failure 1; return; }
     has_ref "$1" || return
     # shellcheck disable=SC2086
     run "test_llama3 $1 $2" ./test_llama3 "ref/$1" $2
@@ -496,7 +497,7 @@ gpu_parts_on_refs() {
         part "test_llama3 $name" test_ref "$name"
         case $name in
         small_t64)
-            for s in "${SWITCHES[@]}"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
+            for s in "${SWITCHES[@]:-}"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
             part "train_llama3 small_t64 seed/uint32" trainer_run "small_t64, seed model, uint32 tokens" small_t64 \
                 ref/small_t64_model.bin ref/small_t64_tokens.bin
             part "train_llama3 small_t64 llm.c/uint16" trainer_run "small_t64, llm.c model, uint16 tokens" small_t64 \

@@ -30,18 +30,22 @@ fi
 small="--llmc_filepath ref/small_t64_model.bin --input_bin ref/small_t64_tokens.bin --batch_size 4 --sequence_length 64"
 
 # Every switch off: the last setting of each that ./train_llama3 --list_switches prints (for
-# grad_zeroing that is fill, whose fill kernels are ours to check; memset is the driver's).
+# grad_zeroing that is fill, whose fill kernels are ours to check; memset is the driver's; for
+# deferred_adamw 1, which has no effect once overlap_optimizer is 0).
 all_off=$(./train_llama3 --list_switches | awk '{ if (!($1 in v)) order[++n] = $1; v[$1] = $2 }
     END { for (i = 1; i <= n; i++) printf " %s %s", order[i], v[order[i]] }')
 [ -n "$all_off" ] || { echo "error: ./train_llama3 --list_switches printed no switches"; exit 1; }
 
-# Cases: name, then the command. The two training runs cover every kernel of the step: the default
-# (CUDA graph replayed from step 2, deferred and overlapped AdamW, sparse embedding, flash attention,
-# fused RMSNorm, bf16 weight gradients) and the other paths, every switch off (2 micro-steps
-# accumulating fp32 gradients, casts before the GEMMs, shapes copied to the device, unfused
-# attention, separate RMSNorm ops, dense embedding AdamW, scalar AdamW after the backward, fills).
+# Cases: name, then the command. The training runs cover every kernel of the step: the default (CUDA
+# graph replayed from step 2, deferred and overlapped AdamW, sparse embedding, flash attention, fused
+# RMSNorm, bf16 weight gradients); the other paths with AdamW still overlapping the backward (2
+# micro-steps accumulating fp32 gradients, unfused attention, separate RMSNorm ops, dense embedding
+# AdamW, scalar AdamW, fills); and every switch off (also casts before the GEMMs, shapes copied to
+# the device, AdamW after the backward).
 cases=("train_default ./train_llama3 $small --num_iteration 3 --total_batch_size 256"
-    "train_other_paths ./train_llama3 $small --num_iteration 2 --total_batch_size 512$all_off")
+    "train_other_paths ./train_llama3 $small --num_iteration 2 --total_batch_size 512 --flash_attention 0\
+ --fused_rmsnorm 0 --sparse_embedding 0 --vector_adam 0 --delete_fills 0 --grad_zeroing fill --cuda_graph 0"
+    "train_all_off ./train_llama3 $small --num_iteration 2 --total_batch_size 512$all_off")
 for src in dev/*.cu; do cases+=("dev_$(basename "${src%.cu}") ${src%.cu} --check"); done
 
 run_case() { # TOOL NAME CMD...: one case under one tool; writes NAME.TOOL.log and .rc
