@@ -181,8 +181,9 @@ typedef struct {
     int end_bit; // bits needed for vocab_size - 1
 } TokenSorter;
 
-static void token_sort(TokenSorter* ts, const int* tokens, int n, cudaStream_t s) {
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ts->temp, ts->temp_bytes, tokens, ts->sorted_tokens, ts->iota,
+static void token_sort(const TokenSorter* ts, const int* tokens, int n, cudaStream_t s) {
+    size_t temp_bytes = ts->temp_bytes; // (CUB takes it by reference)
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ts->temp, temp_bytes, tokens, ts->sorted_tokens, ts->iota,
                                                ts->sorted_positions, n, 0, ts->end_bit, s));
 }
 

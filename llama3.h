@@ -1255,9 +1255,9 @@ typedef struct {
 
 static inline int env_count(const char* (*get)(const char*), const char* name) {
     const char* s = get(name);
-    char* end;
-    long v = s && *s >= '0' && *s <= '9' ? strtol(s, &end, 10) : -1;
-    return v >= 0 && v <= INT_MAX && !*end ? (int)v : -1;
+    long long v = 0;
+    char not_ours[L3_ERR_LEN];
+    return s && parse_int(name, s, 0, INT_MAX, &v, not_ours) == 0 ? (int)v : -1;
 }
 
 static inline RankEnv rank_env_read(const char* (*get)(const char*)) {

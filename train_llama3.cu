@@ -139,7 +139,7 @@ typedef struct {
     int32_t* tokens_host; // pinned staging, two steps' worth (double buffered)
     float* rope_cos;      // (T, HD/2)
     float* rope_sin;
-    TokenSorter* sorter;  // [sparse rows] sized for grad_accum*N tokens
+    TokenSorter sorter;   // [sparse rows] sized for grad_accum*N tokens
     StepStats* stats;      // device: the step's loss, gradient norm, lr, NaN guard counts
     StepStats* stats_host; // pinned, two slots
     float* sumsq;          // [clipping] SUMSQ_BLOCKS partial sums of squares per gradient tensor (sumsq_slot)
@@ -179,8 +179,8 @@ static const bf16* weight_bf16(const Model* m, int tensor, int layer) {
 }
 // AdamW update groups, in the order the forward reads them: wte, layer l at 1 + l, then the head
 // (final norm and lm_head); the plan says when each is updated (llama3.h step_plan).
-static int head_group(const Model* m) { return m->cfg.n_layer + 1; }
-static int num_groups(const Model* m) { return m->cfg.n_layer + 2; }
+static int num_groups(const Model* m) { return m->plan->n_groups; }
+static int head_group(const Model* m) { return num_groups(m) - 1; }
 static int update_group(const Model* m, int tensor, int layer) {
     if (tensor == P_WTE) return 0;
     return tensor == P_LM_HEAD || tensor == P_FINAL_NORM ? head_group(m) : 1 + layer;
@@ -193,7 +193,8 @@ static int sumsq_slot(int tensor, int layer) {
     if (tensor == P_WTE || tensor == P_LM_HEAD) return tensor;
     return tensor == P_FINAL_NORM ? 2 : 3 + layer * (P_FFN_NORM - P_QKV + 1) + (tensor - P_QKV);
 }
-static int sumsq_slots(const Llama3Config* c) { return 3 + c->n_layer * (P_FFN_NORM - P_QKV + 1); }
+// All the partial sums: SUMSQ_BLOCKS for each slot.
+static size_t sumsq_count(const Model* m) { return (3 + (size_t)m->cfg.n_layer * (P_FFN_NORM - P_QKV + 1)) * SUMSQ_BLOCKS; }
 
 // cudaMalloc with the amount named when the GPU is out of memory.
 static void* device_alloc(size_t bytes, const char* what) {
@@ -296,7 +297,7 @@ static void model_alloc(Model* m) {
     CUDA_CHECK(cudaMallocHost(&m->tokens_host, 2 * 2 * n_step * sizeof(int32_t)));
     CUDA_CHECK(cudaMallocHost(&m->stats_host, 2 * sizeof(StepStats)));
     m->stats = (StepStats*)device_alloc(sizeof(StepStats), "step statistics");
-    m->sumsq = (float*)device_alloc((size_t)sumsq_slots(&m->cfg) * SUMSQ_BLOCKS * sizeof(float), "gradient norm partial sums");
+    m->sumsq = (float*)device_alloc(sumsq_count(m) * sizeof(float), "gradient norm partial sums");
     m->adam = (AdamWHistory*)device_alloc(sizeof(AdamWHistory), "AdamW hyperparameters");
     m->adam_step = (int*)device_alloc(sizeof(int), "AdamW step counter");
 }
@@ -331,7 +332,7 @@ static void model_reset_training(Model* m) {
     CUDA_CHECK(cudaMemset(m->adam, 0, sizeof(AdamWHistory)));
     CUDA_CHECK(cudaMemset(m->grads, 0, grads_f32_n * 4));
     if (m->grads_bf16) CUDA_CHECK(cudaMemset(m->grads_bf16, 0, (P - grads_f32_n) * 2));
-    CUDA_CHECK(cudaMemset(m->sumsq, 0, (size_t)sumsq_slots(&m->cfg) * SUMSQ_BLOCKS * sizeof(float)));
+    CUDA_CHECK(cudaMemset(m->sumsq, 0, sumsq_count(m) * sizeof(float)));
     CUDA_CHECK(cudaMemset(m->stats, 0, sizeof(StepStats)));
     m->pending.updates = false, m->pending.save_copy = NULL;
     m->steps_run = 0;
@@ -358,8 +359,7 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     model_alloc(m);
     model_streams(m);
     rope_upload(m);
-    m->sorter = (TokenSorter*)malloc(sizeof(TokenSorter));
-    sorter_create(m->sorter, (size_t)grad_accum * B * T, cfg->vocab_size);
+    sorter_create(&m->sorter, (size_t)grad_accum * B * T, cfg->vocab_size);
     m->gemm = (Gemm*)malloc(sizeof(Gemm));
     gemm_create(m->gemm);
     model_reset_training(m);
@@ -370,7 +370,7 @@ static void model_free(Model* m) {
     if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
     void* device[] = {m->adam,   m->adam_step, m->params,      m->grads,  m->grads_bf16, m->adam_m,
                       m->adam_v, m->shadow,    m->cast_weight, m->shape_in_memory, m->acts_block, m->tokens,
-                      m->stats,  m->sumsq,     m->rope_cos,    m->sorter->sorted_tokens, m->sorter->temp};
+                      m->stats,  m->sumsq,     m->rope_cos,    m->sorter.sorted_tokens, m->sorter.temp};
     for (size_t i = 0; i < sizeof(device) / sizeof(device[0]); i++) CUDA_CHECK(cudaFree(device[i]));
     CUDA_CHECK(cudaFreeHost(m->tokens_host));
     CUDA_CHECK(cudaFreeHost(m->stats_host));
@@ -381,7 +381,6 @@ static void model_free(Model* m) {
     for (int g = 0; g < num_groups(m); g++) CUDA_CHECK(cudaEventDestroy(m->group_updated[g]));
     free(m->group_updated);
     free((void*)m->plan);
-    free(m->sorter);
     free(m->gemm);
 }
 
@@ -724,11 +723,11 @@ static void backward(const Model* m, const int* inputs, bool accumulate, bool to
         block_backward(m, l, accumulate);
         done(LAYER_TENSORS, 6, l);
     }
-    token_sort(m->sorter, inputs, N, m->stream);
-    embedding_backward(grad_f32(m, m->layout.offset[P_WTE]), m->acts.dresid, m->sorter, N, C, m->stream);
+    token_sort(&m->sorter, inputs, N, m->stream);
+    embedding_backward(grad_f32(m, m->layout.offset[P_WTE]), m->acts.dresid, &m->sorter, N, C, m->stream);
     grad_written(m, m->layout.offset[P_WTE], m->layout.size[P_WTE]);
     if (to_optimizer && m->grad_accum > 1) // [sparse rows] the rows of all micro-steps: AdamW's and the norm's
-        token_sort(m->sorter, m->tokens, m->grad_accum * N, m->stream);
+        token_sort(&m->sorter, m->tokens, m->grad_accum * N, m->stream);
     done(wte, 1, 0);
     NVTX_POP();
 }
@@ -768,7 +767,7 @@ static void adamw_embedding(const Model* m, const AdamWParams* h, cudaStream_t s
         adamw_range(m, wte, wte + m->layout.size[P_WTE], h, s);
         return;
     }
-    adamw_sparse_rows(m->params + wte, m->adam_m + wte, m->adam_v + wte, grad_f32(m, wte), m->sorter->sorted_tokens,
+    adamw_sparse_rows(m->params + wte, m->adam_m + wte, m->adam_v + wte, grad_f32(m, wte), m->sorter.sorted_tokens,
                       m->grad_accum * m->B * m->T, m->cfg.n_embd, h, s, m->sw.vector_adam);
 }
 
@@ -784,7 +783,7 @@ static void grad_sum_squares(const Model* m, int tensor, int layer, cudaStream_t
     size_t offset = param_offset(m, tensor, layer), n = m->layout.layer_size[tensor];
     float* partial = m->sumsq + (size_t)sumsq_slot(tensor, layer) * SUMSQ_BLOCKS;
     if (tensor == P_WTE && m->sw.sparse_embedding)
-        sum_squares_rows(partial, grad_f32(m, offset), m->sorter->sorted_tokens, m->grad_accum * m->B * m->T,
+        sum_squares_rows(partial, grad_f32(m, offset), m->sorter.sorted_tokens, m->grad_accum * m->B * m->T,
                          m->cfg.n_embd, s);
     else if (m->grads_bf16 && offset >= m->layout.matmul_begin && offset < m->layout.matmul_end)
         sum_squares(partial, grad_bf16(m, offset), n, s);
@@ -891,8 +890,7 @@ static void step_work(const Model* m) {
     if (m->sw.grad_zeroing != GRAD_ZERO_NONE) zero_grads(m);
     for (int micro = 0; micro < m->grad_accum; micro++) micro_step(m, micro, true);
     if (p->measure_norm)
-        clip_guard(&m->adam->latest, m->stats, m->sumsq, sumsq_slots(&m->cfg) * SUMSQ_BLOCKS, m->opt.grad_clip,
-                   m->opt_stream);
+        clip_guard(&m->adam->latest, m->stats, m->sumsq, (int)sumsq_count(m), m->opt.grad_clip, m->opt_stream);
     // The optimizer stream worked in the backward: the next forward needs every weight not deferred.
     if (p->measure_norm || !p->after_backward) {
         CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream));
