@@ -4,7 +4,9 @@
 # --log_file), the two runs of a config back to back so that the board's clocks and power state
 # are alike; one markdown table, new over old in the last column. For dev/PERF.md: a change keeps
 # its speed, or the table shows what it costs.
-#   scripts/bench_compare.sh [REV (default HEAD)] [--configs "B:T[:--flag=value] ..."]
+#   scripts/bench_compare.sh [REV (default HEAD) | FOLDER] [--configs "B:T[:--flag=value] ..."]
+# A FOLDER holds the other tree (as `git archive REV | tar -x -C FOLDER` writes it), for a machine
+# that has the working tree but not the history.
 # The default configs are the three bench configs and the clipped B=4,T=64 run.
 set -u
 cd "$(dirname "$0")/.."
@@ -19,7 +21,11 @@ while [ $# -gt 0 ]; do
 done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-git archive "$rev" | tar -x -C "$tmp" || { echo "error: cannot export revision $rev"; exit 1; }
+if [ -d "$rev" ]; then
+    cp -r "$rev"/. "$tmp" || { echo "error: cannot copy the tree in $rev"; exit 1; }
+else
+    git archive "$rev" | tar -x -C "$tmp" || { echo "error: cannot export revision $rev"; exit 1; }
+fi
 make -s -C "$tmp" train_llama3 > "$tmp/build.log" 2>&1 &
 old_build=$!
 make -s train_llama3 || exit 1

@@ -8,7 +8,8 @@ first check that failed, its error against its tolerance.
     python3 scripts/mutants.py --host_only [--only NAME ...]    # HOST_MUTANTS, on any machine
 
 MUTANTS run on a GPU machine after `make test` has written the small references (ref/small_*). The
-copies are built for sm_90a (and compute_80 PTX, which make test looks for), in parallel; the dev/
+copies are built for sm_90a (and compute_80 PTX, which make test looks for), in parallel, and
+each copy's tests run (one copy at a time) as soon as it is built; the dev/
 kernel checks are left out (they are not rebuilt per mutant), so every bug here must be caught by
 test_llama3 or the trainer's own runs. --gpu_only leaves the host unit tests and bad-input checks
 out, to show what the GPU tests alone catch of a bug that the host tests see first. HOST_MUTANTS
@@ -276,13 +277,14 @@ def main():
         shutil.rmtree(dest, ignore_errors=True)
         copy_tree(dest)
         plant(dest, m)
-    with cf.ThreadPoolExecutor(args.jobs) as pool:
-        builds = list(pool.map(lambda d: build(d, args.host_only, args.gpu_only), dests))
-    for m, (rc, log) in zip(mutants, builds):
-        if rc != 0:
-            sys.exit(f"mutant {m[0]} does not build:\n{log[-2000:]}")
+    pool = cf.ThreadPoolExecutor(args.jobs)  # the copies build while the earlier ones' tests run
+    builds = [pool.submit(build, d, args.host_only, args.gpu_only) for d in dests]
     rows, survived = [], 0
-    for dest, m in zip(dests, mutants):
+    for dest, m, built in zip(dests, mutants, builds):
+        rc, log = built.result()
+        if rc != 0:
+            pool.shutdown(cancel_futures=True)
+            sys.exit(f"mutant {m[0]} does not build:\n{log[-2000:]}")
         rc, out = run_tests(dest, args.gpu_only, args.host_only)  # one at a time: the default runs fill the GPU
         hit = first_failure(out) if rc != 0 else None
         survived += hit is None
@@ -294,6 +296,7 @@ def main():
     print(f"\n{table}\n\n{len(mutants) - survived} of {len(mutants)} mutants caught")
     if args.out:
         open(args.out, "w").write(table + "\n")
+    pool.shutdown()
     if not args.keep:
         shutil.rmtree(base)
     sys.exit(1 if survived else 0)
