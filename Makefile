@@ -13,7 +13,16 @@ NVCC_FLAGS = -O3 -std=c++17 $(GENCODE) -DLLAMA3_NVTX=$(NVTX) $(NVTX_OFF) -Xcompi
 LIBS = -lcublasLt
 CFLAGS = -std=gnu11 -O2 -Wall -Wextra
 
-DEV_SOURCES = $(wildcard dev/*.cu)
+# NCCL, for the collectives of several GPUs (dev/nccl): NCCL_HOME if given (its include/ and
+# lib/libnccl.so.2), else the CUDA toolkit's, else PyTorch's nvidia-nccl wheel. Without one, dev/nccl
+# is left out (make test lists it as skipped).
+CUDA_ROOT := $(abspath $(dir $(shell command -v $(NVCC) 2>/dev/null))..)
+NCCL_HOME ?= $(firstword $(if $(wildcard $(CUDA_ROOT)/include/nccl.h),$(CUDA_ROOT)) \
+               $(shell python3 -c "import nvidia.nccl as n; print(n.__path__[0])" 2>/dev/null))
+NCCL_LIB := $(firstword $(wildcard $(NCCL_HOME)/lib/libnccl.so.2 $(NCCL_HOME)/lib64/libnccl.so.2))
+NCCL_FLAGS = -I$(NCCL_HOME)/include -L$(dir $(NCCL_LIB)) -l:libnccl.so.2 -Xlinker -rpath=$(dir $(NCCL_LIB))
+
+DEV_SOURCES = $(filter-out $(if $(NCCL_LIB),,dev/nccl.cu),$(wildcard dev/*.cu))
 DEV_BINARIES = $(DEV_SOURCES:.cu=)
 
 .PHONY: all dev test sanitize clean bench-kernels
@@ -50,6 +59,8 @@ test_llama3_host: test_llama3_host.c llama3.h
 dev: $(DEV_BINARIES)
 dev/%: dev/%.cu dev/common.h kernels.cuh llama3.h
 	$(NVCC) $(NVCC_FLAGS) $< $(LIBS) -o $@
+dev/nccl: dev/nccl.cu dev/common.h kernels.cuh llama3.h
+	$(NVCC) $(NVCC_FLAGS) $(NCCL_FLAGS) $< $(LIBS) -o $@
 
 # Builds everything (JOBS compilers at once: the CPU cores), installs the scripts' missing Python
 # packages, runs the host tests, and on a GPU machine the reference comparison and the dev/ kernel

@@ -535,28 +535,38 @@ static inline int tokens_load_file(TokenData* d, const char* path, int vocab_siz
 
 static inline void tokens_free(TokenData* d) { free(d->tokens), d->tokens = NULL, d->n_tokens = 0; }
 
-// Sequential batches like llm.c: x = tokens[pos : pos+B*T], y = tokens[pos+1 : pos+B*T+1];
-// pos advances by B*T and wraps to 0 when the next batch would not fit.
+// Sequential batches like llm.c: the ranks' micro-batches of one round lie side by side, rank r's
+// x = tokens[pos + r*B*T : pos + (r+1)*B*T] and y the same one token later; pos (the same on every
+// rank) advances by ranks*B*T and wraps to 0 when the next round would not fit. One rank reads
+// every batch in order; N ranks of A micro-steps read the same tokens as one rank of N*A.
 typedef struct {
     const TokenData* data;
     size_t batch_tokens; // B*T
-    size_t pos;
+    size_t pos;          // the round's first token
+    int rank, world;
     int overfit_single_batch;
 } DataLoader;
 
-static inline int loader_init(DataLoader* l, const TokenData* d, int B, int T, int overfit, const char* name, char* err) {
+static inline int loader_init(DataLoader* l, const TokenData* d, int B, int T, int overfit, int rank, int world,
+                              const char* name, char* err) {
     l->data = d, l->batch_tokens = (size_t)B * T, l->pos = 0, l->overfit_single_batch = overfit;
-    if (d->n_tokens < l->batch_tokens + 1)
-        return l3_fail(err, "%s: not enough tokens for one batch: %zu tokens, B*T+1 = %zu needed", name,
-                       d->n_tokens, l->batch_tokens + 1);
+    l->rank = rank, l->world = world;
+    size_t round = l->batch_tokens * world + 1;
+    if (d->n_tokens < round) {
+        char ranks[48] = "";
+        if (world > 1) snprintf(ranks, sizeof(ranks), "*%d ranks", world);
+        return l3_fail(err, "%s: not enough tokens for one batch: %zu tokens, B*T%s+1 = %zu needed", name, d->n_tokens,
+                       ranks, round);
+    }
     return 0;
 }
 
 static inline void loader_next(DataLoader* l, int32_t* inputs, int32_t* targets) {
-    if (l->pos + l->batch_tokens + 1 > l->data->n_tokens) l->pos = 0;
-    const uint32_t* src = l->data->tokens + l->pos;
+    size_t round = l->batch_tokens * l->world;
+    if (l->pos + round + 1 > l->data->n_tokens) l->pos = 0;
+    const uint32_t* src = l->data->tokens + l->pos + l->rank * l->batch_tokens;
     for (size_t i = 0; i < l->batch_tokens; i++) inputs[i] = (int32_t)src[i], targets[i] = (int32_t)src[i + 1];
-    if (!l->overfit_single_batch) l->pos += l->batch_tokens;
+    if (!l->overfit_single_batch) l->pos += round;
 }
 
 // ---- RoPE ----
@@ -639,7 +649,9 @@ typedef struct {
     const char* input_bin;     // NULL: the embedded default data set
     const char* llmc_filepath; // NULL: random init (LLaMA3.2-1B shape, std 0.02, norms 1)
     const char* log_file;      // NULL: no JSON log
-    int batch_size, sequence_length, total_batch_size;
+    int batch_size, sequence_length, total_batch_size; // total: of all ranks
+    int rank, world; // this process's rank, of the ranks the run is spread over (the launcher's, RankEnv;
+                     // not flags: train_args_parse sets world, its caller the rank)
     int stop_after; // 0: run to the schedule's last step; else the last step of this invocation
     int overfit_single_batch;
     unsigned long long seed;
@@ -758,7 +770,7 @@ static const FlagSpec FLAGS[] = {
     {"--stop_after", FLAG_INT, ARG(loop.stop_after), "0", 0, BIG_INT, NULL, "end this invocation after step N, to --resume later on the same schedule (0: at --num_iteration)", NOT_A_SWITCH, NULL},
     {"--batch_size", FLAG_INT, ARG(loop.batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", NOT_A_SWITCH, NULL},
     {"--sequence_length", FLAG_INT, ARG(loop.sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence", NOT_A_SWITCH, NULL},
-    {"--total_batch_size", FLAG_INT, ARG(loop.total_batch_size), "0", 0, BIG_INT, NULL, "tokens per optimizer step, a multiple of B*T: N / (B*T) micro-steps accumulate gradients (0: B*T, one micro-step)", NOT_A_SWITCH, NULL},
+    {"--total_batch_size", FLAG_INT, ARG(loop.total_batch_size), "0", 0, BIG_INT, NULL, "tokens per optimizer step on all ranks, a multiple of B*T*ranks: N / (B*T*ranks) micro-steps on each rank accumulate gradients (0: B*T*ranks, one micro-step)", NOT_A_SWITCH, NULL},
     {"--learning_rate", FLAG_FLOAT, ARG(optim.sched.peak_lr), "1e-5", 0.0, 10.0, NULL, "AdamW peak lr", NOT_A_SWITCH, NULL},
     {"--lr_schedule", FLAG_CHOICE, ARG(optim.sched.kind), "constant", 0, 0, "constant|cosine|linear|wsd", "lr after the warmup: constant; cosine or linear to lr*final_lr_frac at the last step; wsd: constant, then linear over the last decay_frac", NOT_A_SWITCH, NULL},
     {"--warmup_iters", FLAG_INT, ARG(optim.sched.warmup), "0", 0, BIG_INT, NULL, "steps of linear warmup from lr/N to lr", NOT_A_SWITCH, NULL},
@@ -924,18 +936,26 @@ static inline TrainArgs flag_defaults(void) {
 }
 
 // Values that follow from others once every flag is read: --total_batch_size not given (0) is one
-// micro-step of B*T tokens, as in llm.c (a B*T too large for an int is refused by train_args_check).
-static inline void train_args_resolve(TrainArgs* a) {
+// micro-step of B*T tokens on each rank, as in llm.c (a total too large for an int is refused by
+// train_args_check).
+static inline void train_args_resolve(TrainArgs* a, int world) {
     LoopConfig* l = &a->loop;
-    long long bt = (long long)l->batch_size * l->sequence_length;
-    if (l->total_batch_size == 0 && bt <= INT_MAX) l->total_batch_size = (int)bt;
+    long long total = (long long)l->batch_size * l->sequence_length * world;
+    l->world = world;
+    if (l->total_batch_size == 0 && total <= INT_MAX) l->total_batch_size = (int)total;
 }
 
-// The arguments of a command line with no flags.
+// The arguments of a command line with no flags, on one rank.
 static inline TrainArgs train_args_default(void) {
     TrainArgs a = flag_defaults();
-    train_args_resolve(&a);
+    train_args_resolve(&a, 1);
     return a;
+}
+
+// Micro-steps each rank runs per optimizer step: the total batch over B*T*ranks (train_args_check
+// has refused one that does not divide).
+static inline int micro_steps(const LoopConfig* l) {
+    return l->total_batch_size / (l->batch_size * l->sequence_length * l->world);
 }
 
 // ---- the step's plan ----
@@ -1096,7 +1116,8 @@ static inline void print_switches(FILE* f) {
 
 // --flag value or --flag=value; a bool flag given without a value (next arg absent or a flag)
 // means true. --help or -h (--list_switches) stops the parse with a->help (a->list_switches) set.
-static inline int train_args_parse(TrainArgs* a, int argc, char** argv, char* err) {
+// The command line of one of `world` ranks (1: a run on one GPU).
+static inline int train_args_parse(TrainArgs* a, int argc, char** argv, int world, char* err) {
     *a = flag_defaults();
     for (int i = 1; i < argc; i++) {
         const char* arg = argv[i];
@@ -1122,7 +1143,7 @@ static inline int train_args_parse(TrainArgs* a, int argc, char** argv, char* er
         else return l3_fail(err, "%s: missing value", flag);
         if (flag_set(a, f, val, 1, err)) return -1;
     }
-    train_args_resolve(a);
+    train_args_resolve(a, world);
     return 0;
 }
 
@@ -1220,8 +1241,10 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
     if (a->loop.sequence_length > c->max_seq_len)
         return l3_fail(err, "--sequence_length %d is longer than the model allows (max_seq_len %d)",
                        a->loop.sequence_length, c->max_seq_len);
-    long long bt = (long long)a->loop.batch_size * a->loop.sequence_length;
-    if (bt > (1LL << 30)) return l3_fail(err, "--batch_size * --sequence_length = %lld is too large", bt);
+    long long bt = (long long)a->loop.batch_size * a->loop.sequence_length * a->loop.world;
+    char ranks[48] = ""; // the world size in the messages, under several ranks
+    if (a->loop.world > 1) snprintf(ranks, sizeof(ranks), " * %d ranks", a->loop.world);
+    if (bt > (1LL << 30)) return l3_fail(err, "--batch_size * --sequence_length%s = %lld is too large", ranks, bt);
     if (a->loop.total_batch_size % bt != 0) { // name the multiples on either side
         long long above = (a->loop.total_batch_size / bt + 1) * bt;
         char multiples[96];
@@ -1229,8 +1252,8 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
         if (above > bt)
             snprintf(multiples + len, sizeof(multiples) - len, " or %lld (%lld micro-step%s)", above - bt,
                      above / bt - 1, above > 2 * bt ? "s" : "");
-        return l3_fail(err, "--total_batch_size %d is not a multiple of --batch_size * --sequence_length = %lld: pass "
-                       "%s, or leave it out for one micro-step", a->loop.total_batch_size, bt, multiples);
+        return l3_fail(err, "--total_batch_size %d is not a multiple of --batch_size * --sequence_length%s = %lld: pass "
+                       "%s, or leave it out for one micro-step", a->loop.total_batch_size, ranks, bt, multiples);
     }
     if (a->loop.stop_after > a->optim.sched.total)
         return l3_fail(err, "--stop_after %d is past the schedule's last step, --num_iteration %d", a->loop.stop_after,
@@ -1244,12 +1267,14 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
 }
 
 // ---- ranks ----
-// The world size a launcher gives the process, with its rank: torchrun and most schedulers set
-// WORLD_SIZE and RANK, Open MPI's mpirun OMPI_COMM_WORLD_SIZE and _RANK, MPICH's and Slurm's PMI
-// PMI_SIZE and PMI_RANK. Only a whole number counts: a variable that is unset, empty or anything
-// else is not a launcher's, and leaves one rank. `get` looks a variable up (getenv).
+// The world size a launcher gives the process, with its rank and its rank on this node: torchrun
+// and most schedulers set WORLD_SIZE, RANK and LOCAL_RANK, Open MPI's mpirun OMPI_COMM_WORLD_SIZE,
+// _RANK and _LOCAL_RANK, MPICH's hydra PMI_SIZE, PMI_RANK and MPI_LOCALRANKID. Only a whole number
+// counts: a variable that is unset, empty or anything else is not a launcher's, and leaves one
+// rank. `get` looks a variable up (getenv).
 typedef struct {
     int rank, world;    // rank -1: the launcher set no rank
+    int local_rank;     // -1: the launcher set none (then the rank: one node)
     const char* source; // the launcher's variables, for messages ("RANK/WORLD_SIZE"); NULL: none
 } RankEnv;
 
@@ -1261,29 +1286,132 @@ static inline int env_count(const char* (*get)(const char*), const char* name) {
 }
 
 static inline RankEnv rank_env_read(const char* (*get)(const char*)) {
-    static const char* const VARS[][3] = {{"WORLD_SIZE", "RANK", "RANK/WORLD_SIZE"},
-                                          {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-                                           "mpirun's OMPI_COMM_WORLD_RANK/_SIZE"},
-                                          {"PMI_SIZE", "PMI_RANK", "PMI_RANK/PMI_SIZE"}};
-    RankEnv r = {0, 1, NULL};
+    static const char* const VARS[][4] = {
+        {"WORLD_SIZE", "RANK", "LOCAL_RANK", "RANK/WORLD_SIZE"},
+        {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun's OMPI_COMM_WORLD_RANK/_SIZE"},
+        {"PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "PMI_RANK/PMI_SIZE"}};
+    RankEnv r = {0, 1, 0, NULL};
     for (int i = 0; i < 3; i++) {
         int world = env_count(get, VARS[i][0]);
         if (world < 1) continue;
-        r.world = world, r.rank = env_count(get, VARS[i][1]), r.source = VARS[i][2];
+        r.world = world, r.rank = env_count(get, VARS[i][1]), r.source = VARS[i][3];
+        r.local_rank = env_count(get, VARS[i][2]);
+        if (r.local_rank < 0) r.local_rank = r.rank;
         break;
     }
+    if (r.world == 1) r.rank = r.local_rank = 0; // (a launcher of one process may leave them out)
     return r;
 }
 
-// This trainer runs as one process on one GPU: under a launcher of N > 1 ranks every process would
-// train alone on the whole batch and write the same log and checkpoints, so it refuses.
-static inline int rank_env_check(const RankEnv* r, char* err) {
+// A launch of several ranks needs each one's rank, below the world size, and a trainer that trains
+// that many (max_world; 1 without NCCL: every process would train alone on the same outputs).
+static inline int rank_env_check(const RankEnv* r, int max_world, char* err) {
     if (r->world <= 1) return 0;
-    char which[32] = "one";
-    if (r->rank >= 0) snprintf(which, sizeof(which), "rank %d", r->rank);
-    return l3_fail(err, "launched as %s of %d ranks (%s): train_llama3 trains as one process on one GPU, and %d "
-                   "processes would each train alone on the same outputs: start one", which, r->world, r->source,
-                   r->world);
+    if (r->rank < 0 || r->rank >= r->world)
+        return l3_fail(err, "launched as one of %d ranks (%s) without a rank below %d: the launcher's rank "
+                       "variable is missing or wrong", r->world, r->source, r->world);
+    if (r->world > max_world)
+        return l3_fail(err, "launched as rank %d of %d ranks (%s): this train_llama3 is built without NCCL and "
+                       "trains as one process on one GPU, where %d processes would each train alone on the same "
+                       "outputs: start one", r->rank, r->world, r->source, r->world);
+    return 0;
+}
+
+// The GPU of a rank: its local rank, on a node of n_devices GPUs. More local ranks than GPUs is a
+// mistake unless NCCL is told to let two ranks share one GPU (shared: NCCL_MULTI_RANK_GPU_ENABLE=1,
+// correctness tests only), when rank r takes GPU r % n_devices.
+static inline int rank_device(const RankEnv* r, int n_devices, int shared, int* device, char* err) {
+    if (r->local_rank < n_devices) return *device = r->local_rank, 0;
+    if (shared) return *device = r->local_rank % n_devices, 0;
+    return l3_fail(err, "rank %d is local rank %d, but this machine has %d GPU%s: start at most %d ranks per node "
+                   "(two ranks share one GPU only with NCCL_MULTI_RANK_GPU_ENABLE=1 and NCCL >= 2.30, for tests)",
+                   r->rank, r->local_rank, n_devices, n_devices == 1 ? "" : "s", n_devices);
+}
+
+// ---- data parallel: shards of the optimizer state (ZeRO-1) ----
+// Each parameter tensor's slice of one layer (a contiguous range, reduced as the backward writes
+// it) is split over the ranks: rank r owns the equal part [begin + r*part, begin + (r+1)*part),
+// part a multiple of SHARD_ALIGN elements so that a part of an aligned range starts on a 16-byte
+// boundary in bf16 (and the float4 AdamW takes it); the gradients are reduce-scattered onto the
+// parts, each rank updates its part and keeps its part's AdamW m and v, and the parts' new bf16
+// weights are all-gathered. What does not split evenly, a tail of fewer than ranks*SHARD_ALIGN
+// elements at begin + ranks*part, is all-reduced and updated by every rank alike (each keeps its
+// state): NCCL's reduce-scatter takes equal parts only, and the tail is a few elements of the odd
+// shapes (every LLaMA 3 tensor divides by 8 ranks * 8). One rank owns the whole range, no tail.
+#define SHARD_ALIGN 8
+typedef struct {
+    size_t part, tail; // elements of each rank's part; of the tail, owned by every rank
+} RangeShard;
+
+static inline RangeShard range_shard(size_t n, int world) {
+    RangeShard s;
+    s.part = world == 1 ? n : n / ((size_t)world * SHARD_ALIGN) * SHARD_ALIGN;
+    s.tail = n - s.part * world;
+    return s;
+}
+
+// Where one rank's AdamW state lies: for each tensor (of NUM_PARAM_TENSORS, one layer's slice
+// sharded as above) its part then its tail, layer after layer, tensor after tensor in the order of
+// the parameter block. The state of one rank is `state_total` floats each of m and v.
+typedef struct {
+    int rank, world;
+    RangeShard shard[NUM_PARAM_TENSORS];  // of one layer's slice
+    size_t state_offset[NUM_PARAM_TENSORS]; // layer 0's part in the rank's state
+    size_t state_total;
+} ZeroLayout;
+
+// sparse_wte: [sparse rows] the embedding's rows are updated by every rank (the union of the rows
+// the ranks touched, reduced), so its state is every rank's whole table: all of it a tail.
+static inline ZeroLayout zero_layout(const ParamLayout* p, int rank, int world, bool sparse_wte) {
+    ZeroLayout z;
+    memset(&z, 0, sizeof(z));
+    z.rank = rank, z.world = world;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        z.shard[t] = range_shard(p->layer_size[t], world);
+        if (t == P_WTE && sparse_wte) z.shard[t].part = 0, z.shard[t].tail = p->layer_size[t];
+        z.state_offset[t] = z.state_total;
+        z.state_total += (z.shard[t].part + z.shard[t].tail) * (p->size[t] / p->layer_size[t]);
+    }
+    return z;
+}
+
+// A run of parameters a rank updates: params[param, param + n) with its AdamW state at
+// m[state, state + n).
+typedef struct {
+    size_t param, state, n;
+} ShardRun;
+
+// The rank's part (which = 0) or the tail (which = 1) of tensor t's slice of layer `layer`.
+static inline ShardRun zero_run(const ZeroLayout* z, const ParamLayout* p, int t, int layer, int which) {
+    const RangeShard* s = &z->shard[t];
+    size_t begin = p->offset[t] + (size_t)layer * p->layer_size[t];
+    size_t state = z->state_offset[t] + (size_t)layer * (s->part + s->tail);
+    ShardRun r = {begin + (size_t)z->rank * s->part, state, s->part};
+    if (which) r.param = begin + (size_t)z->world * s->part, r.state = state + s->part, r.n = s->tail;
+    return r;
+}
+
+// ---- data parallel: every rank runs the same configuration ----
+// FNV-1a over the model's shape and every flag as the configuration prints them (train_args_print):
+// the ranks compare it at start, so that a rank launched with another flag stops the run instead of
+// training a different model.
+static inline uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char*)data)[i]) * 1099511628211ULL;
+    return h;
+}
+
+static inline uint64_t run_config_hash(const TrainArgs* a, const Llama3Config* c) {
+    char* text = NULL;
+    size_t len = 0;
+    FILE* f = open_memstream(&text, &len);
+    if (!f) return 0;
+    train_args_print(f, a);
+    config_print(f, c);
+    fprintf(f, "ranks %d\n", a->loop.world);
+    fclose(f);
+    uint64_t h = fnv1a(1469598103934665603ULL, text, len);
+    free(text);
+    return h;
 }
 
 // ---- vocabulary (decoding generated tokens) ----
@@ -1760,4 +1888,192 @@ static inline FILE* log_open(const char* path, int resumed, char* err) {
         return NULL;
     }
     return f;
+}
+
+// ---- data parallel: the rendezvous ----
+// Before NCCL can connect the ranks, rank 0's NCCL id (128 opaque bytes, ncclGetUniqueId) must
+// reach every rank, with the configuration to compare (run_config_hash). The spec (the value of the
+// flag --rendezvous that the data-parallel trainer takes) says how:
+//   file:PATH       rank 0 writes PATH whole (temporary name, fsync, rename); the others wait for
+//                   it. PATH must not exist yet (an old run's would hand out a stale id): rank 0
+//                   refuses it, and removes its own once every rank has joined (ncclCommInitRank
+//                   returned). Any folder every rank sees: a shared file system across nodes.
+//   tcp:HOST:PORT   rank 0 listens on PORT; the others connect to HOST:PORT, each sends its rank
+//                   and hash and is answered with the id. Both sides compare the hashes.
+// Every wait ends after timeout_s with a message naming what did not come.
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#define RENDEZVOUS_MAGIC 20241203
+#define RENDEZVOUS_ID_BYTES 128 // NCCL_UNIQUE_ID_BYTES
+typedef struct {
+    int32_t magic, world;
+    uint64_t config_hash;
+    unsigned char id[RENDEZVOUS_ID_BYTES];
+} RendezvousMsg;
+
+typedef struct {
+    int tcp;               // 0: file
+    char path[L3_PATH_LEN]; // file: the path; tcp: the host
+    int port;
+} RendezvousSpec;
+
+static inline int rendezvous_parse(const char* s, RendezvousSpec* r, char* err) {
+    memset(r, 0, sizeof(*r));
+    if (!strncmp(s, "file:", 5) && s[5]) return path_fmt(r->path, err, "%s", s + 5);
+    const char* colon = strncmp(s, "tcp:", 4) ? NULL : strrchr(s + 4, ':');
+    long long port = 0;
+    if (!colon || colon == s + 4 || parse_int("--rendezvous", colon + 1, 1, 65535, &port, err))
+        return l3_fail(err, "--rendezvous %s: expected file:PATH or tcp:HOST:PORT (a port of 1..65535)", s);
+    r->tcp = 1, r->port = (int)port;
+    snprintf(r->path, sizeof(r->path), "%.*s", (int)(colon - (s + 4)), s + 4);
+    return 0;
+}
+
+static inline double monotonic_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// The message every rank must agree with: the same world size and configuration.
+static inline int rendezvous_agree(const RendezvousMsg* got, int rank, int world, uint64_t hash, const char* where,
+                                   char* err) {
+    if (got->magic != RENDEZVOUS_MAGIC) return l3_fail(err, "%s: not a rendezvous message of train_llama3", where);
+    if (got->world != world || got->config_hash != hash)
+        return l3_fail(err, "%s: rank %d's configuration differs from rank 0's (%d ranks, configuration hash %016llx; "
+                       "rank 0: %d ranks, %016llx): launch every rank with the same flags and files", where, rank,
+                       world, (unsigned long long)hash, got->world, (unsigned long long)got->config_hash);
+    return 0;
+}
+
+// file: rank 0 publishes its message.
+static inline int rendezvous_file_publish(const char* path, const RendezvousMsg* msg, char* err) {
+    if (file_size_of(path) >= 0)
+        return l3_fail(err, "--rendezvous file:%s exists already (another run's, or one that stopped): remove it, or "
+                       "name a new file", path);
+    Chunk c = {msg, sizeof(*msg)};
+    return write_file_atomic(path, &c, 1, err);
+}
+
+// file: the other ranks wait for it and read it.
+static inline int rendezvous_file_fetch(const char* path, RendezvousMsg* msg, double timeout_s, char* err) {
+    double end = monotonic_seconds() + timeout_s;
+    for (;;) {
+        FILE* f = file_size_of(path) == (long long)sizeof(*msg) ? fopen(path, "rb") : NULL;
+        if (f) {
+            size_t got = fread(msg, 1, sizeof(*msg), f);
+            fclose(f);
+            if (got == sizeof(*msg)) return 0;
+        }
+        if (monotonic_seconds() > end)
+            return l3_fail(err, "--rendezvous file:%s: rank 0 did not write it within %g s (is rank 0 running, and "
+                           "does every rank see that folder?)", path, timeout_s);
+        usleep(20000);
+    }
+}
+
+// Reads or writes exactly n bytes on a socket before the deadline; -1 on error, end of stream or time.
+static inline int socket_io(int fd, void* buf, size_t n, int writing, double end) {
+    char* p = (char*)buf;
+    while (n) {
+        struct pollfd pfd = {fd, (short)(writing ? POLLOUT : POLLIN), 0};
+        int ms = (int)((end - monotonic_seconds()) * 1000);
+        if (ms <= 0 || poll(&pfd, 1, ms) <= 0) return -1;
+        ssize_t k = writing ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        p += k, n -= (size_t)k;
+    }
+    return 0;
+}
+
+// What a joining rank sends over tcp.
+typedef struct {
+    int32_t magic, rank;
+    uint64_t config_hash;
+} RendezvousJoin;
+
+// tcp: rank 0 answers world - 1 ranks, each with its message, and checks their hashes.
+static inline int rendezvous_tcp_serve(int port, const RendezvousMsg* msg, double timeout_s, char* err) {
+    int fd = socket(AF_INET6, SOCK_STREAM, 0), one = 1, zero = 0, rc = 0;
+    struct sockaddr_in6 addr;
+    memset(&addr, 0, sizeof(addr));
+    addr.sin6_family = AF_INET6, addr.sin6_port = htons((uint16_t)port), addr.sin6_addr = in6addr_any;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) ||
+        bind(fd, (struct sockaddr*)&addr, sizeof(addr)) || listen(fd, 64)) {
+        rc = l3_fail(err, "--rendezvous tcp port %d: rank 0 cannot listen on it: %s", port, strerror(errno));
+        if (fd >= 0) close(fd);
+        return rc;
+    }
+    double end = monotonic_seconds() + timeout_s;
+    for (int joined = 1; joined < msg->world && rc == 0; joined++) {
+        struct pollfd pfd = {fd, POLLIN, 0};
+        int ms = (int)((end - monotonic_seconds()) * 1000);
+        int c = ms > 0 && poll(&pfd, 1, ms) > 0 ? accept(fd, NULL, NULL) : -1;
+        RendezvousJoin j;
+        if (c < 0) {
+            rc = l3_fail(err, "--rendezvous tcp port %d: %d of %d ranks joined within %g s", port, joined, msg->world,
+                         timeout_s);
+        } else if (socket_io(c, &j, sizeof(j), 0, end) || j.magic != RENDEZVOUS_MAGIC ||
+                   socket_io(c, (void*)msg, sizeof(*msg), 1, end)) {
+            rc = l3_fail(err, "--rendezvous tcp port %d: a connection that is not a rank of this run", port);
+        } else if (j.config_hash != msg->config_hash) {
+            rc = l3_fail(err, "--rendezvous: rank %d's configuration hash %016llx differs from rank 0's %016llx: "
+                         "launch every rank with the same flags and files", j.rank,
+                         (unsigned long long)j.config_hash, (unsigned long long)msg->config_hash);
+        }
+        if (c >= 0) close(c);
+    }
+    close(fd);
+    return rc;
+}
+
+// tcp: a rank other than 0 connects (retrying until rank 0 listens), sends its rank and hash, and
+// reads rank 0's message.
+static inline int rendezvous_tcp_fetch(const char* host, int port, int rank, uint64_t hash, RendezvousMsg* msg,
+                                       double timeout_s, char* err) {
+    char service[16];
+    snprintf(service, sizeof(service), "%d", port);
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC, hints.ai_socktype = SOCK_STREAM;
+    int gai = getaddrinfo(host, service, &hints, &res);
+    if (gai) return l3_fail(err, "--rendezvous tcp:%s:%d: cannot resolve %s: %s", host, port, host, gai_strerror(gai));
+    double end = monotonic_seconds() + timeout_s;
+    RendezvousJoin j = {RENDEZVOUS_MAGIC, rank, hash};
+    int rc = -1;
+    while (rc != 0 && monotonic_seconds() < end) {
+        int fd = socket(res->ai_family, SOCK_STREAM, 0);
+        if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0)
+            rc = socket_io(fd, &j, sizeof(j), 1, end) || socket_io(fd, msg, sizeof(*msg), 0, end) ? -2 : 0;
+        if (fd >= 0) close(fd);
+        if (rc == -2) break; // connected, but the exchange broke off: rank 0 refused this rank
+        if (rc != 0) usleep(50000);
+    }
+    freeaddrinfo(res);
+    if (rc == -2) return l3_fail(err, "--rendezvous tcp:%s:%d: rank 0 ended the exchange (see its message)", host, port);
+    if (rc) return l3_fail(err, "--rendezvous tcp:%s:%d: rank 0 did not answer within %g s", host, port, timeout_s);
+    return 0;
+}
+
+// The rendezvous of rank `rank` of `world`: rank 0 hands out `id` (its ncclGetUniqueId); every
+// other rank receives it into `id`, after checking that rank 0 runs the same configuration.
+static inline int rendezvous(const RendezvousSpec* s, int rank, int world, uint64_t hash,
+                             unsigned char id[RENDEZVOUS_ID_BYTES], double timeout_s, char* err) {
+    RendezvousMsg msg;
+    memset(&msg, 0, sizeof(msg));
+    msg.magic = RENDEZVOUS_MAGIC, msg.world = world, msg.config_hash = hash;
+    if (rank == 0) {
+        memcpy(msg.id, id, RENDEZVOUS_ID_BYTES);
+        return s->tcp ? rendezvous_tcp_serve(s->port, &msg, timeout_s, err) : rendezvous_file_publish(s->path, &msg, err);
+    }
+    int rc = s->tcp ? rendezvous_tcp_fetch(s->path, s->port, rank, hash, &msg, timeout_s, err)
+                    : rendezvous_file_fetch(s->path, &msg, timeout_s, err);
+    if (rc == 0) rc = rendezvous_agree(&msg, rank, world, hash, "--rendezvous", err);
+    if (rc == 0) memcpy(id, msg.id, RENDEZVOUS_ID_BYTES);
+    return rc;
 }

@@ -459,7 +459,7 @@ static void test_rope(Model* m, const Ref* r) {
 // The trainer's data loader over a token file of the reference (B and T as its steps).
 static void open_loader(const Ref* r, const char* path, TokenData* tokens, DataLoader* loader) {
     char err[L3_ERR_LEN];
-    if (tokens_load_file(tokens, path, r->cfg.vocab_size, err) || loader_init(loader, tokens, r->B, r->T, 0, path, err))
+    if (tokens_load_file(tokens, path, r->cfg.vocab_size, err) || loader_init(loader, tokens, r->B, r->T, 0, 0, 1, path, err))
         fail_exit(err);
 }
 
@@ -629,7 +629,7 @@ static void val_of_step3(const Ref* r, TokenData* val_tokens, DataLoader* val_lo
     val_tokens->tokens = (uint32_t*)malloc((N + 1) * sizeof(uint32_t));
     memcpy(val_tokens->tokens, r->inputs + 2 * N, N * sizeof(uint32_t));
     val_tokens->tokens[N] = (uint32_t)r->targets[2 * N + N - 1];
-    if (loader_init(val_loader, val_tokens, r->B, r->T, 0, "step 3's batch", err)) fail_exit(err);
+    if (loader_init(val_loader, val_tokens, r->B, r->T, 0, 0, 1, "step 3's batch", err)) fail_exit(err);
 }
 
 // train() itself on the reference's token file, on PyTorch's gradients: the losses it logs, the
@@ -910,7 +910,7 @@ int main(int argc, char** argv) {
     }
     char err[L3_ERR_LEN];
     TrainArgs a; // only its optimisation switches are used; argv[1] stands in for the program name
-    if (train_args_parse(&a, argc - 1, argv + 1, err)) fail_exit(err);
+    if (train_args_parse(&a, argc - 1, argv + 1, 1, err)) fail_exit(err);
     Ref r;
     ref_open(&r, argv[1]);
     a.sw.sparse_embedding = r.sparse_embedding; // the reference decides how the embedding is updated

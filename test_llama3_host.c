@@ -6,6 +6,7 @@
 #include <float.h>
 #include <limits.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -361,7 +362,7 @@ static void test_loader(void) {
     DataLoader l;
     char err[L3_ERR_LEN];
     int32_t x[10], y[10];
-    int rc = loader_init(&l, &d, 2, 5, 0, "data", err);
+    int rc = loader_init(&l, &d, 2, 5, 0, 0, 1, "data", err);
     loader_next(&l, x, y);
     int ok = rc == 0 && x[0] == 0 && y[0] == 1 && x[9] == 9 && y[9] == 10;
     loader_next(&l, x, y);
@@ -369,13 +370,13 @@ static void test_loader(void) {
     loader_next(&l, x, y); // 20 + 10 + 1 > 21: wraps
     ok &= x[0] == 0;
     CHECK(ok, "loader: shifted targets, sequential batches, wrap-around");
-    rc = loader_init(&l, &d, 2, 5, 1, "data", err);
+    rc = loader_init(&l, &d, 2, 5, 1, 0, 1, "data", err);
     loader_next(&l, x, y);
     for (int i = 0; i < 10; i++) x[i] = y[i] = -1; // poison: the second batch must be written again
     loader_next(&l, x, y);
     CHECK(rc == 0 && x[0] == 0 && x[9] == 9 && y[0] == 1 && y[9] == 10,
           "loader: overfit_single_batch repeats the first batch");
-    expect_error(loader_init(&l, &d, 4, 6, 0, "shakespeare.bin", err), err, "fewer tokens than one batch",
+    expect_error(loader_init(&l, &d, 4, 6, 0, 0, 1, "shakespeare.bin", err), err, "fewer tokens than one batch",
                  "not enough tokens for one batch", "shakespeare.bin");
 }
 
@@ -385,7 +386,7 @@ static int parse(TrainArgs* a, char* err, const char* line) {
     int argc = 0;
     snprintf(copy, sizeof(copy), "prog %s", line);
     for (char* tok = strtok(copy, " "); tok && argc < 64; tok = strtok(NULL, " ")) argv[argc++] = tok;
-    return train_args_parse(a, argc, argv, err);
+    return train_args_parse(a, argc, argv, 1, err);
 }
 
 static void test_cli(void) {
@@ -600,7 +601,7 @@ static int tokens_refused(const char* path, char* err) {
     TokenData d;
     DataLoader l;
     if (tokens_load_file(&d, path, llama3_2_1b_config().vocab_size, err)) return 1;
-    int rc = loader_init(&l, &d, 4, 64, 0, path, err);
+    int rc = loader_init(&l, &d, 4, 64, 0, 0, 1, path, err);
     tokens_free(&d);
     return rc != 0;
 }
@@ -859,21 +860,21 @@ static void test_hostile_values(void) {
     CHECK(ffn_hidden_dim(8192, 3e9f, 1) == -1, "ffn_hidden_dim refuses a width past 2^20 instead of overflowing");
     TrainArgs a;
     char* lead_space[] = {"prog", "--batch_size", " 4"};
-    expect_error(train_args_parse(&a, 3, lead_space, err), err, "an integer with a leading space", "bad value ' 4'",
+    expect_error(train_args_parse(&a, 3, lead_space, 1, err), err, "an integer with a leading space", "bad value ' 4'",
                  NULL);
     char* plus[] = {"prog", "--batch_size", "+4"};
-    expect_error(train_args_parse(&a, 3, plus, err), err, "an integer with a '+'", "bad value '+4'", NULL);
+    expect_error(train_args_parse(&a, 3, plus, 1, err), err, "an integer with a '+'", "bad value '+4'", NULL);
     char* beta2[] = {"prog", "--beta2", "0.99999999"};
-    expect_error(train_args_parse(&a, 3, beta2, err), err, "--beta2 that rounds to 1 in float", "--beta2: bad value",
+    expect_error(train_args_parse(&a, 3, beta2, 1, err), err, "--beta2 that rounds to 1 in float", "--beta2: bad value",
                  "32-bit float");
     char* lr[] = {"prog", "--learning_rate", "1e-50"};
-    expect_error(train_args_parse(&a, 3, lr, err), err, "--learning_rate that becomes 0 in float", "too small", NULL);
+    expect_error(train_args_parse(&a, 3, lr, 1, err), err, "--learning_rate that becomes 0 in float", "too small", NULL);
     char* empty[] = {"prog", "--input_bin", ""};
-    expect_error(train_args_parse(&a, 3, empty, err), err, "an empty path", "--input_bin: empty path", NULL);
+    expect_error(train_args_parse(&a, 3, empty, 1, err), err, "an empty path", "--input_bin: empty path", NULL);
     Llama3Config wide = llama3_2_1b_config();
     wide.n_head = 8, wide.n_kv_head = 2;
     char* model[] = {"prog", "--llmc_filepath", "wide.bin"};
-    train_args_parse(&a, 3, model, err);
+    train_args_parse(&a, 3, model, 1, err);
     expect_error(train_args_check(&a, &wide, err), err, "a kernel limit names the model file", "wide.bin: head_dim 256",
                  NULL);
 }
@@ -901,11 +902,11 @@ static void test_hostile_sizes(void) {
     int linked = symlink(model, link) == 0;
     TrainArgs a;
     char* direct[] = {"prog", "--llmc_filepath", (char*)model, "--log_file", (char*)model};
-    train_args_parse(&a, 5, direct, err);
+    train_args_parse(&a, 5, direct, 1, err);
     expect_error(outputs_check(&a, err), err, "--log_file naming the model file", "is the same file as --llmc_filepath",
                  NULL);
     char* via_link[] = {"prog", "--input_bin", (char*)model, "--log_file", (char*)link};
-    train_args_parse(&a, 5, via_link, err);
+    train_args_parse(&a, 5, via_link, 1, err);
     int refused = outputs_check(&a, err);
     CHECK(linked && refused && strstr(err, "same file as --input_bin"), "--log_file through a link to the token file: %s",
           err);
@@ -976,7 +977,7 @@ static void test_checkpoint_round_trip(void) {
     DataLoader l;
     TrainArgs a = ckpt_args();
     char err[L3_ERR_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN];
-    loader_init(&l, &d, 2, 8, 0, "t", err);
+    loader_init(&l, &d, 2, 8, 0, 0, 1, "t", err);
     l.pos = 48;
     const char* dir = tmp_path("ckpt");
     make_dir(dir, err);
@@ -1056,7 +1057,7 @@ static void test_checkpoint_prune(void) {
     DataLoader l;
     TrainArgs a = ckpt_args();
     char err[L3_ERR_LEN], folder[L3_PATH_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN];
-    loader_init(&l, &d, 2, 8, 0, "t", err);
+    loader_init(&l, &d, 2, 8, 0, 0, 1, "t", err);
     const char* dir = tmp_path("prune");
     make_dir(dir, err);
     int steps[] = {5, 10, 15, 20, 30}, rc = 0;
@@ -1140,12 +1141,12 @@ static void test_flag_table(void) {
         flag_format(&d, g, value, sizeof(value));
         snprintf(line, sizeof(line), "%s=%s", g->name, value);
         char* argv[] = {(char*)"prog", line};
-        round_trip_bad += train_args_parse(&a, 2, argv, err) != 0 || memcmp(&a, &d, sizeof(a)) != 0;
+        round_trip_bad += train_args_parse(&a, 2, argv, 1, err) != 0 || memcmp(&a, &d, sizeof(a)) != 0;
         if (g->kind != FLAG_INT && g->kind != FLAG_FLOAT) continue;
         snprintf(line, sizeof(line), "%s=%.10g", g->name, g->hi);
-        bounds_bad += train_args_parse(&a, 2, argv, err) != 0;
+        bounds_bad += train_args_parse(&a, 2, argv, 1, err) != 0;
         snprintf(line, sizeof(line), "%s=%.10g", g->name, g->lo - (g->kind == FLAG_INT ? 1.0 : 1e-3 + fabs(g->lo)));
-        bounds_bad += train_args_parse(&a, 2, argv, err) == 0 || !strstr(err, g->name);
+        bounds_bad += train_args_parse(&a, 2, argv, 1, err) == 0 || !strstr(err, g->name);
     }
     CHECK(text[0] && missing == 0, "every one of the %d flags in the usage text and the printed configuration",
           NUM_FLAGS);
@@ -1173,7 +1174,7 @@ static void test_list_switches(void) {
             snprintf(line, sizeof(line), "%s %s\n", g->name, v);
             strncat(expected, line, sizeof(expected) - strlen(expected) - 1);
             char* argv[] = {(char*)"prog", (char*)g->name, v};
-            bad += train_args_parse(&a, 3, argv, err) != 0 || switch_value(&a.sw, g) == switch_value(&d.sw, g);
+            bad += train_args_parse(&a, 3, argv, 1, err) != 0 || switch_value(&a.sw, g) == switch_value(&d.sw, g);
         }
         empty += values == before;
     }
@@ -1263,28 +1264,233 @@ static void test_rank_env(void) {
     const char* none[] = {"HOME", "/root", NULL};
     fake_env = none;
     RankEnv r = rank_env_read(fake_getenv);
-    CHECK(r.world == 1 && !r.source && rank_env_check(&r, err) == 0, "no launcher: one rank, taken");
+    CHECK(r.world == 1 && r.rank == 0 && !r.source && rank_env_check(&r, 1, err) == 0, "no launcher: one rank, taken");
     const char* one[] = {"RANK", "0", "WORLD_SIZE", "1", "LOCAL_RANK", "0", NULL};
     fake_env = one;
     r = rank_env_read(fake_getenv);
-    CHECK(r.world == 1 && rank_env_check(&r, err) == 0, "torchrun with one process: taken");
+    CHECK(r.world == 1 && rank_env_check(&r, 1, err) == 0, "torchrun with one process: taken");
     const char* not_ours[] = {"WORLD_SIZE", "two", "RANK", "", NULL};
     fake_env = not_ours;
     r = rank_env_read(fake_getenv);
-    CHECK(r.world == 1 && rank_env_check(&r, err) == 0, "a WORLD_SIZE that is no whole number is not a launcher's");
-    const char* torchrun[] = {"RANK", "1", "WORLD_SIZE", "2", "LOCAL_RANK", "1", NULL};
+    CHECK(r.world == 1 && rank_env_check(&r, 1, err) == 0, "a WORLD_SIZE that is no whole number is not a launcher's");
+    const char* torchrun[] = {"RANK", "3", "WORLD_SIZE", "4", "LOCAL_RANK", "1", NULL};
     fake_env = torchrun;
     r = rank_env_read(fake_getenv);
-    CHECK(r.rank == 1 && r.world == 2, "torchrun's rank 1 of 2 read (%d of %d)", r.rank, r.world);
-    expect_error(rank_env_check(&r, err), err, "two ranks refused", "rank 1 of 2 ranks (RANK/WORLD_SIZE)", "start one");
-    const char* mpi[] = {"OMPI_COMM_WORLD_RANK", "0", "OMPI_COMM_WORLD_SIZE", "4", NULL};
+    CHECK(r.rank == 3 && r.world == 4 && r.local_rank == 1 && rank_env_check(&r, 8, err) == 0,
+          "torchrun's rank 3 of 4, local rank 1, read (%d of %d, local %d) and taken with NCCL", r.rank, r.world,
+          r.local_rank);
+    expect_error(rank_env_check(&r, 1, err), err, "four ranks refused without NCCL", "rank 3 of 4 ranks (RANK/WORLD_SIZE)",
+                 "built without NCCL");
+    const char* mpi[] = {"OMPI_COMM_WORLD_RANK", "2", "OMPI_COMM_WORLD_SIZE", "4", "OMPI_COMM_WORLD_LOCAL_RANK", "0", NULL};
     fake_env = mpi;
     r = rank_env_read(fake_getenv);
-    expect_error(rank_env_check(&r, err), err, "mpirun -np 4 refused", "rank 0 of 4 ranks", "mpirun");
+    CHECK(r.rank == 2 && r.world == 4 && r.local_rank == 0 && strstr(r.source, "mpirun"),
+          "mpirun's rank 2 of 4, local rank 0 (%d of %d, local %d)", r.rank, r.world, r.local_rank);
+    const char* hydra[] = {"PMI_RANK", "1", "PMI_SIZE", "2", NULL};
+    fake_env = hydra;
+    r = rank_env_read(fake_getenv);
+    CHECK(r.rank == 1 && r.world == 2 && r.local_rank == 1, "PMI's rank 1 of 2, no local rank: the rank (one node)");
     const char* pmi[] = {"PMI_SIZE", "3", NULL};
     fake_env = pmi;
     r = rank_env_read(fake_getenv);
-    expect_error(rank_env_check(&r, err), err, "PMI's 3 ranks refused, no rank given", "as one of 3 ranks", NULL);
+    expect_error(rank_env_check(&r, 8, err), err, "PMI's 3 ranks, no rank given", "one of 3 ranks", "rank variable");
+    const char* past[] = {"RANK", "2", "WORLD_SIZE", "2", NULL};
+    fake_env = past;
+    r = rank_env_read(fake_getenv);
+    expect_error(rank_env_check(&r, 8, err), err, "RANK 2 of WORLD_SIZE 2", "without a rank below 2", NULL);
+    // the GPU of each local rank
+    RankEnv local = {5, 8, 1, "RANK/WORLD_SIZE"};
+    int device = -1;
+    CHECK(rank_device(&local, 2, 0, &device, err) == 0 && device == 1, "local rank 1 of a 2-GPU node takes GPU 1");
+    local.local_rank = 2;
+    expect_error(rank_device(&local, 2, 0, &device, err), err, "local rank 2 on 2 GPUs", "this machine has 2 GPUs",
+                 "NCCL_MULTI_RANK_GPU_ENABLE=1");
+    local.local_rank = 1;
+    CHECK(rank_device(&local, 1, 1, &device, err) == 0 && device == 0, "two ranks on one GPU when NCCL allows it");
+}
+
+// ZeRO-1's shards: every tensor's layer slice at 1, 2, 3 and 8 ranks, of the 1B and of an odd
+// shape, covered exactly once by the ranks' parts and the shared tail, parts aligned.
+static void test_shards(void) {
+    Llama3Config odd = llama3_2_1b_config(); // 3 layers, C = 520, F = 96, vocab 1001: sizes that 8 ranks do not divide
+    odd.vocab_size = 1001, odd.n_layer = 3, odd.n_head = 4, odd.n_kv_head = 2, odd.n_embd = 520, odd.ffn_hidden = 96;
+    Llama3Config shapes[2] = {llama3_2_1b_config(), odd};
+    int worlds[] = {1, 2, 3, 8};
+    for (int c = 0; c < 2; c++) {
+        ParamLayout p = param_layout(&shapes[c]);
+        for (int w = 0; w < 4; w++) {
+            int world = worlds[w];
+            unsigned char* owners = (unsigned char*)calloc(p.total, 1); // ranks owning each parameter
+            size_t state_bad = 0, align_bad = 0, tails = 0;
+            for (int rank = 0; rank < world; rank++) {
+                ZeroLayout z = zero_layout(&p, rank, world, 0);
+                size_t state_next = 0;
+                for (int t = 0; t < NUM_PARAM_TENSORS; t++)
+                    for (size_t l = 0; l < p.size[t] / p.layer_size[t]; l++)
+                        for (int which = 0; which < 2; which++) {
+                            ShardRun r = zero_run(&z, &p, t, (int)l, which);
+                            state_bad += r.state != state_next; // the rank's runs are its state, in order
+                            state_next += r.n;
+                            align_bad += which == 0 && world > 1 && (r.n % SHARD_ALIGN || (r.param - p.offset[t]) % SHARD_ALIGN);
+                            tails += which && r.n;
+                            if (r.param + r.n > p.total) { // past the block: counted, not written
+                                state_bad++;
+                                continue;
+                            }
+                            if (which == 0 || rank == 0) // a tail once: every rank's is the same
+                                for (size_t i = 0; i < r.n; i++) owners[r.param + i] += 1;
+                        }
+                state_bad += state_next != z.state_total;
+            }
+            size_t wrong = 0;
+            for (size_t i = 0; i < p.total; i++) wrong += owners[i] != 1;
+            CHECK(wrong == 0 && state_bad == 0 && align_bad == 0,
+                  "shards of %s at %d rank%s: each parameter in one part or the tail (%zu not), state runs in order (%zu "
+                  "off), parts aligned to %d (%zu not); %zu tails", c ? "an odd shape" : "the 1B", world,
+                  world > 1 ? "s" : "", wrong, state_bad, SHARD_ALIGN, align_bad, tails);
+            free(owners);
+        }
+    }
+    ParamLayout p = param_layout(&odd);
+    ZeroLayout one = zero_layout(&p, 0, 1, 0), three = zero_layout(&p, 1, 3, 0);
+    CHECK(one.state_total == p.total && three.shard[P_FINAL_NORM].part == 168 && three.shard[P_FINAL_NORM].tail == 16,
+          "one rank keeps every state; 520 norm weights at 3 ranks: parts of 168, a tail of 16 (%zu, %zu)",
+          three.shard[P_FINAL_NORM].part, three.shard[P_FINAL_NORM].tail);
+    ZeroLayout rep = zero_layout(&p, 1, 3, 1);
+    ShardRun wte = zero_run(&rep, &p, P_WTE, 0, 1);
+    CHECK(rep.shard[P_WTE].part == 0 && wte.param == 0 && wte.n == p.size[P_WTE] && wte.state == 0,
+          "the sparse embedding's state is every rank's whole table (its rows are updated by every rank)");
+    ParamLayout big = param_layout(&shapes[0]);
+    ZeroLayout z8 = zero_layout(&big, 0, 8, 1);
+    size_t expect = big.size[P_WTE] + (big.total - big.size[P_WTE]) / 8;
+    CHECK(z8.state_total == expect, "1B at 8 ranks: each keeps 1/8 of the state beside the embedding's (%zu = %zu)",
+          z8.state_total, expect);
+}
+
+// The ranks' slices of each global batch: N ranks of A micro-steps read what one rank of N*A does.
+static void test_loader_ranks(void) {
+    uint32_t toks[101];
+    for (int i = 0; i < 101; i++) toks[i] = i;
+    TokenData d = {toks, 101};
+    char err[L3_ERR_LEN];
+    DataLoader one, r0, r1;
+    int rc = loader_init(&one, &d, 2, 5, 0, 0, 1, "data", err) | loader_init(&r0, &d, 2, 5, 0, 0, 2, "data", err) |
+             loader_init(&r1, &d, 2, 5, 0, 1, 2, "data", err);
+    int same = rc == 0;
+    for (int round = 0; round < 7; round++) { // 100 tokens: 5 rounds of 20, then a wrap
+        int32_t x[10], y[10], x0[10], y0[10], x1[10], y1[10];
+        loader_next(&r0, x0, y0), loader_next(&r1, x1, y1);
+        loader_next(&one, x, y), same &= !memcmp(x, x0, sizeof(x)) && !memcmp(y, y0, sizeof(y));
+        loader_next(&one, x, y), same &= !memcmp(x, x1, sizeof(x)) && !memcmp(y, y1, sizeof(y));
+        same &= r0.pos == one.pos && r1.pos == one.pos;
+    }
+    CHECK(same, "two ranks read the batches one rank reads, side by side, through the wrap");
+    expect_error(loader_init(&r1, &d, 10, 6, 0, 1, 2, "shakespeare.bin", err), err, "two ranks' round past the data",
+                 "B*T*2 ranks+1 = 121 needed", NULL);
+    TrainArgs a;
+    Llama3Config c = llama3_2_1b_config();
+    char* argv[] = {(char*)"prog", (char*)"--batch_size", (char*)"2"};
+    rc = train_args_parse(&a, 3, argv, 4, err);
+    CHECK(rc == 0 && a.loop.total_batch_size == 512 && micro_steps(&a.loop) == 1 && train_args_check(&a, &c, err) == 0,
+          "4 ranks, no --total_batch_size: one micro-step of B*T on each (%d tokens)", a.loop.total_batch_size);
+    char* accum[] = {(char*)"prog", (char*)"--total_batch_size", (char*)"2048"};
+    rc = train_args_parse(&a, 3, accum, 2, err);
+    CHECK(rc == 0 && micro_steps(&a.loop) == 4 && train_args_check(&a, &c, err) == 0,
+          "2 ranks, 2048 tokens of 4x64: 4 micro-steps each");
+    char* odd[] = {(char*)"prog", (char*)"--total_batch_size", (char*)"768"};
+    rc = train_args_parse(&a, 3, odd, 2, err);
+    expect_error(rc ? rc : train_args_check(&a, &c, err), err, "768 tokens over 2 ranks of 4x64",
+                 "--batch_size * --sequence_length * 2 ranks = 512", "1024 (2 micro-steps) or 512");
+}
+
+// Every flag and the model's shape go into the hash the ranks compare.
+static void test_config_hash(void) {
+    TrainArgs a = train_args_default(), b = a;
+    Llama3Config c = llama3_2_1b_config(), c2 = c;
+    uint64_t h = run_config_hash(&a, &c);
+    int bad = h != run_config_hash(&b, &c);
+    char err[L3_ERR_LEN];
+    for (int i = 0; i < NUM_FLAGS; i++) { // another value of each flag (of those with one to give)
+        const FlagSpec* f = &FLAGS[i];
+        const char* other = f->kind == FLAG_PATH ? "/other" : f->kind == FLAG_BOOL ? (f->def && !strcmp(f->def, "1") ? "0" : "1")
+                          : f->kind == FLAG_CHOICE ? (strchr(f->choices, '|') + 1) : f->kind == FLAG_ONLY ? NULL : "7";
+        if (!other || (f->def && !strcmp(f->def, "7"))) continue;
+        b = a;
+        char value[64];
+        snprintf(value, sizeof(value), "%s", other);
+        char* bar = strchr(value, '|');
+        if (bar) *bar = '\0';
+        if (flag_set(&b, f, value, 0, err)) continue;
+        bad += run_config_hash(&b, &c) == h;
+    }
+    c2.n_layer = 15;
+    b = a, b.loop.world = 2;
+    CHECK(!bad && run_config_hash(&a, &c2) != h && run_config_hash(&b, &c) != h,
+          "the configuration hash: the same for the same run, another for any flag, the model or the world size (%d "
+          "flags not told apart)", bad);
+}
+
+// The rendezvous, in forked processes: rank 0 hands its id to the others by file and by tcp, and a
+// rank with another configuration is refused on both sides.
+static int rendezvous_child(const RendezvousSpec* s, int rank, int world, uint64_t hash) {
+    unsigned char id[RENDEZVOUS_ID_BYTES] = {0};
+    char err[L3_ERR_LEN];
+    if (rendezvous(s, rank, world, hash, id, 10, err)) return 2;
+    for (int i = 0; i < RENDEZVOUS_ID_BYTES; i++)
+        if (id[i] != (unsigned char)(i * 7 + 1)) return 3;
+    return 0;
+}
+static void rendezvous_round(const char* spec_text, int world, uint64_t bad_hash, const char* what) {
+    RendezvousSpec s;
+    char err[L3_ERR_LEN];
+    if (rendezvous_parse(spec_text, &s, err)) { CHECK(0, "%s: %s", what, err); return; }
+    pid_t kids[8];
+    for (int r = 1; r < world; r++)
+        if ((kids[r] = fork()) == 0) _exit(rendezvous_child(&s, r, world, r == 1 && bad_hash ? bad_hash : 42));
+    unsigned char id[RENDEZVOUS_ID_BYTES];
+    for (int i = 0; i < RENDEZVOUS_ID_BYTES; i++) id[i] = (unsigned char)(i * 7 + 1);
+    int rc0 = rendezvous(&s, 0, world, 42, id, 10, err), fails = 0;
+    for (int r = 1; r < world; r++) {
+        int st = 0;
+        waitpid(kids[r], &st, 0);
+        fails += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+    }
+    if (!bad_hash) CHECK(rc0 == 0 && fails == 0, "%s: %d ranks receive rank 0's id (%s)", what, world, rc0 ? err : "ok");
+    else CHECK(fails == 1 && (s.tcp ? rc0 != 0 && strstr(err, "rank 1's configuration hash") : rc0 == 0),
+               "%s: a rank with another configuration stops%s (%s)", what, s.tcp ? ", and rank 0 with it" : "",
+               rc0 ? err : "rank 0: ok");
+    if (!s.tcp) unlink(s.path);
+}
+static void test_rendezvous(void) {
+    char spec[600];
+    snprintf(spec, sizeof(spec), "file:%s", tmp_path("rendezvous"));
+    rendezvous_round(spec, 4, 0, "file");
+    rendezvous_round(spec, 2, 7, "file");
+    int port = 20000 + getpid() % 20000;
+    snprintf(spec, sizeof(spec), "tcp:localhost:%d", port);
+    rendezvous_round(spec, 4, 0, "tcp");
+    snprintf(spec, sizeof(spec), "tcp:127.0.0.1:%d", port + 1);
+    rendezvous_round(spec, 2, 7, "tcp");
+    char err[L3_ERR_LEN];
+    RendezvousSpec s;
+    snprintf(spec, sizeof(spec), "file:%s", tmp_path("stale"));
+    FILE* f = fopen(spec + 5, "w");
+    if (f) fclose(f);
+    rendezvous_parse(spec, &s, err);
+    unsigned char id[RENDEZVOUS_ID_BYTES] = {0};
+    expect_error(rendezvous(&s, 0, 2, 42, id, 1, err), err, "a rendezvous file left by another run", "exists already",
+                 NULL);
+    snprintf(spec, sizeof(spec), "file:%s", tmp_path("never"));
+    rendezvous_parse(spec, &s, err);
+    expect_error(rendezvous(&s, 1, 2, 42, id, 0.2, err), err, "rank 0 never writes", "did not write it within", NULL);
+    snprintf(spec, sizeof(spec), "tcp:127.0.0.1:%d", port + 2);
+    rendezvous_parse(spec, &s, err);
+    expect_error(rendezvous(&s, 1, 2, 42, id, 0.3, err), err, "rank 0 never listens", "did not answer within", NULL);
+    expect_error(rendezvous(&s, 0, 3, 42, id, 0.3, err), err, "no rank joins rank 0", "1 of 3 ranks joined", NULL);
+    const char* bad[] = {"tcp:host", "tcp::80", "tcp:h:0", "tcp:h:65536", "nfs:/x", "file:"};
+    int refused = 0;
+    for (int i = 0; i < 6; i++) refused += rendezvous_parse(bad[i], &s, err) != 0 && strstr(err, "--rendezvous");
+    CHECK(refused == 6, "malformed --rendezvous values refused (%d of 6)", refused);
 }
 
 int main(void) {
@@ -1314,6 +1520,10 @@ int main(void) {
     test_list_switches();
     test_step_plan();
     test_rank_env();
+    test_shards();
+    test_loader_ranks();
+    test_config_hash();
+    test_rendezvous();
     test_lr_schedule();
     test_rope();
     test_hostile_values();

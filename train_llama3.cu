@@ -1401,7 +1401,7 @@ static void check_eval_inputs(const TrainArgs* a, const Llama3Config* cfg, RunIn
                     _binary_data_tiny_shakespeare_val_bin_end, "embedded data/tiny_shakespeare_val.bin",
                     cfg->vocab_size);
         if (loader_init(&in->val_loader, &in->val_tokens, a->loop.batch_size, a->loop.sequence_length, 0,
-                        in->val_path ? in->val_path : "embedded val data", err))
+                        a->loop.rank, a->loop.world, in->val_path ? in->val_path : "embedded val data", err))
             die(err, prog, false);
     }
     const unsigned char* v = _binary_data_llama3_vocab_bin_start;
@@ -1433,7 +1433,7 @@ static void check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat*
                 _binary_data_tiny_shakespeare_train_bin_end, "embedded data/tiny_shakespeare_train.bin",
                 cfg->vocab_size);
     if (loader_init(loader, tokens, a->loop.batch_size, a->loop.sequence_length, a->loop.overfit_single_batch,
-                    a->loop.input_bin ? a->loop.input_bin : "embedded data", err))
+                    a->loop.rank, a->loop.world, a->loop.input_bin ? a->loop.input_bin : "embedded data", err))
         die(err, prog, false);
     if (a->ckpt.resume && resume_check(&in->st, a, tokens, a->ckpt.resume, err)) die(err, prog, false);
     check_eval_inputs(a, cfg, in, prog);
@@ -1518,14 +1518,15 @@ static void model_start(Model* m, const TrainArgs* a, ModelFileFormat fmt, RunIn
 int main(int argc, char** argv) {
     char err[L3_ERR_LEN];
     setvbuf(stdout, NULL, _IOLBF, 0); // a line at a time under tee, nohup or a scheduler, in order with stderr
+    RankEnv ranks = rank_env_read(env_lookup);
     TrainArgs a;
-    if (train_args_parse(&a, argc, argv, err)) die(err, argv[0], true);
+    if (train_args_parse(&a, argc, argv, ranks.world, err)) die(err, argv[0], true);
     if (a.help || a.list_switches) {
         a.help ? print_usage(stdout, argv[0]) : print_switches(stdout);
         return 0;
     }
-    RankEnv ranks = rank_env_read(env_lookup);
-    if (rank_env_check(&ranks, err)) die(err, argv[0], false);
+    if (rank_env_check(&ranks, 1, err)) die(err, argv[0], false);
+    a.loop.rank = ranks.rank;
     Llama3Config cfg = llama3_2_1b_config();
     ModelFileFormat fmt = MODEL_FILE_SEED;
     TokenData tokens = {}; // zeroed: gcc cannot see that load_tokens fills it or exits
@@ -1537,7 +1538,7 @@ int main(int argc, char** argv) {
 
     Model m;
     model_create(&m, &cfg, &a.optim, &a.sw, a.loop.batch_size, a.loop.sequence_length,
-                 a.loop.total_batch_size / (a.loop.batch_size * a.loop.sequence_length));
+                 micro_steps(&a.loop));
     print_model(&m, &a);
     model_start(&m, &a, fmt, &in, &loader, argv[0]);
     static Saver saver;

@@ -82,7 +82,7 @@ MUTANTS = [
      "1/(N * micro-steps)",
      "1.0f / ((float)N * m->grad_accum), m->stream);", "1.0f / (float)N, m->stream);"),
     ("loader_no_advance", "loader", "llama3.h", "the data loader never moves past the first batch",
-     "    if (!l->overfit_single_batch) l->pos += l->batch_tokens;\n", ""),
+     "    if (!l->overfit_single_batch) l->pos += round;\n", ""),
     ("uint16_offset", "loader", "llama3.h", "uint16 token files read one token late",
      "memcpy(&t16, src + 2 * i, 2);", "memcpy(&t16, src + 2 * i + 2, 2);"),
     ("rope_factor", "rope", "llama3.h", "llama3 RoPE scaling factor 8 instead of 32",
@@ -129,8 +129,8 @@ MUTANTS = [
      "part's lines lost)", 'FILE* f = fopen(path, resumed ? "a+" : "w");', 'FILE* f = fopen(path, "w");'),
     ("resume_schedule_of_invocation", "checkpoints", "llama3.h", "the lr schedule spans this invocation "
      "(--stop_after), not --num_iteration: a run in parts decays differently",
-     "    if (l->total_batch_size == 0 && bt <= INT_MAX) l->total_batch_size = (int)bt;\n",
-     "    if (l->total_batch_size == 0 && bt <= INT_MAX) l->total_batch_size = (int)bt;\n"
+     "    if (l->total_batch_size == 0 && total <= INT_MAX) l->total_batch_size = (int)total;\n",
+     "    if (l->total_batch_size == 0 && total <= INT_MAX) l->total_batch_size = (int)total;\n"
      "    a->optim.sched.total = last_step(a);\n"),
     ("init_seed_from_clock", "determinism", "train_llama3.cu", "the random init seeded from the clock as "
      "well as --seed", "model_init_random(m, a->loop.seed);", "model_init_random(m, a->loop.seed ^ (uint64_t)time(NULL));"),
@@ -157,7 +157,7 @@ HOST_MUTANTS = [
     ("stdout_block_buffered", "log", "train_llama3.cu", "stdout left block-buffered into a file or pipe",
      "    setvbuf(stdout, NULL, _IOLBF, 0);", "   "),
     ("total_batch_fixed", "flags", "llama3.h", "--total_batch_size not given stays 256 instead of B*T",
-     "    if (l->total_batch_size == 0 && bt <= INT_MAX) l->total_batch_size = (int)bt;",
+     "    if (l->total_batch_size == 0 && total <= INT_MAX) l->total_batch_size = (int)total;",
      "    if (l->total_batch_size == 0) l->total_batch_size = 256;"),
     ("no_near_miss", "flags", "llama3.h", "an unknown flag gets no 'did you mean'",
      "const FlagSpec* near = flag_nearest(flag);", "const FlagSpec* near = NULL;"),
@@ -167,14 +167,25 @@ HOST_MUTANTS = [
      "return a->loop.stop_after ? a->loop.stop_after : a->optim.sched.total;", "return a->optim.sched.total;"),
     ("schedule_ends_at_stop", "flags", "llama3.h", "the lr schedule spans the invocation (--stop_after), not "
      "--num_iteration",
-     "    if (l->total_batch_size == 0 && bt <= INT_MAX) l->total_batch_size = (int)bt;\n",
-     "    if (l->total_batch_size == 0 && bt <= INT_MAX) l->total_batch_size = (int)bt;\n"
+     "    if (l->total_batch_size == 0 && total <= INT_MAX) l->total_batch_size = (int)total;\n",
+     "    if (l->total_batch_size == 0 && total <= INT_MAX) l->total_batch_size = (int)total;\n"
      "    a->optim.sched.total = last_step(a);\n"),
     ("val_beside_unchecked", "flags", "llama3.h", "--val_every takes a NAME_val.bin beside the token file "
      "that does not exist", "    if (stat(out, &st) != 0 || !S_ISREG(st.st_mode))\n", "    if (0)\n"),
     ("two_ranks_taken", "launch", "llama3.h", "a process launched as one of several ranks (torchrun, mpirun) trains "
      "alone anyway, writing the same outputs as the others", "    if (r->world <= 1) return 0;\n",
      "    if (r->world <= 1 || 1) return 0;\n"),
+    ("shard_boundary_off_by_one", "data parallel", "llama3.h", "ZeRO-1: each rank's part starts one element late "
+     "(a parameter of every boundary updated by two ranks, one by none)",
+     "ShardRun r = {begin + (size_t)z->rank * s->part, state, s->part};",
+     "ShardRun r = {begin + (size_t)z->rank * s->part + (z->rank > 0), state, s->part};"),
+    ("rank_reads_rank0_slice", "data parallel", "llama3.h", "every rank reads rank 0's slice of the global batch "
+     "(the ranks train on the same tokens)",
+     "const uint32_t* src = l->data->tokens + l->pos + l->rank * l->batch_tokens;",
+     "const uint32_t* src = l->data->tokens + l->pos;"),
+    ("rendezvous_hash_unchecked", "data parallel", "llama3.h", "a rank launched with other flags joins rank 0's run "
+     "(the configuration hash not compared)",
+     "if (got->world != world || got->config_hash != hash)", "if (got->world != world)"),
     ("old_gpus_taken", "gpu", "llama3.h", "a GPU of compute capability 7.x is taken",
      "if (major * 10 + minor < LLAMA3_MIN_COMPUTE_CAPABILITY)", "if (major < 7)"),
     ("clip_not_deferred", "step plan", "llama3.h", "with clipping only layers 0..11 are deferred: the other groups "

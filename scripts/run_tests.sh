@@ -486,6 +486,14 @@ gpu_parts_without_refs() {
         skipped+=("dev/ kernel checks (left out by LLAMA3_DEV_CHECKS=0)")
     else
         for bin in $dev_binaries; do part "$bin" run "$bin --check" "$bin" --check; done
+        # The collectives of two ranks; with one GPU they share it, which dev/nccl takes only from
+        # NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 (else it says "skipped:").
+        if [ -x dev/nccl ]; then
+            part "dev/nccl" run "dev/nccl --check --ranks 2" env NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0 \
+                dev/nccl --check --ranks 2
+        else
+            skipped+=("dev/nccl --check --ranks 2 (make found no NCCL: NCCL_HOME, the CUDA toolkit or PyTorch's wheel)")
+        fi
     fi
 }
 
@@ -557,7 +565,7 @@ gpu_tests() {
 }
 
 python_deps
-dev_binaries=$(ls dev/*.cu 2>/dev/null | sed 's/\.cu$//')
+dev_binaries=$(ls dev/*.cu 2>/dev/null | sed 's/\.cu$//' | grep -v '^dev/nccl$')
 if [ "${LLAMA3_HOST_TESTS:-1}" = 0 ]; then
     skipped+=("host unit tests and the trainer's bad-input errors (left out by LLAMA3_HOST_TESTS=0)")
 else
@@ -569,7 +577,7 @@ if ! nvidia-smi -L > /dev/null 2>&1; then
         "training smoke run, /dev/full, no visible GPU, B and T alone (no GPU on this machine)"
         "two runs of 50 steps log the same losses (no GPU on this machine)"
         "--val_every and --sample_every leave the 20 losses unchanged, with and without clipping (no GPU on this machine)")
-    for bin in $dev_binaries; do skipped+=("$bin --check (no GPU on this machine)"); done
+    for bin in $dev_binaries dev/nccl; do skipped+=("$bin --check (no GPU on this machine)"); done
 elif [ "${LLAMA3_GPU_TESTS:-1}" = 0 ]; then
     skipped+=("every GPU part (left out by LLAMA3_GPU_TESTS=0)")
 else
