@@ -226,6 +226,29 @@ static void embedding_backward(float* dwte, const float* dresid, const TokenSort
     LAUNCH_CHECK();
 }
 
+// [data parallel] [sparse rows] Between the wte gradient table and a block of one row per entry of
+// the sorted union of every rank's tokens, so that one all-reduce of that block (not of the table)
+// sums the rows any rank touched. GATHER: the owning entry of each row copies the table's row into
+// its slot (zero where this rank did not touch the row: the table is zero there) and the other
+// entries' slots are zeroed; else the summed slots go back into the table. C % 4 == 0 (the
+// embedding kernels' requirement too).
+template <bool GATHER> __global__ void union_rows_kernel(float* table, float* block, const int* sorted_tokens, int C) {
+    int j = blockIdx.x;
+    bool owner = owns_row(sorted_tokens, j);
+    float* row = table + (size_t)sorted_tokens[j] * C;
+    float* slot = block + (size_t)j * C;
+    for (int c = threadIdx.x * 4; c < C; c += blockDim.x * 4) {
+        if (GATHER) store16(slot + c, owner ? load16(row + c) : Vec16<float>{});
+        else if (owner) store16(row + c, load16(slot + c));
+    }
+}
+template <bool GATHER> static void union_rows(float* table, float* block, const int* sorted_tokens, int n, int C,
+                                              cudaStream_t s) {
+    int threads = C / 4 < 1024 ? C / 4 : 1024;
+    union_rows_kernel<GATHER><<<n, threads, 0, s>>>(table, block, sorted_tokens, C);
+    LAUNCH_CHECK();
+}
+
 // ---- RMSNorm ----
 
 // [row in registers] The fused RMSNorm kernels give a row to one block of rms_threads(C) threads,
@@ -1318,6 +1341,14 @@ __global__ void loss_guard_kernel(AdamWParams* h, StepStats* stats, const float*
 }
 static void loss_guard(AdamWParams* h, StepStats* stats, const float* losses, int n, bool count, cudaStream_t s) {
     loss_guard_kernel<<<1, 1024, 0, s>>>(h, stats, losses, n, count);
+    LAUNCH_CHECK();
+}
+
+// [data parallel] The NaN guard's count once the ranks agree on the skip (every rank's loss_guard,
+// then an all-reduce of the skip flags): a step skipped on one rank is skipped on all.
+__global__ void count_step_kernel(const AdamWParams* h, StepStats* stats) { count_step(stats, h->skip); }
+static void count_step_after(const AdamWParams* h, StepStats* stats, cudaStream_t s) {
+    count_step_kernel<<<1, 1, 0, s>>>(h, stats);
     LAUNCH_CHECK();
 }
 

@@ -666,6 +666,12 @@ typedef struct {
     float temperature;                      // 0: greedy
 } EvalConfig;
 
+// Data parallel's: how the ranks find each other, and how long any of them waits for the others.
+typedef struct {
+    const char* rendezvous; // file:PATH or tcp:HOST:PORT (rendezvous, below); needed under several ranks
+    int timeout_s;          // the rendezvous, NCCL's start, and any step
+} DistConfig;
+
 // Checkpoints'.
 typedef struct {
     const char* dir; // NULL: no checkpoints
@@ -723,6 +729,7 @@ typedef struct {
     OptimConfig optim;
     EvalConfig eval;
     CheckpointConfig ckpt;
+    DistConfig dist;
     Switches sw;
     int help;          // --help or -h: print the usage and exit
     int list_switches; // --list_switches: print each switch's ablation settings and exit
@@ -796,6 +803,8 @@ static const FlagSpec FLAGS[] = {
     {"--checkpoint_every", FLAG_INT, ARG(ckpt.every), "0", 0, BIG_INT, NULL, "also save every N steps (0: only after the last)", NOT_A_SWITCH, NULL},
     {"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "2", 1, BIG_INT, NULL, "complete checkpoints kept, older ones deleted once a newer one is complete", NOT_A_SWITCH, NULL},
     {"--resume", FLAG_PATH, ARG(ckpt.resume), NULL, 0, 0, NULL, "continue a run: a checkpoint folder, or a --checkpoint_dir (its latest)", NOT_A_SWITCH, NULL},
+    {"--rendezvous", FLAG_PATH, ARG(dist.rendezvous), NULL, 0, 0, NULL, "several ranks: how they share NCCL's id, file:PATH (a new file every rank sees) or tcp:HOST:PORT (rank 0's host, a free port)", NOT_A_SWITCH, NULL},
+    {"--nccl_timeout", FLAG_INT, ARG(dist.timeout_s), "300", 1, 86400, NULL, "several ranks: seconds a rank waits for the others (the rendezvous, NCCL's start, a step) before it stops the run", NOT_A_SWITCH, NULL},
     {"--dtype", FLAG_ONLY, 0, NULL, 0, 0, "bfloat16", "accepted for the seed's command line: the only precision (bf16 matmuls, fp32 master weights)", NOT_A_SWITCH, NULL},
     {"--device", FLAG_ONLY, 0, NULL, 0, 0, "cuda", "accepted for the seed's command line: the only device", NOT_A_SWITCH, NULL},
     LLAMA3_SWITCHES(SWITCH_FLAG)
@@ -966,9 +975,11 @@ typedef enum {
     ADAMW_OVERLAPPED,     // [streams] on the optimizer stream as soon as the last backward has written the group
     ADAMW_DEFERRED,       // [deferred AdamW] at the start of the next step, beside its forward, which waits for it
     ADAMW_AFTER_BACKWARD, // on the main stream after the backward pass (every group: one pass over the block)
+    ADAMW_SHARDED,        // [data parallel] reduce-scattered on the optimizer stream as the last backward writes
+                          // it, then this rank's part updated and all-gathered (after the norm, with clipping)
 } AdamWTiming;
 static const char* const ADAMW_TIMING_NAMES[] = {"overlapped with the backward", "deferred to the next step",
-                                                 "after the backward"};
+                                                 "after the backward", "sharded over the ranks (ZeRO-1)"};
 typedef struct {
     int n_groups;
     AdamWTiming timing[LLAMA3_MAX_LAYERS + 2]; // per update group
@@ -978,6 +989,7 @@ typedef struct {
     bool any_deferred;   // some group ADAMW_DEFERRED: anything that reads the weights between steps (a save,
                          // the val loss, a sample, the end of the run) first applies them (a flush)
     bool use_graph;      // [graphs] steps 2.. replay one CUDA graph
+    int world;           // ranks: above 1 every group is ADAMW_SHARDED
 } StepPlan;
 
 // Layers whose AdamW is deferred without clipping: --deferred_adamw's value (12 when not given),
@@ -991,8 +1003,10 @@ static inline int deferred_layers(const Switches* sw, int n_layer) {
 // also needs no gradient zeroing (zeroing at the next step's start would clear the gradients the
 // deferred AdamW reads): layers 0..K-1 without clipping; with clipping, which measures the norm
 // instead of overlapping, every group (or, when it cannot defer, all of AdamW after the backward).
-// A graph cannot capture the ablation's per-launch shape copies from pageable host memory.
-static inline StepPlan step_plan(const Switches* sw, const OptimConfig* o, int n_layer) {
+// A graph cannot capture the ablation's per-launch shape copies from pageable host memory. Under
+// several ranks every group is reduced and updated by shards as the backward writes it (nothing is
+// deferred: the all-gathers end the step).
+static inline StepPlan step_plan(const Switches* sw, const OptimConfig* o, int n_layer, int world) {
     StepPlan p;
     memset(&p, 0, sizeof(p));
     assert(n_layer >= 1 && n_layer <= LLAMA3_MAX_LAYERS); // (config_check bounds every model's)
@@ -1001,13 +1015,15 @@ static inline StepPlan step_plan(const Switches* sw, const OptimConfig* o, int n
     bool can_defer = sw->overlap_optimizer && sw->grad_zeroing == GRAD_ZERO_NONE;
     int k = deferred_layers(sw, n_layer);
     for (int g = 0; g < p.n_groups; g++) {
-        if (!sw->overlap_optimizer || (p.measure_norm && !can_defer)) p.timing[g] = ADAMW_AFTER_BACKWARD;
+        if (world > 1) p.timing[g] = ADAMW_SHARDED;
+        else if (!sw->overlap_optimizer || (p.measure_norm && !can_defer)) p.timing[g] = ADAMW_AFTER_BACKWARD;
         else if (can_defer && (p.measure_norm || (g >= 1 && g < 1 + k))) p.timing[g] = ADAMW_DEFERRED;
         else p.timing[g] = ADAMW_OVERLAPPED;
     }
     p.after_backward = p.timing[0] == ADAMW_AFTER_BACKWARD; // (all groups or none)
     for (int g = 0; g < p.n_groups; g++) p.any_deferred |= p.timing[g] == ADAMW_DEFERRED;
     p.use_graph = sw->cuda_graph && sw->metadata_by_value;
+    p.world = world;
     return p;
 }
 
@@ -1024,7 +1040,7 @@ static inline const char* group_name(const StepPlan* p, int g, char* out, size_t
 static inline void step_plan_print(FILE* f, const StepPlan* p) {
     const char* sep = " AdamW ";
     fprintf(f, "step plan:");
-    for (int t = ADAMW_OVERLAPPED; t <= ADAMW_AFTER_BACKWARD; t++) {
+    for (int t = ADAMW_OVERLAPPED; t <= ADAMW_SHARDED; t++) {
         int runs = 0;
         for (int g = 0; g < p->n_groups; g++) {
             if (p->timing[g] != (AdamWTiming)t || (g > 0 && p->timing[g - 1] == (AdamWTiming)t)) continue;
@@ -1234,6 +1250,22 @@ static inline int outputs_check(const TrainArgs* a, char* err) {
 
 // Checks that need the model: the widths the kernels take, sequence length, B*T dividing the
 // total batch, deferred layers.
+// Under several ranks: the rendezvous is given, and what the data-parallel step does not do yet is
+// refused (checkpoints and resume: the AdamW state is per rank; the ablation without shadow weights:
+// each rank's fp32 masters are current in its own parts only).
+static inline int dist_args_check(const TrainArgs* a, char* err) {
+    if (!a->dist.rendezvous)
+        return l3_fail(err, "%d ranks: --rendezvous file:PATH or tcp:HOST:PORT is needed, for rank 0 to hand NCCL's id "
+                       "to the others", a->loop.world);
+    if (a->ckpt.dir || a->ckpt.resume)
+        return l3_fail(err, "%s under %d ranks: checkpoints of a sharded run are not written yet: train on one GPU to "
+                       "save or resume", a->ckpt.dir ? "--checkpoint_dir" : "--resume", a->loop.world);
+    if (!a->sw.shadow_weights)
+        return l3_fail(err, "--shadow_weights 0 under %d ranks: the matmuls read the all-gathered bf16 shadow weights",
+                       a->loop.world);
+    return 0;
+}
+
 static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, char* err) {
     if (kernel_limits_check(c, a->sw.flash_attention, model_source(a), err)) return -1;
     if (a->sw.deferred_adamw > c->n_layer)
@@ -1261,6 +1293,7 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
     if (a->eval.sample_every && a->eval.sample_tokens >= a->loop.sequence_length)
         return l3_fail(err, "--sample_tokens %d: at most --sequence_length - 1 = %d (a sample is one sequence)",
                        a->eval.sample_tokens, a->loop.sequence_length - 1);
+    if (a->loop.world > 1 && dist_args_check(a, err)) return -1;
     if (a->eval.top_k > c->vocab_size)
         return l3_fail(err, "--top_k %d is more than the vocabulary (%d)", a->eval.top_k, c->vocab_size);
     return 0;

@@ -928,7 +928,7 @@ int main(int argc, char** argv) {
               1.0);
     }
     Model m;
-    model_create(&m, &r.cfg, &r.opt, &a.sw, r.B, r.T, r.grad_accum);
+    model_create(&m, &r.cfg, &r.opt, &a.sw, r.B, r.T, r.grad_accum, NULL);
     printf("switches given: %d | bf16 grads %d\n", argc - 2, m.grads_bf16 != NULL);
     step_plan_print(stdout, m.plan);
     if (argc == 2) {

@@ -1193,13 +1193,13 @@ static void test_list_switches(void) {
 }
 
 // The step plan of a command line on a model of n_layer layers, and its timings as one letter per
-// update group (wte, the layers, the head): O overlapped, D deferred, A after the backward.
-static StepPlan plan_of(const char* flags, int n_layer, char* letters) {
+// update group (wte, the layers, the head): O overlapped, D deferred, A after the backward, S sharded.
+static StepPlan plan_of(const char* flags, int n_layer, int world, char* letters) {
     TrainArgs a;
     char err[L3_ERR_LEN];
     if (parse(&a, err, flags)) printf("FAIL %s: %s\n", flags, err), n_failed++;
-    StepPlan p = step_plan(&a.sw, &a.optim, n_layer);
-    for (int g = 0; g < p.n_groups; g++) letters[g] = "ODA"[p.timing[g]];
+    StepPlan p = step_plan(&a.sw, &a.optim, n_layer, world);
+    for (int g = 0; g < p.n_groups; g++) letters[g] = "ODAS"[p.timing[g]];
     letters[p.n_groups] = '\0';
     return p;
 }
@@ -1208,31 +1208,35 @@ static StepPlan plan_of(const char* flags, int n_layer, char* letters) {
 // `want` the timings, then measure_norm and use_graph; after_backward and any_deferred must follow
 // from the timings.
 static void test_step_plan(void) {
-    const struct { const char* flags; int n_layer; const char* want; bool norm, graph; } cases[] = {
-        {"", 16, "ODDDDDDDDDDDDOOOOO", false, true},                       // layers 0..11 deferred
-        {"--grad_clip 1", 16, "DDDDDDDDDDDDDDDDDD", true, true},           // clipping defers every group
-        {"--grad_clip 1 --deferred_adamw 0", 16, "DDDDDDDDDDDDDDDDDD", true, true},
-        {"--overlap_optimizer 0", 16, "AAAAAAAAAAAAAAAAAA", false, true},
-        {"--grad_clip 1 --overlap_optimizer 0", 16, "AAAAAAAAAAAAAAAAAA", true, true},
-        {"--grad_clip 1 --grad_zeroing memset", 16, "AAAAAAAAAAAAAAAAAA", true, true}, // cannot defer
-        {"--grad_zeroing fill", 16, "OOOOOOOOOOOOOOOOOO", false, true},
-        {"--deferred_adamw 0", 16, "OOOOOOOOOOOOOOOOOO", false, true},
-        {"--deferred_adamw 1", 16, "ODOOOOOOOOOOOOOOOO", false, true},
-        {"--deferred_adamw 16", 16, "ODDDDDDDDDDDDDDDDO", false, true},
-        {"--metadata_by_value 0", 16, "ODDDDDDDDDDDDOOOOO", false, false}, // no graph with the copies
-        {"--cuda_graph 0", 16, "ODDDDDDDDDDDDOOOOO", false, false},
-        {"", 2, "ODDO", false, true},                                      // 12 capped at the 2 layers
-        {"--grad_clip 1", 2, "DDDD", true, true},
+    const struct { const char* flags; int n_layer; const char* want; bool norm, graph; int world; } cases[] = {
+        {"", 16, "ODDDDDDDDDDDDOOOOO", false, true, 1},                       // layers 0..11 deferred
+        {"--grad_clip 1", 16, "DDDDDDDDDDDDDDDDDD", true, true, 1},           // clipping defers every group
+        {"--grad_clip 1 --deferred_adamw 0", 16, "DDDDDDDDDDDDDDDDDD", true, true, 1},
+        {"--overlap_optimizer 0", 16, "AAAAAAAAAAAAAAAAAA", false, true, 1},
+        {"--grad_clip 1 --overlap_optimizer 0", 16, "AAAAAAAAAAAAAAAAAA", true, true, 1},
+        {"--grad_clip 1 --grad_zeroing memset", 16, "AAAAAAAAAAAAAAAAAA", true, true, 1}, // cannot defer
+        {"--grad_zeroing fill", 16, "OOOOOOOOOOOOOOOOOO", false, true, 1},
+        {"--deferred_adamw 0", 16, "OOOOOOOOOOOOOOOOOO", false, true, 1},
+        {"--deferred_adamw 1", 16, "ODOOOOOOOOOOOOOOOO", false, true, 1},
+        {"--deferred_adamw 16", 16, "ODDDDDDDDDDDDDDDDO", false, true, 1},
+        {"--metadata_by_value 0", 16, "ODDDDDDDDDDDDOOOOO", false, false, 1}, // no graph with the copies
+        {"--cuda_graph 0", 16, "ODDDDDDDDDDDDOOOOO", false, false, 1},
+        {"", 2, "ODDO", false, true, 1},                                      // 12 capped at the 2 layers
+        {"--grad_clip 1", 2, "DDDD", true, true, 1},
+        {"", 16, "SSSSSSSSSSSSSSSSSS", false, true, 2},              // several ranks: every group by shards
+        {"--grad_clip 1 --deferred_adamw 4", 2, "SSSS", true, true, 8},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char got[LLAMA3_MAX_LAYERS + 3];
-        StepPlan p = plan_of(cases[i].flags, cases[i].n_layer, got);
+        int world = cases[i].world;
+        StepPlan p = plan_of(cases[i].flags, cases[i].n_layer, world, got);
         bool all_after = strspn(got, "A") == strlen(got), deferred = strchr(got, 'D') != NULL;
         CHECK(p.n_groups == cases[i].n_layer + 2 && !strcmp(got, cases[i].want) && p.measure_norm == cases[i].norm &&
-                  p.use_graph == cases[i].graph && p.after_backward == all_after && p.any_deferred == deferred,
-              "step plan, %d layers, '%s': %s (%s), norm %d, graph %d, after_backward %d, any_deferred %d",
-              cases[i].n_layer, cases[i].flags, got, cases[i].want, p.measure_norm, p.use_graph, p.after_backward,
-              p.any_deferred);
+                  p.use_graph == cases[i].graph && p.after_backward == all_after && p.any_deferred == deferred &&
+                  p.world == world,
+              "step plan, %d layers, %d rank%s, '%s': %s (%s), norm %d, graph %d, after_backward %d, any_deferred %d",
+              cases[i].n_layer, world, world > 1 ? "s" : "", cases[i].flags, got, cases[i].want, p.measure_norm,
+              p.use_graph, p.after_backward, p.any_deferred);
     }
     const struct { const char* flags; const char* want; } lines[] = {
         {"", "step plan: AdamW overlapped with the backward: wte, layer 12..head | deferred to the next step: layer "
@@ -1242,7 +1246,7 @@ static void test_step_plan(void) {
     };
     for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
         char letters[LLAMA3_MAX_LAYERS + 3];
-        StepPlan p = plan_of(lines[i].flags, 16, letters);
+        StepPlan p = plan_of(lines[i].flags, 16, 1, letters);
         FILE* f = tmpfile();
         step_plan_print(f, &p);
         char* text = printed_text(f);
@@ -1389,18 +1393,33 @@ static void test_loader_ranks(void) {
                  "B*T*2 ranks+1 = 121 needed", NULL);
     TrainArgs a;
     Llama3Config c = llama3_2_1b_config();
-    char* argv[] = {(char*)"prog", (char*)"--batch_size", (char*)"2"};
-    rc = train_args_parse(&a, 3, argv, 4, err);
+    char* argv[] = {(char*)"prog", (char*)"--batch_size", (char*)"2", (char*)"--rendezvous", (char*)"file:/tmp/x"};
+    rc = train_args_parse(&a, 5, argv, 4, err);
     CHECK(rc == 0 && a.loop.total_batch_size == 512 && micro_steps(&a.loop) == 1 && train_args_check(&a, &c, err) == 0,
           "4 ranks, no --total_batch_size: one micro-step of B*T on each (%d tokens)", a.loop.total_batch_size);
-    char* accum[] = {(char*)"prog", (char*)"--total_batch_size", (char*)"2048"};
-    rc = train_args_parse(&a, 3, accum, 2, err);
+    char* accum[] = {(char*)"prog", (char*)"--total_batch_size", (char*)"2048", (char*)"--rendezvous", (char*)"tcp:h:1"};
+    rc = train_args_parse(&a, 5, accum, 2, err);
     CHECK(rc == 0 && micro_steps(&a.loop) == 4 && train_args_check(&a, &c, err) == 0,
           "2 ranks, 2048 tokens of 4x64: 4 micro-steps each");
     char* odd[] = {(char*)"prog", (char*)"--total_batch_size", (char*)"768"};
     rc = train_args_parse(&a, 3, odd, 2, err);
     expect_error(rc ? rc : train_args_check(&a, &c, err), err, "768 tokens over 2 ranks of 4x64",
                  "--batch_size * --sequence_length * 2 ranks = 512", "1024 (2 micro-steps) or 512");
+    // what several ranks need, and what they do not do yet
+    const struct { const char* flags; const char* frag; } dist[] = {
+        {"--batch_size 4", "--rendezvous file:PATH or tcp:HOST:PORT is needed"},
+        {"--rendezvous file:/x --checkpoint_dir /tmp/c", "--checkpoint_dir under 2 ranks"},
+        {"--rendezvous file:/x --resume /tmp/c", "--resume under 2 ranks"},
+        {"--rendezvous file:/x --shadow_weights 0", "--shadow_weights 0 under 2 ranks"}};
+    for (int i = 0; i < 4; i++) {
+        char line[128], *args[16];
+        int n = 1;
+        snprintf(line, sizeof(line), "%s", dist[i].flags);
+        args[0] = (char*)"prog";
+        for (char* tok = strtok(line, " "); tok && n < 16; tok = strtok(NULL, " ")) args[n++] = tok;
+        rc = train_args_parse(&a, n, args, 2, err);
+        expect_error(rc ? rc : train_args_check(&a, &c, err), err, dist[i].flags, dist[i].frag, NULL);
+    }
 }
 
 // Every flag and the model's shape go into the hash the ranks compare.

@@ -18,6 +18,10 @@
 #include "kernels.cuh"
 #include "llama3.h"
 
+#ifndef LLAMA3_NCCL
+#define LLAMA3_NCCL 0 // make DATA_PARALLEL=1 sets 1: several ranks through NCCL
+#endif
+
 static_assert(4 * RMS_VEC * 1024 == LLAMA3_MAX_N_EMBD, "kernel_limits_check's n_embd bound is the RMSNorm row width");
 
 #ifndef LLAMA3_NVTX
@@ -30,6 +34,54 @@ static_assert(4 * RMS_VEC * 1024 == LLAMA3_MAX_N_EMBD, "kernel_limits_check's n_
 #else
 #define NVTX_PUSH(name)
 #define NVTX_POP()
+#endif
+
+// ---- collectives [data parallel] ----
+// The NCCL calls of the data-parallel step, each checked: in-place reduce-scatter (the average over
+// the ranks onto each rank's part), in-place all-gather of the parts, and all-reduce. Built without
+// NCCL, a run has one rank (rank_env_check refuses more) and none of them is called.
+enum CommOp { COMM_SUM, COMM_AVG, COMM_MAX };
+// "rank 1: " before the errors of a process of several ranks (set once in main), else "".
+static char rank_tag[32] = "";
+#if LLAMA3_NCCL
+#include <nccl.h>
+typedef ncclComm_t CommHandle;
+static void nccl_check(ncclResult_t r, const char* what, const char* file, int line) {
+    if (r == ncclSuccess) return;
+    fprintf(stderr, "error: %sNCCL error at %s:%d: %s (%s)\n  in %s\n", rank_tag, file, line, ncclGetErrorString(r),
+            ncclGetLastError(NULL), what);
+    exit(EXIT_FAILURE);
+}
+#define NCCL_CHECK(call) nccl_check((call), #call, __FILE__, __LINE__)
+template <typename T> static ncclDataType_t nccl_type();
+template <> ncclDataType_t nccl_type<float>() { return ncclFloat32; }
+template <> ncclDataType_t nccl_type<bf16>() { return ncclBfloat16; }
+template <> ncclDataType_t nccl_type<int>() { return ncclInt32; }
+static ncclRedOp_t nccl_op(CommOp op) { return op == COMM_SUM ? ncclSum : op == COMM_AVG ? ncclAvg : ncclMax; }
+
+// Collectives issued between the two calls start together (one NCCL launch for a group's tensors).
+static void comm_group(bool start) { NCCL_CHECK(start ? ncclGroupStart() : ncclGroupEnd()); }
+// x[0 .. world*part): every rank's gradients in; the average of part `rank` out at x + rank*part.
+template <typename T> static void reduce_scatter(CommHandle c, T* x, size_t part, int rank, cudaStream_t s) {
+    NCCL_CHECK(ncclReduceScatter(x, x + (size_t)rank * part, part, nccl_type<T>(), ncclAvg, c, s));
+}
+// x + rank*part in (this rank's part); every rank's part out, in order, at x.
+template <typename T> static void all_gather(CommHandle c, T* x, size_t part, int rank, cudaStream_t s) {
+    NCCL_CHECK(ncclAllGather(x + (size_t)rank * part, x, part, nccl_type<T>(), c, s));
+}
+template <typename T> static void all_reduce(CommHandle c, const T* x, T* out, size_t n, CommOp op, cudaStream_t s) {
+    NCCL_CHECK(ncclAllReduce(x, out, n, nccl_type<T>(), nccl_op(op), c, s));
+}
+#else
+typedef void* CommHandle;
+[[noreturn]] static void no_collectives(void) {
+    fprintf(stderr, "internal error: a collective in a train_llama3 built without NCCL\n");
+    abort();
+}
+static void comm_group(bool) { no_collectives(); }
+template <typename T> static void reduce_scatter(CommHandle, T*, size_t, int, cudaStream_t) { no_collectives(); }
+template <typename T> static void all_gather(CommHandle, T*, size_t, int, cudaStream_t) { no_collectives(); }
+template <typename T> static void all_reduce(CommHandle, const T*, T*, size_t, CommOp, cudaStream_t) { no_collectives(); }
 #endif
 
 // ---- activations ----
@@ -116,6 +168,18 @@ typedef struct {
     cudaEvent_t* save_copy; // NULL: no save since the last step
 } Pending;
 
+// [data parallel] This process's share of a run over several ranks.
+typedef struct {
+    int rank, world;
+    CommHandle nccl;
+    ZeroLayout zero;          // the runs of weights and AdamW state this rank updates (llama3.h)
+    TokenSorter union_sorter; // [sparse rows] every rank's step inputs, sorted (world * n_step entries)
+    int* all_tokens;          // device: every rank's step inputs, gathered
+    float* union_grads;       // device: (world * n_step, C) the wte gradient rows of the union, averaged
+    float* sumsq_total;       // [clipping] device: the norm's partial sums (sumsq_count) summed over the ranks
+    pthread_t watchdog;       // ends the process when the others stop answering (comm_start)
+} Comm;
+
 typedef struct {
     Llama3Config cfg;
     ParamLayout layout;
@@ -128,7 +192,7 @@ typedef struct {
     float* grads;  // fp32; wte's rows are zero except those touched this step [sparse rows]. With
                    // bf16 grads it holds only wte and the norm weights, packed (see grad_f32)
     bf16* grads_bf16; // [bf16 grads] the matmul weights' gradients, laid out like the shadow; or NULL
-    float* adam_m;
+    float* adam_m; // AdamW's state: of every parameter, or [data parallel] of this rank's runs (state_count)
     float* adam_v;
     bf16* shadow;      // [shadow weights] bf16 copy of params[matmul_begin, matmul_end)
     bf16* cast_weight; // with shadow_weights off: one weight cast to bf16 just before its GEMM
@@ -155,6 +219,7 @@ typedef struct {
     cudaGraphExec_t step_graph; // [graphs] captured at this process's second step (the first made every GEMM plan)
     int steps_run;              // steps this process has launched
     HeadShape* shape_in_memory; // with metadata_by_value off: where shapes are copied before launches
+    Comm* comm;                 // [data parallel] NULL: one rank
 } Model;
 
 static size_t param_offset(const Model* m, int tensor, int layer) {
@@ -193,8 +258,12 @@ static int sumsq_slot(int tensor, int layer) {
     if (tensor == P_WTE || tensor == P_LM_HEAD) return tensor;
     return tensor == P_FINAL_NORM ? 2 : 3 + layer * (P_FFN_NORM - P_QKV + 1) + (tensor - P_QKV);
 }
-// All the partial sums: SUMSQ_BLOCKS for each slot.
-static size_t sumsq_count(const Model* m) { return (3 + (size_t)m->cfg.n_layer * (P_FFN_NORM - P_QKV + 1)) * SUMSQ_BLOCKS; }
+// All the partial sums: SUMSQ_BLOCKS for each slot; [data parallel] then as many for the slots'
+// tails (rank 0 sums the tails, which every rank holds alike).
+static size_t sumsq_slots(const Model* m) { return 3 + (size_t)m->cfg.n_layer * (P_FFN_NORM - P_QKV + 1); }
+static size_t sumsq_count(const Model* m) { return sumsq_slots(m) * SUMSQ_BLOCKS * (m->comm ? 2 : 1); }
+// Floats of AdamW's m (and of v) on this rank.
+static size_t state_count(const Model* m) { return m->comm ? m->comm->zero.state_total : m->layout.total; }
 
 // cudaMalloc with the amount named when the GPU is out of memory.
 static void* device_alloc(size_t bytes, const char* what) {
@@ -227,17 +296,18 @@ static bool uses_bf16_grads(const Switches* sw, int grad_accum) { return sw->bf1
 static size_t grads_f32_count(const ParamLayout* p, bool bf16_grads) {
     return p->total - (bf16_grads ? p->matmul_end - p->matmul_begin : 0);
 }
-// Device bytes of the model's buffers: weights, AdamW state, gradients, bf16 weights, activations
-// and the cuBLASLt workspace (not the token buffers, RoPE table and sort scratch: a few MiB).
-static size_t model_bytes(const ParamLayout* p, size_t acts_bytes, const Switches* sw, int grad_accum) {
+// Device bytes of the model's buffers: weights, AdamW state (state_n floats each of m and v),
+// gradients, bf16 weights, activations and the cuBLASLt workspace (not the token buffers, RoPE
+// table, sort scratch and the union's rows: a few MiB at the bench shapes).
+static size_t model_bytes(const ParamLayout* p, size_t state_n, size_t acts_bytes, const Switches* sw, int grad_accum) {
     size_t f32_n = grads_f32_count(p, uses_bf16_grads(sw, grad_accum)); // the rest are bf16
-    return p->total * 12 + f32_n * 4 + (p->total - f32_n) * 2 + bf16_weight_bytes(p, sw) + acts_bytes +
+    return p->total * 4 + state_n * 8 + f32_n * 4 + (p->total - f32_n) * 2 + bf16_weight_bytes(p, sw) + acts_bytes +
            GEMM_WORKSPACE_BYTES;
 }
 
 // Stops with the amounts when the model's buffers do not fit in the GPU's free memory.
 static void check_fits(const Model* m, int grad_accum) {
-    size_t free_b, total_b, need = model_bytes(&m->layout, m->acts_bytes, &m->sw, grad_accum);
+    size_t free_b, total_b, need = model_bytes(&m->layout, state_count(m), m->acts_bytes, &m->sw, grad_accum);
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     if (need <= free_b) return;
     fprintf(stderr, "out of GPU memory: the model needs %.2f GiB (weights, grads, AdamW state, shadow: %.2f; "
@@ -284,8 +354,8 @@ static void model_alloc(Model* m) {
     size_t grads_f32_n = grads_f32_count(&m->layout, uses_bf16_grads(&m->sw, m->grad_accum));
     m->grads = (float*)device_alloc(grads_f32_n * 4, "fp32 gradients");
     if (grads_f32_n < P) m->grads_bf16 = (bf16*)device_alloc((P - grads_f32_n) * 2, "bf16 gradients");
-    m->adam_m = (float*)device_alloc(P * 4, "AdamW m");
-    m->adam_v = (float*)device_alloc(P * 4, "AdamW v");
+    m->adam_m = (float*)device_alloc(state_count(m) * 4, "AdamW m");
+    m->adam_v = (float*)device_alloc(state_count(m) * 4, "AdamW v");
     size_t bf16_bytes = bf16_weight_bytes(&m->layout, &m->sw);
     if (m->sw.shadow_weights) m->shadow = (bf16*)device_alloc(bf16_bytes, "bf16 shadow weights");
     else m->cast_weight = (bf16*)device_alloc(bf16_bytes, "bf16 weight cast buffer");
@@ -316,6 +386,18 @@ static void model_streams(Model* m) {
         CUDA_CHECK(cudaEventCreateWithFlags(&m->group_updated[g], cudaEventDisableTiming));
 }
 
+// [data parallel] The buffers of the step's collectives: the norm's summed partial sums and [sparse
+// rows] the union of the ranks' tokens with its gradient rows.
+static void comm_alloc(Model* m) {
+    Comm* c = m->comm;
+    size_t n_all = (size_t)c->world * m->grad_accum * m->B * m->T;
+    c->sumsq_total = (float*)device_alloc(sumsq_count(m) * sizeof(float), "gradient norm sums of the ranks");
+    if (!m->sw.sparse_embedding) return;
+    sorter_create(&c->union_sorter, n_all, m->cfg.vocab_size);
+    c->all_tokens = (int*)device_alloc(n_all * sizeof(int), "every rank's tokens");
+    c->union_grads = (float*)device_alloc(n_all * m->cfg.n_embd * sizeof(float), "the union's wte gradient rows");
+}
+
 // A fresh optimizer on the weights as they are: AdamW's m, v and step counter, every gradient
 // (wte's rows are kept zero from here on [sparse rows]), the norm's partial sums (slots a launch
 // leaves unused stay 0), the statistics and the pending state zeroed, and the CUDA graph dropped
@@ -326,8 +408,8 @@ static void model_reset_training(Model* m) {
     if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
     m->step_graph = NULL;
     size_t P = m->layout.total, grads_f32_n = grads_f32_count(&m->layout, m->grads_bf16 != NULL);
-    CUDA_CHECK(cudaMemset(m->adam_m, 0, P * 4));
-    CUDA_CHECK(cudaMemset(m->adam_v, 0, P * 4));
+    CUDA_CHECK(cudaMemset(m->adam_m, 0, state_count(m) * 4));
+    CUDA_CHECK(cudaMemset(m->adam_v, 0, state_count(m) * 4));
     CUDA_CHECK(cudaMemset(m->adam_step, 0, sizeof(int)));
     CUDA_CHECK(cudaMemset(m->adam, 0, sizeof(AdamWHistory)));
     CUDA_CHECK(cudaMemset(m->grads, 0, grads_f32_n * 4));
@@ -339,20 +421,24 @@ static void model_reset_training(Model* m) {
 }
 
 // Everything of a model for B x T micro-batches, grad_accum per step, trained with optimizer `opt`
-// and switches `sw` (its weights still to be set: model_init_random or model_load).
+// and switches `sw` (its weights still to be set: model_init_random or model_load), on this rank of
+// `comm` (NULL: one rank).
 static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* opt, const Switches* sw, int B, int T,
-                         int grad_accum) {
+                         int grad_accum, Comm* comm) {
     memset(m, 0, sizeof(*m));
-    m->cfg = *cfg, m->opt = *opt, m->sw = *sw, m->B = B, m->T = T, m->grad_accum = grad_accum;
-    CUDA_CHECK(cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, 0));
+    m->cfg = *cfg, m->opt = *opt, m->sw = *sw, m->B = B, m->T = T, m->grad_accum = grad_accum, m->comm = comm;
+    int device;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, device));
     m->layout = param_layout(cfg);
+    if (comm) comm->zero = zero_layout(&m->layout, comm->rank, comm->world, sw->sparse_embedding);
     char err[L3_ERR_LEN];
     if (kernel_limits_check(cfg, sw->flash_attention, "model", err)) { // test_llama3 comes here without train_args_check
         fprintf(stderr, "%s\n", err);
         exit(EXIT_FAILURE);
     }
     StepPlan* plan = (StepPlan*)malloc(sizeof(StepPlan));
-    *plan = step_plan(sw, opt, cfg->n_layer);
+    *plan = step_plan(sw, opt, cfg->n_layer, comm ? comm->world : 1);
     m->plan = plan;
     m->acts_bytes = act_layout(&m->acts, NULL, cfg, B, T, grad_accum, m->sms, sw->flash_attention, sw->fused_rmsnorm);
     check_fits(m, grad_accum);
@@ -360,6 +446,7 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     model_streams(m);
     rope_upload(m);
     sorter_create(&m->sorter, (size_t)grad_accum * B * T, cfg->vocab_size);
+    if (comm) comm_alloc(m);
     m->gemm = (Gemm*)malloc(sizeof(Gemm));
     gemm_create(m->gemm);
     model_reset_training(m);
@@ -382,6 +469,10 @@ static void model_free(Model* m) {
     free(m->group_updated);
     free((void*)m->plan);
     free(m->gemm);
+    if (!m->comm) return;
+    void* comm_device[] = {m->comm->sumsq_total, m->comm->all_tokens, m->comm->union_grads,
+                           m->comm->union_sorter.sorted_tokens, m->comm->union_sorter.temp};
+    for (size_t i = 0; i < sizeof(comm_device) / sizeof(comm_device[0]); i++) CUDA_CHECK(cudaFree(comm_device[i]));
 }
 
 // The bf16 shadow of the matmul weights, made once after the masters are set; from then on the
@@ -676,6 +767,8 @@ static void block_backward(const Model* m, int l, bool accumulate) {
 
 static void adamw_tensor(const Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s); // in the optimizer section
 static void grad_sum_squares(const Model* m, int tensor, int layer, cudaStream_t s);
+static void shard_group_reduce(const Model* m, const int* tensors, int n, int layer);
+static void shard_group_update(const Model* m, const int* tensors, int n, int layer, const AdamWParams* h);
 static const int LAYER_TENSORS[] = {P_QKV, P_ATTN_OUT, P_GATE_UP, P_DOWN, P_ATTN_NORM, P_FFN_NORM};
 
 // [streams] With AdamW overlapped (the plan's ADAMW_OVERLAPPED groups), it runs on the optimizer
@@ -689,12 +782,16 @@ static void optimizer_stream_waits(const Model* m) {
 }
 
 // [streams] The step's last backward has just written the gradients of `tensors` (of layer
-// `layer`, one update group). On the optimizer stream, as the plan has it: with clipping their
-// sums of squares (AdamW then waits for the global norm), else their AdamW if it is overlapped.
+// `layer`, one update group). On the optimizer stream, as the plan has it: [data parallel] sharded,
+// their reduction over the ranks first; with clipping their sums of squares (AdamW then waits for
+// the global norm), else their AdamW if it is overlapped or sharded.
 static void gradients_done(const Model* m, const int* tensors, int n, int layer) {
     const StepPlan* p = m->plan;
-    if (p->timing[update_group(m, tensors[0], layer)] != ADAMW_OVERLAPPED && !p->measure_norm) return;
+    AdamWTiming timing = p->timing[update_group(m, tensors[0], layer)];
+    if (timing != ADAMW_OVERLAPPED && timing != ADAMW_SHARDED && !p->measure_norm) return;
     optimizer_stream_waits(m);
+    if (timing == ADAMW_SHARDED) shard_group_reduce(m, tensors, n, layer);
+    if (timing == ADAMW_SHARDED && !p->measure_norm) return shard_group_update(m, tensors, n, layer, &m->adam->latest);
     for (int i = 0; i < n; i++) {
         if (p->measure_norm) grad_sum_squares(m, tensors[i], layer, m->opt_stream);
         else adamw_tensor(m, tensors[i], layer, &m->adam->latest, m->opt_stream);
@@ -740,12 +837,13 @@ static void optimizer_begin_step(const Model* m) {
     adamw_next_step(m->adam, m->adam_step, m->opt, m->stats, m->stream);
 }
 
-// AdamW over params[begin, end) with hyperparameters h (device) and the gradients at `grads`,
-// writing the bf16 shadow where the range holds matmul weights; weight decay on all but the norm
-// weights (as llm.c and the Hugging Face Trainer decay).
-template <typename G> static void adamw_launch(const Model* m, size_t begin, size_t end, const G* grads, bool matmul,
-                                               const AdamWParams* h, cudaStream_t s) {
-    float *p = m->params + begin, *am = m->adam_m + begin, *av = m->adam_v + begin;
+// AdamW over params[begin, end) with hyperparameters h (device), the gradients at `grads` and m and
+// v from index `state` (begin with one rank; [data parallel] the rank's run, zero_run), writing the
+// bf16 shadow where the range holds matmul weights; weight decay on all but the norm weights (as
+// llm.c and the Hugging Face Trainer decay).
+template <typename G> static void adamw_launch(const Model* m, size_t begin, size_t end, size_t state, const G* grads,
+                                               bool matmul, const AdamWParams* h, cudaStream_t s) {
+    float *p = m->params + begin, *am = m->adam_m + state, *av = m->adam_v + state;
     bool decay = begin < m->layout.norm_begin, shadow = m->sw.shadow_weights && matmul;
     bf16* shadow_out = shadow ? m->shadow + (begin - m->layout.matmul_begin) : NULL;
     BOOL_SWITCH(shadow, SHADOW, [&] {
@@ -753,18 +851,18 @@ template <typename G> static void adamw_launch(const Model* m, size_t begin, siz
     });
 }
 // The range lies within the matmul weights, the norm weights, or wte.
-static void adamw_range(const Model* m, size_t begin, size_t end, const AdamWParams* h, cudaStream_t s) {
+static void adamw_range(const Model* m, size_t begin, size_t end, size_t state, const AdamWParams* h, cudaStream_t s) {
     const ParamLayout* p = &m->layout;
     bool matmul = begin >= p->matmul_begin && end <= p->matmul_end;
-    if (matmul && m->grads_bf16) adamw_launch(m, begin, end, grad_bf16(m, begin), matmul, h, s);
-    else adamw_launch(m, begin, end, grad_f32(m, begin), matmul, h, s);
+    if (matmul && m->grads_bf16) adamw_launch(m, begin, end, state, grad_bf16(m, begin), matmul, h, s);
+    else adamw_launch(m, begin, end, state, grad_f32(m, begin), matmul, h, s);
 }
 
 // wte: lazy AdamW over the rows this step touched [sparse rows] (sorted by the backward), or dense.
 static void adamw_embedding(const Model* m, const AdamWParams* h, cudaStream_t s) {
     size_t wte = m->layout.offset[P_WTE];
     if (!m->sw.sparse_embedding) {
-        adamw_range(m, wte, wte + m->layout.size[P_WTE], h, s);
+        adamw_range(m, wte, wte + m->layout.size[P_WTE], wte, h, s);
         return;
     }
     adamw_sparse_rows(m->params + wte, m->adam_m + wte, m->adam_v + wte, grad_f32(m, wte), m->sorter.sorted_tokens,
@@ -774,12 +872,166 @@ static void adamw_embedding(const Model* m, const AdamWParams* h, cudaStream_t s
 static void adamw_tensor(const Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s) {
     if (tensor == P_WTE) return adamw_embedding(m, h, s);
     size_t begin = param_offset(m, tensor, layer);
-    adamw_range(m, begin, begin + m->layout.layer_size[tensor], h, s);
+    adamw_range(m, begin, begin + m->layout.layer_size[tensor], begin, h, s);
+}
+
+// ---- data parallel: the sharded optimizer (ZeRO-1) ----
+// [data parallel] Under several ranks each update group's gradients are averaged over the ranks onto
+// each rank's part of every tensor slice (llama3.h zero_layout) as soon as the last backward has
+// written them, on the optimizer stream; each rank updates its part (and the few-element tail every
+// rank owns) with its own share of AdamW's state, and the parts' new weights are all-gathered. The
+// embedding's sparse rows instead go through the union of the rows every rank touched.
+
+static bool grad_is_bf16(const Model* m, size_t offset) {
+    return m->grads_bf16 && offset >= m->layout.matmul_begin && offset < m->layout.matmul_end;
+}
+static bool sparse_wte(const Model* m, int tensor) { return tensor == P_WTE && m->sw.sparse_embedding; }
+static int n_union(const Model* m) { return m->comm->world * m->grad_accum * m->B * m->T; }
+
+// [sparse rows] The wte gradient rows any rank touched, averaged over the ranks: every rank's step
+// inputs gathered and sorted (the union, repeats included), each row copied to the slot of its first
+// sorted entry, one all-reduce of the slots (world * n_step rows, not the table), and back. Every
+// rank then holds the same rows and updates them alike (its wte state is the whole table).
+static void reduce_union_rows(const Model* m) {
+    const Comm* c = m->comm;
+    int n_step = m->grad_accum * m->B * m->T, C = m->cfg.n_embd;
+    float* table = grad_f32(m, m->layout.offset[P_WTE]);
+    CUDA_CHECK(cudaMemcpyAsync(c->all_tokens + (size_t)c->rank * n_step, m->tokens, n_step * sizeof(int),
+                               cudaMemcpyDeviceToDevice, m->opt_stream));
+    all_gather(c->nccl, c->all_tokens, n_step, c->rank, m->opt_stream);
+    token_sort(&c->union_sorter, c->all_tokens, n_union(m), m->opt_stream);
+    union_rows<true>(table, c->union_grads, c->union_sorter.sorted_tokens, n_union(m), C, m->opt_stream);
+    all_reduce(c->nccl, c->union_grads, c->union_grads, (size_t)n_union(m) * C, COMM_AVG, m->opt_stream);
+    union_rows<false>(table, c->union_grads, c->union_sorter.sorted_tokens, n_union(m), C, m->opt_stream);
+}
+
+// The average over the ranks of tensor `tensor`'s slice of `layer`: reduce-scattered onto the parts
+// in place (bf16 or fp32, as the backward wrote it), the tail all-reduced.
+static void shard_reduce(const Model* m, int tensor, int layer) {
+    const Comm* c = m->comm;
+    size_t offset = param_offset(m, tensor, layer);
+    RangeShard sh = c->zero.shard[tensor];
+    auto reduce = [&](auto* g) {
+        if (sh.part) reduce_scatter(c->nccl, g, sh.part, c->rank, m->opt_stream);
+        if (sh.tail) all_reduce(c->nccl, g + c->world * sh.part, g + c->world * sh.part, sh.tail, COMM_AVG, m->opt_stream);
+    };
+    if (grad_is_bf16(m, offset)) reduce(grad_bf16(m, offset));
+    else reduce(grad_f32(m, offset));
+}
+
+// This rank's AdamW of the slice: its part and the tail, or [sparse rows] the union's rows.
+static void shard_adamw(const Model* m, int tensor, int layer, const AdamWParams* h) {
+    const Comm* c = m->comm;
+    if (sparse_wte(m, tensor)) {
+        size_t wte = m->layout.offset[P_WTE], state = c->zero.state_offset[P_WTE];
+        adamw_sparse_rows(m->params + wte, m->adam_m + state, m->adam_v + state, grad_f32(m, wte),
+                          c->union_sorter.sorted_tokens, n_union(m), m->cfg.n_embd, h, m->opt_stream, m->sw.vector_adam);
+        return;
+    }
+    for (int which = 0; which < 2; which++) {
+        ShardRun r = zero_run(&c->zero, &m->layout, tensor, layer, which);
+        if (r.n) adamw_range(m, r.param, r.param + r.n, r.state, h, m->opt_stream);
+    }
+}
+
+// The ranks' new parts of the slice, all-gathered in place: the bf16 shadow of a matmul weight (the
+// GEMMs read it; the fp32 masters of other ranks' parts go stale, and nothing reads them), the fp32
+// weights of a norm or of a dense wte (read as they are).
+static void shard_gather(const Model* m, int tensor, int layer) {
+    const Comm* c = m->comm;
+    RangeShard sh = c->zero.shard[tensor];
+    size_t offset = param_offset(m, tensor, layer);
+    if (!sh.part) return;
+    if (offset >= m->layout.matmul_begin && offset < m->layout.matmul_end)
+        all_gather(c->nccl, m->shadow + (offset - m->layout.matmul_begin), sh.part, c->rank, m->opt_stream);
+    else
+        all_gather(c->nccl, m->params + offset, sh.part, c->rank, m->opt_stream);
+}
+
+// An update group's reduction (one NCCL launch for its tensors; wte's union has kernels between its
+// collectives, so it runs alone).
+static void shard_group_reduce(const Model* m, const int* tensors, int n, int layer) {
+    if (sparse_wte(m, tensors[0])) return reduce_union_rows(m);
+    comm_group(true);
+    for (int i = 0; i < n; i++) shard_reduce(m, tensors[i], layer);
+    comm_group(false);
+}
+// An update group's AdamW on this rank's parts, then its all-gathers (one NCCL launch).
+static void shard_group_update(const Model* m, const int* tensors, int n, int layer, const AdamWParams* h) {
+    for (int i = 0; i < n; i++) shard_adamw(m, tensors[i], layer, h);
+    comm_group(true);
+    for (int i = 0; i < n; i++) shard_gather(m, tensors[i], layer);
+    comm_group(false);
+}
+
+// [clipping] This rank's sums of squares of the slice: its part into the slot, the tail (rank 0's
+// alone: every rank holds the same) into the slot's twin in the second half, the union's wte rows
+// (rank 0's alone). clip_guard then reads the ranks' sums (norm_all_reduce).
+static void shard_sum_squares(const Model* m, int tensor, int layer, cudaStream_t s) {
+    const Comm* c = m->comm;
+    float* partial = m->sumsq + (size_t)sumsq_slot(tensor, layer) * SUMSQ_BLOCKS;
+    if (sparse_wte(m, tensor)) {
+        if (c->rank == 0)
+            sum_squares_rows(partial, grad_f32(m, m->layout.offset[P_WTE]), c->union_sorter.sorted_tokens, n_union(m),
+                             m->cfg.n_embd, s);
+        return;
+    }
+    for (int which = 0; which < 2; which++) {
+        ShardRun r = zero_run(&c->zero, &m->layout, tensor, layer, which);
+        float* into = partial + which * sumsq_slots(m) * SUMSQ_BLOCKS;
+        if (!r.n || (which == 1 && c->rank != 0)) continue;
+        if (grad_is_bf16(m, r.param)) sum_squares(into, grad_bf16(m, r.param), r.n, s);
+        else sum_squares(into, grad_f32(m, r.param), r.n, s);
+    }
+}
+
+// [clipping] The tensors of update group g (see update groups at head_group), for the sharded update
+// after the norm.
+static int group_tensors(const Model* m, int g, const int** tensors) {
+    static const int wte[] = {P_WTE}, head[] = {P_FINAL_NORM, P_LM_HEAD};
+    if (g == 0) return *tensors = wte, 1;
+    if (g == head_group(m)) return *tensors = head, 2;
+    return *tensors = LAYER_TENSORS, 6;
+}
+
+// [clipping] Under several ranks, once the norm is known: every group's sharded update.
+static void shard_update_after_norm(const Model* m) {
+    for (int g = 0; g < num_groups(m); g++) {
+        const int* tensors;
+        int n = group_tensors(m, g, &tensors);
+        shard_group_update(m, tensors, n, g == 0 || g == head_group(m) ? 0 : g - 1, &m->adam->latest);
+    }
+}
+
+// [clipping] The global norm and clipping scale, on the optimizer stream after the last sums; under
+// several ranks from every rank's partial sums, summed out of place (a rank's own slots keep only its
+// sums: the slots a rank never writes stay zero).
+static void norm_guard(const Model* m) {
+    const float* partial = m->sumsq;
+    if (m->comm) {
+        all_reduce(m->comm->nccl, m->sumsq, m->comm->sumsq_total, sumsq_count(m), COMM_SUM, m->opt_stream);
+        partial = m->comm->sumsq_total;
+    }
+    clip_guard(&m->adam->latest, m->stats, partial, (int)sumsq_count(m), m->opt.grad_clip, m->opt_stream);
+}
+
+// [data parallel] The NaN guard's inputs agreed on: the step's loss averaged over the ranks and the
+// skip flag of any rank, on the optimizer stream before any AdamW of the step; the count follows
+// (clip_guard counts instead when the norm is measured).
+static void ranks_agree_on_loss(const Model* m) {
+    const Comm* c = m->comm;
+    optimizer_stream_waits(m);
+    comm_group(true);
+    all_reduce(c->nccl, &m->stats->loss, &m->stats->loss, 1, COMM_AVG, m->opt_stream);
+    all_reduce(c->nccl, &m->adam->latest.skip, &m->adam->latest.skip, 1, COMM_MAX, m->opt_stream);
+    comm_group(false);
+    if (!m->plan->measure_norm) count_step_after(&m->adam->latest, m->stats, m->opt_stream);
 }
 
 // [clipping] The sum of squares of one gradient tensor into its slot's partial sums: bf16 or fp32,
 // and wte's touched rows only [sparse rows].
 static void grad_sum_squares(const Model* m, int tensor, int layer, cudaStream_t s) {
+    if (m->comm) return shard_sum_squares(m, tensor, layer, s);
     size_t offset = param_offset(m, tensor, layer), n = m->layout.layer_size[tensor];
     float* partial = m->sumsq + (size_t)sumsq_slot(tensor, layer) * SUMSQ_BLOCKS;
     if (tensor == P_WTE && m->sw.sparse_embedding)
@@ -797,8 +1049,8 @@ static void optimizer_step(const Model* m) {
     NVTX_PUSH("optimizer");
     const ParamLayout* p = &m->layout;
     const AdamWParams* h = &m->adam->latest;
-    adamw_range(m, p->matmul_begin, p->matmul_end, h, m->stream);
-    adamw_range(m, p->norm_begin, p->total, h, m->stream);
+    adamw_range(m, p->matmul_begin, p->matmul_end, p->matmul_begin, h, m->stream);
+    adamw_range(m, p->norm_begin, p->total, p->norm_begin, h, m->stream);
     adamw_embedding(m, h, m->stream);
     NVTX_POP();
 }
@@ -868,7 +1120,8 @@ static void micro_step(const Model* m, int micro, bool to_optimizer) {
     bool last = micro == m->grad_accum - 1, accumulate = micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE;
     forward(m, inputs, micro == 0 && m->pending.updates);
     classifier(m, m->tokens + n_step + (size_t)micro * N, micro);
-    if (last) loss_guard(&m->adam->latest, m->stats, m->acts.losses, n_step, !m->plan->measure_norm, m->stream);
+    if (last) loss_guard(&m->adam->latest, m->stats, m->acts.losses, n_step, !m->plan->measure_norm && !m->comm, m->stream);
+    if (last && m->comm) ranks_agree_on_loss(m);
     if (micro == 0 && !m->sw.sparse_embedding) // dense wte gradient: the whole table is re-zeroed every step
         CUDA_CHECK(cudaMemsetAsync(grad_f32(m, m->layout.offset[P_WTE]), 0, m->layout.size[P_WTE] * 4, m->stream));
     if (last && m->pending.save_copy) CUDA_CHECK(cudaStreamWaitEvent(m->stream, *m->pending.save_copy));
@@ -889,8 +1142,8 @@ static void step_work(const Model* m) {
     if (m->pending.updates) optimizer_stream_waits(m), adamw_deferred(m, &m->adam->previous, m->opt_stream);
     if (m->sw.grad_zeroing != GRAD_ZERO_NONE) zero_grads(m);
     for (int micro = 0; micro < m->grad_accum; micro++) micro_step(m, micro, true);
-    if (p->measure_norm)
-        clip_guard(&m->adam->latest, m->stats, m->sumsq, (int)sumsq_count(m), m->opt.grad_clip, m->opt_stream);
+    if (p->measure_norm) norm_guard(m);
+    if (p->measure_norm && p->world > 1) shard_update_after_norm(m);
     // The optimizer stream worked in the backward: the next forward needs every weight not deferred.
     if (p->measure_norm || !p->after_backward) {
         CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream));
@@ -1063,6 +1316,15 @@ static void checkpoint_restore(Model* m, const char* state_path, const Checkpoin
     free(host);
 }
 
+// [data parallel] x (one float on the device, written on the main stream) averaged over the ranks,
+// on the optimizer stream like every collective, and the main stream after it.
+static void ranks_average(const Model* m, float* x) {
+    optimizer_stream_waits(m);
+    all_reduce(m->comm->nccl, x, x, 1, COMM_AVG, m->opt_stream);
+    CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->opt_done));
+}
+
 // ---- validation and sampling ----
 // Both read the weights after a step: they first apply what the step deferred (optimizer_flush;
 // the next step then runs eagerly), run forward passes on their own tokens into the activation
@@ -1076,10 +1338,11 @@ typedef struct {
 } ValData;
 
 // The first val_tokens tokens of the val data (whole batches of B*T; fewer if the file is short),
-// staged on the device once.
+// staged on the device once; [data parallel] this rank's slice of them (loader_next), N ranks
+// reading val_tokens / N each.
 static void val_create(ValData* v, const Model* m, DataLoader* loader, int val_tokens) {
     size_t N = (size_t)m->B * m->T, have = loader->data->n_tokens - 1, want = (size_t)val_tokens;
-    v->n_batches = (int)((want < have ? want : have) / N);
+    v->n_batches = (int)((want < have ? want : have) / (N * loader->world));
     if (v->n_batches < 1) v->n_batches = 1; // loader_init checked that one batch fits
     int32_t* host = (int32_t*)malloc(v->n_batches * 2 * N * sizeof(int32_t));
     for (int i = 0; i < v->n_batches; i++) loader_next(loader, host + i * 2 * N, host + i * 2 * N + N);
@@ -1104,6 +1367,7 @@ static float val_loss(Model* m, ValData* v) {
         mean(v->batch_loss + i, m->acts.losses, (int)N, m->stream);
     }
     mean(v->batch_loss + v->n_batches, v->batch_loss, v->n_batches, m->stream);
+    if (m->comm) ranks_average(m, v->batch_loss + v->n_batches); // [data parallel] each rank's val slice
     float loss;
     CUDA_CHECK(cudaMemcpyAsync(&loss, v->batch_loss + v->n_batches, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
@@ -1149,7 +1413,9 @@ static void sample_ids(Model* m, Sampler* s, int* ids) {
 
 // ---- training loop ----
 
-static double tokens_per_step(const Model* m) { return (double)m->grad_accum * m->B * m->T; }
+// Tokens of one optimizer step, on all ranks.
+static int world_of(const Model* m) { return m->comm ? m->comm->world : 1; }
+static double tokens_per_step(const Model* m) { return (double)m->grad_accum * m->B * m->T * world_of(m); }
 
 static double wall_seconds(void) {
     struct timespec ts;
@@ -1280,10 +1546,12 @@ static double flops_per_token(const Model* m) {
     const ParamLayout* p = &m->layout;
     return 6.0 * (p->matmul_end - p->matmul_begin) + 12.0 * m->cfg.n_layer * m->T * m->cfg.n_embd;
 }
-// Dense bf16 peak of the GPU from its name (0: not known here).
+// Dense bf16 peak of this rank's GPU from its name (0: not known here).
 static double peak_flops(void) {
     cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    int device;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     if (strstr(prop.name, "H100") || strstr(prop.name, "H200")) return 989.4e12;
     if (strstr(prop.name, "A100")) return 312e12;
     return 0;
@@ -1294,7 +1562,7 @@ static void print_summary(const Model* m, const StepLog* lg, const TrainArgs* a,
     int n = last_step(a) - lg->first + 1;
     double tokens = n * tokens_per_step(m), tok_s = tokens / wall, peak = peak_flops();
     printf("done: %d steps, %.0f tokens in %.1f s, %.0f tok/s", n, tokens, wall, tok_s);
-    if (peak > 0) printf(", MFU %.1f%%", 100.0 * flops_per_token(m) * tok_s / peak);
+    if (peak > 0) printf(", MFU %.1f%%", 100.0 * flops_per_token(m) * tok_s / (peak * world_of(m)));
     printf(" | last loss %.6f", lg->last.loss);
     if (lg->last_val == lg->last_val) printf(", val %.6f", lg->last_val);
     if (lg->last.skipped_total) printf(" | %d steps skipped (non-finite)", lg->last.skipped_total);
@@ -1307,6 +1575,15 @@ static void print_summary(const Model* m, const StepLog* lg, const TrainArgs* a,
                last_step(a), med, tokens_per_step(m) / (med / 1000.0), lg->mem_mib);
         free(ms);
     }
+}
+
+// [data parallel] The loop's sign of progress for the watchdog (comm_start): the last step done, and
+// when (monotonic ms).
+static uint64_t heartbeat_ms; // when the loop last made progress (monotonic ms; __atomic)
+static int heartbeat_step;
+static void heartbeat(int step) {
+    __atomic_store_n(&heartbeat_step, step, __ATOMIC_RELAXED);
+    __atomic_store_n(&heartbeat_ms, (uint64_t)(wall_seconds() * 1000), __ATOMIC_RELEASE);
 }
 
 // The training loop from step `first` (1, or the step after a resumed checkpoint) to last_step(a)
@@ -1330,6 +1607,7 @@ static void train(Model* m, const TrainArgs* a, const TrainIO* io, int first) {
         CUDA_CHECK(cudaEventRecord(lg.end[slot], m->stream));
         if (lg.logged < t - 1) log_step(m, &lg, a, io->saver, t - 1);
         evaluate(m, &lg, a, io, t);
+        heartbeat(t); // [data parallel] the watchdog's sign of progress
     }
     if (lg.logged < last) log_step(m, &lg, a, io->saver, last);
     optimizer_flush(m); // (nothing left after a save of the last step)
@@ -1361,8 +1639,8 @@ extern "C" const unsigned char _binary_data_llama3_vocab_bin_end[];
 
 // One line on stderr, and for a command-line error where to find the flags.
 static void die(const char* msg, const char* prog, bool usage) {
-    if (usage) fprintf(stderr, "error: %s (%s --help lists the flags)\n", msg, prog);
-    else fprintf(stderr, "error: %s\n", msg);
+    if (usage) fprintf(stderr, "error: %s%s (%s --help lists the flags)\n", rank_tag, msg, prog);
+    else fprintf(stderr, "error: %s%s\n", rank_tag, msg);
     exit(EXIT_FAILURE);
 }
 
@@ -1441,9 +1719,19 @@ static void check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat*
         die(err, prog, false);
 }
 
+// The NCCL version of the library loaded (0 without NCCL).
+static int nccl_version(void) {
+    int v = 0;
+#if LLAMA3_NCCL
+    NCCL_CHECK(ncclGetVersion(&v));
+#endif
+    return v;
+}
+
 // The GPU, before anything is allocated on it: one that is there (CUDA's own error named when not),
-// of a compute capability the build runs on, with this build's kernels loadable on it.
-static void gpu_start(const char* prog) {
+// this rank's (its local rank's; two ranks may share one only as NCCL allows), of a compute
+// capability the build runs on, with this build's kernels loadable on it.
+static void gpu_start(const RankEnv* ranks, const char* prog) {
     char err[L3_ERR_LEN];
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
@@ -1454,17 +1742,137 @@ static void gpu_start(const char* prog) {
                  LLAMA3_MIN_COMPUTE_CAPABILITY % 10);
         die(err, prog, false);
     }
+    int device = 0;
+    const char* shared = getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+    if (rank_device(ranks, n_dev, shared && !strcmp(shared, "1") && nccl_version() >= 23000, &device, err))
+        die(err, prog, false);
+    CUDA_CHECK(cudaSetDevice(device));
     cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     if (gpu_check(prop.major, prop.minor, prop.name, err)) die(err, prog, false);
     cudaFuncAttributes attr;
     if ((e = cudaFuncGetAttributes(&attr, init_params_kernel)) != cudaSuccess) {
-        snprintf(err, sizeof(err), "GPU 0 (%s, compute capability %d.%d): this build has no kernels for it (%s); "
-                 "rebuild with make GENCODE=\"-gencode arch=compute_%d%d,code=sm_%d%d\"", prop.name, prop.major,
+        snprintf(err, sizeof(err), "GPU %d (%s, compute capability %d.%d): this build has no kernels for it (%s); "
+                 "rebuild with make GENCODE=\"-gencode arch=compute_%d%d,code=sm_%d%d\"", device, prop.name, prop.major,
                  prop.minor, cudaGetErrorString(e), prop.major, prop.minor, prop.major, prop.minor);
         die(err, prog, false);
     }
 }
+
+// ---- data parallel: the ranks' start and watchdog ----
+// [data parallel] Every wait on the other ranks ends after --nccl_timeout with a message naming what
+// did not come: the rendezvous (llama3.h), NCCL's start (in a thread the main thread waits for), and
+// each step (a watchdog thread: NCCL's asynchronous error, or no step finished in time, as when a
+// rank died and the others wait in a collective). It aborts the communicator and ends the process.
+
+#if LLAMA3_NCCL
+typedef struct {
+    Comm* comm;
+    ncclUniqueId id;
+    int device, timeout_s;
+    ncclResult_t result;
+    int done; // __atomic
+} NcclStart;
+
+static void* nccl_start_thread(void* arg) {
+    NcclStart* st = (NcclStart*)arg;
+    cudaSetDevice(st->device); // (a thread's own current device)
+    st->result = ncclCommInitRank(&st->comm->nccl, st->comm->world, st->id, st->comm->rank);
+    __atomic_store_n(&st->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static int watchdog_timeout_s; // --nccl_timeout
+static int watchdog_ending;    // __atomic: at the last barrier; a rank past it may close its connections
+static int watchdog_stop;      // __atomic: the run is over
+
+static void* watchdog_thread(void* arg) {
+    const Comm* c = (const Comm*)arg;
+    while (!__atomic_load_n(&watchdog_stop, __ATOMIC_ACQUIRE)) {
+        usleep(200 * 1000);
+        ncclResult_t async;
+        const char* why = NULL;
+        char msg[256];
+        if (!__atomic_load_n(&watchdog_ending, __ATOMIC_ACQUIRE) && ncclCommGetAsyncError(c->nccl, &async) == ncclSuccess &&
+            async != ncclSuccess && async != ncclInProgress) {
+            snprintf(msg, sizeof(msg), "NCCL failed: %s (another rank stopped?)", ncclGetErrorString(async));
+            why = msg;
+        }
+        double idle = wall_seconds() - __atomic_load_n(&heartbeat_ms, __ATOMIC_ACQUIRE) / 1000.0;
+        if (!why && idle > watchdog_timeout_s) {
+            snprintf(msg, sizeof(msg), "no step finished for %d s after step %d (--nccl_timeout): another rank stopped "
+                     "or hangs", watchdog_timeout_s, __atomic_load_n(&heartbeat_step, __ATOMIC_RELAXED));
+            why = msg;
+        }
+        if (!why) continue;
+        fprintf(stderr, "error: %s%s\n", rank_tag, why);
+        ncclCommAbort(c->nccl);
+        _exit(EXIT_FAILURE);
+    }
+    return NULL;
+}
+
+// This rank's communicator: rank 0's NCCL id handed out by the rendezvous (with the configuration
+// hash every rank must match), NCCL's start within the timeout, the rendezvous file removed once
+// every rank has joined, and the watchdog started.
+static Comm* comm_start(const RankEnv* ranks, const TrainArgs* a, const Llama3Config* cfg, const char* prog) {
+    char err[L3_ERR_LEN];
+    RendezvousSpec spec;
+    static NcclStart st; // (read by its thread after a timeout: not on the stack)
+    st.comm = (Comm*)calloc(1, sizeof(Comm));
+    st.comm->rank = ranks->rank, st.comm->world = ranks->world, st.timeout_s = a->dist.timeout_s;
+    CUDA_CHECK(cudaGetDevice(&st.device));
+    if (rendezvous_parse(a->dist.rendezvous, &spec, err)) die(err, prog, false);
+    if (ranks->rank == 0) NCCL_CHECK(ncclGetUniqueId(&st.id));
+    static_assert(sizeof(ncclUniqueId) == RENDEZVOUS_ID_BYTES, "NCCL's id is the rendezvous's 128 bytes");
+    if (rendezvous(&spec, ranks->rank, ranks->world, run_config_hash(a, cfg), (unsigned char*)&st.id,
+                   a->dist.timeout_s, err))
+        die(err, prog, false);
+    pthread_t t;
+    if (pthread_create(&t, NULL, nccl_start_thread, &st) != 0) die("cannot start a thread for NCCL's start", prog, false);
+    double end = wall_seconds() + a->dist.timeout_s;
+    while (!__atomic_load_n(&st.done, __ATOMIC_ACQUIRE)) {
+        if (wall_seconds() > end) {
+            fprintf(stderr, "error: %sNCCL's start did not complete within %d s (--nccl_timeout): not every rank "
+                    "joined (one that stopped says why)\n", rank_tag, a->dist.timeout_s);
+            _exit(EXIT_FAILURE); // (the thread waits in NCCL)
+        }
+        usleep(10 * 1000);
+    }
+    pthread_join(t, NULL);
+    NCCL_CHECK(st.result);
+    if (ranks->rank == 0 && !spec.tcp) unlink(spec.path); // every rank has read it
+    watchdog_timeout_s = a->dist.timeout_s;
+    heartbeat(0);
+    if (pthread_create(&st.comm->watchdog, NULL, watchdog_thread, st.comm) != 0)
+        die("cannot start the watchdog thread", prog, false);
+    printf("ranks: %d, NCCL %d, ZeRO-1 over the ranks (the rendezvous by %s)\n", ranks->world, nccl_version(),
+           spec.tcp ? "tcp" : "file");
+    return st.comm;
+}
+// The run is over on this rank: a last barrier (an all-reduce every rank reaches after its last
+// step; a rank that passed it may close its connections, which the watchdog no longer takes for a
+// failure, but it still bounds the wait), then the watchdog stopped and the communicator.
+static void comm_end(Comm* c) {
+    int* one = (int*)device_alloc(sizeof(int), "the last barrier");
+    CUDA_CHECK(cudaMemset(one, 0, sizeof(int)));
+    __atomic_store_n(&watchdog_ending, 1, __ATOMIC_RELEASE);
+    heartbeat(__atomic_load_n(&heartbeat_step, __ATOMIC_RELAXED)); // (the barrier waits for the slowest rank)
+    all_reduce(c->nccl, one, one, 1, COMM_SUM, 0);
+    CUDA_CHECK(cudaStreamSynchronize(0));
+    CUDA_CHECK(cudaFree(one));
+    __atomic_store_n(&watchdog_stop, 1, __ATOMIC_RELEASE);
+    pthread_join(c->watchdog, NULL);
+    NCCL_CHECK(ncclCommDestroy(c->nccl));
+    free(c);
+}
+#else
+static Comm* comm_start(const RankEnv*, const TrainArgs*, const Llama3Config*, const char* prog) {
+    die("internal error: several ranks in a train_llama3 built without NCCL", prog, false); // (rank_env_check)
+    return NULL;
+}
+static void comm_end(Comm*) {}
+#endif
 
 // The outputs, opened only once everything that can fail before step 1 has passed (inputs, GPU,
 // memory, the model loaded): the checkpoint folder, and the JSON log (returned; NULL: none), which
@@ -1493,7 +1901,7 @@ static void print_setup(const TrainArgs* a, const Llama3Config* cfg, ModelFileFo
 static void print_model(const Model* m, const TrainArgs* a) {
     printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g | memory %.2f GiB\n", m->layout.total, m->B,
            m->T, m->grad_accum, m->opt.sched.peak_lr, m->opt.weight_decay,
-           model_bytes(&m->layout, m->acts_bytes, &m->sw, m->grad_accum) / 1073741824.0);
+           model_bytes(&m->layout, state_count(m), m->acts_bytes, &m->sw, m->grad_accum) / 1073741824.0);
     train_args_print(stdout, a);
     printf("in effect: bf16_grads %d\n", m->grads_bf16 != NULL);
     step_plan_print(stdout, m->plan);
@@ -1525,8 +1933,10 @@ int main(int argc, char** argv) {
         a.help ? print_usage(stdout, argv[0]) : print_switches(stdout);
         return 0;
     }
-    if (rank_env_check(&ranks, 1, err)) die(err, argv[0], false);
+    if (rank_env_check(&ranks, LLAMA3_NCCL ? INT_MAX : 1, err)) die(err, argv[0], false);
     a.loop.rank = ranks.rank;
+    if (ranks.world > 1) snprintf(rank_tag, sizeof(rank_tag), "rank %d: ", ranks.rank);
+    if (ranks.rank > 0 && !freopen("/dev/null", "w", stdout)) die("cannot silence stdout", argv[0], false); // rank 0 prints
     Llama3Config cfg = llama3_2_1b_config();
     ModelFileFormat fmt = MODEL_FILE_SEED;
     TokenData tokens = {}; // zeroed: gcc cannot see that load_tokens fills it or exits
@@ -1534,18 +1944,18 @@ int main(int argc, char** argv) {
     static RunInputs in; // (two paths of 4 KB: not on the stack)
     check_inputs(&a, &cfg, &fmt, &tokens, &loader, &in, argv[0]);
     print_setup(&a, &cfg, fmt, &tokens, &in);
-    gpu_start(argv[0]);
+    gpu_start(&ranks, argv[0]);
+    Comm* comm = ranks.world > 1 ? comm_start(&ranks, &a, &cfg, argv[0]) : NULL;
 
     Model m;
-    model_create(&m, &cfg, &a.optim, &a.sw, a.loop.batch_size, a.loop.sequence_length,
-                 micro_steps(&a.loop));
+    model_create(&m, &cfg, &a.optim, &a.sw, a.loop.batch_size, a.loop.sequence_length, micro_steps(&a.loop), comm);
     print_model(&m, &a);
     model_start(&m, &a, fmt, &in, &loader, argv[0]);
     static Saver saver;
     ValData val;
     Sampler sampler = {&a.eval, NULL, a.loop.seed ^ 0x5a4d504cULL};
     TrainIO io = {&loader, NULL, a.ckpt.dir ? &saver : NULL, a.eval.val_every ? &val : NULL,
-                  a.eval.sample_every ? &sampler : NULL, &in.vocab};
+                  a.eval.sample_every && ranks.rank == 0 ? &sampler : NULL, &in.vocab}; // (samples: rank 0's)
     if (io.saver) saver_create(&saver, &m, &a.ckpt, &tokens);
     if (io.val) {
         val_create(&val, &m, &in.val_loader, a.eval.val_tokens);
@@ -1553,13 +1963,14 @@ int main(int argc, char** argv) {
                in.val_path ? in.val_path : "the embedded val split");
     }
     if (io.sampler) sampler.seq = (int*)device_alloc(m.T * sizeof(int), "sample tokens");
-    io.json = open_outputs(&a, &in, argv[0]);
+    if (ranks.rank == 0) io.json = open_outputs(&a, &in, argv[0]); // (several ranks: no checkpoints yet)
     train(&m, &a, &io, a.ckpt.resume ? in.st.step + 1 : 1);
     if (io.saver) saver_free(&saver);
     if (io.val) val_free(&val), tokens_free(&in.val_tokens);
     if (io.sampler) CUDA_CHECK(cudaFree(sampler.seq)), vocab_free(&in.vocab);
     model_free(&m);
     tokens_free(&tokens);
+    if (comm) comm_end(comm);
     return 0;
 }
 #endif

@@ -145,6 +145,27 @@ MUTANTS = [
 ]
 
 # Bugs the host tests catch on a machine without a GPU (run with --host_only).
+# Bugs of the data-parallel step: built with DATA_PARALLEL=1, caught by the two-rank part
+# (scripts/test_ranks.sh, which needs NCCL >= 2.30 on a one-GPU machine). --data_parallel runs them.
+DP_MUTANTS = [
+    ("grads_summed", "data parallel", "train_llama3.cu", "the reduce-scatter sums the ranks' gradients instead of "
+     "averaging them (N times the gradient)",
+     "NCCL_CHECK(ncclReduceScatter(x, x + (size_t)rank * part, part, nccl_type<T>(), ncclAvg, c, s));",
+     "NCCL_CHECK(ncclReduceScatter(x, x + (size_t)rank * part, part, nccl_type<T>(), ncclSum, c, s));"),
+    ("grads_not_reduced", "data parallel", "train_llama3.cu", "each rank updates its part with its own gradient "
+     "(the reduce-scatter left out)",
+     "        if (sh.part) reduce_scatter(c->nccl, g, sh.part, c->rank, m->opt_stream);\n", ""),
+    ("gather_before_adamw", "data parallel", "train_llama3.cu", "a group's all-gather issued before its AdamW: the "
+     "ranks read each other's parts as they were before the step",
+     "    for (int i = 0; i < n; i++) shard_adamw(m, tensors[i], layer, h);\n    comm_group(true);\n"
+     "    for (int i = 0; i < n; i++) shard_gather(m, tensors[i], layer);\n    comm_group(false);\n",
+     "    comm_group(true);\n    for (int i = 0; i < n; i++) shard_gather(m, tensors[i], layer);\n"
+     "    comm_group(false);\n    for (int i = 0; i < n; i++) shard_adamw(m, tensors[i], layer, h);\n"),
+    ("union_rows_one_rank", "data parallel", "train_llama3.cu", "the embedding's rows are each rank's own (the "
+     "union's all-reduce left out): the ranks' embeddings drift apart",
+     "    all_reduce(c->nccl, c->union_grads, c->union_grads, (size_t)n_union(m) * C, COMM_AVG, m->opt_stream);\n", ""),
+]
+
 HOST_MUTANTS = [
     ("json_nan_written", "log", "llama3.h", "a non-finite loss written as printf prints it (nan), not as null",
      "    if (isfinite(v)) snprintf(out, len, fmt, v);", "    if (1) snprintf(out, len, fmt, v);"),
@@ -153,7 +174,8 @@ HOST_MUTANTS = [
     ("resume_keeps_later_lines", "log", "llama3.h", "a resumed run keeps the log lines after its step",
      "log_line_step(line) <= resumed) keep += n;", "log_line_step(line) >= -1) keep += n;"),
     ("outputs_before_gpu", "log", "train_llama3.cu", "the log and checkpoint folder are opened before the GPU "
-     "is looked for", "    gpu_start(argv[0]);\n", "    open_outputs(&a, &in, argv[0]);\n    gpu_start(argv[0]);\n"),
+     "is looked for", "    gpu_start(&ranks, argv[0]);\n",
+     "    open_outputs(&a, &in, argv[0]);\n    gpu_start(&ranks, argv[0]);\n"),
     ("stdout_block_buffered", "log", "train_llama3.cu", "stdout left block-buffered into a file or pipe",
      "    setvbuf(stdout, NULL, _IOLBF, 0);", "   "),
     ("total_batch_fixed", "flags", "llama3.h", "--total_batch_size not given stays 256 instead of B*T",
@@ -233,10 +255,12 @@ def plant_check(mutants):
     sys.exit(1 if stale else 0)
 
 
-def build(dest, host_only, gpu_only):
+def build(dest, host_only, gpu_only, data_parallel):
     targets = ["train_llama3", "test_llama3_host"] + ([] if host_only else ["test_llama3"])
     gencode = GENCODE.split(" -gencode arch=compute_80")[0] if gpu_only else GENCODE  # (the PTX check is a host part)
-    r = subprocess.run(["make", "-s", "-j3", *targets, f"GENCODE={gencode}"], cwd=dest, capture_output=True, text=True)
+    extra = ["DATA_PARALLEL=1"] if data_parallel else []
+    r = subprocess.run(["make", "-s", "-j3", *targets, f"GENCODE={gencode}", *extra], cwd=dest, capture_output=True,
+                       text=True)
     return r.returncode, r.stdout + r.stderr
 
 
@@ -271,14 +295,16 @@ def main():
     ap.add_argument("--only", nargs="*", help="mutant names")
     ap.add_argument("--gpu_only", action="store_true", help="leave the host tests out")
     ap.add_argument("--host_only", action="store_true", help="HOST_MUTANTS, with the GPU tests left out (no GPU needed)")
+    ap.add_argument("--data_parallel", action="store_true", help="DP_MUTANTS, built with DATA_PARALLEL=1 (a GPU and NCCL)")
     ap.add_argument("--out", help="also write the table (markdown) here")
     ap.add_argument("--keep", help="build the copies in this folder and keep them")
     ap.add_argument("--plant_check", action="store_true",
                     help="only check that every mutant's code occurs exactly once (no GPU; make test runs it)")
     args = ap.parse_args()
     if args.plant_check:
-        plant_check(MUTANTS + HOST_MUTANTS)
-    mutants = [m for m in (HOST_MUTANTS if args.host_only else MUTANTS) if not args.only or m[0] in args.only]
+        plant_check(MUTANTS + HOST_MUTANTS + DP_MUTANTS)
+    pool_of = HOST_MUTANTS if args.host_only else DP_MUTANTS if args.data_parallel else MUTANTS
+    mutants = [m for m in pool_of if not args.only or m[0] in args.only]
     for ref in () if args.host_only else ("small_t64", "small_t1024", "small_b8", "small_accum", "small_dense"):
         if not os.path.exists(os.path.join(ROOT, "ref", f"{ref}_state.bin")):
             sys.exit(f"ref/{ref}_state.bin is missing: run `make test` on this GPU machine first")
@@ -289,7 +315,7 @@ def main():
         copy_tree(dest)
         plant(dest, m)
     pool = cf.ThreadPoolExecutor(args.jobs)  # the copies build while the earlier ones' tests run
-    builds = [pool.submit(build, d, args.host_only, args.gpu_only) for d in dests]
+    builds = [pool.submit(build, d, args.host_only, args.gpu_only, args.data_parallel) for d in dests]
     rows, survived = [], 0
     for dest, m, built in zip(dests, mutants, builds):
         rc, log = built.result()

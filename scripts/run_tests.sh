@@ -488,6 +488,14 @@ gpu_parts_without_refs() {
         for bin in $dev_binaries; do part "$bin" run "$bin --check" "$bin" --check; done
         # The collectives of two ranks; with one GPU they share it, which dev/nccl takes only from
         # NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 (else it says "skipped:").
+        # The data-parallel trainer with two ranks (built by make DATA_PARALLEL=1; NCCL >= 2.30 to share one GPU).
+        if ! ldd ./train_llama3 2> /dev/null | grep -q libnccl; then
+            skipped+=("two ranks of the data-parallel trainer, scripts/test_ranks.sh (train_llama3 built without DATA_PARALLEL=1)")
+        elif nvidia-smi -L 2> /dev/null | awk 'END { exit NR > 1 }' && [ "$(nccl_version)" -lt 23000 ]; then
+            skipped+=("two ranks of the data-parallel trainer, scripts/test_ranks.sh (one GPU, and NCCL $(nccl_version) < 2.30 cannot share it)")
+        else
+            part "two ranks" run "two ranks of the data-parallel trainer (scripts/test_ranks.sh)" bash scripts/test_ranks.sh
+        fi
         if [ -x dev/nccl ]; then
             part "dev/nccl" run "dev/nccl --check --ranks 2" env NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0 \
                 dev/nccl --check --ranks 2
@@ -495,6 +503,14 @@ gpu_parts_without_refs() {
             skipped+=("dev/nccl --check --ranks 2 (make found no NCCL: NCCL_HOME, the CUDA toolkit or PyTorch's wheel)")
         fi
     fi
+}
+
+# The version code of the NCCL that train_llama3 loads (0: none), from its library's file name.
+nccl_version() {
+    local lib
+    lib=$(ldd ./train_llama3 2> /dev/null | awk '/libnccl/ { print $3 }')
+    python3 -c "import ctypes, sys; v = ctypes.c_int(); ctypes.CDLL(sys.argv[1]).ncclGetVersion(ctypes.byref(v)); print(v.value)" \
+        "$lib" 2> /dev/null || echo 0
 }
 
 # The parts on the references, each test_llama3 run its own part.
@@ -578,6 +594,7 @@ if ! nvidia-smi -L > /dev/null 2>&1; then
         "two runs of 50 steps log the same losses (no GPU on this machine)"
         "--val_every and --sample_every leave the 20 losses unchanged, with and without clipping (no GPU on this machine)")
     for bin in $dev_binaries dev/nccl; do skipped+=("$bin --check (no GPU on this machine)"); done
+    skipped+=("two ranks of the data-parallel trainer, scripts/test_ranks.sh (no GPU on this machine)")
 elif [ "${LLAMA3_GPU_TESTS:-1}" = 0 ]; then
     skipped+=("every GPU part (left out by LLAMA3_GPU_TESTS=0)")
 else

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# GPU test of the data-parallel trainer (train_llama3 built with DATA_PARALLEL=1) with two ranks,
+# launched as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK). On a one-GPU machine the two share it,
+# which needs NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1 (set here): correctness only, no speed.
+#  - 2 ranks of one micro-step against 1 rank of two, 10 steps of the same global batch with warmup,
+#    cosine decay and clipping, and without clipping: the same losses within 1e-3 relative. Both
+#    keep fp32 gradients (--bf16_grads 0), so the runs differ only in the order of fp32 sums: two
+#    micro-steps summed by the GEMM against two ranks averaged by NCCL, the loss's and the norm's
+#    sums split in two; 10 steps of AdamW keep that near float rounding (1e-6), far below 1e-3.
+#  - one rank launched as rank 0 of 1 logs the bytes a plain run logs.
+#  - a rank with another --learning_rate: both stop, naming the configuration (tcp rendezvous).
+#  - rank 1 killed during the run: rank 0 stops within --nccl_timeout (20 s) and 15 s more.
+# Ends with "N passed, M failed".
+set -u
+cd "$(dirname "$0")/.."
+passed=0 failed=0
+d=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$d"' EXIT
+export NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0
+result() { # OK NAME DETAIL
+    if [ "$1" = 1 ]; then echo "ok   $2"; passed=$((passed + 1)); else echo "FAIL $2: $3"; failed=$((failed + 1)); fi
+}
+losses() { grep -o '"loss": [^,]*' "$1" | cut -d' ' -f2; }
+# two NAME FLAGS...: ranks 0 and 1 of one run, logs NAME.r0/.r1, rank 0's JSON log NAME.jsonl; waits.
+two() {
+    local name=$1
+    shift
+    for r in 0 1; do
+        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r ./train_llama3 "$@" --log_file "$d/$name.jsonl" > "$d/$name.r$r" 2>&1 &
+    done
+    wait
+}
+# same_losses NAME A B: the two logs' losses within 1e-3 relative, the largest difference printed.
+same_losses() {
+    local worst
+    worst=$(paste <(losses "$2") <(losses "$3") | awk 'NF == 2 { r = ($1 - $2) / ($2 < 0 ? -$2 : $2); r = r < 0 ? -r : r;
+        if (r > w) w = r; n++ } END { if (n != 10) print "steps " n; else printf "%.2e\n", w }')
+    result "$(awk -v w="$worst" 'BEGIN { print (w ~ /^[0-9.e+-]+$/ && w + 0 <= 1e-3) ? 1 : 0 }')" \
+        "$1: 2 ranks against 1 rank of 2 micro-steps, 10 losses, largest relative difference $worst (tol 1e-3)" \
+        "$(tail -n 2 "$d/$1.r0" "$d/$1.r1" 2>/dev/null | tr '\n' ' ')"
+}
+
+base=(--batch_size 4 --sequence_length 64 --total_batch_size 512 --num_iteration 10 --bf16_grads 0
+      --learning_rate 1e-3 --lr_schedule cosine --warmup_iters 2 --final_lr_frac 0.1)
+for clip in 1 0; do
+    name=clip$clip
+    ./train_llama3 "${base[@]}" --grad_clip $clip --log_file "$d/$name.one.jsonl" > "$d/$name.one" 2>&1
+    two "$name" "${base[@]}" --grad_clip $clip --rendezvous "file:$d/$name.rdv" --nccl_timeout 120
+    same_losses "$name" "$d/$name.jsonl" "$d/$name.one.jsonl"
+done
+
+./train_llama3 --num_iteration 5 --log_file "$d/plain.jsonl" > /dev/null 2>&1
+RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 ./train_llama3 --num_iteration 5 --log_file "$d/rank0of1.jsonl" > /dev/null 2>&1
+result "$(cmp -s <(losses "$d/plain.jsonl") <(losses "$d/rank0of1.jsonl") && [ -s "$d/plain.jsonl" ] && echo 1)" \
+    "rank 0 of 1 (RANK=0 WORLD_SIZE=1) logs the losses of a plain run, bit for bit" "$(losses "$d/rank0of1.jsonl" | head -n 2)"
+
+port=$((20000 + $$ % 20000))
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 ./train_llama3 --num_iteration 5 --rendezvous "tcp:127.0.0.1:$port" \
+    --nccl_timeout 30 > "$d/mis.r0" 2>&1 &
+RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 ./train_llama3 --num_iteration 5 --rendezvous "tcp:127.0.0.1:$port" \
+    --nccl_timeout 30 --learning_rate 2e-5 > "$d/mis.r1" 2>&1 &
+wait
+result "$(grep -q "rank 1's configuration hash" "$d/mis.r0" && grep -q "configuration differs" "$d/mis.r1" && echo 1)" \
+    "a rank launched with another --learning_rate: both ranks stop, naming the configuration" \
+    "$(cat "$d/mis.r0" "$d/mis.r1" | grep error | tr '\n' ' ')"
+
+SECONDS=0
+for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r ./train_llama3 --num_iteration 100000 --rendezvous "file:$d/kill.rdv" \
+        --nccl_timeout 20 > "$d/kill.r$r" 2>&1 &
+    pids[$r]=$!
+done
+while ! grep -q "^step    5" "$d/kill.r0" 2>/dev/null && [ $SECONDS -lt 300 ]; do sleep 1; done
+kill -9 "${pids[1]}"
+killed_at=$SECONDS
+wait "${pids[0]}"
+rc=$?
+result "$([ $rc -ne 0 ] && grep -q "error: rank 0:" "$d/kill.r0" && [ $((SECONDS - killed_at)) -le 35 ] && echo 1)" \
+    "rank 1 killed at step 5: rank 0 stops in $((SECONDS - killed_at)) s (at most 35), exit $rc, with its message" \
+    "$(grep error "$d/kill.r0" | head -n 2 | tr '\n' ' ')"
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
