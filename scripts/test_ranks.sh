@@ -7,6 +7,7 @@
 #    keep fp32 gradients (--bf16_grads 0), so the runs differ only in the order of fp32 sums: two
 #    micro-steps summed by the GEMM against two ranks averaged by NCCL, the loss's and the norm's
 #    sums split in two; 10 steps of AdamW keep that near float rounding (1e-6), far below 1e-3.
+#    With clipping the gradient norms (logged) must agree too.
 #  - one rank launched as rank 0 of 1 logs the bytes a plain run logs.
 #  - a rank with another --learning_rate: both stop, naming the configuration (tcp rendezvous).
 #  - rank 1 killed during the run: rank 0 stops within --nccl_timeout (20 s) and 15 s more.
@@ -21,6 +22,7 @@ result() { # OK NAME DETAIL
     if [ "$1" = 1 ]; then echo "ok   $2"; passed=$((passed + 1)); else echo "FAIL $2: $3"; failed=$((failed + 1)); fi
 }
 losses() { grep -o '"loss": [^,]*' "$1" | cut -d' ' -f2; }
+norms() { grep -o '"grad_norm": [^,]*' "$1" | cut -d' ' -f2; }
 # two NAME FLAGS...: ranks 0 and 1 of one run, logs NAME.r0/.r1, rank 0's JSON log NAME.jsonl; waits.
 two() {
     local name=$1
@@ -30,13 +32,15 @@ two() {
     done
     wait
 }
-# same_losses NAME A B: the two logs' losses within 1e-3 relative, the largest difference printed.
-same_losses() {
+# same_values NAME WHAT A B: the values WHAT (losses, norms) of the two logs, 10 of each, within 1e-3
+# relative, the largest difference printed. The norms matter: AdamW (and clipping) would hide a
+# gradient scaled by the number of ranks from the losses.
+same_values() {
     local worst
-    worst=$(paste <(losses "$2") <(losses "$3") | awk 'NF == 2 { r = ($1 - $2) / ($2 < 0 ? -$2 : $2); r = r < 0 ? -r : r;
+    worst=$(paste <($2 "$3") <($2 "$4") | awk 'NF == 2 { r = ($1 - $2) / ($2 < 0 ? -$2 : $2); r = r < 0 ? -r : r;
         if (r > w) w = r; n++ } END { if (n != 10) print "steps " n; else printf "%.2e\n", w }')
     result "$(awk -v w="$worst" 'BEGIN { print (w ~ /^[0-9.e+-]+$/ && w + 0 <= 1e-3) ? 1 : 0 }')" \
-        "$1: 2 ranks against 1 rank of 2 micro-steps, 10 losses, largest relative difference $worst (tol 1e-3)" \
+        "$1: 2 ranks against 1 rank of 2 micro-steps, 10 $2, largest relative difference $worst (tol 1e-3)" \
         "$(tail -n 2 "$d/$1.r0" "$d/$1.r1" 2>/dev/null | tr '\n' ' ')"
 }
 
@@ -46,7 +50,8 @@ for clip in 1 0; do
     name=clip$clip
     ./train_llama3 "${base[@]}" --grad_clip $clip --log_file "$d/$name.one.jsonl" > "$d/$name.one" 2>&1
     two "$name" "${base[@]}" --grad_clip $clip --rendezvous "file:$d/$name.rdv" --nccl_timeout 120
-    same_losses "$name" "$d/$name.jsonl" "$d/$name.one.jsonl"
+    same_values "$name" losses "$d/$name.jsonl" "$d/$name.one.jsonl"
+    [ $clip = 1 ] && same_values "$name" norms "$d/$name.jsonl" "$d/$name.one.jsonl"
 done
 
 ./train_llama3 --num_iteration 5 --log_file "$d/plain.jsonl" > /dev/null 2>&1
