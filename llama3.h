@@ -1250,16 +1250,12 @@ static inline int outputs_check(const TrainArgs* a, char* err) {
 
 // Checks that need the model: the widths the kernels take, sequence length, B*T dividing the
 // total batch, deferred layers.
-// Under several ranks: the rendezvous is given, and what the data-parallel step does not do yet is
-// refused (checkpoints and resume: the AdamW state is per rank; the ablation without shadow weights:
-// each rank's fp32 masters are current in its own parts only).
+// Under several ranks: the rendezvous is given, and the ablation without shadow weights refused
+// (each rank's fp32 masters are current in its own parts only).
 static inline int dist_args_check(const TrainArgs* a, char* err) {
     if (!a->dist.rendezvous)
         return l3_fail(err, "%d ranks: --rendezvous file:PATH or tcp:HOST:PORT is needed, for rank 0 to hand NCCL's id "
                        "to the others", a->loop.world);
-    if (a->ckpt.dir || a->ckpt.resume)
-        return l3_fail(err, "%s under %d ranks: checkpoints of a sharded run are not written yet: train on one GPU to "
-                       "save or resume", a->ckpt.dir ? "--checkpoint_dir" : "--resume", a->loop.world);
     if (!a->sw.shadow_weights)
         return l3_fail(err, "--shadow_weights 0 under %d ranks: the matmuls read the all-gathered bf16 shadow weights",
                        a->loop.world);
@@ -1548,7 +1544,7 @@ static inline void vocab_print(FILE* f, const Vocab* v, const int32_t* ids, size
 // killed at any moment of a save leaves the previous checkpoint, and latest naming it, intact.
 
 #define CKPT_MAGIC 20241201
-#define CKPT_VERSION 1
+#define CKPT_VERSION 2 // 2: the rank, the world size and the state's length (1: one rank, read as such)
 #define CKPT_HEADER_BYTES 256
 #define CKPT_HASH_TOKENS 65536
 
@@ -1571,6 +1567,8 @@ typedef struct {
     int32_t lr_schedule, warmup_iters; // the saving run's schedule and clipping, for the reader; the lr
     float final_lr_frac, decay_frac;   // of a resumed step follows the resuming run's flags
     float grad_clip;
+    int32_t rank, world;   // [data parallel] whose share of AdamW's state this file holds, of how many ranks
+    uint64_t state_floats; // floats each of m and v in the file: n_params, or a rank's share (zero_layout)
 } CheckpointState;
 static_assert(sizeof(CheckpointState) <= CKPT_HEADER_BYTES, "the state header fits its 256 bytes");
 static_assert(sizeof(Switches) == sizeof(((CheckpointState*)0)->switches),
@@ -1588,8 +1586,9 @@ static inline uint64_t tokens_hash(const TokenData* d) {
     return h;
 }
 
-// data_hash: tokens_hash of the loader's data (computed once per run by the caller).
-static inline CheckpointState checkpoint_state_make(const TrainArgs* a, int step, size_t n_params,
+// data_hash: tokens_hash of the loader's data (computed once per run by the caller); state_floats:
+// this rank's floats of m (n_params with one rank).
+static inline CheckpointState checkpoint_state_make(const TrainArgs* a, int step, size_t n_params, size_t state_floats,
                                                     const DataLoader* l, uint64_t data_hash) {
     CheckpointState st;
     memset(&st, 0, sizeof(st));
@@ -1603,6 +1602,7 @@ static inline CheckpointState checkpoint_state_make(const TrainArgs* a, int step
     st.data_tokens = l->data->n_tokens, st.data_hash = data_hash;
     st.lr_schedule = a->optim.sched.kind, st.warmup_iters = a->optim.sched.warmup;
     st.final_lr_frac = a->optim.sched.final_frac, st.decay_frac = a->optim.sched.decay_frac, st.grad_clip = a->optim.grad_clip;
+    st.rank = a->loop.rank, st.world = a->loop.world, st.state_floats = state_floats;
     return st;
 }
 
@@ -1687,7 +1687,7 @@ static inline int state_file_write(const char* path, const CheckpointState* st, 
                                    const float* adam_v, char* err) {
     unsigned char header[CKPT_HEADER_BYTES] = {0};
     memcpy(header, st, sizeof(*st));
-    Chunk chunks[3] = {{header, sizeof(header)}, {adam_m, st->n_params * 4}, {adam_v, st->n_params * 4}};
+    Chunk chunks[3] = {{header, sizeof(header)}, {adam_m, st->state_floats * 4}, {adam_v, st->state_floats * 4}};
     return write_file_atomic(path, chunks, 3, err);
 }
 
@@ -1706,17 +1706,43 @@ static inline int make_dir(const char* path, char* err) {
     return l3_fail(err, "%s: cannot create directory: %s", path, strerror(errno));
 }
 
-// The whole save of step `step` from host copies: model.bin, state.bin, then the latest pointer.
-static inline int checkpoint_write(const char* dir, const Llama3Config* c, const CheckpointState* st,
-                                   const float* params, const float* adam_m, const float* adam_v, char* err) {
+// [data parallel] The state file of `rank` beside rank 0's `state` (.../state.bin): rank 0's is
+// state.bin itself, rank r's state_rank<r>.bin.
+static inline int rank_state_path(const char* state, int rank, char* out, char* err) {
+    size_t n = strlen(state), base = strlen("state.bin");
+    if (rank == 0) return path_fmt(out, err, "%s", state);
+    return path_fmt(out, err, "%.*sstate_rank%d.bin", (int)(n >= base ? n - base : 0), state, rank);
+}
+
+// A save of step `step` from host copies, in its order: model.bin (rank 0's part), then state.bin
+// and the latest pointer (rank 0's last part: a folder with state.bin is complete). With one rank
+// both at once (checkpoint_write); [data parallel] the other ranks write their state_rank files in
+// between (checkpoint_write_rank), and rank 0 writes state.bin only once every rank has written.
+static inline int checkpoint_write_model(const char* dir, const Llama3Config* c, int step, const float* params,
+                                         char* err) {
+    char folder[L3_PATH_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN];
+    return checkpoint_paths(dir, step, folder, model, state, err) || make_dir(folder, err) ||
+           model_file_write(model, c, params, err) ? -1 : 0;
+}
+static inline int checkpoint_write_state(const char* dir, const CheckpointState* st, const float* adam_m,
+                                         const float* adam_v, char* err) {
     char folder[L3_PATH_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN], latest[L3_PATH_LEN], name[32];
     if (checkpoint_paths(dir, st->step, folder, model, state, err) || path_fmt(latest, err, "%s/latest", dir) ||
-        make_dir(folder, err) || model_file_write(model, c, params, err) ||
         state_file_write(state, st, adam_m, adam_v, err))
         return -1;
     int n = snprintf(name, sizeof(name), "step_%08d\n", st->step);
     Chunk chunk = {name, (size_t)n};
     return write_file_atomic(latest, &chunk, 1, err);
+}
+static inline int checkpoint_write(const char* dir, const Llama3Config* c, const CheckpointState* st,
+                                   const float* params, const float* adam_m, const float* adam_v, char* err) {
+    return checkpoint_write_model(dir, c, st->step, params, err) || checkpoint_write_state(dir, st, adam_m, adam_v, err);
+}
+static inline int checkpoint_write_rank(const char* dir, const CheckpointState* st, const float* adam_m,
+                                        const float* adam_v, char* err) {
+    char folder[L3_PATH_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN], mine[L3_PATH_LEN];
+    return checkpoint_paths(dir, st->step, folder, model, state, err) || make_dir(folder, err) ||
+           rank_state_path(state, st->rank, mine, err) || state_file_write(mine, st, adam_m, adam_v, err) ? -1 : 0;
 }
 
 // The step of a folder name "step_%08d", or -1.
@@ -1820,11 +1846,16 @@ static inline int state_header_read(const char* path, size_t n_params, Checkpoin
     memcpy(st, h, sizeof(*st));
     if (st->magic != CKPT_MAGIC)
         return l3_fail(err, "%s: bad magic %d (expected %d, a checkpoint state file)", path, st->magic, CKPT_MAGIC);
-    if (st->version != CKPT_VERSION) return l3_fail(err, "%s: unknown version %d (expected %d)", path, st->version, CKPT_VERSION);
+    if (st->version != CKPT_VERSION && st->version != 1)
+        return l3_fail(err, "%s: unknown version %d (expected %d)", path, st->version, CKPT_VERSION);
+    if (st->version == 1) st->rank = 0, st->world = 1, st->state_floats = st->n_params; // (one rank's, before ranks)
     if (st->n_params != n_params)
         return l3_fail(err, "%s: from another model: %llu parameters, but its model.bin has %zu", path,
                        (unsigned long long)st->n_params, n_params);
-    long long expected = CKPT_HEADER_BYTES + 8LL * (long long)n_params;
+    if (st->world < 1 || st->rank < 0 || st->rank >= st->world || st->state_floats > n_params)
+        return l3_fail(err, "%s: corrupt header (rank %d of %d, %llu state floats)", path, st->rank, st->world,
+                       (unsigned long long)st->state_floats);
+    long long expected = CKPT_HEADER_BYTES + 8LL * (long long)st->state_floats;
     if (size != expected) return l3_fail(err, "%s: truncated or corrupt: %lld bytes, expected %lld", path, size, expected);
     if (st->step < 1 || st->batch_size < 1 || st->sequence_length < 1 || st->total_batch_size < 1)
         return l3_fail(err, "%s: corrupt header (step %d, B %d, T %d)", path, st->step, st->batch_size, st->sequence_length);
@@ -1856,6 +1887,9 @@ static inline int resume_check(const CheckpointState* st, const TrainArgs* a, co
         if (same[i].now != same[i].saved)
             return l3_fail(err, "--resume %s: %s %d differs from the checkpoint's %d (B, T and the total batch must stay "
                            "as saved)", path, same[i].flag, same[i].now, same[i].saved);
+    if (st->world != a->loop.world)
+        return l3_fail(err, "--resume %s: saved by %d rank%s, resumed by %d: resume it on %d (re-sharding the AdamW state "
+                       "on load is not done)", path, st->world, st->world > 1 ? "s" : "", a->loop.world, st->world);
     if (st->data_tokens != d->n_tokens || st->data_hash != tokens_hash(d))
         return l3_fail(err, "--resume %s: the token data differs from the checkpoint's (%llu tokens, hash %016llx; "
                        "now %zu, %016llx)", path, (unsigned long long)st->data_tokens,

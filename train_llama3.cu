@@ -177,6 +177,7 @@ typedef struct {
     int* all_tokens;          // device: every rank's step inputs, gathered
     float* union_grads;       // device: (world * n_step, C) the wte gradient rows of the union, averaged
     float* sumsq_total;       // [clipping] device: the norm's partial sums (sumsq_count) summed over the ranks
+    int* count;               // device: one int summed over the ranks (ranks_sum)
     pthread_t watchdog;       // ends the process when the others stop answering (comm_start)
 } Comm;
 
@@ -392,6 +393,7 @@ static void comm_alloc(Model* m) {
     Comm* c = m->comm;
     size_t n_all = (size_t)c->world * m->grad_accum * m->B * m->T;
     c->sumsq_total = (float*)device_alloc(sumsq_count(m) * sizeof(float), "gradient norm sums of the ranks");
+    c->count = (int*)device_alloc(sizeof(int), "a count of the ranks");
     if (!m->sw.sparse_embedding) return;
     sorter_create(&c->union_sorter, n_all, m->cfg.vocab_size);
     c->all_tokens = (int*)device_alloc(n_all * sizeof(int), "every rank's tokens");
@@ -470,7 +472,7 @@ static void model_free(Model* m) {
     free((void*)m->plan);
     free(m->gemm);
     if (!m->comm) return;
-    void* comm_device[] = {m->comm->sumsq_total, m->comm->all_tokens, m->comm->union_grads,
+    void* comm_device[] = {m->comm->sumsq_total, m->comm->count, m->comm->all_tokens, m->comm->union_grads,
                            m->comm->union_sorter.sorted_tokens, m->comm->union_sorter.temp};
     for (size_t i = 0; i < sizeof(comm_device) / sizeof(comm_device[0]); i++) CUDA_CHECK(cudaFree(comm_device[i]));
 }
@@ -1212,7 +1214,7 @@ static void stage_batches(Model* m, DataLoader* loader, int slot) {
 typedef struct {
     const CheckpointConfig* ckpt; // where (dir) and how many to keep
     Llama3Config cfg;
-    size_t n_params;
+    size_t n_params, state_floats; // floats of the weights, and of m and v on this rank (state_count)
     uint64_t data_hash; // tokens_hash of the run's token data, for each save's state
     float *params, *adam_m, *adam_v; // pinned host copies of one save
     cudaStream_t stream;
@@ -1227,12 +1229,13 @@ typedef struct {
 static void saver_create(Saver* s, const Model* m, const CheckpointConfig* ckpt, const TokenData* data) {
     memset(s, 0, sizeof(*s));
     s->ckpt = ckpt, s->cfg = m->cfg, s->n_params = m->layout.total, s->data_hash = tokens_hash(data);
-    size_t bytes = s->n_params * sizeof(float);
+    s->state_floats = state_count(m);
     float** host[3] = {&s->params, &s->adam_m, &s->adam_v};
+    size_t bytes[3] = {s->n_params * sizeof(float), s->state_floats * sizeof(float), s->state_floats * sizeof(float)};
     for (int i = 0; i < 3; i++)
-        if (cudaMallocHost(host[i], bytes) != cudaSuccess) {
+        if (cudaMallocHost(host[i], bytes[i]) != cudaSuccess) {
             fprintf(stderr, "error: --checkpoint_dir: cannot allocate %.2f GiB of pinned host memory for a save\n",
-                    3.0 * bytes / 1073741824.0);
+                    (bytes[0] + bytes[1] + bytes[2]) / 1073741824.0);
             exit(EXIT_FAILURE);
         }
     CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
@@ -1266,19 +1269,71 @@ static void saver_join(Saver* s) {
     }
 }
 
-// Saves the state after step `step` (launched, maybe still running). No host sync here.
+// [data parallel] [checkpoints] Every part's fp32 weights all-gathered, for model.bin (between steps
+// the matmul weights' masters are current only in each rank's own parts).
+static void gather_masters(const Model* m) {
+    optimizer_stream_waits(m);
+    comm_group(true);
+    for (int t = P_LM_HEAD; t <= P_DOWN; t++)
+        for (int l = 0; l < (int)(m->layout.size[t] / m->layout.layer_size[t]); l++) {
+            RangeShard sh = m->comm->zero.shard[t];
+            if (sh.part) all_gather(m->comm->nccl, m->params + param_offset(m, t, l), sh.part, m->comm->rank, m->opt_stream);
+        }
+    comm_group(false);
+    CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->opt_done));
+}
+
+// [data parallel] The sum over the ranks of one int of each (a barrier too: every rank waits here).
+static int ranks_sum(const Model* m, int value) {
+    int* sum = m->comm->count;
+    CUDA_CHECK(cudaMemcpy(sum, &value, sizeof(int), cudaMemcpyHostToDevice));
+    all_reduce(m->comm->nccl, sum, sum, 1, COMM_SUM, m->opt_stream);
+    CUDA_CHECK(cudaMemcpyAsync(&value, sum, sizeof(int), cudaMemcpyDeviceToHost, m->opt_stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->opt_stream));
+    return value;
+}
+
+// [data parallel] A save of several ranks, written while the run waits: rank 0's model.bin and the
+// other ranks' state_rank files, a barrier that counts the ranks whose write failed, then rank 0's
+// state.bin and latest (a folder is complete only once every rank's share is on disk).
+static void checkpoint_save_ranks(Model* m, Saver* s) {
+    const Comm* c = m->comm;
+    char err[L3_ERR_LEN] = "";
+    CUDA_CHECK(cudaEventSynchronize(s->copied));
+    int rc = c->rank == 0 ? checkpoint_write_model(s->ckpt->dir, &s->cfg, s->st.step, s->params, err)
+                          : checkpoint_write_rank(s->ckpt->dir, &s->st, s->adam_m, s->adam_v, err);
+    if (rc) fprintf(stderr, "error: %scheckpoint not saved: %s\n", rank_tag, err);
+    int failed = ranks_sum(m, rc != 0);
+    if (failed) {
+        fprintf(stderr, "error: %scheckpoint of step %d not saved: %d rank%s could not write %s share\n", rank_tag,
+                s->st.step, failed, failed > 1 ? "s" : "", failed > 1 ? "their" : "its");
+        exit(EXIT_FAILURE);
+    }
+    if (c->rank == 0 && (checkpoint_write_state(s->ckpt->dir, &s->st, s->adam_m, s->adam_v, err) ||
+                         checkpoint_prune(s->ckpt->dir, s->st.step, s->ckpt->keep, err))) {
+        fprintf(stderr, "error: %scheckpoint not saved: %s\n", rank_tag, err);
+        exit(EXIT_FAILURE);
+    }
+    m->pending.save_copy = NULL; // (copied already)
+}
+
+// Saves the state after step `step` (launched, maybe still running). No host sync here with one
+// rank; [data parallel] several ranks write while they wait (checkpoint_save_ranks).
 static void checkpoint_save(Model* m, Saver* s, const TrainArgs* a, const DataLoader* loader, int step) {
     saver_join(s); // the host buffers are free again
     optimizer_flush(m);
+    if (m->comm) gather_masters(m);
     CUDA_CHECK(cudaEventRecord(s->flushed, m->stream));
     CUDA_CHECK(cudaStreamWaitEvent(s->stream, s->flushed));
-    size_t bytes = s->n_params * sizeof(float);
+    size_t bytes = s->n_params * sizeof(float), state_bytes = s->state_floats * sizeof(float);
     CUDA_CHECK(cudaMemcpyAsync(s->params, m->params, bytes, cudaMemcpyDeviceToHost, s->stream));
-    CUDA_CHECK(cudaMemcpyAsync(s->adam_m, m->adam_m, bytes, cudaMemcpyDeviceToHost, s->stream));
-    CUDA_CHECK(cudaMemcpyAsync(s->adam_v, m->adam_v, bytes, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaMemcpyAsync(s->adam_m, m->adam_m, state_bytes, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaMemcpyAsync(s->adam_v, m->adam_v, state_bytes, cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaEventRecord(s->copied, s->stream));
     m->pending.save_copy = &s->copied;
-    s->st = checkpoint_state_make(a, step, s->n_params, loader, s->data_hash);
+    s->st = checkpoint_state_make(a, step, s->n_params, s->state_floats, loader, s->data_hash);
+    if (m->comm) return checkpoint_save_ranks(m, s);
     if (pthread_create(&s->writer, NULL, saver_write, s) != 0) {
         fprintf(stderr, "error: checkpoint: cannot start the writer thread\n");
         exit(EXIT_FAILURE);
@@ -1296,22 +1351,34 @@ static void saver_free(Saver* s) {
     CUDA_CHECK(cudaEventDestroy(s->copied));
 }
 
-// Resume: the checkpoint's AdamW state and step counter (the weights were loaded as a model file).
+// Resume: the checkpoint's AdamW state (this rank's share: its own state file, of the same number
+// of ranks, resume_check) and step counter (the weights were loaded as a model file).
 static void checkpoint_restore(Model* m, const char* state_path, const CheckpointState* st) {
-    size_t P = m->layout.total;
-    float* host = (float*)malloc(2 * P * sizeof(float));
-    char err[L3_ERR_LEN];
+    size_t P = m->layout.total, n = state_count(m);
+    char err[L3_ERR_LEN], mine[L3_PATH_LEN];
+    CheckpointState own;
+    int rank = m->comm ? m->comm->rank : 0;
+    if (rank_state_path(state_path, rank, mine, err) || state_header_read(mine, P, &own, err)) {
+        fprintf(stderr, "error: %s%s\n", rank_tag, err);
+        exit(EXIT_FAILURE);
+    }
+    if (own.rank != rank || own.state_floats != n) {
+        fprintf(stderr, "error: %s%s: holds rank %d's %llu floats of AdamW's state; this rank (%d) has %zu\n", rank_tag,
+                mine, own.rank, (unsigned long long)own.state_floats, rank, n);
+        exit(EXIT_FAILURE);
+    }
+    float* host = (float*)malloc(2 * n * sizeof(float));
     if (!host) {
         fprintf(stderr, "error: --resume: cannot allocate %.2f GiB of host memory for AdamW's state\n",
-                2.0 * P * 4 / 1073741824.0);
+                2.0 * n * 4 / 1073741824.0);
         exit(EXIT_FAILURE);
     }
-    if (state_arrays_read(state_path, P, host, host + P, err)) {
-        fprintf(stderr, "error: %s\n", err);
+    if (state_arrays_read(mine, n, host, host + n, err)) {
+        fprintf(stderr, "error: %s%s\n", rank_tag, err);
         exit(EXIT_FAILURE);
     }
-    CUDA_CHECK(cudaMemcpy(m->adam_m, host, P * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(m->adam_v, host + P, P * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(m->adam_m, host, n * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(m->adam_v, host + n, n * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(m->adam_step, &st->step, sizeof(int), cudaMemcpyHostToDevice));
     free(host);
 }

@@ -8,6 +8,8 @@
 #    micro-steps summed by the GEMM against two ranks averaged by NCCL, the loss's and the norm's
 #    sums split in two; 10 steps of AdamW keep that near float rounding (1e-6), far below 1e-3.
 #    With clipping the gradient norms (logged) must agree too.
+#  - a save and resume of the two ranks (5 steps, a checkpoint, --resume, 5 more) logs the losses
+#    of the straight two-rank run bit for bit; one rank resuming that checkpoint is refused.
 #  - one rank launched as rank 0 of 1 logs the bytes a plain run logs.
 #  - a rank with another --learning_rate: both stop, naming the configuration (tcp rendezvous).
 #  - rank 1 killed during the run: rank 0 stops within --nccl_timeout (20 s) and 15 s more.
@@ -53,6 +55,16 @@ for clip in 1 0; do
     same_values "$name" losses "$d/$name.jsonl" "$d/$name.one.jsonl"
     [ $clip = 1 ] && same_values "$name" norms "$d/$name.jsonl" "$d/$name.one.jsonl"
 done
+
+clip=(--grad_clip 1 --nccl_timeout 120)
+two resumed "${base[@]}" "${clip[@]}" --rendezvous "file:$d/part1.rdv" --stop_after 5 --checkpoint_dir "$d/ck"
+two resumed "${base[@]}" "${clip[@]}" --rendezvous "file:$d/part2.rdv" --resume "$d/ck" --checkpoint_dir "$d/ck"
+result "$(cmp -s <(losses "$d/clip1.jsonl") <(losses "$d/resumed.jsonl") && [ -f "$d/ck/step_00000010/state_rank1.bin" ] && echo 1)" \
+    "two ranks: 5 steps, a save, --resume, 5 more log the straight run's 10 losses bit for bit" \
+    "$(diff <(losses "$d/clip1.jsonl") <(losses "$d/resumed.jsonl") | head -n 4 | tr '\n' ' ') $(grep -h error "$d"/resumed.r* | head -n 2)"
+./train_llama3 "${base[@]}" --grad_clip 1 --resume "$d/ck" > "$d/one_resume" 2>&1
+result "$(grep -q "saved by 2 ranks, resumed by 1" "$d/one_resume" && echo 1)" \
+    "one rank resuming the two ranks' checkpoint is refused" "$(tail -n 1 "$d/one_resume")"
 
 ./train_llama3 --num_iteration 5 --log_file "$d/plain.jsonl" > /dev/null 2>&1
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 ./train_llama3 --num_iteration 5 --log_file "$d/rank0of1.jsonl" > /dev/null 2>&1
