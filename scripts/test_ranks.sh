@@ -13,6 +13,7 @@
 #  - one rank launched as rank 0 of 1 logs the bytes a plain run logs.
 #  - a rank with another --learning_rate: both stop, naming the configuration (tcp rendezvous).
 #  - rank 1 killed during the run: rank 0 stops within --nccl_timeout (20 s) and 15 s more.
+# Every process runs under `timeout`: a hang fails its check instead of the whole test.
 # Ends with "N passed, M failed".
 set -u
 cd "$(dirname "$0")/.."
@@ -30,7 +31,7 @@ two() {
     local name=$1
     shift
     for r in 0 1; do
-        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r ./train_llama3 "$@" --log_file "$d/$name.jsonl" > "$d/$name.r$r" 2>&1 &
+        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r timeout 600 ./train_llama3 "$@" --log_file "$d/$name.jsonl" > "$d/$name.r$r" 2>&1 &
     done
     wait
 }
@@ -72,9 +73,9 @@ result "$(cmp -s <(losses "$d/plain.jsonl") <(losses "$d/rank0of1.jsonl") && [ -
     "rank 0 of 1 (RANK=0 WORLD_SIZE=1) logs the losses of a plain run, bit for bit" "$(losses "$d/rank0of1.jsonl" | head -n 2)"
 
 port=$((20000 + $$ % 20000))
-RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 ./train_llama3 --num_iteration 5 --rendezvous "tcp:127.0.0.1:$port" \
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 timeout 300 ./train_llama3 --num_iteration 5 --rendezvous "tcp:127.0.0.1:$port" \
     --nccl_timeout 30 > "$d/mis.r0" 2>&1 &
-RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 ./train_llama3 --num_iteration 5 --rendezvous "tcp:127.0.0.1:$port" \
+RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 timeout 300 ./train_llama3 --num_iteration 5 --rendezvous "tcp:127.0.0.1:$port" \
     --nccl_timeout 30 --learning_rate 2e-5 > "$d/mis.r1" 2>&1 &
 wait
 result "$(grep -q "rank 1's configuration hash" "$d/mis.r0" && grep -q "configuration differs" "$d/mis.r1" && echo 1)" \
@@ -82,11 +83,11 @@ result "$(grep -q "rank 1's configuration hash" "$d/mis.r0" && grep -q "configur
     "$(cat "$d/mis.r0" "$d/mis.r1" | grep error | tr '\n' ' ')"
 
 SECONDS=0
-for r in 0 1; do
-    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r ./train_llama3 --num_iteration 100000 --rendezvous "file:$d/kill.rdv" \
-        --nccl_timeout 20 > "$d/kill.r$r" 2>&1 &
-    pids[$r]=$!
-done
+kill_run=(./train_llama3 --num_iteration 100000 --rendezvous "file:$d/kill.rdv" --nccl_timeout 20)
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 timeout 600 "${kill_run[@]}" > "$d/kill.r0" 2>&1 &
+pids[0]=$!
+RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 "${kill_run[@]}" > "$d/kill.r1" 2>&1 & # (killed below: no timeout between)
+pids[1]=$!
 while ! grep -q "^step    5" "$d/kill.r0" 2>/dev/null && [ $SECONDS -lt 300 ]; do sleep 1; done
 kill -9 "${pids[1]}"
 killed_at=$SECONDS
