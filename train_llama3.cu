@@ -1972,6 +1972,10 @@ static void print_model(const Model* m, const TrainArgs* a) {
     train_args_print(stdout, a);
     printf("in effect: bf16_grads %d\n", m->grads_bf16 != NULL);
     step_plan_print(stdout, m->plan);
+    if (m->comm) // [data parallel] what ZeRO-1 saves on each GPU
+        printf("ZeRO-1 over %d ranks: AdamW's m and v %.2f GiB on each GPU (%.2f GiB on one; the embedding's state "
+               "%s)\n", m->comm->world, state_count(m) * 8 / 1073741824.0, m->layout.total * 8 / 1073741824.0,
+               m->sw.sparse_embedding ? "whole on every rank: its sparse rows are updated by all" : "sharded too");
 }
 
 // The launcher's rank variables, through getenv (rank_env_read takes a lookup so that the host tests
