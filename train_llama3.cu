@@ -1836,7 +1836,7 @@ static void gpu_start(const RankEnv* ranks, const char* prog) {
 typedef struct {
     Comm* comm;
     ncclUniqueId id;
-    int device, timeout_s;
+    int device;
     ncclResult_t result;
     int done; // __atomic
 } NcclStart;
@@ -1887,7 +1887,7 @@ static Comm* comm_start(const RankEnv* ranks, const TrainArgs* a, const Llama3Co
     RendezvousSpec spec;
     static NcclStart st; // (read by its thread after a timeout: not on the stack)
     st.comm = (Comm*)calloc(1, sizeof(Comm));
-    st.comm->rank = ranks->rank, st.comm->world = ranks->world, st.timeout_s = a->dist.timeout_s;
+    st.comm->rank = ranks->rank, st.comm->world = ranks->world;
     CUDA_CHECK(cudaGetDevice(&st.device));
     if (rendezvous_parse(a->dist.rendezvous, &spec, err)) die(err, prog, false);
     if (ranks->rank == 0) NCCL_CHECK(ncclGetUniqueId(&st.id));
