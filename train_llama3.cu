@@ -1216,7 +1216,7 @@ typedef struct {
     Llama3Config cfg;
     size_t n_params, state_floats; // floats of the weights, and of m and v on this rank (state_count)
     uint64_t data_hash; // tokens_hash of the run's token data, for each save's state
-    float *params, *adam_m, *adam_v; // pinned host copies of one save
+    float *params, *adam_m, *adam_v; // pinned host copies of one save ([data parallel] params: rank 0's only)
     cudaStream_t stream;
     cudaEvent_t flushed, copied;
     pthread_t writer;
@@ -1231,9 +1231,11 @@ static void saver_create(Saver* s, const Model* m, const CheckpointConfig* ckpt,
     s->ckpt = ckpt, s->cfg = m->cfg, s->n_params = m->layout.total, s->data_hash = tokens_hash(data);
     s->state_floats = state_count(m);
     float** host[3] = {&s->params, &s->adam_m, &s->adam_v};
-    size_t bytes[3] = {s->n_params * sizeof(float), s->state_floats * sizeof(float), s->state_floats * sizeof(float)};
+    bool writes_model = !m->comm || m->comm->rank == 0;
+    size_t bytes[3] = {writes_model ? s->n_params * sizeof(float) : 0, s->state_floats * sizeof(float),
+                       s->state_floats * sizeof(float)};
     for (int i = 0; i < 3; i++)
-        if (cudaMallocHost(host[i], bytes[i]) != cudaSuccess) {
+        if (bytes[i] && cudaMallocHost(host[i], bytes[i]) != cudaSuccess) {
             fprintf(stderr, "error: --checkpoint_dir: cannot allocate %.2f GiB of pinned host memory for a save\n",
                     (bytes[0] + bytes[1] + bytes[2]) / 1073741824.0);
             exit(EXIT_FAILURE);
@@ -1327,7 +1329,7 @@ static void checkpoint_save(Model* m, Saver* s, const TrainArgs* a, const DataLo
     CUDA_CHECK(cudaEventRecord(s->flushed, m->stream));
     CUDA_CHECK(cudaStreamWaitEvent(s->stream, s->flushed));
     size_t bytes = s->n_params * sizeof(float), state_bytes = s->state_floats * sizeof(float);
-    CUDA_CHECK(cudaMemcpyAsync(s->params, m->params, bytes, cudaMemcpyDeviceToHost, s->stream));
+    if (s->params) CUDA_CHECK(cudaMemcpyAsync(s->params, m->params, bytes, cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaMemcpyAsync(s->adam_m, m->adam_m, state_bytes, cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaMemcpyAsync(s->adam_v, m->adam_v, state_bytes, cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaEventRecord(s->copied, s->stream));
