@@ -1424,6 +1424,7 @@ static inline ShardRun zero_run(const ZeroLayout* z, const ParamLayout* p, int t
 // FNV-1a over the model's shape and every flag as the configuration prints them (train_args_print):
 // the ranks compare it at start, so that a rank launched with another flag stops the run instead of
 // training a different model.
+#define FNV1A_OFFSET 1469598103934665603ULL
 static inline uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
     for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char*)data)[i]) * 1099511628211ULL;
     return h;
@@ -1438,7 +1439,7 @@ static inline uint64_t run_config_hash(const TrainArgs* a, const Llama3Config* c
     config_print(f, c);
     fprintf(f, "ranks %d\n", a->loop.world);
     fclose(f);
-    uint64_t h = fnv1a(1469598103934665603ULL, text, len);
+    uint64_t h = fnv1a(FNV1A_OFFSET, text, len);
     free(text);
     return h;
 }
@@ -1577,13 +1578,8 @@ static_assert(sizeof(Switches) == sizeof(((CheckpointState*)0)->switches),
 // FNV-1a over the first CKPT_HASH_TOKENS tokens: tells a different token file from the one a
 // checkpoint's data position belongs to, without reading a large file twice.
 static inline uint64_t tokens_hash(const TokenData* d) {
-    uint64_t h = 1469598103934665603ULL;
     size_t n = d->n_tokens < CKPT_HASH_TOKENS ? d->n_tokens : CKPT_HASH_TOKENS;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t t = d->tokens[i];
-        for (int b = 0; b < 4; b++) h = (h ^ ((t >> (8 * b)) & 0xff)) * 1099511628211ULL;
-    }
-    return h;
+    return fnv1a(FNV1A_OFFSET, d->tokens, n * sizeof(uint32_t)); // (each token's bytes, little-endian)
 }
 
 // data_hash: tokens_hash of the loader's data (computed once per run by the caller); state_floats:

@@ -380,14 +380,16 @@ static void test_loader(void) {
                  "not enough tokens for one batch", "shakespeare.bin");
 }
 
-static int parse(TrainArgs* a, char* err, const char* line) {
+// The command line `line` of one of `world` ranks.
+static int parse_ranks(TrainArgs* a, char* err, const char* line, int world) {
     static char copy[1024];
     char* argv[64];
     int argc = 0;
     snprintf(copy, sizeof(copy), "prog %s", line);
     for (char* tok = strtok(copy, " "); tok && argc < 64; tok = strtok(NULL, " ")) argv[argc++] = tok;
-    return train_args_parse(a, argc, argv, 1, err);
+    return train_args_parse(a, argc, argv, world, err);
 }
+static int parse(TrainArgs* a, char* err, const char* line) { return parse_ranks(a, err, line, 1); }
 
 static void test_cli(void) {
     TrainArgs a;
@@ -1448,16 +1450,13 @@ static void test_loader_ranks(void) {
                  "B*T*2 ranks+1 = 121 needed", NULL);
     TrainArgs a;
     Llama3Config c = llama3_2_1b_config();
-    char* argv[] = {(char*)"prog", (char*)"--batch_size", (char*)"2", (char*)"--rendezvous", (char*)"file:/tmp/x"};
-    rc = train_args_parse(&a, 5, argv, 4, err);
+    rc = parse_ranks(&a, err, "--batch_size 2 --rendezvous file:/tmp/x", 4);
     CHECK(rc == 0 && a.loop.total_batch_size == 512 && micro_steps(&a.loop) == 1 && train_args_check(&a, &c, err) == 0,
           "4 ranks, no --total_batch_size: one micro-step of B*T on each (%d tokens)", a.loop.total_batch_size);
-    char* accum[] = {(char*)"prog", (char*)"--total_batch_size", (char*)"2048", (char*)"--rendezvous", (char*)"tcp:h:1"};
-    rc = train_args_parse(&a, 5, accum, 2, err);
+    rc = parse_ranks(&a, err, "--total_batch_size 2048 --rendezvous tcp:h:1", 2);
     CHECK(rc == 0 && micro_steps(&a.loop) == 4 && train_args_check(&a, &c, err) == 0,
           "2 ranks, 2048 tokens of 4x64: 4 micro-steps each");
-    char* odd[] = {(char*)"prog", (char*)"--total_batch_size", (char*)"768"};
-    rc = train_args_parse(&a, 3, odd, 2, err);
+    rc = parse_ranks(&a, err, "--total_batch_size 768", 2);
     expect_error(rc ? rc : train_args_check(&a, &c, err), err, "768 tokens over 2 ranks of 4x64",
                  "--batch_size * --sequence_length * 2 ranks = 512", "1024 (2 micro-steps) or 512");
     // what several ranks need, and what they do not do yet
@@ -1465,12 +1464,7 @@ static void test_loader_ranks(void) {
         {"--batch_size 4", "--rendezvous file:PATH or tcp:HOST:PORT is needed"},
         {"--rendezvous file:/x --shadow_weights 0", "--shadow_weights 0 under 2 ranks"}};
     for (int i = 0; i < 2; i++) {
-        char line[128], *args[16];
-        int n = 1;
-        snprintf(line, sizeof(line), "%s", dist[i].flags);
-        args[0] = (char*)"prog";
-        for (char* tok = strtok(line, " "); tok && n < 16; tok = strtok(NULL, " ")) args[n++] = tok;
-        rc = train_args_parse(&a, n, args, 2, err);
+        rc = parse_ranks(&a, err, dist[i].flags, 2);
         expect_error(rc ? rc : train_args_check(&a, &c, err), err, dist[i].flags, dist[i].frag, NULL);
     }
 }

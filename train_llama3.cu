@@ -65,9 +65,9 @@ static void comm_group(bool start) { NCCL_CHECK(start ? ncclGroupStart() : ncclG
 template <typename T> static void reduce_scatter(CommHandle c, T* x, size_t part, int rank, cudaStream_t s) {
     NCCL_CHECK(ncclReduceScatter(x, x + (size_t)rank * part, part, nccl_type<T>(), ncclAvg, c, s));
 }
-// x + rank*part in (this rank's part); every rank's part out, in order, at x.
-template <typename T> static void all_gather(CommHandle c, T* x, size_t part, int rank, cudaStream_t s) {
-    NCCL_CHECK(ncclAllGather(x + (size_t)rank * part, x, part, nccl_type<T>(), c, s));
+// This rank's part in; every rank's part out, in order, at all (in place: mine = all + rank*part).
+template <typename T> static void all_gather(CommHandle c, const T* mine, T* all, size_t part, cudaStream_t s) {
+    NCCL_CHECK(ncclAllGather(mine, all, part, nccl_type<T>(), c, s));
 }
 template <typename T> static void all_reduce(CommHandle c, const T* x, T* out, size_t n, CommOp op, cudaStream_t s) {
     NCCL_CHECK(ncclAllReduce(x, out, n, nccl_type<T>(), nccl_op(op), c, s));
@@ -80,7 +80,7 @@ typedef void* CommHandle;
 }
 static void comm_group(bool) { no_collectives(); }
 template <typename T> static void reduce_scatter(CommHandle, T*, size_t, int, cudaStream_t) { no_collectives(); }
-template <typename T> static void all_gather(CommHandle, T*, size_t, int, cudaStream_t) { no_collectives(); }
+template <typename T> static void all_gather(CommHandle, const T*, T*, size_t, cudaStream_t) { no_collectives(); }
 template <typename T> static void all_reduce(CommHandle, const T*, T*, size_t, CommOp, cudaStream_t) { no_collectives(); }
 #endif
 
@@ -782,6 +782,11 @@ static void optimizer_stream_waits(const Model* m) {
     CUDA_CHECK(cudaEventRecord(m->grads_ready, m->stream));
     CUDA_CHECK(cudaStreamWaitEvent(m->opt_stream, m->grads_ready));
 }
+// The other way: the main stream waits for everything the optimizer stream has issued.
+static void main_stream_waits(const Model* m) {
+    CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->opt_done));
+}
 
 // [streams] The step's last backward has just written the gradients of `tensors` (of layer
 // `layer`, one update group). On the optimizer stream, as the plan has it: [data parallel] sharded,
@@ -887,6 +892,12 @@ static void adamw_tensor(const Model* m, int tensor, int layer, const AdamWParam
 static bool grad_is_bf16(const Model* m, size_t offset) {
     return m->grads_bf16 && offset >= m->layout.matmul_begin && offset < m->layout.matmul_end;
 }
+// [clipping] The sum of squares of the n gradients at parameter offset `offset` (bf16 or fp32, as
+// the backward wrote them) into `partial`.
+static void sum_squares_at(const Model* m, float* partial, size_t offset, size_t n, cudaStream_t s) {
+    if (grad_is_bf16(m, offset)) sum_squares(partial, grad_bf16(m, offset), n, s);
+    else sum_squares(partial, grad_f32(m, offset), n, s);
+}
 static bool sparse_wte(const Model* m, int tensor) { return tensor == P_WTE && m->sw.sparse_embedding; }
 static int n_union(const Model* m) { return m->comm->world * m->grad_accum * m->B * m->T; }
 
@@ -898,9 +909,7 @@ static void reduce_union_rows(const Model* m) {
     const Comm* c = m->comm;
     int n_step = m->grad_accum * m->B * m->T, C = m->cfg.n_embd;
     float* table = grad_f32(m, m->layout.offset[P_WTE]);
-    CUDA_CHECK(cudaMemcpyAsync(c->all_tokens + (size_t)c->rank * n_step, m->tokens, n_step * sizeof(int),
-                               cudaMemcpyDeviceToDevice, m->opt_stream));
-    all_gather(c->nccl, c->all_tokens, n_step, c->rank, m->opt_stream);
+    all_gather(c->nccl, m->tokens, c->all_tokens, n_step, m->opt_stream); // (the step's inputs come first)
     token_sort(&c->union_sorter, c->all_tokens, n_union(m), m->opt_stream);
     union_rows<true>(table, c->union_grads, c->union_sorter.sorted_tokens, n_union(m), C, m->opt_stream);
     all_reduce(c->nccl, c->union_grads, c->union_grads, (size_t)n_union(m) * C, COMM_AVG, m->opt_stream);
@@ -944,10 +953,9 @@ static void shard_gather(const Model* m, int tensor, int layer) {
     RangeShard sh = c->zero.shard[tensor];
     size_t offset = param_offset(m, tensor, layer);
     if (!sh.part) return;
-    if (offset >= m->layout.matmul_begin && offset < m->layout.matmul_end)
-        all_gather(c->nccl, m->shadow + (offset - m->layout.matmul_begin), sh.part, c->rank, m->opt_stream);
-    else
-        all_gather(c->nccl, m->params + offset, sh.part, c->rank, m->opt_stream);
+    auto gather = [&](auto* x) { all_gather(c->nccl, x + (size_t)c->rank * sh.part, x, sh.part, m->opt_stream); };
+    if (offset >= m->layout.matmul_begin && offset < m->layout.matmul_end) gather(m->shadow + (offset - m->layout.matmul_begin));
+    else gather(m->params + offset);
 }
 
 // An update group's reduction (one NCCL launch for its tensors; wte's union has kernels between its
@@ -981,16 +989,15 @@ static void shard_sum_squares(const Model* m, int tensor, int layer, cudaStream_
     for (int which = 0; which < 2; which++) {
         ShardRun r = zero_run(&c->zero, &m->layout, tensor, layer, which);
         float* into = partial + which * sumsq_slots(m) * SUMSQ_BLOCKS;
-        if (!r.n || (which == 1 && c->rank != 0)) continue;
-        if (grad_is_bf16(m, r.param)) sum_squares(into, grad_bf16(m, r.param), r.n, s);
-        else sum_squares(into, grad_f32(m, r.param), r.n, s);
+        if (r.n && (which == 0 || c->rank == 0)) sum_squares_at(m, into, r.param, r.n, s);
     }
 }
 
-// [clipping] The tensors of update group g (see update groups at head_group), for the sharded update
-// after the norm.
-static int group_tensors(const Model* m, int g, const int** tensors) {
+// The tensors of update group g and their layer (see update groups at head_group; update_group is
+// the inverse).
+static int group_tensors(const Model* m, int g, const int** tensors, int* layer) {
     static const int wte[] = {P_WTE}, head[] = {P_FINAL_NORM, P_LM_HEAD};
+    *layer = g == 0 || g == head_group(m) ? 0 : g - 1;
     if (g == 0) return *tensors = wte, 1;
     if (g == head_group(m)) return *tensors = head, 2;
     return *tensors = LAYER_TENSORS, 6;
@@ -1000,8 +1007,8 @@ static int group_tensors(const Model* m, int g, const int** tensors) {
 static void shard_update_after_norm(const Model* m) {
     for (int g = 0; g < num_groups(m); g++) {
         const int* tensors;
-        int n = group_tensors(m, g, &tensors);
-        shard_group_update(m, tensors, n, g == 0 || g == head_group(m) ? 0 : g - 1, &m->adam->latest);
+        int layer, n = group_tensors(m, g, &tensors, &layer);
+        shard_group_update(m, tensors, n, layer, &m->adam->latest);
     }
 }
 
@@ -1039,10 +1046,8 @@ static void grad_sum_squares(const Model* m, int tensor, int layer, cudaStream_t
     if (tensor == P_WTE && m->sw.sparse_embedding)
         sum_squares_rows(partial, grad_f32(m, offset), m->sorter.sorted_tokens, m->grad_accum * m->B * m->T,
                          m->cfg.n_embd, s);
-    else if (m->grads_bf16 && offset >= m->layout.matmul_begin && offset < m->layout.matmul_end)
-        sum_squares(partial, grad_bf16(m, offset), n, s);
     else
-        sum_squares(partial, grad_f32(m, offset), n, s);
+        sum_squares_at(m, partial, offset, n, s);
 }
 
 // AdamW after the backward pass (the step begun by optimizer_begin_step), in three launches over
@@ -1059,9 +1064,9 @@ static void optimizer_step(const Model* m) {
 
 // One update group's AdamW (see update groups at head_group).
 static void adamw_group(const Model* m, int g, const AdamWParams* h, cudaStream_t s) {
-    if (g == 0) adamw_embedding(m, h, s);
-    else if (g == head_group(m)) adamw_tensor(m, P_FINAL_NORM, 0, h, s), adamw_tensor(m, P_LM_HEAD, 0, h, s);
-    else for (int t : LAYER_TENSORS) adamw_tensor(m, t, g - 1, h, s);
+    const int* tensors;
+    int layer, n = group_tensors(m, g, &tensors, &layer);
+    for (int i = 0; i < n; i++) adamw_tensor(m, tensors[i], layer, h, s);
 }
 
 // [deferred AdamW] The updates of the plan's deferred groups, which the previous step left, in the
@@ -1147,10 +1152,7 @@ static void step_work(const Model* m) {
     if (p->measure_norm) norm_guard(m);
     if (p->measure_norm && p->world > 1) shard_update_after_norm(m);
     // The optimizer stream worked in the backward: the next forward needs every weight not deferred.
-    if (p->measure_norm || !p->after_backward) {
-        CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream));
-        CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->opt_done));
-    }
+    if (p->measure_norm || !p->after_backward) main_stream_waits(m);
     if (p->after_backward) optimizer_step(m);
 }
 
@@ -1279,11 +1281,11 @@ static void gather_masters(const Model* m) {
     for (int t = P_LM_HEAD; t <= P_DOWN; t++)
         for (int l = 0; l < (int)(m->layout.size[t] / m->layout.layer_size[t]); l++) {
             RangeShard sh = m->comm->zero.shard[t];
-            if (sh.part) all_gather(m->comm->nccl, m->params + param_offset(m, t, l), sh.part, m->comm->rank, m->opt_stream);
+            float* slice = m->params + param_offset(m, t, l);
+            if (sh.part) all_gather(m->comm->nccl, slice + (size_t)m->comm->rank * sh.part, slice, sh.part, m->opt_stream);
         }
     comm_group(false);
-    CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream));
-    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->opt_done));
+    main_stream_waits(m);
 }
 
 // [data parallel] The sum over the ranks of one int of each (a barrier too: every rank waits here).
@@ -1390,8 +1392,7 @@ static void checkpoint_restore(Model* m, const char* state_path, const Checkpoin
 static void ranks_average(const Model* m, float* x) {
     optimizer_stream_waits(m);
     all_reduce(m->comm->nccl, x, x, 1, COMM_AVG, m->opt_stream);
-    CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream));
-    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->opt_done));
+    main_stream_waits(m);
 }
 
 // ---- validation and sampling ----
@@ -1486,12 +1487,6 @@ static void sample_ids(Model* m, Sampler* s, int* ids) {
 static int world_of(const Model* m) { return m->comm ? m->comm->world : 1; }
 static double tokens_per_step(const Model* m) { return (double)m->grad_accum * m->B * m->T * world_of(m); }
 
-static double wall_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static double median(double* v, int n) {
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && v[j - 1] > v[j]; j--) { double t = v[j]; v[j] = v[j - 1], v[j - 1] = t; }
@@ -1530,7 +1525,7 @@ static void log_write_failed(const char* path) {
 // Step t's line on stdout and in the JSON log.
 static void print_step(const Model* m, StepLog* lg, const TrainArgs* a, int t, const StepStats* st, double ms,
                        float val) {
-    double tok_s = tokens_per_step(m) / (ms / 1000.0), elapsed = wall_seconds() - lg->wall_start;
+    double tok_s = tokens_per_step(m) / (ms / 1000.0), elapsed = monotonic_seconds() - lg->wall_start;
     double eta = elapsed / (t - lg->first + 1) * (last_step(a) - t);
     printf("step %4d/%d | loss %.6f | lr %.2e", t, a->optim.sched.total, st->loss, st->lr);
     if (a->optim.grad_clip > 0) printf(" | norm %.4f", st->grad_norm);
@@ -1652,7 +1647,7 @@ static uint64_t heartbeat_ms; // when the loop last made progress (monotonic ms;
 static int heartbeat_step;
 static void heartbeat(int step) {
     __atomic_store_n(&heartbeat_step, step, __ATOMIC_RELAXED);
-    __atomic_store_n(&heartbeat_ms, (uint64_t)(wall_seconds() * 1000), __ATOMIC_RELEASE);
+    __atomic_store_n(&heartbeat_ms, (uint64_t)(monotonic_seconds() * 1000), __ATOMIC_RELEASE);
 }
 
 // The training loop from step `first` (1, or the step after a resumed checkpoint) to last_step(a)
@@ -1664,7 +1659,7 @@ static void train(Model* m, const TrainArgs* a, const TrainIO* io, int first) {
     lg.json = io->json, lg.json_path = a->loop.log_file, lg.first = first, lg.logged = first - 1;
     lg.val[0] = lg.val[1] = lg.last_val = NAN;
     for (int s = 0; s < 2; s++) CUDA_CHECK(cudaEventCreate(&lg.start[s])), CUDA_CHECK(cudaEventCreate(&lg.end[s]));
-    lg.wall_start = wall_seconds();
+    lg.wall_start = monotonic_seconds();
     int last = last_step(a);
     for (int t = first; t <= last; t++) {
         int slot = t % 2;
@@ -1681,7 +1676,7 @@ static void train(Model* m, const TrainArgs* a, const TrainIO* io, int first) {
     if (lg.logged < last) log_step(m, &lg, a, io->saver, last);
     optimizer_flush(m); // (nothing left after a save of the last step)
     if (io->saver) saver_join(io->saver), printf("checkpoint: %s/step_%08d\n", a->ckpt.dir, last);
-    double wall = wall_seconds() - lg.wall_start;
+    double wall = monotonic_seconds() - lg.wall_start;
     printf("wall time of the loop: %.3f s for %d steps%s\n", wall, last - first + 1,
            io->saver ? " (the last checkpoint written included)" : "");
     print_summary(m, &lg, a, wall);
@@ -1867,7 +1862,7 @@ static void* watchdog_thread(void* arg) {
             snprintf(msg, sizeof(msg), "NCCL failed: %s (another rank stopped?)", ncclGetErrorString(async));
             why = msg;
         }
-        double idle = wall_seconds() - __atomic_load_n(&heartbeat_ms, __ATOMIC_ACQUIRE) / 1000.0;
+        double idle = monotonic_seconds() - __atomic_load_n(&heartbeat_ms, __ATOMIC_ACQUIRE) / 1000.0;
         if (!why && idle > watchdog_timeout_s) {
             snprintf(msg, sizeof(msg), "no step finished for %d s after step %d (--nccl_timeout): another rank stopped "
                      "or hangs", watchdog_timeout_s, __atomic_load_n(&heartbeat_step, __ATOMIC_RELAXED));
@@ -1899,9 +1894,9 @@ static Comm* comm_start(const RankEnv* ranks, const TrainArgs* a, const Llama3Co
         die(err, prog, false);
     pthread_t t;
     if (pthread_create(&t, NULL, nccl_start_thread, &st) != 0) die("cannot start a thread for NCCL's start", prog, false);
-    double end = wall_seconds() + a->dist.timeout_s;
+    double end = monotonic_seconds() + a->dist.timeout_s;
     while (!__atomic_load_n(&st.done, __ATOMIC_ACQUIRE)) {
-        if (wall_seconds() > end) {
+        if (monotonic_seconds() > end) {
             fprintf(stderr, "error: %sNCCL's start did not complete within %d s (--nccl_timeout): not every rank "
                     "joined (one that stopped says why)\n", rank_tag, a->dist.timeout_s);
             _exit(EXIT_FAILURE); // (the thread waits in NCCL)
