@@ -172,13 +172,17 @@ static Ranks ranks_start(int rank, int world, const char* rendezvous_path) {
     int n_devices = 0, version = 0, device = 0;
     CUDA_CHECK(cudaGetDeviceCount(&n_devices));
     const char* multi = getenv("NCCL_MULTI_RANK_GPU_ENABLE");
-    RankEnv env = {rank, world, rank, "dev/nccl --ranks"};
     NCCL_CHECK(ncclGetVersion(&version));
     R.shared_gpu = world > n_devices;
-    if (rank_device(&env, n_devices, multi && !strcmp(multi, "1") && version >= 23000, &device, err)) {
+    bool may_share = multi && !strcmp(multi, "1") && version >= 23000;
+    // Whether the machine holds every rank is asked of the last one (the highest local rank), so that
+    // all ranks skip alike: a rank 0 that went on alone would wait in NCCL's start for ever.
+    RankEnv last = {world - 1, world, world - 1, "dev/nccl --ranks"}, env = {rank, world, rank, "dev/nccl --ranks"};
+    if (rank_device(&last, n_devices, may_share, &device, err)) {
         if (rank == 0) printf("skipped: dev/nccl: %s (this NCCL is %d)\n0 passed, 0 failed\n", err, version);
-        exit(EXIT_SUCCESS); // (every rank finds the same)
+        exit(EXIT_SUCCESS);
     }
+    if (rank_device(&env, n_devices, may_share, &device, err)) exit(EXIT_FAILURE); // (cannot fail after the last's)
     CUDA_CHECK(cudaSetDevice(device));
     CUDA_CHECK(cudaStreamCreate(&R.stream));
     ncclUniqueId id;
