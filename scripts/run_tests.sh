@@ -234,7 +234,10 @@ user_errors() {
     check $ok "a flag error is one line with a near miss and where the flags are listed" "$err"
     expect_error "unknown flag" "unknown flag '--bogus'" ./train_llama3 --bogus 1
     expect_error "bad value" "--batch_size: bad value 'x'" ./train_llama3 --batch_size x
-    expect_error "two processes of torchrun (RANK, WORLD_SIZE): refused, not trained twice" "rank 1 of 2 ranks" \
+    # (the data-parallel build wants the rendezvous; the one-GPU build trains no second rank)
+    local refusal="rank 1 of 2 ranks"
+    ldd ./train_llama3 2> /dev/null | grep -q libnccl && refusal="--rendezvous file:PATH or tcp:HOST:PORT is needed"
+    expect_error "a process of torchrun (RANK, WORLD_SIZE) without a rendezvous: refused, not trained twice" "$refusal" \
         env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 ./train_llama3
     expect_error "B*T not dividing the total batch: what to pass" "pass 512 (2 micro-steps)" \
         ./train_llama3 --batch_size 4 --total_batch_size 300
