@@ -14,7 +14,9 @@ kernel checks are left out (they are not rebuilt per mutant), so every bug here 
 test_llama3 or the trainer's own runs. --gpu_only leaves the host unit tests and bad-input checks
 out, to show what the GPU tests alone catch of a bug that the host tests see first. HOST_MUTANTS
 are bugs of the host-side code (llama3.h, the trainer's main) that the host tests must catch
-without a GPU: --host_only runs them with the GPU parts left out. Each mutant replaces a piece of
+without a GPU: --host_only runs them with the GPU parts left out. DP_MUTANTS are bugs of the
+data-parallel step: --data_parallel builds only the trainer (DATA_PARALLEL=1, with the NCCL that
+NCCL_HOME names) and runs only scripts/test_ranks.sh, which needs no references. Each mutant replaces a piece of
 code that must occur exactly once: when the code moves, the script stops and says which to update.
 """
 import argparse
@@ -256,7 +258,8 @@ def plant_check(mutants):
 
 
 def build(dest, host_only, gpu_only, data_parallel):
-    targets = ["train_llama3", "test_llama3_host"] + ([] if host_only else ["test_llama3"])
+    # a data-parallel mutant needs only the trainer (NCCL_HOME, if set, passes through to make)
+    targets = ["train_llama3"] if data_parallel else ["train_llama3", "test_llama3_host"] + ([] if host_only else ["test_llama3"])
     gencode = GENCODE.split(" -gencode arch=compute_80")[0] if gpu_only else GENCODE  # (the PTX check is a host part)
     extra = ["DATA_PARALLEL=1"] if data_parallel else []
     r = subprocess.run(["make", "-s", "-j3", *targets, f"GENCODE={gencode}", *extra], cwd=dest, capture_output=True,
@@ -281,12 +284,14 @@ def first_failure(output):
     return None
 
 
-def run_tests(dest, gpu_only, host_only):
+def run_tests(dest, gpu_only, host_only, data_parallel):
     env = dict(os.environ, LLAMA3_FAIL_FAST="1", LLAMA3_TEST_SHAPES="small", LLAMA3_DEV_CHECKS="0",
                LLAMA3_HOST_TESTS="0" if gpu_only else "1", LLAMA3_GPU_TESTS="0" if host_only else "1")
-    r = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=dest, env=env, capture_output=True, text=True,
+    # a data-parallel mutant runs only the two-rank part (its header is printed here: it has none of its own)
+    head, script = ("== two ranks\n", "scripts/test_ranks.sh") if data_parallel else ("", "scripts/run_tests.sh")
+    r = subprocess.run(["bash", script], cwd=dest, env=env, capture_output=True, text=True,
                        errors="replace", timeout=900)  # (samples print raw token bytes)
-    return r.returncode, r.stdout + r.stderr
+    return r.returncode, head + r.stdout + r.stderr
 
 
 def main():
@@ -305,7 +310,7 @@ def main():
         plant_check(MUTANTS + HOST_MUTANTS + DP_MUTANTS)
     pool_of = HOST_MUTANTS if args.host_only else DP_MUTANTS if args.data_parallel else MUTANTS
     mutants = [m for m in pool_of if not args.only or m[0] in args.only]
-    for ref in () if args.host_only else ("small_t64", "small_t1024", "small_b8", "small_accum", "small_dense"):
+    for ref in () if args.host_only or args.data_parallel else ("small_t64", "small_t1024", "small_b8", "small_accum", "small_dense"):
         if not os.path.exists(os.path.join(ROOT, "ref", f"{ref}_state.bin")):
             sys.exit(f"ref/{ref}_state.bin is missing: run `make test` on this GPU machine first")
     base = args.keep or tempfile.mkdtemp(prefix="mutants_")
@@ -322,7 +327,7 @@ def main():
         if rc != 0:
             pool.shutdown(cancel_futures=True)
             sys.exit(f"mutant {m[0]} does not build:\n{log[-2000:]}")
-        rc, out = run_tests(dest, args.gpu_only, args.host_only)  # one at a time: the default runs fill the GPU
+        rc, out = run_tests(dest, args.gpu_only, args.host_only, args.data_parallel)  # one at a time: the default runs fill the GPU
         hit = first_failure(out) if rc != 0 else None
         survived += hit is None
         part, check, err, tol = hit or ("SURVIVED", "", "", "")
