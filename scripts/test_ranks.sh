@@ -3,11 +3,16 @@
 # launched as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK). On a one-GPU machine the two share it,
 # which needs NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1 (set here): correctness only, no speed.
 #  - 2 ranks of one micro-step against 1 rank of two, 10 steps of the same global batch with warmup,
-#    cosine decay and clipping, and without clipping: the same losses within 1e-3 relative. Both
-#    keep fp32 gradients (--bf16_grads 0), so the runs differ only in the order of fp32 sums: two
-#    micro-steps summed by the GEMM against two ranks averaged by NCCL, the loss's and the norm's
-#    sums split in two; 10 steps of AdamW keep that near float rounding (1e-6), far below 1e-3.
-#    With clipping the gradient norms (logged) must agree too.
+#    cosine decay and clipping, and without clipping. Both keep fp32 gradients (--bf16_grads 0), so
+#    the runs differ only in the order of the sums. At this learning rate (1e-3, a random 1B) the
+#    run is chaotic: a rounding difference grows over the 10 steps, most under clipping. Measured
+#    on the H200 (2026-12-03): one rank at B=8 against one rank of 2 micro-steps of B=4 (the same
+#    tokens, only the GEMMs' tiling differs) differs by 2.4e-3 in the losses and 3.3e-2 in the norms
+#    with clipping, 3.9e-4 in the losses without. So the tolerance is that baseline, measured in the
+#    same run, times 2 (at least 1e-4): two ranks may differ from one rank of two micro-steps no more
+#    than two one-GPU ways to the same batch differ. The first step's norm, on the same weights and
+#    tokens, must agree within 1e-4 (the log prints 6 digits): a gradient summed over the ranks
+#    instead of averaged, or not reduced, changes it at once.
 #  - a save and resume of the two ranks (5 steps, a checkpoint, --resume, 5 more) logs the losses
 #    of the straight two-rank run bit for bit; one rank resuming that checkpoint is refused.
 #  - one rank launched as rank 0 of 1 logs the bytes a plain run logs.
@@ -21,8 +26,10 @@ passed=0 failed=0
 d=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$d"' EXIT
 export NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0
+# LLAMA3_FAIL_FAST=1 (scripts/mutants.py) stops at the first failed check.
 result() { # OK NAME DETAIL
     if [ "$1" = 1 ]; then echo "ok   $2"; passed=$((passed + 1)); else echo "FAIL $2: $3"; failed=$((failed + 1)); fi
+    if [ "$failed" -gt 0 ] && [ "${LLAMA3_FAIL_FAST:-0}" = 1 ]; then echo "$passed passed, $failed failed"; exit 1; fi
 }
 losses() { grep -o '"loss": [^,]*' "$1" | cut -d' ' -f2; }
 norms() { grep -o '"grad_norm": [^,]*' "$1" | cut -d' ' -f2; }
@@ -35,27 +42,36 @@ two() {
     done
     wait
 }
-# same_values NAME WHAT A B: the values WHAT (losses, norms) of the two logs, 10 of each, within 1e-3
-# relative, the largest difference printed. The norms matter: AdamW (and clipping) would hide a
-# gradient scaled by the number of ranks from the losses.
-same_values() {
-    local worst
-    worst=$(paste <($2 "$3") <($2 "$4") | awk 'NF == 2 { r = ($1 - $2) / ($2 < 0 ? -$2 : $2); r = r < 0 ? -r : r;
-        if (r > w) w = r; n++ } END { if (n != 10) print "steps " n; else printf "%.2e\n", w }')
-    result "$(awk -v w="$worst" 'BEGIN { print (w ~ /^[0-9.e+-]+$/ && w + 0 <= 1e-3) ? 1 : 0 }')" \
-        "$1: 2 ranks against 1 rank of 2 micro-steps, 10 $2, largest relative difference $worst (tol 1e-3)" \
-        "$(tail -n 2 "$d/$1.r0" "$d/$1.r1" 2>/dev/null | tr '\n' ' ')"
+# largest NAME A B [FIRST]: the largest relative difference of the values NAME (losses, norms) of
+# two logs (of the first FIRST only), or "steps N" when either does not hold 10.
+largest() {
+    paste <($1 "$2") <($1 "$3") | head -n "${4:-10}" | awk -v want="${4:-10}" 'NF == 2 { r = ($1 - $2) / ($2 < 0 ? -$2 : $2);
+        r = r < 0 ? -r : r; if (r > w) w = r; n++ } END { if (n != want) print "steps " n; else printf "%.2e\n", w }'
 }
+# within NAME WHAT WORST TOL: the check passes when WORST is a number at most TOL.
+within() {
+    result "$(awk -v w="$3" -v t="$4" 'BEGIN { print (w ~ /^[0-9.e+-]+$/ && w + 0 <= t + 0) ? 1 : 0 }')" \
+        "$1: $2, largest relative difference $3 (tol $4)" "$(tail -n 2 "$d/$1.r0" "$d/$1.r1" 2>/dev/null | tr '\n' ' ')"
+}
+# twice_the BASELINE: the tolerance from a baseline difference (2x, at least 1e-4).
+twice_the() { awk -v b="$1" 'BEGIN { t = 2 * b; printf "%.2e\n", (b ~ /^[0-9.e+-]+$/ && t > 1e-4) ? t : 1e-4 }'; }
 
-base=(--batch_size 4 --sequence_length 64 --total_batch_size 512 --num_iteration 10 --bf16_grads 0
+base=(--sequence_length 64 --total_batch_size 512 --num_iteration 10 --bf16_grads 0
       --learning_rate 1e-3 --lr_schedule cosine --warmup_iters 2 --final_lr_frac 0.1)
 for clip in 1 0; do
     name=clip$clip
-    ./train_llama3 "${base[@]}" --grad_clip $clip --log_file "$d/$name.one.jsonl" > "$d/$name.one" 2>&1
-    two "$name" "${base[@]}" --grad_clip $clip --rendezvous "file:$d/$name.rdv" --nccl_timeout 120
-    same_values "$name" losses "$d/$name.jsonl" "$d/$name.one.jsonl"
-    [ $clip = 1 ] && same_values "$name" norms "$d/$name.jsonl" "$d/$name.one.jsonl"
+    ./train_llama3 "${base[@]}" --batch_size 4 --grad_clip $clip --log_file "$d/$name.one.jsonl" > "$d/$name.one" 2>&1
+    ./train_llama3 "${base[@]}" --batch_size 8 --grad_clip $clip --log_file "$d/$name.b8.jsonl" > "$d/$name.b8" 2>&1
+    two "$name" "${base[@]}" --batch_size 4 --grad_clip $clip --rendezvous "file:$d/$name.rdv" --nccl_timeout 120
+    what="2 ranks against 1 rank of 2 micro-steps"
+    tol=$(twice_the "$(largest losses "$d/$name.b8.jsonl" "$d/$name.one.jsonl")")
+    within "$name" "$what, 10 losses (tol: 2x one rank at B=8 against it)" "$(largest losses "$d/$name.jsonl" "$d/$name.one.jsonl")" "$tol"
+    [ $clip = 1 ] || continue
+    tol=$(twice_the "$(largest norms "$d/$name.b8.jsonl" "$d/$name.one.jsonl")")
+    within "$name" "$what, 10 norms (tol: 2x one rank at B=8 against it)" "$(largest norms "$d/$name.jsonl" "$d/$name.one.jsonl")" "$tol"
+    within "$name" "$what, the first step's norm" "$(largest norms "$d/$name.jsonl" "$d/$name.one.jsonl" 1)" 1e-4
 done
+base+=(--batch_size 4)
 
 clip=(--grad_clip 1 --nccl_timeout 120)
 two resumed "${base[@]}" "${clip[@]}" --rendezvous "file:$d/part1.rdv" --stop_after 5 --checkpoint_dir "$d/ck"
