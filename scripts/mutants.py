@@ -16,8 +16,9 @@ out, to show what the GPU tests alone catch of a bug that the host tests see fir
 are bugs of the host-side code (llama3.h, the trainer's main) that the host tests must catch
 without a GPU: --host_only runs them with the GPU parts left out. DP_MUTANTS are bugs of the
 data-parallel step: --data_parallel builds only the trainer (DATA_PARALLEL=1, with the NCCL that
-NCCL_HOME names) and runs only scripts/test_ranks.sh, which needs no references. Each mutant replaces a piece of
-code that must occur exactly once: when the code moves, the script stops and says which to update.
+NCCL_HOME names) and runs only scripts/test_ranks.sh, which needs no references. Each mutant
+replaces a piece of code that must occur exactly once: when the code moves, the script stops and
+says which to update.
 """
 import argparse
 import concurrent.futures as cf

@@ -236,7 +236,7 @@ user_errors() {
     expect_error "bad value" "--batch_size: bad value 'x'" ./train_llama3 --batch_size x
     # (the data-parallel build wants the rendezvous; the one-GPU build trains no second rank)
     local refusal="rank 1 of 2 ranks"
-    ldd ./train_llama3 2> /dev/null | grep -q libnccl && refusal="--rendezvous file:PATH or tcp:HOST:PORT is needed"
+    trainer_nccl_lib > /dev/null && refusal="--rendezvous file:PATH or tcp:HOST:PORT is needed"
     expect_error "a process of torchrun (RANK, WORLD_SIZE) without a rendezvous: refused, not trained twice" "$refusal" \
         env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 ./train_llama3
     expect_error "B*T not dividing the total batch: what to pass" "pass 512 (2 micro-steps)" \
@@ -492,7 +492,7 @@ gpu_parts_without_refs() {
         # The collectives of two ranks; with one GPU they share it, which dev/nccl takes only from
         # NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 (else it says "skipped:").
         # The data-parallel trainer with two ranks (built by make DATA_PARALLEL=1; NCCL >= 2.30 to share one GPU).
-        if ! ldd ./train_llama3 2> /dev/null | grep -q libnccl; then
+        if ! trainer_nccl_lib > /dev/null; then
             skipped+=("two ranks of the data-parallel trainer, scripts/test_ranks.sh (train_llama3 built without DATA_PARALLEL=1)")
         elif nvidia-smi -L 2> /dev/null | awk 'END { exit NR > 1 }' && [ "$(nccl_version)" -lt 23000 ]; then
             skipped+=("two ranks of the data-parallel trainer, scripts/test_ranks.sh (one GPU, and NCCL $(nccl_version) < 2.30 cannot share it)")
@@ -508,10 +508,13 @@ gpu_parts_without_refs() {
     fi
 }
 
+# The NCCL library train_llama3 loads (built with DATA_PARALLEL=1); fails when it loads none.
+trainer_nccl_lib() { ldd ./train_llama3 2> /dev/null | awk '/libnccl/ { print $3; found = 1 } END { exit !found }'; }
+
 # The version code of the NCCL that train_llama3 loads (0: none), from its library's file name.
 nccl_version() {
     local lib
-    lib=$(ldd ./train_llama3 2> /dev/null | awk '/libnccl/ { print $3 }')
+    lib=$(trainer_nccl_lib)
     python3 -c "import ctypes, sys; v = ctypes.c_int(); ctypes.CDLL(sys.argv[1]).ncclGetVersion(ctypes.byref(v)); print(v.value)" \
         "$lib" 2> /dev/null || echo 0
 }
