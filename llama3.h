@@ -802,7 +802,7 @@ static const FlagSpec FLAGS[] = {
     {"--checkpoint_dir", FLAG_PATH, ARG(ckpt.dir), NULL, 0, 0, NULL, "save checkpoints there (PATH/step_N/, PATH/latest), always after the last step", NOT_A_SWITCH, NULL},
     {"--checkpoint_every", FLAG_INT, ARG(ckpt.every), "0", 0, BIG_INT, NULL, "also save every N steps (0: only after the last)", NOT_A_SWITCH, NULL},
     {"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "2", 1, BIG_INT, NULL, "complete checkpoints kept, older ones deleted once a newer one is complete", NOT_A_SWITCH, NULL},
-    {"--resume", FLAG_PATH, ARG(ckpt.resume), NULL, 0, 0, NULL, "continue a run: a checkpoint folder, or a --checkpoint_dir (its latest)", NOT_A_SWITCH, NULL},
+    {"--resume", FLAG_PATH, ARG(ckpt.resume), NULL, 0, 0, NULL, "continue a run: a checkpoint folder, or a --checkpoint_dir (its newest complete checkpoint)", NOT_A_SWITCH, NULL},
     {"--rendezvous", FLAG_PATH, ARG(dist.rendezvous), NULL, 0, 0, NULL, "several ranks: how they share NCCL's id, file:PATH (a new file every rank sees) or tcp:HOST:PORT (rank 0's host, a free port)", NOT_A_SWITCH, NULL},
     {"--nccl_timeout", FLAG_INT, ARG(dist.timeout_s), "300", 1, 86400, NULL, "several ranks: seconds a rank waits for the others (the rendezvous, NCCL's start, a step) before it stops the run", NOT_A_SWITCH, NULL},
     {"--dtype", FLAG_ONLY, 0, NULL, 0, 0, "bfloat16", "accepted for the seed's command line: the only precision (bf16 matmuls, fp32 master weights)", NOT_A_SWITCH, NULL},
@@ -1542,7 +1542,8 @@ static inline void vocab_print(FILE* f, const Vocab* v, const int32_t* ids, size
 //   DIR/latest                   "step_00000020\n"
 // Every file is written to a temporary name in its folder, fsynced and renamed, the folder fsynced;
 // model.bin first, then state.bin (a folder with state.bin is complete), then latest. A process
-// killed at any moment of a save leaves the previous checkpoint, and latest naming it, intact.
+// killed at any moment of a save leaves the previous checkpoint intact, and --resume DIR takes the
+// newest complete one: latest's, or the one whose save was killed after state.bin, before latest.
 
 #define CKPT_MAGIC 20241201
 #define CKPT_VERSION 2 // 2: the rank, the world size and the state's length (1: one rank, read as such)
@@ -1808,26 +1809,37 @@ static inline int checkpoint_prune(const char* dir, int newest, int keep, char* 
     return 0;
 }
 
-// --resume PATH: a checkpoint folder (it has state.bin), or a --checkpoint_dir (its latest names
-// the folder). Writes the folder's model.bin and state.bin paths (L3_PATH_LEN bytes each).
+// --resume PATH: a checkpoint folder (it has state.bin), or a --checkpoint_dir: its newest complete
+// folder. That is the one latest names, or a newer one when a save was killed after its state.bin
+// was renamed (the folder is complete) and before latest was replaced. A latest naming a folder
+// without its files, or no folder, is refused. Writes the model.bin and state.bin paths
+// (L3_PATH_LEN bytes each).
 static inline int checkpoint_resolve(const char* path, char* model, char* state, char* err) {
     if (path_fmt(state, err, "%s/state.bin", path) || path_fmt(model, err, "%s/model.bin", path)) return -1;
     if (file_size_of(state) >= 0) return 0;
     char latest[L3_PATH_LEN], name[64] = {0};
     if (path_fmt(latest, err, "%s/latest", path)) return -1;
     FILE* f = fopen(latest, "rb");
-    if (!f) {
-        if (file_size_of(path) < 0) return l3_fail(err, "--resume %s: no such file or directory", path);
-        return l3_fail(err, "--resume %s: neither a checkpoint (no state.bin) nor a checkpoint folder (no latest)", path);
+    if (f) {
+        size_t got = fread(name, 1, sizeof(name) - 1, f);
+        fclose(f);
+        if (got > 0 && name[got - 1] == '\n') name[got - 1] = '\0';
+        int step = checkpoint_step_of(name);
+        if (step < 0) return l3_fail(err, "%s: does not name a checkpoint (\"%.20s\")", latest, name);
+        if (!checkpoint_complete(path, step))
+            return l3_fail(err, "%s/%s: model.bin or state.bin missing (%s names an incomplete checkpoint)", path, name,
+                           latest);
     }
-    size_t got = fread(name, 1, sizeof(name) - 1, f);
-    fclose(f);
-    if (got > 0 && name[got - 1] == '\n') name[got - 1] = '\0';
-    if (checkpoint_step_of(name) < 0) return l3_fail(err, "%s: does not name a checkpoint (\"%.20s\")", latest, name);
-    if (path_fmt(state, err, "%s/%s/state.bin", path, name) || path_fmt(model, err, "%s/%s/model.bin", path, name))
-        return -1;
-    if (file_size_of(state) < 0) return l3_fail(err, "%s: missing (%s names an incomplete checkpoint)", state, latest);
-    return 0;
+    int steps[4096], n = checkpoint_list(path, steps, 4096), newest = -1;
+    for (int i = n - 1; i >= 0 && newest < 0; i--)
+        if (checkpoint_complete(path, steps[i])) newest = steps[i];
+    if (newest < 0) {
+        if (file_size_of(path) < 0) return l3_fail(err, "--resume %s: no such file or directory", path);
+        return l3_fail(err, "--resume %s: neither a checkpoint (no state.bin) nor a checkpoint folder (no complete "
+                       "step_N)", path);
+    }
+    char folder[L3_PATH_LEN];
+    return checkpoint_paths(path, newest, folder, model, state, err);
 }
 
 // Reads and checks a state file's header against the model it goes with (n_params).

@@ -1103,24 +1103,68 @@ static void test_checkpoint_errors(void) {
     write_file(path, "step_00000010\n", 14, NULL, 0);
 }
 
+// Checkpoints of zeros of the small model, one rank, for the tests of which folders a run takes.
+typedef struct {
+    Llama3Config c;
+    size_t n;
+    float* zeros; // n floats: the weights, m and v of every checkpoint
+    uint32_t toks[300];
+    TokenData d;
+    DataLoader l;
+    TrainArgs a;
+} ZeroCheckpoints;
+static void zero_checkpoints_init(ZeroCheckpoints* z) {
+    char err[L3_ERR_LEN];
+    memset(z->toks, 0, sizeof(z->toks));
+    z->c = small_config(), z->n = param_layout(&z->c).total, z->zeros = calloc(z->n, 4);
+    z->d = (TokenData){z->toks, 300}, z->a = ckpt_args();
+    loader_init(&z->l, &z->d, 2, 8, 0, 0, 1, "t", err);
+}
+static CheckpointState zero_checkpoint_state(const ZeroCheckpoints* z, int step) {
+    return checkpoint_state_make(&z->a, step, z->n, z->n, &z->l, tokens_hash(&z->d));
+}
+
+// A save killed after its state.bin was renamed and before latest was: the folder is complete, and
+// --resume DIR takes it (the newest complete one), not latest's older one; a folder with only its
+// model.bin is passed over; a folder of complete checkpoints without latest resumes too.
+static void test_checkpoint_killed_before_latest(void) {
+    ZeroCheckpoints z;
+    zero_checkpoints_init(&z);
+    Llama3Config c = z.c;
+    float* zeros = z.zeros;
+    char err[L3_ERR_LEN], folder[L3_PATH_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN], latest[L3_PATH_LEN];
+    const char* dir = tmp_path("killed");
+    make_dir(dir, err);
+    CheckpointState st = zero_checkpoint_state(&z, 10);
+    int rc = checkpoint_write(dir, &c, &st, zeros, zeros, zeros, err);
+    st.step = 11; // the killed save: model.bin and state.bin, latest still "step_00000010"
+    rc |= checkpoint_write_model(dir, &c, 11, zeros, err) || checkpoint_paths(dir, 11, folder, model, state, err) ||
+          state_file_write(state, &st, zeros, zeros, err);
+    rc |= checkpoint_write_model(dir, &c, 12, zeros, err); // a save killed before its state.bin
+    rc |= checkpoint_resolve(dir, model, state, err);
+    CHECK(rc == 0 && strstr(state, "step_00000011/state.bin"),
+          "--resume DIR takes step 11, complete but not yet named by latest (%s)", rc ? err : state);
+    CHECK(checkpoint_dir_check(dir, 11, err) == 0, "and a run resumed from it may write into DIR (%s)", err);
+    snprintf(latest, sizeof(latest), "%s/latest", dir);
+    unlink(latest);
+    rc = checkpoint_resolve(dir, model, state, err);
+    CHECK(rc == 0 && strstr(state, "step_00000011/state.bin"), "without latest, DIR's newest complete step (%s)",
+          rc ? err : state);
+    free(zeros);
+}
+
 // --checkpoint_keep: after each save the newest K complete checkpoints stay; incomplete folders
 // older than the newest go; nothing newer than the save is touched.
 static void test_checkpoint_prune(void) {
-    Llama3Config c = small_config();
-    size_t n = param_layout(&c).total;
-    float* zeros = calloc(n, 4);
-    uint32_t toks[300] = {0};
-    TokenData d = {toks, 300};
-    DataLoader l;
-    TrainArgs a = ckpt_args();
+    ZeroCheckpoints z;
+    zero_checkpoints_init(&z);
     char err[L3_ERR_LEN], folder[L3_PATH_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN];
-    loader_init(&l, &d, 2, 8, 0, 0, 1, "t", err);
     const char* dir = tmp_path("prune");
     make_dir(dir, err);
     int steps[] = {5, 10, 15, 20, 30}, rc = 0;
     for (int i = 0; i < 5; i++) {
-        CheckpointState st = checkpoint_state_make(&a, steps[i], n, n, &l, tokens_hash(&d));
-        rc |= checkpoint_write(dir, &c, &st, zeros, zeros, zeros, err);
+        CheckpointState st = zero_checkpoint_state(&z, steps[i]);
+        rc |= checkpoint_write(dir, &z.c, &st, z.zeros, z.zeros, z.zeros, err);
     }
     checkpoint_paths(dir, 12, folder, model, state, err);
     make_dir(folder, err);
@@ -1129,7 +1173,7 @@ static void test_checkpoint_prune(void) {
     int list[16], k = checkpoint_list(dir, list, 16);
     CHECK(rc == 0 && k == 3 && list[0] == 15 && list[1] == 20 && list[2] == 30,
           "keep 2 after saving step 20: step 15, 20 kept, 30 (newer) untouched, 5, 10 and the partial 12 gone (%d left)", k);
-    free(zeros);
+    free(z.zeros);
 }
 
 // The lr schedule (llama3.h lr_at, which the device evaluates too): warmup from lr/N, each shape's
@@ -1576,6 +1620,7 @@ int main(void) {
     test_checkpoint_errors();
     test_checkpoint_ranks();
     test_checkpoint_prune();
+    test_checkpoint_killed_before_latest();
     test_token_files();
     test_vocab();
     test_loader();

@@ -211,6 +211,10 @@ HOST_MUTANTS = [
     ("rendezvous_hash_unchecked", "data parallel", "llama3.h", "a rank launched with other flags joins rank 0's run "
      "(the configuration hash not compared)",
      "if (got->world != world || got->config_hash != hash)", "if (got->world != world)"),
+    ("resume_takes_latest_only", "checkpoints", "llama3.h", "--resume DIR takes the folder latest names, though a "
+     "save killed after its state.bin left a newer complete one (the resumed run then meets it and is refused)",
+     "    for (int i = n - 1; i >= 0 && newest < 0; i--)\n", "    if (f) newest = checkpoint_step_of(name);\n"
+     "    for (int i = n - 1; i >= 0 && newest < 0; i--)\n"),
     ("old_gpus_taken", "gpu", "llama3.h", "a GPU of compute capability 7.x is taken",
      "if (major * 10 + minor < LLAMA3_MIN_COMPUTE_CAPABILITY)", "if (major < 7)"),
     ("clip_not_deferred", "step plan", "llama3.h", "with clipping only layers 0..11 are deferred: the other groups "

@@ -9,9 +9,9 @@
 #    steps 11..20 are replaced, not repeated;
 #  - a resume with another B, and a fresh run into a folder holding a later checkpoint, are refused;
 #  - SIGKILL while checkpoints are written (one every step, so the writer is nearly always busy),
-#    0.3, 0.6 and 0.9 s after the first one is complete:
-#    latest still names a complete checkpoint, and a resume from it logs the losses the straight run
-#    logged for the same steps.
+#    0.3, 0.6 and 0.9 s after the first one is complete: a resume from the folder takes its newest
+#    complete checkpoint (latest's, or a newer one whose save was killed between state.bin and
+#    latest) and logs the losses the straight run logged for the same steps.
 # Ends with "N passed, M failed".
 set -u
 cd "$(dirname "$0")/.."
@@ -82,7 +82,8 @@ for delay in 0.3 0.6 0.9; do
     kill -9 "$pid" 2> /dev/null || bad="$bad ($delay s: finished before the kill)"
     wait "$pid" 2> /dev/null
     ls "$dir"/step_*/*.tmp.* > /dev/null 2>&1 && debris=$((debris + 1))
-    step=$(sed -n 's/^step_0*\([0-9]*\)$/\1/p' "$dir/latest")
+    newest=$(ls -d "$dir"/step_*/state.bin | tail -n 1)
+    step=$(echo "$newest" | sed -n 's|.*/step_0*\([0-9]*\)/state.bin$|\1|p')
     n=$((step + 3))
     rm -f "$c/resumed.jsonl"
     if ! train "$c/resumed.jsonl" "$dir" --num_iteration 3000 --stop_after "$n" --resume "$dir"; then
@@ -93,7 +94,7 @@ for delay in 0.3 0.6 0.9; do
         bad="$bad ($delay s: the losses after step $step differ)"
 done
 [ -z "$bad" ] && [ "$debris" -gt 0 ] && ok=1 || ok=0
-result $ok "SIGKILL during saves (3 kills, $debris of them with a file half written): latest loads, the resumed losses match" \
+result $ok "SIGKILL during saves (3 kills, $debris of them with a file half written): the newest complete checkpoint loads, the resumed losses match" \
     "$bad"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
