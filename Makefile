@@ -13,8 +13,7 @@ NVCC_FLAGS = -O3 -std=c++17 $(GENCODE) -DLLAMA3_NVTX=$(NVTX) $(NVTX_OFF) -Xcompi
 LIBS = -lcublasLt
 CFLAGS = -std=gnu11 -O2 -Wall -Wextra
 
-# NCCL, for training on several GPUs (dev/nccl, and the trainer's data-parallel step with
-# DATA_PARALLEL=1): NCCL_HOME if given (its include/ and lib/libnccl.so.2), else the CUDA toolkit's,
+# NCCL, for training on several GPUs (dev/nccl, and the trainer's data-parallel step): NCCL_HOME if given (its include/ and lib/libnccl.so.2), else the CUDA toolkit's,
 # else PyTorch's nvidia-nccl wheel. Without one dev/nccl is left out (make test lists it as skipped).
 CUDA_ROOT := $(abspath $(dir $(shell command -v $(NVCC) 2>/dev/null))..)
 NCCL_HOME ?= $(firstword $(if $(wildcard $(CUDA_ROOT)/include/nccl.h),$(CUDA_ROOT)) \
@@ -44,16 +43,19 @@ build/vocab.o: data/llama3_vocab.bin
 	ld -r -b binary -z noexecstack -o $@ $<
 
 BLOBS = build/default_data.o build/default_val.o build/vocab.o
-# DATA_PARALLEL=1 builds the trainer's data-parallel step (several ranks through NCCL, ZeRO-1). It
-# stays off by default until its tests with two ranks have run on a GPU; without it the trainer
-# trains one rank and says so to a launch of several.
-DATA_PARALLEL ?= 0
+# The trainer's data-parallel step (several ranks through NCCL, ZeRO-1) is built when NCCL is found
+# (DATA_PARALLEL=1; DATA_PARALLEL=0 leaves it out, and a DATA_PARALLEL=1 without NCCL is an error).
+# Without it the trainer trains one rank, and says so to a launch of several.
+DATA_PARALLEL ?= $(if $(NCCL_LIB),1,0)
 TRAIN_NCCL = $(if $(filter 1,$(DATA_PARALLEL)),$(if $(NCCL_LIB),$(NCCL_FLAGS),$(error DATA_PARALLEL=1: no NCCL found (NCCL_HOME, the CUDA toolkit, PyTorch's wheel))))
+ONE_GPU_NOTE = @$(if $(TRAIN_NCCL),:,echo "$@: built without NCCL ($(if $(NCCL_LIB),DATA_PARALLEL=0,none found in NCCL_HOME, the CUDA toolkit or PyTorch's wheel)): one GPU, one rank")
 train_llama3: train_llama3.cu kernels.cuh llama3.h $(BLOBS)
 	$(NVCC) $(NVCC_FLAGS) $(TRAIN_NCCL) train_llama3.cu $(BLOBS) $(LIBS) -o $@
+	$(ONE_GPU_NOTE)
 
 test_llama3: test_llama3.cu train_llama3.cu kernels.cuh llama3.h
 	$(NVCC) $(NVCC_FLAGS) $(TRAIN_NCCL) test_llama3.cu $(LIBS) -o $@
+	$(ONE_GPU_NOTE)
 
 # The host tests run under AddressSanitizer and UndefinedBehaviorSanitizer: a hostile file must end
 # in an error message, never in a sanitizer report (-fno-sanitize-recover: a report fails the run).

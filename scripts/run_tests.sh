@@ -491,9 +491,9 @@ gpu_parts_without_refs() {
         for bin in $dev_binaries; do part "$bin" run "$bin --check" "$bin" --check; done
         # The collectives of two ranks; with one GPU they share it, which dev/nccl takes only from
         # NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 (else it says "skipped:").
-        # The data-parallel trainer with two ranks (built by make DATA_PARALLEL=1; NCCL >= 2.30 to share one GPU).
+        # The data-parallel trainer with two ranks (make builds it when it finds NCCL; NCCL >= 2.30 to share one GPU).
         if ! trainer_nccl_lib > /dev/null; then
-            skipped+=("two ranks of the data-parallel trainer, scripts/test_ranks.sh (train_llama3 built without DATA_PARALLEL=1)")
+            skipped+=("two ranks of the data-parallel trainer, scripts/test_ranks.sh (train_llama3 built without NCCL: make found none, or DATA_PARALLEL=0)")
         elif nvidia-smi -L 2> /dev/null | awk 'END { exit NR > 1 }' && [ "$(nccl_version)" -lt 23000 ]; then
             skipped+=("two ranks of the data-parallel trainer, scripts/test_ranks.sh (one GPU, and NCCL $(nccl_version) < 2.30 cannot share it)")
         else
@@ -508,7 +508,7 @@ gpu_parts_without_refs() {
     fi
 }
 
-# The NCCL library train_llama3 loads (built with DATA_PARALLEL=1); fails when it loads none.
+# The NCCL library train_llama3 loads (built with the data-parallel step); fails when it loads none.
 trainer_nccl_lib() { ldd ./train_llama3 2> /dev/null | awk '/libnccl/ { print $3; found = 1 } END { exit !found }'; }
 
 # The version code of the NCCL that train_llama3 loads (0: none), from its library's file name.
