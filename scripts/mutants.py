@@ -16,7 +16,7 @@ out, to show what the GPU tests alone catch of a bug that the host tests see fir
 are bugs of the host-side code (llama3.h, the trainer's main) that the host tests must catch
 without a GPU: --host_only runs them with the GPU parts left out. DP_MUTANTS are bugs of the
 data-parallel step: --data_parallel builds only the trainer (DATA_PARALLEL=1, with the NCCL that
-NCCL_HOME names) and runs only scripts/test_ranks.sh, which needs no references. Each mutant
+NCCL_HOME names) and runs only scripts/test_ranks.sh, on the small model of ref/small_t64. Each mutant
 replaces a piece of code that must occur exactly once: when the code moves, the script stops and
 says which to update.
 """
@@ -164,6 +164,9 @@ DP_MUTANTS = [
      "    for (int i = 0; i < n; i++) shard_gather(m, tensors[i], layer);\n    comm_group(false);\n",
      "    comm_group(true);\n    for (int i = 0; i < n; i++) shard_gather(m, tensors[i], layer);\n"
      "    comm_group(false);\n    for (int i = 0; i < n; i++) shard_adamw(m, tensors[i], layer, h);\n"),
+    ("model_file_not_gathered", "data parallel", "train_llama3.cu", "a save of two ranks writes model.bin without "
+     "the all-gather of the fp32 weights: the parts rank 1 updates are stale in rank 0's copy",
+     "    if (m->comm) gather_masters(m);\n", ""),
     ("union_rows_one_rank", "data parallel", "train_llama3.cu", "the embedding's rows are each rank's own (the "
      "union's all-reduce left out): the ranks' embeddings drift apart",
      "    all_reduce(c->nccl, c->union_grads, c->union_grads, (size_t)n_union(m) * C, COMM_AVG, m->opt_stream);\n", ""),
@@ -315,7 +318,9 @@ def main():
         plant_check(MUTANTS + HOST_MUTANTS + DP_MUTANTS)
     pool_of = HOST_MUTANTS if args.host_only else DP_MUTANTS if args.data_parallel else MUTANTS
     mutants = [m for m in pool_of if not args.only or m[0] in args.only]
-    for ref in () if args.host_only or args.data_parallel else ("small_t64", "small_t1024", "small_b8", "small_accum", "small_dense"):
+    refs = () if args.host_only else ("small_t64",) if args.data_parallel else (
+        "small_t64", "small_t1024", "small_b8", "small_accum", "small_dense")
+    for ref in refs:
         if not os.path.exists(os.path.join(ROOT, "ref", f"{ref}_state.bin")):
             sys.exit(f"ref/{ref}_state.bin is missing: run `make test` on this GPU machine first")
     base = args.keep or tempfile.mkdtemp(prefix="mutants_")
