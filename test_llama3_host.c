@@ -1130,17 +1130,15 @@ static CheckpointState zero_checkpoint_state(const ZeroCheckpoints* z, int step)
 static void test_checkpoint_killed_before_latest(void) {
     ZeroCheckpoints z;
     zero_checkpoints_init(&z);
-    Llama3Config c = z.c;
-    float* zeros = z.zeros;
     char err[L3_ERR_LEN], folder[L3_PATH_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN], latest[L3_PATH_LEN];
     const char* dir = tmp_path("killed");
     make_dir(dir, err);
     CheckpointState st = zero_checkpoint_state(&z, 10);
-    int rc = checkpoint_write(dir, &c, &st, zeros, zeros, zeros, err);
+    int rc = checkpoint_write(dir, &z.c, &st, z.zeros, z.zeros, z.zeros, err);
     st.step = 11; // the killed save: model.bin and state.bin, latest still "step_00000010"
-    rc |= checkpoint_write_model(dir, &c, 11, zeros, err) || checkpoint_paths(dir, 11, folder, model, state, err) ||
-          state_file_write(state, &st, zeros, zeros, err);
-    rc |= checkpoint_write_model(dir, &c, 12, zeros, err); // a save killed before its state.bin
+    rc |= checkpoint_write_model(dir, &z.c, 11, z.zeros, err) || checkpoint_paths(dir, 11, folder, model, state, err) ||
+          state_file_write(state, &st, z.zeros, z.zeros, err);
+    rc |= checkpoint_write_model(dir, &z.c, 12, z.zeros, err); // a save killed before its state.bin
     rc |= checkpoint_resolve(dir, model, state, err);
     CHECK(rc == 0 && strstr(state, "step_00000011/state.bin"),
           "--resume DIR takes step 11, complete but not yet named by latest (%s)", rc ? err : state);
@@ -1150,7 +1148,7 @@ static void test_checkpoint_killed_before_latest(void) {
     rc = checkpoint_resolve(dir, model, state, err);
     CHECK(rc == 0 && strstr(state, "step_00000011/state.bin"), "without latest, DIR's newest complete step (%s)",
           rc ? err : state);
-    free(zeros);
+    free(z.zeros);
 }
 
 // --checkpoint_keep: after each save the newest K complete checkpoints stay; incomplete folders

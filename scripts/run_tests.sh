@@ -511,7 +511,7 @@ gpu_parts_without_refs() {
 # The NCCL library train_llama3 loads (built with the data-parallel step); fails when it loads none.
 trainer_nccl_lib() { ldd ./train_llama3 2> /dev/null | awk '/libnccl/ { print $3; found = 1 } END { exit !found }'; }
 
-# The version code of the NCCL that train_llama3 loads (0: none), from its library's file name.
+# The version code of the NCCL that train_llama3 loads (0: none), as its ncclGetVersion says.
 nccl_version() {
     local lib
     lib=$(trainer_nccl_lib)
