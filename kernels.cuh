@@ -16,6 +16,7 @@
 #include <nvtx3/nvToolsExtMemCudaRt.h>
 #endif
 #include <stdint.h>
+#include <type_traits>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,13 +111,18 @@ __device__ inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // ---- init ----
 
+// splitmix64's finaliser: every output bit depends on every input bit. The counter-based random
+// streams (init, [bf16 moments] rounding) hash a counter with it instead of keeping generator state.
+__device__ inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 // Counter-based normal sample for element i of a seeded stream (splitmix64 hash + Box-Muller):
 // the same seed gives the same model on any grid shape.
 __device__ inline float normal_at(uint64_t seed, uint64_t i) {
-    uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    uint64_t z = mix64(seed + (i + 1) * 0x9E3779B97F4A7C15ull);
     float u1 = ((uint32_t)z + 0.5f) * 2.3283064e-10f, u2 = ((uint32_t)(z >> 32) + 0.5f) * 2.3283064e-10f;
     return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
 }
@@ -1268,7 +1274,7 @@ static void mean(float* out, const float* values, int n, cudaStream_t s) {
 
 // Hyperparameters of one step. They live in device memory, written by adamw_next_step at the
 // start of each step [graphs]: a captured step then replays unchanged, with no value of the host
-// baked into it and no host-to-device copy per step; each AdamW thread reads the 36 bytes from
+// baked into it and no host-to-device copy per step; each AdamW thread reads the 40 bytes from
 // cache. The step's own kernels complete them: grad_scale once the gradient norm is known, skip
 // once the loss (and norm) are.
 typedef struct {
@@ -1277,6 +1283,7 @@ typedef struct {
     float bias_corr2_sqrt; // sqrt(1 - beta2^t)
     float grad_scale;      // gradient clipping's min(1, clip / (norm + 1e-6)); 1 without clipping
     int skip;              // NaN guard: 1 when the step's loss or gradient norm is not finite
+    unsigned t;            // the step (from 1): keys the [bf16 moments] rounding stream
 } AdamWParams;
 
 // What the host learns of each step, copied to pinned memory once per step (read a step later).
@@ -1297,7 +1304,7 @@ static inline L3_HOST_DEVICE AdamWParams adamw_params_at(const OptimConfig& o, i
     p.beta1 = o.beta1, p.beta2 = o.beta2, p.eps = o.eps, p.weight_decay = o.weight_decay;
     p.step_size = (float)(p.lr / (1.0 - pow((double)p.beta1, t)));
     p.bias_corr2_sqrt = (float)sqrt(1.0 - pow((double)p.beta2, t));
-    p.grad_scale = 1.0f, p.skip = 0;
+    p.grad_scale = 1.0f, p.skip = 0, p.t = (unsigned)t;
     return p;
 }
 
@@ -1438,39 +1445,91 @@ __device__ inline float4 load_grad4(const bf16* g) { return load_bf16x4(g); }
 __device__ inline float grad_at(const float* g, size_t i) { return g[i]; }
 __device__ inline float grad_at(const bf16* g, size_t i) { return __bfloat162float(g[i]); }
 
-// AdamW on 4 consecutive elements at i with 128-bit loads and stores; returns the new parameters
-// (for the shadow copy). Plain, not streaming (__ldcs/__stcs), accesses: dev/adamw measured the
-// streaming hints at 93% of the copy ceiling and plain ones at 99% on the H200.
-template <typename G>
-__device__ inline float4 adamw_update4(float* params, float* m, float* v, const G* grads, size_t i,
+// [bf16 moments] (--optimizer_state bf16) m and v stored as bf16, computed in fp32 and rounded
+// stochastically: up with the probability of the dropped fraction, so a rounded value is right on
+// average, and v's many small steps of (1 - beta2) g^2, each under half a bf16 ulp, add up instead
+// of rounding away. The 16 random bits of each value come from a counter-based stream, mix64 of
+// (element, step): fresh every step, the same on a rerun or a resume, no generator state to save.
+// An element's m takes the low 16 bits, its v the high 16. Not finite values pass unrounded.
+__device__ inline uint32_t rounding_bits(uint64_t element, unsigned t) {
+    return (uint32_t)mix64((element + 1) * 0x9E3779B97F4A7C15ull + (uint64_t)t * 0xD1B54A32D192ED03ull);
+}
+__device__ inline bf16 bf16_stochastic(float x, uint32_t r16) {
+    uint32_t b = __float_as_uint(x);
+    if ((b & 0x7F800000u) == 0x7F800000u) return __float2bfloat16_rn(x);
+    return __ushort_as_bfloat16((unsigned short)((b + (r16 & 0xFFFFu)) >> 16)); // a carry rounds up
+}
+
+// AdamW's moments as floats, and back: fp32 as they are, bf16 rounded as above with 16 of the
+// element's bits (`shift` 0: m's, 16: v's). 4 at a time in one 128-bit (fp32) or 64-bit (bf16)
+// access, or one.
+__device__ inline Vec16<float> load_moment4(const float* p) { return load16(p); }
+__device__ inline Vec16<float> load_moment4(const bf16* p) {
+    float4 f = load_bf16x4(p);
+    return Vec16<float>{{f.x, f.y, f.z, f.w}};
+}
+__device__ inline float moment_at(const float* p, size_t i) { return p[i]; }
+__device__ inline float moment_at(const bf16* p, size_t i) { return __bfloat162float(p[i]); }
+__device__ inline void store_moment4(float* p, const Vec16<float>& x, const uint32_t*, int) { store16(p, x); }
+__device__ inline void store_moment4(bf16* p, const Vec16<float>& x, const uint32_t* bits, int shift) {
+    __nv_bfloat162 a, b;
+    a.x = bf16_stochastic(x.v[0], bits[0] >> shift), a.y = bf16_stochastic(x.v[1], bits[1] >> shift);
+    b.x = bf16_stochastic(x.v[2], bits[2] >> shift), b.y = bf16_stochastic(x.v[3], bits[3] >> shift);
+    *reinterpret_cast<uint2*>(p) = make_uint2(*reinterpret_cast<unsigned*>(&a), *reinterpret_cast<unsigned*>(&b));
+}
+__device__ inline void store_moment(float* p, size_t i, float x, uint32_t, int) { p[i] = x; }
+__device__ inline void store_moment(bf16* p, size_t i, float x, uint32_t bits, int shift) {
+    p[i] = bf16_stochastic(x, bits >> shift);
+}
+// The rounding bits of element `element` at step t, drawn only for bf16 moments.
+template <typename M> __device__ inline uint32_t moment_bits(uint64_t element, unsigned t) {
+    if constexpr (std::is_same<M, bf16>::value) return rounding_bits(element, t);
+    else return 0;
+}
+
+// AdamW on 4 consecutive elements at i with 128-bit loads and stores (64-bit for bf16 moments);
+// returns the new parameters (for the shadow copy). `element` is params[i]'s index in the whole
+// parameter block (the rounding stream's key, the same on every rank). Plain, not streaming
+// (__ldcs/__stcs), accesses: dev/adamw measured the streaming hints at 93% of the copy ceiling and
+// plain ones at 99% on the H200.
+template <typename G, typename M>
+__device__ inline float4 adamw_update4(float* params, M* m, M* v, const G* grads, size_t i, uint64_t element,
                                        const AdamWParams& h, float wd) {
-    Vec16<float> p = load16(params + i), m4 = load16(m + i), v4 = load16(v + i);
+    Vec16<float> p = load16(params + i), m4 = load_moment4(m + i), v4 = load_moment4(v + i);
     float4 g4 = load_grad4(grads + i);
     const float g[4] = {g4.x, g4.y, g4.z, g4.w};
+    uint32_t bits[4];
 #pragma unroll
-    for (int e = 0; e < 4; e++) adamw_update(p.v[e], m4.v[e], v4.v[e], g[e], h, wd);
+    for (int e = 0; e < 4; e++) {
+        adamw_update(p.v[e], m4.v[e], v4.v[e], g[e], h, wd);
+        bits[e] = moment_bits<M>(element + e, h.t);
+    }
     store16(params + i, p);
-    store16(m + i, m4);
-    store16(v + i, v4);
+    store_moment4(m + i, m4, bits, 0);
+    store_moment4(v + i, v4, bits, 16);
     return make_float4(p.v[0], p.v[1], p.v[2], p.v[3]);
 }
-template <typename G>
-__device__ inline float adamw_update1(float* params, float* m, float* v, const G* grads, size_t i,
+template <typename G, typename M>
+__device__ inline float adamw_update1(float* params, M* m, M* v, const G* grads, size_t i, uint64_t element,
                                       const AdamWParams& h, float wd) {
-    float p = params[i], mi = m[i], vi = v[i];
+    float p = params[i], mi = moment_at(m, i), vi = moment_at(v, i);
     adamw_update(p, mi, vi, grad_at(grads, i), h, wd);
-    params[i] = p, m[i] = mi, v[i] = vi;
+    uint32_t bits = moment_bits<M>(element, h.t);
+    params[i] = p;
+    store_moment(m, i, mi, bits, 0);
+    store_moment(v, i, vi, bits, 16);
     return p;
 }
 
 // [float4 Adam] [shadow weights] Dense AdamW, VEC elements per thread (4: 128-bit loads and
 // stores; 1: the scalar fallback), and with SHADOW the bf16 copy the GEMMs read is written in
 // the same pass: 30 bytes per element (g, p, m, v read; p, m, v, shadow written; 28 with [bf16
-// grads]) and no cast kernel before any GEMM. The last n % VEC elements are done by the first
-// threads, scalar. G: the gradient's type, float or bf16. decay: weight decay applies (not to the
-// norm weights). A step the NaN guard skips changes nothing.
-template <int VEC, bool SHADOW, typename G>
-__global__ void adamw_kernel(float* params, float* m, float* v, const G* grads, bf16* shadow, size_t n,
+// grads], 22 with [bf16 moments]) and no cast kernel before any GEMM. The last n % VEC elements
+// are done by the first threads, scalar. G: the gradient's type, float or bf16; M: the moments',
+// float or bf16. element0: params[0]'s index in the parameter block. decay: weight decay applies
+// (not to the norm weights). A step the NaN guard skips changes nothing.
+template <int VEC, bool SHADOW, typename G, typename M>
+__global__ void adamw_kernel(float* params, M* m, M* v, const G* grads, bf16* shadow, size_t n, uint64_t element0,
                              const AdamWParams* hp, bool decay) {
     const AdamWParams h = *hp;
     if (h.skip) return;
@@ -1478,43 +1537,47 @@ __global__ void adamw_kernel(float* params, float* m, float* v, const G* grads, 
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, i = t * VEC;
     if (i + VEC <= n) {
         if constexpr (VEC == 4) {
-            float4 p = adamw_update4(params, m, v, grads, i, h, wd);
+            float4 p = adamw_update4(params, m, v, grads, i, element0 + i, h, wd);
             if (SHADOW) store_bf16x4(shadow + i, p);
         } else {
-            float p = adamw_update1(params, m, v, grads, i, h, wd);
+            float p = adamw_update1(params, m, v, grads, i, element0 + i, h, wd);
             if (SHADOW) shadow[i] = __float2bfloat16_rn(p);
         }
     }
     size_t tail = n % VEC;
     if (t < tail) {
         size_t j = n - tail + t;
-        float p = adamw_update1(params, m, v, grads, j, h, wd);
+        float p = adamw_update1(params, m, v, grads, j, element0 + j, h, wd);
         if (SHADOW) shadow[j] = __float2bfloat16_rn(p);
     }
 }
 
 #define ADAMW_THREADS 256 // per block of adamw_kernel
 
-// Guards [float4 Adam]: 128-bit access needs every fp32 pointer 16-byte aligned (the shadow and
-// bf16 gradients 8-byte), and a tensor smaller than one float4 per thread over all SMs runs
-// scalar so that it still spreads across the chip (the seed's minimum size, scaled by SM count).
-// shadow NULL: no shadow copy.
-template <typename G>
-static bool adamw_vec4_ok(const float* params, const float* m, const float* v, const G* grads, const bf16* shadow,
-                          size_t n, int sms) {
-    bool aligned = aligned16(params) && aligned16(m) && aligned16(v) && ((uintptr_t)grads % (4 * sizeof(G))) == 0 &&
-                   (shadow == NULL || ((uintptr_t)shadow & 7) == 0);
+// p aligned for a 4-element access of its type (16 bytes for fp32, 8 for bf16).
+template <typename T> static bool aligned_for4(const T* p) { return (uintptr_t)p % (4 * sizeof(T)) == 0; }
+
+// Guards [float4 Adam]: 128-bit access needs every fp32 pointer 16-byte aligned (the shadow, bf16
+// gradients and bf16 moments 8-byte), and a tensor smaller than one float4 per thread over all SMs
+// runs scalar so that it still spreads across the chip (the seed's minimum size, scaled by SM
+// count). shadow NULL: no shadow copy.
+template <typename G, typename M>
+static bool adamw_vec4_ok(const float* params, const M* m, const M* v, const G* grads, const bf16* shadow, size_t n,
+                          int sms) {
+    bool aligned = aligned16(params) && aligned_for4(m) && aligned_for4(v) && aligned_for4(grads) &&
+                   (shadow == NULL || aligned_for4(shadow));
     return aligned && n >= (size_t)sms * ADAMW_THREADS * 4;
 }
 // adamw_kernel over n elements, float4 where adamw_vec4_ok allows it; shadow NULL without SHADOW.
 // allow_vec4 = false forces the scalar kernel (the ablation's "no vectorised Adam").
-template <bool SHADOW, typename G>
-static void adamw_dense(float* params, float* m, float* v, const G* grads, bf16* shadow, size_t n,
+template <bool SHADOW, typename G, typename M>
+static void adamw_dense(float* params, M* m, M* v, const G* grads, bf16* shadow, size_t n, uint64_t element0,
                         const AdamWParams* h, bool decay, int sms, cudaStream_t s, bool allow_vec4 = true) {
     const int threads = ADAMW_THREADS;
     BOOL_SWITCH(allow_vec4 && adamw_vec4_ok(params, m, v, grads, shadow, n, sms), VEC4, [&] {
         unsigned blocks = VEC4 ? ceil_div(n / 4 + 1, threads) : ceil_div(n, threads);
-        adamw_kernel<VEC4 ? 4 : 1, SHADOW><<<blocks, threads, 0, s>>>(params, m, v, grads, shadow, n, h, decay);
+        adamw_kernel<VEC4 ? 4 : 1, SHADOW>
+            <<<blocks, threads, 0, s>>>(params, m, v, grads, shadow, n, element0, h, decay);
     });
     LAUNCH_CHECK();
 }
@@ -1523,29 +1586,32 @@ static void adamw_dense(float* params, float* m, float* v, const G* grads, bf16*
 // when it is the first of its run): the dense kernel's update on those rows only, so untouched
 // rows keep their m and v, and the gradient row is zeroed in the same pass, which restores the
 // "zero outside touched rows" invariant without a fill. 128-bit when C % 4 == 0 and the
-// pointers are aligned (VEC 4), scalar otherwise. A skipped step only zeroes the rows.
-template <int VEC>
-__global__ void adamw_sparse_rows_kernel(float* params, float* m, float* v, float* grads, const int* sorted_tokens,
-                                         int C, const AdamWParams* hp) {
+// pointers are aligned (VEC 4), scalar otherwise. A skipped step only zeroes the rows. element0:
+// params[0]'s index in the parameter block (the [bf16 moments] rounding stream's key).
+template <int VEC, typename M>
+__global__ void adamw_sparse_rows_kernel(float* params, M* m, M* v, float* grads, const int* sorted_tokens, int C,
+                                         uint64_t element0, const AdamWParams* hp) {
     const AdamWParams h = *hp;
     int j = blockIdx.x;
     if (!owns_row(sorted_tokens, j)) return;
     size_t row = (size_t)sorted_tokens[j] * C;
     for (int c = threadIdx.x * VEC; c < C; c += blockDim.x * VEC) {
         if constexpr (VEC == 4) {
-            if (!h.skip) adamw_update4(params, m, v, grads, row + c, h, h.weight_decay);
+            if (!h.skip) adamw_update4(params, m, v, grads, row + c, element0 + row + c, h, h.weight_decay);
             store16(grads + row + c, Vec16<float>{});
         } else {
-            if (!h.skip) adamw_update1(params, m, v, grads, row + c, h, h.weight_decay);
+            if (!h.skip) adamw_update1(params, m, v, grads, row + c, element0 + row + c, h, h.weight_decay);
             grads[row + c] = 0.0f;
         }
     }
 }
-static void adamw_sparse_rows(float* params, float* m, float* v, float* grads, const int* sorted_tokens, int n_sorted,
-                              int C, const AdamWParams* h, cudaStream_t s, bool allow_vec4 = true) {
-    bool vec4 = allow_vec4 && C % 4 == 0 && aligned16(params) && aligned16(m) && aligned16(v) && aligned16(grads);
+template <typename M>
+static void adamw_sparse_rows(float* params, M* m, M* v, float* grads, const int* sorted_tokens, int n_sorted, int C,
+                              uint64_t element0, const AdamWParams* h, cudaStream_t s, bool allow_vec4 = true) {
+    bool vec4 = allow_vec4 && C % 4 == 0 && aligned16(params) && aligned_for4(m) && aligned_for4(v) && aligned16(grads);
     BOOL_SWITCH(vec4, VEC4, [&] {
-        adamw_sparse_rows_kernel<VEC4 ? 4 : 1><<<n_sorted, 128, 0, s>>>(params, m, v, grads, sorted_tokens, C, h);
+        adamw_sparse_rows_kernel<VEC4 ? 4 : 1>
+            <<<n_sorted, 128, 0, s>>>(params, m, v, grads, sorted_tokens, C, element0, h);
     });
     LAUNCH_CHECK();
 }

@@ -864,6 +864,149 @@ static int test_sampling(void) {
     return n_failed > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
+// ---- [bf16 moments]: the trainer's AdamW with bf16 m and v, against float64 (no reference file) ----
+// adamw_dense (the trainer's launcher) with bf16 moments and fp32 gradients, on fresh random inputs
+// of the 1B's scales (p ~ N(0, 0.02), g ~ N(0, 1e-3), m = bf16 of N(0, 1e-3), v = bf16 of
+// U[1e-8, 1e-6]), n = 1,000,003 (float4 with a scalar tail), m, v and p poisoned, step 10 of
+// AdamW(1e-3, (0.9, 0.999), 1e-8, wd 0.1). The reference is the update in float64 from the same
+// inputs. Checks:
+//  - p within 1e-6 (relative to its scale): the update reads m and v in fp32, before they are rounded.
+//  - m and v: each stored value within one bf16 ulp of the float64 one (one of its two neighbours).
+//  - no stagnation: v = 1e-6 with g = 1e-6 moves by -1e-9 a step, 0.13 of a bf16 ulp; rounding to
+//    nearest keeps every v as it was, stochastic rounding moves their mean by the float64 change,
+//    within 5 % (its noise at this n is 0.3 %).
+//  - a rerun of the step writes the same bits; the next step (t + 1, the same hyperparameters
+//    otherwise) draws other rounding bits: at least 10 % of the m values differ (expected about 1/3).
+#define MOMENTS_N 1000003
+static const double TOL_BF16_MOMENTS_P = 1e-6, TOL_STAGNATION = 5e-2, MIN_NEW_BITS = 0.1;
+
+struct MomentBuffers {
+    float *params, *grads;
+    bf16 *m, *v;
+};
+// p, g (fp32) and m, v (bf16 of the floats given) on the device.
+static MomentBuffers moments_upload(const std::vector<float>& p, const std::vector<float>& g,
+                                    const std::vector<float>& m, const std::vector<float>& v) {
+    MomentBuffers b;
+    size_t n = p.size();
+    CUDA_CHECK(cudaMalloc(&b.params, n * 4));
+    CUDA_CHECK(cudaMalloc(&b.grads, n * 4));
+    CUDA_CHECK(cudaMalloc(&b.m, n * 2));
+    CUDA_CHECK(cudaMalloc(&b.v, n * 2));
+    std::vector<bf16> m16(n), v16(n);
+    for (size_t i = 0; i < n; i++) m16[i] = __float2bfloat16_rn(m[i]), v16[i] = __float2bfloat16_rn(v[i]);
+    CUDA_CHECK(cudaMemcpy(b.params, p.data(), n * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b.grads, g.data(), n * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b.m, m16.data(), n * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b.v, v16.data(), n * 2, cudaMemcpyHostToDevice));
+    return b;
+}
+static std::vector<float> bf16_to_host(const bf16* d, size_t n) {
+    std::vector<bf16> h(n);
+    CUDA_CHECK(cudaMemcpy(h.data(), d, n * 2, cudaMemcpyDeviceToHost));
+    std::vector<float> f(n);
+    for (size_t i = 0; i < n; i++) f[i] = __bfloat162float(h[i]);
+    return f;
+}
+// One AdamW step on b with hyperparameters h (host), as the trainer launches it (bf16 moments).
+static void moments_step(const MomentBuffers& b, size_t n, const AdamWParams& h) {
+    AdamWParams* hd;
+    CUDA_CHECK(cudaMalloc(&hd, sizeof(h)));
+    CUDA_CHECK(cudaMemcpy(hd, &h, sizeof(h), cudaMemcpyHostToDevice));
+    int sms;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    adamw_dense<false>(b.params, b.m, b.v, b.grads, (bf16*)NULL, n, 0, hd, true, sms, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaFree(hd));
+}
+static void moments_free(MomentBuffers& b) {
+    for (void* p : {(void*)b.params, (void*)b.grads, (void*)b.m, (void*)b.v}) CUDA_CHECK(cudaFree(p));
+}
+// A bf16 ulp at x: 2^(e - 8) for |x| in [2^(e-1), 2^e) (8 significant bits).
+static double bf16_ulp(double x) {
+    int e;
+    frexp(x, &e);
+    return ldexp(1.0, e - 8);
+}
+static float bf16_rt(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+static std::vector<float> normal_vector(size_t n, float std, uint64_t* rng) {
+    std::vector<float> x(n);
+    for (float& e : x) e = std * (float)(sqrt(-2.0 * log(next_uniform(rng) + 1e-300)) * cos(6.283185307179586 * next_uniform(rng)));
+    return x;
+}
+
+// The float64 AdamW of element i (dev/common.h adamw_cpu's order), moments read as given.
+static void adamw_f64(double* p, double* m, double* v, double g, const OptimConfig& o, int t) {
+    double step_size = o.sched.peak_lr / (1.0 - pow((double)o.beta1, t)), corr2 = sqrt(1.0 - pow((double)o.beta2, t));
+    *p -= (double)o.sched.peak_lr * o.weight_decay * *p;
+    *m = (double)o.beta1 * *m + (1.0 - o.beta1) * g;
+    *v = (double)o.beta2 * *v + (1.0 - o.beta2) * g * g;
+    *p -= step_size * *m / (sqrt(*v) / corr2 + o.eps);
+}
+
+static int test_bf16_moments(void) {
+    const size_t n = MOMENTS_N;
+    OptimConfig o = {};
+    o.sched.kind = LR_CONSTANT, o.sched.total = 100, o.sched.peak_lr = 1e-3f;
+    o.beta1 = 0.9f, o.beta2 = 0.999f, o.eps = 1e-8f, o.weight_decay = 0.1f;
+    const int t = 10;
+    AdamWParams h = adamw_params_at(o, t), next = h;
+    next.t = t + 1;
+    uint64_t rng = 4242;
+    std::vector<float> p = normal_vector(n, 0.02f, &rng), g = normal_vector(n, 1e-3f, &rng),
+                       m = normal_vector(n, 1e-3f, &rng), v(n);
+    for (float& e : v) e = 1e-8f + (float)next_uniform(&rng) * (1e-6f - 1e-8f);
+    for (size_t i = 0; i < n; i++) m[i] = bf16_rt(m[i]), v[i] = bf16_rt(v[i]);
+    MomentBuffers b = moments_upload(p, g, m, v); // (in place: every value must move as the reference's)
+    moments_step(b, n, h);
+    float* got_p = to_host(b.params, n);
+    std::vector<float> got_m = bf16_to_host(b.m, n), got_v = bf16_to_host(b.v, n);
+    double p_err = 0.0;
+    size_t far_m = 0, far_v = 0;
+    for (size_t i = 0; i < n; i++) {
+        double pi = p[i], mi = m[i], vi = v[i];
+        adamw_f64(&pi, &mi, &vi, g[i], o, t);
+        p_err = fmax(p_err, fabs(got_p[i] - pi) / 0.02);
+        far_m += !(fabs(got_m[i] - mi) <= bf16_ulp(mi)), far_v += !(fabs(got_v[i] - vi) <= bf16_ulp(vi));
+    }
+    free(got_p);
+    check(p_err <= TOL_BF16_MOMENTS_P, "bf16 moments: p against float64 (largest error / 0.02)", p_err, TOL_BF16_MOMENTS_P);
+    check(far_m == 0, "bf16 moments: m values more than one bf16 ulp from float64", (double)far_m, 0);
+    check(far_v == 0, "bf16 moments: v values more than one bf16 ulp from float64", (double)far_v, 0);
+    // the rerun and the next step, from the same inputs
+    std::vector<float> again_m, next_m;
+    for (int k = 0; k < 2; k++) {
+        moments_free(b);
+        b = moments_upload(p, g, m, v);
+        moments_step(b, n, k ? next : h);
+        (k ? next_m : again_m) = bf16_to_host(b.m, n);
+    }
+    size_t rerun_differs = 0, next_differs = 0;
+    for (size_t i = 0; i < n; i++) rerun_differs += again_m[i] != got_m[i], next_differs += next_m[i] != got_m[i];
+    check(rerun_differs == 0, "bf16 moments: the same step twice, m values that differ", (double)rerun_differs, 0);
+    check((double)next_differs / n >= MIN_NEW_BITS, "bf16 moments: step t + 1 rounds anew, fraction of m that differs (at least)",
+          (double)next_differs / n, MIN_NEW_BITS);
+    moments_free(b);
+    // stagnation: v = bf16(1e-6), g = +-1e-6
+    std::vector<float> v_small(n, bf16_rt(1e-6f)), g_small(n);
+    for (size_t i = 0; i < n; i++) g_small[i] = (i % 2 ? 1e-6f : -1e-6f);
+    b = moments_upload(p, g_small, m, v_small);
+    moments_step(b, n, h);
+    std::vector<float> v_after = bf16_to_host(b.v, n);
+    double moved = 0.0, want = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double pi = p[i], mi = m[i], vi = v_small[i];
+        adamw_f64(&pi, &mi, &vi, g_small[i], o, t);
+        moved += (double)v_after[i] - v_small[i], want += vi - v_small[i];
+    }
+    double stagnation = fabs(moved / want - 1.0);
+    check(stagnation <= TOL_STAGNATION, "bf16 moments: v's mean step of 0.13 ulp kept (|mean / float64's - 1|)", stagnation,
+          TOL_STAGNATION);
+    moments_free(b);
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
 // ---- the trainer's own runs ----
 
 // The flags that make train_llama3 repeat the reference's steps (its files are given apart).
@@ -904,8 +1047,9 @@ int main(int argc, char** argv) {
     if (argc == 3 && !strcmp(argv[1], "--train_args")) return print_train_args(argv[2]);
     if (argc == 4 && !strcmp(argv[1], "--log")) return compare_log(argv[2], argv[3]);
     if (argc == 2 && !strcmp(argv[1], "--sampling")) return test_sampling();
+    if (argc == 2 && !strcmp(argv[1], "--bf16_moments")) return test_bf16_moments();
     if (argc < 2 || argv[1][0] == '-') {
-        fprintf(stderr, "usage: %s REF [switches] | --train_args REF | --log LOG.jsonl REF | --sampling\n", argv[0]);
+        fprintf(stderr, "usage: %s REF [switches] | --train_args REF | --log LOG.jsonl REF | --sampling | --bf16_moments\n", argv[0]);
         return EXIT_FAILURE;
     }
     char err[L3_ERR_LEN];

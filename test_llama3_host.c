@@ -991,7 +991,7 @@ static void test_checkpoint_round_trip(void) {
     ModelFileFormat fmt;
     float buf[777];
     rc = model_header_read(model, &got, &fmt, err) || model_file_load(model, &c, fmt, buf, 777, host_sink, back, err) ||
-         state_header_read(state, n, &rd, err) || state_arrays_read(state, n, back + n, back + 2 * n, err);
+         state_header_read(state, n, &rd, err) || state_arrays_read(state, n, 4, back + n, back + 2 * n, err);
     CHECK(rc == 0 && fmt == MODEL_FILE_SEED && !memcmp(back, params, n * 4) && !memcmp(back + n, m, n * 4) &&
               !memcmp(back + 2 * n, v, n * 4) && rd.step == 10 && rd.loader_pos == 48 && rd.data_tokens == 300,
           "model.bin (seed format), m, v, step and data position read back bit for bit (%s)", rc ? err : "ok");
@@ -1047,7 +1047,7 @@ static void test_checkpoint_ranks(void) {
         CheckpointState rd;
         same &= rank_state_path(state, r, mine, err) == 0 && state_header_read(mine, n, &rd, err) == 0 &&
                 rd.rank == r && rd.world == 2 && rd.state_floats == share[r] &&
-                state_arrays_read(mine, rd.state_floats, back, back + n, err) == 0 &&
+                state_arrays_read(mine, rd.state_floats, 4, back, back + n, err) == 0 &&
                 !memcmp(back, m + r, share[r] * 4) && !memcmp(back + n, v + r, share[r] * 4);
     }
     CHECK(same && strstr(mine, "step_00000006/state_rank1.bin"),
@@ -1067,6 +1067,51 @@ static void test_checkpoint_ranks(void) {
     rc = write_file_atomic(mine, chunks, 3, err) || state_header_read(mine, n, &rd, err);
     CHECK(rc == 0 && rd.rank == 0 && rd.world == 1 && rd.state_floats == one.state_floats,
           "a version-1 state file reads as one rank's whole state (%s)", rc ? err : "ok");
+    free(params), free(m), free(v), free(back);
+}
+
+// [bf16 moments] A checkpoint of --optimizer_state bf16: m and v as 2-byte values (the file's arrays
+// half the fp32 one's), read back bit for bit; a resume with fp32 moments is refused; a version-2
+// header (before the moments' dtype) reads as fp32 moments; a dtype field out of range is corrupt.
+static void test_checkpoint_bf16_moments(void) {
+    Llama3Config c = small_config();
+    size_t n = param_layout(&c).total;
+    float* params = malloc(n * 4);
+    uint16_t *m = malloc(n * 2), *v = malloc(n * 2), *back = calloc(2 * n, 2);
+    for (size_t i = 0; i < n; i++) params[i] = (float)i, m[i] = (uint16_t)(i * 7), v[i] = (uint16_t)(i * 13 + 1);
+    uint32_t toks[300];
+    for (int i = 0; i < 300; i++) toks[i] = i % 1000;
+    TokenData d = {toks, 300};
+    DataLoader l;
+    char err[L3_ERR_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN];
+    loader_init(&l, &d, 2, 8, 0, 0, 1, "t", err);
+    const char* dir = tmp_path("ckpt_bf16");
+    make_dir(dir, err);
+    TrainArgs a = ckpt_args();
+    a.optim.moments = MOMENTS_BF16;
+    CheckpointState st = checkpoint_state_make(&a, 4, n, n, &l, tokens_hash(&d)), rd;
+    int rc = checkpoint_write(dir, &c, &st, params, m, v, err) || checkpoint_resolve(dir, model, state, err) ||
+             state_header_read(state, n, &rd, err) || state_arrays_read(state, n, 2, back, back + n, err);
+    CHECK(rc == 0 && rd.moments == MOMENTS_BF16 && file_size_of(state) == CKPT_HEADER_BYTES + 4LL * (long long)n &&
+              !memcmp(back, m, n * 2) && !memcmp(back + n, v, n * 2),
+          "bf16 moments: state.bin holds 2-byte m and v, read back bit for bit (%s)", rc ? err : "ok");
+    CHECK(resume_check(&rd, &a, &d, dir, err) == 0, "bf16 moments: the same run resumes (%s)", err);
+    TrainArgs b = a;
+    b.optim.moments = MOMENTS_FP32;
+    expect_error(resume_check(&rd, &b, &d, dir, err), err, "bf16 moments resumed with fp32 ones",
+                 "saved in bf16: resume with --optimizer_state bf16", NULL);
+    CheckpointState old = st;
+    old.version = 2, old.moments = 0;
+    unsigned char header[CKPT_HEADER_BYTES] = {0};
+    memcpy(header, &old, sizeof(old));
+    Chunk chunks[3] = {{header, sizeof(header)}, {params, n * 4}, {params, n * 4}};
+    rc = write_file_atomic(state, chunks, 3, err) || state_header_read(state, n, &rd, err);
+    CHECK(rc == 0 && rd.moments == MOMENTS_FP32, "a version-2 state file reads as fp32 moments (%s)", rc ? err : "ok");
+    old.version = CKPT_VERSION, old.moments = 7;
+    memcpy(header, &old, sizeof(old));
+    rc = write_file_atomic(state, chunks, 3, err);
+    expect_error(rc || state_header_read(state, n, &rd, err), err, "a state file with moments dtype 7",
+                 "corrupt header", "moments dtype 7");
     free(params), free(m), free(v), free(back);
 }
 
@@ -1617,6 +1662,7 @@ int main(void) {
     test_checkpoint_round_trip();
     test_checkpoint_errors();
     test_checkpoint_ranks();
+    test_checkpoint_bf16_moments();
     test_checkpoint_prune();
     test_checkpoint_killed_before_latest();
     test_token_files();

@@ -193,8 +193,10 @@ typedef struct {
     float* grads;  // fp32; wte's rows are zero except those touched this step [sparse rows]. With
                    // bf16 grads it holds only wte and the norm weights, packed (see grad_f32)
     bf16* grads_bf16; // [bf16 grads] the matmul weights' gradients, laid out like the shadow; or NULL
-    float* adam_m; // AdamW's state: of every parameter, or [data parallel] of this rank's runs (state_count)
-    float* adam_v;
+    // AdamW's state: of every parameter, or [data parallel] of this rank's runs (state_count). fp32,
+    // or [bf16 moments] bf16 (--optimizer_state bf16); the other pair NULL. with_moments picks.
+    float *adam_m, *adam_v;
+    bf16 *adam_m_bf16, *adam_v_bf16;
     bf16* shadow;      // [shadow weights] bf16 copy of params[matmul_begin, matmul_end)
     bf16* cast_weight; // with shadow_weights off: one weight cast to bf16 just before its GEMM
     Activations acts;   // typed pointers into one block
@@ -265,6 +267,18 @@ static size_t sumsq_slots(const Model* m) { return 3 + (size_t)m->cfg.n_layer * 
 static size_t sumsq_count(const Model* m) { return sumsq_slots(m) * SUMSQ_BLOCKS * (m->comm ? 2 : 1); }
 // Floats of AdamW's m (and of v) on this rank.
 static size_t state_count(const Model* m) { return m->comm ? m->comm->zero.state_total : m->layout.total; }
+// Bytes of each of m and v (state_count values of --optimizer_state's dtype).
+static size_t moments_bytes(const Model* m) { return state_count(m) * moment_bytes(m->opt.moments); }
+// m (which 0) or v (1) as the bytes a checkpoint copies, whatever their dtype.
+static void* moments_block(const Model* m, int which) {
+    if (m->adam_m_bf16) return which ? (void*)m->adam_v_bf16 : (void*)m->adam_m_bf16;
+    return which ? (void*)m->adam_v : (void*)m->adam_m;
+}
+// f(m, v): the moments from state index `state` on, typed (float* or bf16*) for the AdamW kernels.
+template <typename F> static void with_moments(const Model* m, size_t state, F f) {
+    if (m->adam_m_bf16) f(m->adam_m_bf16 + state, m->adam_v_bf16 + state);
+    else f(m->adam_m + state, m->adam_v + state);
+}
 
 // cudaMalloc with the amount named when the GPU is out of memory.
 static void* device_alloc(size_t bytes, const char* what) {
@@ -297,24 +311,45 @@ static bool uses_bf16_grads(const Switches* sw, int grad_accum) { return sw->bf1
 static size_t grads_f32_count(const ParamLayout* p, bool bf16_grads) {
     return p->total - (bf16_grads ? p->matmul_end - p->matmul_begin : 0);
 }
-// Device bytes of the model's buffers: weights, AdamW state (state_n floats each of m and v),
-// gradients, bf16 weights, activations and the cuBLASLt workspace (not the token buffers, RoPE
+// Device bytes of the model's buffers, by the parts a flag changes (not the token buffers, RoPE
 // table, sort scratch and the union's rows: a few MiB at the bench shapes).
-static size_t model_bytes(const ParamLayout* p, size_t state_n, size_t acts_bytes, const Switches* sw, int grad_accum) {
-    size_t f32_n = grads_f32_count(p, uses_bf16_grads(sw, grad_accum)); // the rest are bf16
-    return p->total * 4 + state_n * 8 + f32_n * 4 + (p->total - f32_n) * 2 + bf16_weight_bytes(p, sw) + acts_bytes +
-           GEMM_WORKSPACE_BYTES;
+typedef struct {
+    size_t weights;     // fp32 masters, and the bf16 shadow (or the ablation's cast buffer)
+    size_t moments;     // AdamW's m and v, this rank's share (ZeRO-1), of --optimizer_state's dtype
+    size_t gradients;   // fp32, or bf16 for the matmul weights [bf16 grads]
+    size_t activations; // what the backward reads, for B x T (and the scratch of one layer)
+    size_t workspace;   // cuBLASLt's
+} MemoryParts;
+static MemoryParts memory_parts(const Model* m) {
+    const ParamLayout* p = &m->layout;
+    size_t f32_n = grads_f32_count(p, uses_bf16_grads(&m->sw, m->grad_accum)); // the rest are bf16
+    MemoryParts parts = {p->total * 4 + bf16_weight_bytes(p, &m->sw), 2 * moments_bytes(m),
+                         f32_n * 4 + (p->total - f32_n) * 2, m->acts_bytes, GEMM_WORKSPACE_BYTES};
+    return parts;
+}
+static size_t memory_total(const MemoryParts* p) {
+    return p->weights + p->moments + p->gradients + p->activations + p->workspace;
+}
+static void memory_print(FILE* f, const MemoryParts* p) {
+    const double G = 1073741824.0;
+    fprintf(f, "%.2f GiB: weights %.2f, AdamW m and v %.2f, gradients %.2f, activations %.2f, workspace %.2f",
+            memory_total(p) / G, p->weights / G, p->moments / G, p->gradients / G, p->activations / G,
+            p->workspace / G);
 }
 
-// Stops with the amounts when the model's buffers do not fit in the GPU's free memory.
-static void check_fits(const Model* m, int grad_accum) {
-    size_t free_b, total_b, need = model_bytes(&m->layout, state_count(m), m->acts_bytes, &m->sw, grad_accum);
+// Stops when the model's buffers do not fit in the GPU's free memory, naming the parts and the
+// flags that shrink the largest of them.
+static void check_fits(const Model* m) {
+    MemoryParts parts = memory_parts(m);
+    size_t free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    if (need <= free_b) return;
-    fprintf(stderr, "out of GPU memory: the model needs %.2f GiB (weights, grads, AdamW state, shadow: %.2f; "
-                    "activations for B=%d T=%d: %.2f), %.2f GiB free\n",
-            need / 1073741824.0, (need - m->acts_bytes) / 1073741824.0, m->B, m->T, m->acts_bytes / 1073741824.0,
-            free_b / 1073741824.0);
+    if (memory_total(&parts) <= free_b) return;
+    fprintf(stderr, "out of GPU memory: the model needs ");
+    memory_print(stderr, &parts);
+    fprintf(stderr, "; %.2f GiB free. Smaller: ", free_b / 1073741824.0);
+    if (m->opt.moments == MOMENTS_FP32) fprintf(stderr, "--optimizer_state bf16 (m and v in half), ");
+    fprintf(stderr, "a smaller --batch_size or --sequence_length (activations scale with B*T; keep "
+                    "--total_batch_size for the same step), more ranks (ZeRO-1 divides m and v)\n");
     exit(EXIT_FAILURE);
 }
 
@@ -355,8 +390,10 @@ static void model_alloc(Model* m) {
     size_t grads_f32_n = grads_f32_count(&m->layout, uses_bf16_grads(&m->sw, m->grad_accum));
     m->grads = (float*)device_alloc(grads_f32_n * 4, "fp32 gradients");
     if (grads_f32_n < P) m->grads_bf16 = (bf16*)device_alloc((P - grads_f32_n) * 2, "bf16 gradients");
-    m->adam_m = (float*)device_alloc(state_count(m) * 4, "AdamW m");
-    m->adam_v = (float*)device_alloc(state_count(m) * 4, "AdamW v");
+    void** moments[2] = {(void**)&m->adam_m, (void**)&m->adam_v};
+    if (m->opt.moments == MOMENTS_BF16) moments[0] = (void**)&m->adam_m_bf16, moments[1] = (void**)&m->adam_v_bf16;
+    *moments[0] = device_alloc(moments_bytes(m), "AdamW m");
+    *moments[1] = device_alloc(moments_bytes(m), "AdamW v");
     size_t bf16_bytes = bf16_weight_bytes(&m->layout, &m->sw);
     if (m->sw.shadow_weights) m->shadow = (bf16*)device_alloc(bf16_bytes, "bf16 shadow weights");
     else m->cast_weight = (bf16*)device_alloc(bf16_bytes, "bf16 weight cast buffer");
@@ -410,8 +447,8 @@ static void model_reset_training(Model* m) {
     if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
     m->step_graph = NULL;
     size_t P = m->layout.total, grads_f32_n = grads_f32_count(&m->layout, m->grads_bf16 != NULL);
-    CUDA_CHECK(cudaMemset(m->adam_m, 0, state_count(m) * 4));
-    CUDA_CHECK(cudaMemset(m->adam_v, 0, state_count(m) * 4));
+    CUDA_CHECK(cudaMemset(moments_block(m, 0), 0, moments_bytes(m)));
+    CUDA_CHECK(cudaMemset(moments_block(m, 1), 0, moments_bytes(m)));
     CUDA_CHECK(cudaMemset(m->adam_step, 0, sizeof(int)));
     CUDA_CHECK(cudaMemset(m->adam, 0, sizeof(AdamWHistory)));
     CUDA_CHECK(cudaMemset(m->grads, 0, grads_f32_n * 4));
@@ -443,7 +480,7 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     *plan = step_plan(sw, opt, cfg->n_layer, comm ? comm->world : 1);
     m->plan = plan;
     m->acts_bytes = act_layout(&m->acts, NULL, cfg, B, T, grad_accum, m->sms, sw->flash_attention, sw->fused_rmsnorm);
-    check_fits(m, grad_accum);
+    check_fits(m);
     model_alloc(m);
     model_streams(m);
     rope_upload(m);
@@ -457,9 +494,10 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
 static void model_free(Model* m) {
     gemm_destroy(m->gemm);
     if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
-    void* device[] = {m->adam,   m->adam_step, m->params,      m->grads,  m->grads_bf16, m->adam_m,
-                      m->adam_v, m->shadow,    m->cast_weight, m->shape_in_memory, m->acts_block, m->tokens,
-                      m->stats,  m->sumsq,     m->rope_cos,    m->sorter.sorted_tokens, m->sorter.temp};
+    void* device[] = {m->adam,        m->adam_step,   m->params,          m->grads,      m->grads_bf16,
+                      m->adam_m,      m->adam_v,      m->adam_m_bf16,     m->adam_v_bf16, m->shadow,
+                      m->cast_weight, m->shape_in_memory, m->acts_block,  m->tokens,     m->stats,
+                      m->sumsq,       m->rope_cos,    m->sorter.sorted_tokens, m->sorter.temp};
     for (size_t i = 0; i < sizeof(device) / sizeof(device[0]); i++) CUDA_CHECK(cudaFree(device[i]));
     CUDA_CHECK(cudaFreeHost(m->tokens_host));
     CUDA_CHECK(cudaFreeHost(m->stats_host));
@@ -850,11 +888,13 @@ static void optimizer_begin_step(const Model* m) {
 // llm.c and the Hugging Face Trainer decay).
 template <typename G> static void adamw_launch(const Model* m, size_t begin, size_t end, size_t state, const G* grads,
                                                bool matmul, const AdamWParams* h, cudaStream_t s) {
-    float *p = m->params + begin, *am = m->adam_m + state, *av = m->adam_v + state;
     bool decay = begin < m->layout.norm_begin, shadow = m->sw.shadow_weights && matmul;
     bf16* shadow_out = shadow ? m->shadow + (begin - m->layout.matmul_begin) : NULL;
-    BOOL_SWITCH(shadow, SHADOW, [&] {
-        adamw_dense<SHADOW>(p, am, av, grads, shadow_out, end - begin, h, decay, m->sms, s, m->sw.vector_adam);
+    with_moments(m, state, [&](auto* am, auto* av) {
+        BOOL_SWITCH(shadow, SHADOW, [&] {
+            adamw_dense<SHADOW>(m->params + begin, am, av, grads, shadow_out, end - begin, begin, h, decay, m->sms, s,
+                                m->sw.vector_adam);
+        });
     });
 }
 // The range lies within the matmul weights, the norm weights, or wte.
@@ -872,8 +912,10 @@ static void adamw_embedding(const Model* m, const AdamWParams* h, cudaStream_t s
         adamw_range(m, wte, wte + m->layout.size[P_WTE], wte, h, s);
         return;
     }
-    adamw_sparse_rows(m->params + wte, m->adam_m + wte, m->adam_v + wte, grad_f32(m, wte), m->sorter.sorted_tokens,
-                      m->grad_accum * m->B * m->T, m->cfg.n_embd, h, s, m->sw.vector_adam);
+    with_moments(m, wte, [&](auto* am, auto* av) {
+        adamw_sparse_rows(m->params + wte, am, av, grad_f32(m, wte), m->sorter.sorted_tokens, m->grad_accum * m->B * m->T,
+                          m->cfg.n_embd, wte, h, s, m->sw.vector_adam);
+    });
 }
 
 static void adamw_tensor(const Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s) {
@@ -935,8 +977,10 @@ static void shard_adamw(const Model* m, int tensor, int layer, const AdamWParams
     const Comm* c = m->comm;
     if (sparse_wte(m, tensor)) {
         size_t wte = m->layout.offset[P_WTE], state = c->zero.state_offset[P_WTE];
-        adamw_sparse_rows(m->params + wte, m->adam_m + state, m->adam_v + state, grad_f32(m, wte),
-                          c->union_sorter.sorted_tokens, n_union(m), m->cfg.n_embd, h, m->opt_stream, m->sw.vector_adam);
+        with_moments(m, state, [&](auto* am, auto* av) {
+            adamw_sparse_rows(m->params + wte, am, av, grad_f32(m, wte), c->union_sorter.sorted_tokens, n_union(m),
+                              m->cfg.n_embd, wte, h, m->opt_stream, m->sw.vector_adam);
+        });
         return;
     }
     for (int which = 0; which < 2; which++) {
@@ -1216,9 +1260,11 @@ static void stage_batches(Model* m, DataLoader* loader, int slot) {
 typedef struct {
     const CheckpointConfig* ckpt; // where (dir) and how many to keep
     Llama3Config cfg;
-    size_t n_params, state_floats; // floats of the weights, and of m and v on this rank (state_count)
+    size_t n_params, state_floats; // floats of the weights, and values of m and v on this rank (state_count)
+    size_t moments_bytes;          // bytes of each of m and v (their dtype's)
     uint64_t data_hash; // tokens_hash of the run's token data, for each save's state
-    float *params, *adam_m, *adam_v; // pinned host copies of one save ([data parallel] params: rank 0's only)
+    float* params;        // pinned host copies of one save ([data parallel] params: rank 0's only)
+    void *adam_m, *adam_v; // (fp32 or bf16, as the run's --optimizer_state)
     cudaStream_t stream;
     cudaEvent_t flushed, copied;
     pthread_t writer;
@@ -1231,11 +1277,10 @@ typedef struct {
 static void saver_create(Saver* s, const Model* m, const CheckpointConfig* ckpt, const TokenData* data) {
     memset(s, 0, sizeof(*s));
     s->ckpt = ckpt, s->cfg = m->cfg, s->n_params = m->layout.total, s->data_hash = tokens_hash(data);
-    s->state_floats = state_count(m);
-    float** host[3] = {&s->params, &s->adam_m, &s->adam_v};
+    s->state_floats = state_count(m), s->moments_bytes = moments_bytes(m);
+    void** host[3] = {(void**)&s->params, &s->adam_m, &s->adam_v};
     bool writes_model = !m->comm || m->comm->rank == 0;
-    size_t bytes[3] = {writes_model ? s->n_params * sizeof(float) : 0, s->state_floats * sizeof(float),
-                       s->state_floats * sizeof(float)};
+    size_t bytes[3] = {writes_model ? s->n_params * sizeof(float) : 0, s->moments_bytes, s->moments_bytes};
     for (int i = 0; i < 3; i++)
         if (bytes[i] && cudaMallocHost(host[i], bytes[i]) != cudaSuccess) {
             fprintf(stderr, "error: --checkpoint_dir: cannot allocate %.2f GiB of pinned host memory for a save\n",
@@ -1330,10 +1375,10 @@ static void checkpoint_save(Model* m, Saver* s, const TrainArgs* a, const DataLo
     if (m->comm) gather_masters(m);
     CUDA_CHECK(cudaEventRecord(s->flushed, m->stream));
     CUDA_CHECK(cudaStreamWaitEvent(s->stream, s->flushed));
-    size_t bytes = s->n_params * sizeof(float), state_bytes = s->state_floats * sizeof(float);
+    size_t bytes = s->n_params * sizeof(float);
     if (s->params) CUDA_CHECK(cudaMemcpyAsync(s->params, m->params, bytes, cudaMemcpyDeviceToHost, s->stream));
-    CUDA_CHECK(cudaMemcpyAsync(s->adam_m, m->adam_m, state_bytes, cudaMemcpyDeviceToHost, s->stream));
-    CUDA_CHECK(cudaMemcpyAsync(s->adam_v, m->adam_v, state_bytes, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaMemcpyAsync(s->adam_m, moments_block(m, 0), s->moments_bytes, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaMemcpyAsync(s->adam_v, moments_block(m, 1), s->moments_bytes, cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaEventRecord(s->copied, s->stream));
     m->pending.save_copy = &s->copied;
     s->st = checkpoint_state_make(a, step, s->n_params, s->state_floats, loader, s->data_hash);
@@ -1366,23 +1411,25 @@ static void checkpoint_restore(Model* m, const char* state_path, const Checkpoin
         fprintf(stderr, "error: %s%s\n", rank_tag, err);
         exit(EXIT_FAILURE);
     }
-    if (own.rank != rank || own.state_floats != n) {
-        fprintf(stderr, "error: %s%s: holds rank %d's %llu floats of AdamW's state; this rank (%d) has %zu\n", rank_tag,
-                mine, own.rank, (unsigned long long)own.state_floats, rank, n);
+    if (own.rank != rank || own.state_floats != n || own.moments != m->opt.moments) {
+        fprintf(stderr, "error: %s%s: holds rank %d's %llu values of AdamW's state (%s); this rank (%d) has %zu (%s)\n",
+                rank_tag, mine, own.rank, (unsigned long long)own.state_floats, own.moments ? "bf16" : "fp32", rank, n,
+                m->opt.moments ? "bf16" : "fp32");
         exit(EXIT_FAILURE);
     }
-    float* host = (float*)malloc(2 * n * sizeof(float));
+    size_t bytes = moments_bytes(m);
+    unsigned char* host = (unsigned char*)malloc(2 * bytes);
     if (!host) {
         fprintf(stderr, "error: --resume: cannot allocate %.2f GiB of host memory for AdamW's state\n",
-                2.0 * n * 4 / 1073741824.0);
+                2.0 * bytes / 1073741824.0);
         exit(EXIT_FAILURE);
     }
-    if (state_arrays_read(mine, n, host, host + n, err)) {
+    if (state_arrays_read(mine, n, moment_bytes(m->opt.moments), host, host + bytes, err)) {
         fprintf(stderr, "error: %s%s\n", rank_tag, err);
         exit(EXIT_FAILURE);
     }
-    CUDA_CHECK(cudaMemcpy(m->adam_m, host, n * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(m->adam_v, host + n, n * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(moments_block(m, 0), host, bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(moments_block(m, 1), host + bytes, bytes, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(m->adam_step, &st->step, sizeof(int), cudaMemcpyHostToDevice));
     free(host);
 }
@@ -1963,15 +2010,18 @@ static void print_setup(const TrainArgs* a, const Llama3Config* cfg, ModelFileFo
 // The model as created: its size and memory, every flag's value, and the step's plan (which
 // optimisations take effect for this model and batch, and when each AdamW group runs).
 static void print_model(const Model* m, const TrainArgs* a) {
-    printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g | memory %.2f GiB\n", m->layout.total, m->B,
-           m->T, m->grad_accum, m->opt.sched.peak_lr, m->opt.weight_decay,
-           model_bytes(&m->layout, state_count(m), m->acts_bytes, &m->sw, m->grad_accum) / 1073741824.0);
+    MemoryParts parts = memory_parts(m);
+    printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g\nmemory: ", m->layout.total, m->B, m->T,
+           m->grad_accum, m->opt.sched.peak_lr, m->opt.weight_decay);
+    memory_print(stdout, &parts);
+    printf("\n");
     train_args_print(stdout, a);
     printf("in effect: bf16_grads %d\n", m->grads_bf16 != NULL);
     step_plan_print(stdout, m->plan);
     if (m->comm) // [data parallel] what ZeRO-1 saves on each GPU
         printf("ZeRO-1 over %d ranks: AdamW's m and v %.2f GiB on each GPU (%.2f GiB on one; the embedding's state "
-               "%s)\n", m->comm->world, state_count(m) * 8 / 1073741824.0, m->layout.total * 8 / 1073741824.0,
+               "%s)\n", m->comm->world, 2.0 * moments_bytes(m) / 1073741824.0,
+               2.0 * m->layout.total * moment_bytes(m->opt.moments) / 1073741824.0,
                m->sw.sparse_embedding ? "whole on every rank: its sparse rows are updated by all" : "sharded too");
 }
 

@@ -83,8 +83,8 @@ static void step_backward(int version, const Wte* t, TokenSorter* ts, const floa
     }
 }
 static void step_adamw(int version, const Wte* t, const TokenSorter* ts, int N, const AdamWParams* h, int sms) {
-    if (version == 1) adamw_dense<false>(t->params, t->m, t->v, t->grad, NULL, (size_t)t->V * t->C, h, true, sms, 0);
-    else adamw_sparse_rows(t->params, t->m, t->v, t->grad, ts->sorted_tokens, N, t->C, h, 0);
+    if (version == 1) adamw_dense<false>(t->params, t->m, t->v, t->grad, NULL, (size_t)t->V * t->C, 0, h, true, sms, 0);
+    else adamw_sparse_rows(t->params, t->m, t->v, t->grad, ts->sorted_tokens, N, t->C, 0, h, 0);
 }
 
 // Step 3 of AdamW(lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1): weight decay and the

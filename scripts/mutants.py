@@ -145,6 +145,13 @@ MUTANTS = [
     for (int c = threadIdx.x * 4; c < C; c += blockDim.x * 4)
         for (int e = 0; e < 4; e++) atomicAdd(dwte + (size_t)tok * C + c + e, dresid[(size_t)sorted_positions[j] * C + c + e]);
     return;"""),
+    ("moments_stream_repeats", "bf16 moments", "kernels.cuh", "the stochastic rounding of bf16 m and v draws the "
+     "same bits every step (the stream keyed by the element only)",
+     "if constexpr (std::is_same<M, bf16>::value) return rounding_bits(element, t);",
+     "if constexpr (std::is_same<M, bf16>::value) return rounding_bits(element, 0);"),
+    ("moments_round_nearest", "bf16 moments", "kernels.cuh", "bf16 m and v rounded to nearest (v's small steps "
+     "rounded away)", "return __ushort_as_bfloat16((unsigned short)((b + (r16 & 0xFFFFu)) >> 16));",
+     "return __float2bfloat16_rn(x);"),
 ]
 
 # Bugs the host tests catch on a machine without a GPU (run with --host_only).
@@ -173,6 +180,9 @@ DP_MUTANTS = [
 ]
 
 HOST_MUTANTS = [
+    ("resume_moments_dtype_unchecked", "checkpoints", "llama3.h", "a resume with the other --optimizer_state is "
+     "taken (bf16 moments read as fp32, or the reverse)", "    if (st->moments != a->optim.moments)\n",
+     "    if (0)\n"),
     ("json_nan_written", "log", "llama3.h", "a non-finite loss written as printf prints it (nan), not as null",
      "    if (isfinite(v)) snprintf(out, len, fmt, v);", "    if (1) snprintf(out, len, fmt, v);"),
     ("resume_truncates_log", "log", "llama3.h", "a resumed run starts its --log_file anew",

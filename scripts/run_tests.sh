@@ -478,6 +478,8 @@ test_ref() { has_ref "$1" && run "test_llama3 $1" ./test_llama3 "ref/$1"; }
 gpu_parts_without_refs() {
     part "sampling" run "test_llama3 --sampling: sampled tokens in the top-k set, frequencies by chi-square" \
         ./test_llama3 --sampling
+    part "bf16 moments" run "test_llama3 --bf16_moments: AdamW with bf16 m and v against float64, stochastic rounding" \
+        ./test_llama3 --bf16_moments
     part "default trainer runs" default_runs
     part "eval leaves training, no clipping" eval_leaves_training 0
     part "eval leaves training, clipping" eval_leaves_training 1
@@ -596,6 +598,7 @@ fi
 if ! nvidia-smi -L > /dev/null 2>&1; then
     for s in "${GPU_REF_PARTS[@]}"; do skipped+=("$s (no GPU on this machine)"); done
     skipped+=("test_llama3 --sampling: the sampler's top-k set and frequencies on fixed logits (no GPU on this machine)"
+        "test_llama3 --bf16_moments: AdamW with bf16 m and v against float64 (no GPU on this machine)"
         "training smoke run, /dev/full, no visible GPU, B and T alone (no GPU on this machine)"
         "two runs of 50 steps log the same losses (no GPU on this machine)"
         "--val_every and --sample_every leave the 20 losses unchanged, with and without clipping (no GPU on this machine)")

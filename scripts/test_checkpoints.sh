@@ -8,6 +8,8 @@
 #  - a resume from step 10 of the run saved every 5 steps, into that run's full log: the log's
 #    steps 11..20 are replaced, not repeated;
 #  - a resume with another B, and a fresh run into a folder holding a later checkpoint, are refused;
+#  - the same exact resume with --optimizer_state bf16 (its state file half the size), and its
+#    checkpoint resumed with fp32 moments refused;
 #  - SIGKILL while checkpoints are written (one every step, so the writer is nearly always busy),
 #    0.3, 0.6 and 0.9 s after the first one is complete: a resume from the folder takes its newest
 #    complete checkpoint (latest's, or a newer one whose save was killed between state.bin and
@@ -67,6 +69,24 @@ result $ok "a resume with another B is refused" "$out"
 out=$(./train_llama3 "${model[@]}" --input_bin ref/small_t64_tokens.bin --checkpoint_dir "$c/split" --num_iteration 5 2>&1)
 [[ $? -ne 0 && "$out" == *"already holds step_00000020"* ]] && ok=1 || ok=0
 result $ok "a fresh run into a folder holding a later checkpoint is refused" "$out"
+
+# [bf16 moments] --optimizer_state bf16: its rounding stream is keyed by the step, so a resume
+# repeats the straight run; the state file holds bf16 m and v (half the fp32 file's arrays), and
+# resuming it with fp32 moments is refused.
+bf16=(--optimizer_state bf16 --num_iteration 20)
+train "$c/b_straight.jsonl" "$c/b_straight" "${model[@]}" "${bf16[@]}" && \
+    train "$c/b_split.jsonl" "$c/b_split" "${model[@]}" "${bf16[@]}" --stop_after 10 && \
+    train "$c/b_split.jsonl" "$c/b_split" "${bf16[@]}" --resume "$c/b_split" && ok=1 || ok=0
+for f in model.bin state.bin; do cmp -s "$c/b_straight/step_00000020/$f" "$c/b_split/step_00000020/$f" || ok=0; done
+cmp -s <(losses "$c/b_straight.jsonl") <(losses "$c/b_split.jsonl") || ok=0
+fp32_state=$(stat -c %s "$c/straight/step_00000020/state.bin")
+bf16_state=$(stat -c %s "$c/b_straight/step_00000020/state.bin" 2> /dev/null || echo 0)
+[ $((bf16_state - 256)) -eq $(((fp32_state - 256) / 2)) ] || ok=0
+result $ok "--optimizer_state bf16: 10 + resume + 10 give the straight run's model.bin, state.bin and losses; its state file's arrays are half the fp32 one's" \
+    "$(errors "$c"/b_*.out) state.bin $bf16_state bytes (fp32: $fp32_state)"
+out=$(./train_llama3 --input_bin ref/small_t64_tokens.bin --resume "$c/b_split/step_00000010" --num_iteration 20 2>&1)
+[[ $? -ne 0 && "$out" == *"saved in bf16: resume with --optimizer_state bf16"* ]] && ok=1 || ok=0
+result $ok "a bf16-moments checkpoint resumed with fp32 moments is refused" "$out"
 
 train "$c/long.jsonl" "$c/long" "${model[@]}" --num_iteration 3000
 bad="" debris=0
