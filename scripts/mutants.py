@@ -237,6 +237,9 @@ HOST_MUTANTS = [
      "switch (--grad_zeroing fill and --deferred_adamw 1 drop out of the tests and the ablation)",
      'v = strtok(NULL, " ")) fprintf(f, "%s %s\\n", FLAGS[i].name, v);',
      'v = NULL) fprintf(f, "%s %s\\n", FLAGS[i].name, v);'),
+    ("plot_second_log_overwritten", "plots", "scripts/plot_log.py", "plot_log.py with several logs guards only "
+     "the first against being the output (the second one is overwritten by the figure)",
+     "fmt)], args.logs)", "fmt)], args.logs[:1])"),
     ("flag_default_undocumented", "flags", "llama3.h", "--checkpoint_keep's default changed to 3 in FLAGS: the "
      "README's flag table still says 2",
      '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "2",', '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "3",'),
@@ -302,8 +305,9 @@ def first_failure(output):
     return None
 
 
-def run_tests(dest, gpu_only, host_only, data_parallel):
-    env = dict(os.environ, LLAMA3_FAIL_FAST="1", LLAMA3_TEST_SHAPES="small", LLAMA3_DEV_CHECKS="0",
+def run_tests(dest, name, gpu_only, host_only, data_parallel):
+    # LLAMA3_MUTANT: run_tests.sh leaves its plant check out (the copy lacks the mutant's own code)
+    env = dict(os.environ, LLAMA3_MUTANT=name, LLAMA3_FAIL_FAST="1", LLAMA3_TEST_SHAPES="small", LLAMA3_DEV_CHECKS="0",
                LLAMA3_HOST_TESTS="0" if gpu_only else "1", LLAMA3_GPU_TESTS="0" if host_only else "1")
     # a data-parallel mutant runs only the two-rank part (its header is printed here: it has none of its own)
     head, script = ("== two ranks\n", "scripts/test_ranks.sh") if data_parallel else ("", "scripts/run_tests.sh")
@@ -347,7 +351,7 @@ def main():
         if rc != 0:
             pool.shutdown(cancel_futures=True)
             sys.exit(f"mutant {m[0]} does not build:\n{log[-2000:]}")
-        rc, out = run_tests(dest, args.gpu_only, args.host_only, args.data_parallel)  # one at a time: the default runs fill the GPU
+        rc, out = run_tests(dest, m[0], args.gpu_only, args.host_only, args.data_parallel)  # one at a time: the default runs fill the GPU
         hit = first_failure(out) if rc != 0 else None
         survived += hit is None
         part, check, err, tol = hit or ("SURVIVED", "", "", "")

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Plots a training log: ./train_llama3 --log_file LOG.jsonl, then
+"""Plots training logs: ./train_llama3 --log_file LOG.jsonl, then
 
-    python3 scripts/plot_log.py LOG.jsonl OUT.png [--title TEXT]
+    python3 scripts/plot_log.py LOG.jsonl [LOG2.jsonl ...] OUT.png [--label TEXT ...] [--title TEXT]
 
+Several logs are drawn over each other, one colour per run, to compare runs (fp32 and bf16 AdamW
+state, say); --label names each run in the legend (one per log, in order; default: the file names).
 Panels against the step: the train loss (and the val loss where a line has "val_loss"), the
 learning rate, the gradient norm (when the log has "grad_norm": runs with --grad_clip), and tokens
 per second. Each step line of the log is one JSON object with at least "step" and "loss" (the
@@ -11,7 +13,7 @@ value is null or not finite (a skipped step's loss or grad_norm), is left out of
 trainer's sample lines ("sample_ids") are skipped. A line that is not JSON, or lacks step or loss,
 stops with its file and line number. OUT's suffix is the format: png, pdf, svg, or any other that
 matplotlib writes (an unknown one is refused). The figure goes to a temporary name, is fsynced and
-renamed, and may not be the log itself. Needs matplotlib (pip install -r requirements.txt).
+renamed, and may not be one of the logs. Needs matplotlib (pip install -r requirements.txt).
 """
 import argparse
 import io
@@ -78,26 +80,34 @@ def series(records, field):
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def plot(plt, records, title, fmt):
-    norm = series(records, "grad_norm")
-    fig, axes = plt.subplots(4 if norm[0] else 3, 1, figsize=(8, 10 if norm[0] else 8), sharex=True)
+def plot(plt, runs, title, fmt):
+    """The figure's bytes: runs is [(label, records)], each run one colour in every panel."""
+    has_norm = any(series(records, "grad_norm")[0] for _, records in runs)
+    fig, axes = plt.subplots(4 if has_norm else 3, 1, figsize=(8, 10 if has_norm else 8), sharex=True)
     ax_loss, ax_lr, ax_tok = axes[0], axes[1], axes[-1]
-    if norm[0]:
-        axes[2].plot(*norm, lw=0.8)
+    for i, (label, records) in enumerate(runs):
+        colour = f"C{i}"
+        prefix = f"{label} " if len(runs) > 1 else ""
+        ax_loss.plot(*series(records, "loss"), lw=0.8, color=colour, alpha=0.6 if len(runs) > 1 else 1,
+                     label=prefix + "train")
+        val_steps, val = series(records, "val_loss")
+        if val:
+            ax_loss.plot(val_steps, val, "o-", ms=3, color=colour if len(runs) > 1 else "C1", label=prefix + "val")
+        if has_norm:
+            axes[2].plot(*series(records, "grad_norm"), lw=0.8, color=colour, label=label)
+        ax_lr.plot(*series(records, "lr"), lw=0.8, color=colour, label=label)
+        ax_tok.plot(*series(records, "tok_per_s"), lw=0.8, color=colour, label=label)
+    if has_norm:
         axes[2].set_ylabel("grad norm")
-    ax_loss.plot(*series(records, "loss"), lw=0.8, label="train")
-    val_steps, val = series(records, "val_loss")
-    if val:
-        ax_loss.plot(val_steps, val, "o-", ms=3, label="val")
     ax_loss.set_ylabel("loss")
     ax_loss.legend()
-    ax_lr.plot(*series(records, "lr"), lw=0.8)
     ax_lr.set_ylabel("learning rate")
-    ax_tok.plot(*series(records, "tok_per_s"), lw=0.8)
     ax_tok.set_ylabel("tokens / s")
     ax_tok.set_xlabel("step")
     for ax in axes:
         ax.grid(alpha=0.3)
+        if len(runs) > 1 and ax is not ax_loss:
+            ax.legend(fontsize="small")
     fig.suptitle(title)
     fig.tight_layout()
     out = io.BytesIO()
@@ -108,17 +118,23 @@ def plot(plt, records, title, fmt):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("log")
+    ap.add_argument("logs", nargs="+", metavar="log")
     ap.add_argument("out", help="the figure; its suffix is the format (png, pdf, svg, ...)")
-    ap.add_argument("--title", help="default: the log's file name")
+    ap.add_argument("--label", action="append", help="a run's name in the legend: one per log, in order")
+    ap.add_argument("--title", help="default: the logs' file names")
     args = ap.parse_args()
+    names = [os.path.basename(log) for log in args.logs]
+    labels = args.label or names
+    if len(labels) != len(args.logs):
+        sys.exit(f"error: --label: {len(labels)} given for {len(args.logs)} logs (one per log, in order)")
     plt = pyplot()
     fmt = out_format(args.out)
-    records = read_log(args.log)
-    write_atomic(args.out, [plot(plt, records, args.title or os.path.basename(args.log), fmt)], [args.log])
-    no_loss = len(records) - len(series(records, "loss")[0])
-    left_out = f" ({no_loss} without a finite loss left out)" if no_loss else ""
-    print(f"{args.out}: {len(records)} steps plotted{left_out}")
+    runs = [(label, read_log(log)) for label, log in zip(labels, args.logs)]
+    write_atomic(args.out, [plot(plt, runs, args.title or ", ".join(names), fmt)], args.logs)
+    for log, (_, records) in zip(args.logs, runs):
+        no_loss = len(records) - len(series(records, "loss")[0])
+        left_out = f" ({no_loss} without a finite loss left out)" if no_loss else ""
+        print(f"{args.out}: {log}: {len(records)} steps plotted{left_out}")
 
 
 if __name__ == "__main__":

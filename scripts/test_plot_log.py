@@ -2,8 +2,8 @@
 """Test of scripts/plot_log.py (no GPU): a log like the trainer's is drawn into a PNG of the size
 asked for, or a PDF or SVG by the output's suffix; a series holds exactly the finite values of its
 field (val_loss only where measured, a NaN or null loss left out, as a skipped step's); bad logs, an
-unknown suffix, an output folder that does not exist or an output that is the log stop with one line
-naming the file (and line). Without matplotlib only the one-line "needs matplotlib" error is checked
+unknown suffix, an output folder that does not exist or an output that is one of the logs stop with one
+line naming the file (and line); several logs are drawn in one figure, --label one per log. Without matplotlib only the one-line "needs matplotlib" error is checked
 and the rest is skipped ("skipped: ..."). Ends with "N passed, M failed"."""
 import json
 import os
@@ -87,6 +87,27 @@ def check_unwritable(d, log):
           f"an output in a folder that does not exist: one line naming it ({said})")
 
 
+def check_several_logs(d, log):
+    """Two logs over each other with their labels; a label count that is not one per log is refused,
+    and so is an output naming the second log."""
+    log2 = os.path.join(d, "log2.jsonl")
+    write_log(log, 50, True)
+    write_log(log2, 40, True, with_norm=True)
+    png = os.path.join(d, "two.png")
+    rc, out = run(log, log2, png, "--label", "fp32", "--label", "bf16")
+    check(rc == 0 and png_size(png) == (800, 1000) and "log.jsonl: 50 steps" in out and "log2.jsonl: 40 steps" in out,
+          f"two logs, labelled, one with grad_norm: one 800x1000 PNG, each log's steps counted ({out})")
+    rc, out = run(log, log2, png, "--label", "fp32")
+    check(rc != 0 and len(out.splitlines()) == 1 and "--label" in out and "1 given for 2 logs" in out,
+          f"one --label for two logs: one line ({out})")
+    png_log = os.path.join(d, "second.png")  # a suffix matplotlib writes: refused as an input, not as the format
+    write_log(png_log, 5, False)
+    before = open(png_log).read()
+    rc, out = run(log, png_log, png_log)
+    check(rc != 0 and "not overwritten" in out and open(png_log).read() == before,
+          f"the output naming the second log: refused, the log unchanged ({out})")
+
+
 def main():
     d = tempfile.mkdtemp()
     log, png = os.path.join(d, "log.jsonl"), os.path.join(d, "out.png")
@@ -138,6 +159,7 @@ def main():
     check_formats(d, log)
     check_skipped_steps(d, log, png)
     check_unwritable(d, log)
+    check_several_logs(d, log)
     print(f"{passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 
