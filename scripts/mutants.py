@@ -288,7 +288,8 @@ def build(dest, host_only, gpu_only, data_parallel):
     return r.returncode, r.stdout + r.stderr
 
 
-FAIL_CHECK = re.compile(r"^FAIL (.*?)\s+([-+0-9.e]+|inf|nan) \(tol ([-+0-9.e]+)\)$")
+# "FAIL what err (tol T)", and test_ranks.sh's "FAIL what, largest relative difference err (tol T): detail"
+FAIL_CHECK = re.compile(r"^FAIL (.*?)\s+([-+0-9.e]+|inf|nan) \(tol ([-+0-9.e]+)\)(?:: .*)?$")
 
 
 def first_failure(output):
