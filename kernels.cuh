@@ -27,14 +27,16 @@ typedef __nv_bfloat16 bf16;
 
 // ---- error checks ----
 
+// "rank 1: " before the errors of a process of several ranks (the trainer sets it once), else "".
+static char rank_tag[32] = "";
 static void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
     if (e == cudaSuccess) return;
-    fprintf(stderr, "CUDA error at %s:%d: %s\n  in %s\n", file, line, cudaGetErrorString(e), what);
+    fprintf(stderr, "error: %sCUDA error at %s:%d: %s\n  in %s\n", rank_tag, file, line, cudaGetErrorString(e), what);
     exit(EXIT_FAILURE);
 }
 static void cublas_check(cublasStatus_t s, const char* what, const char* file, int line) {
     if (s == CUBLAS_STATUS_SUCCESS) return;
-    fprintf(stderr, "cuBLAS error at %s:%d: status %d\n  in %s\n", file, line, (int)s, what);
+    fprintf(stderr, "error: %scuBLAS error at %s:%d: status %d\n  in %s\n", rank_tag, file, line, (int)s, what);
     exit(EXIT_FAILURE);
 }
 #define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)

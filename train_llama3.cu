@@ -41,8 +41,6 @@ static_assert(4 * RMS_VEC * 1024 == LLAMA3_MAX_N_EMBD, "kernel_limits_check's n_
 // the ranks onto each rank's part), in-place all-gather of the parts, and all-reduce. Built without
 // NCCL, a run has one rank (rank_env_check refuses more) and none of them is called.
 enum CommOp { COMM_SUM, COMM_AVG, COMM_MAX };
-// "rank 1: " before the errors of a process of several ranks (set once in main), else "".
-static char rank_tag[32] = "";
 #if LLAMA3_NCCL
 #include <nccl.h>
 typedef ncclComm_t CommHandle;
