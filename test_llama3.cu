@@ -273,7 +273,7 @@ static void check_blocks(const Model* m, const char* what, const float* ours, co
                          double tol, bool qkv_groups, int first = P_WTE) {
     const ParamLayout* p = &m->layout;
     for (int t = first; t < NUM_PARAM_TENSORS; t++)
-        for (int l = 0; l < (int)(p->size[t] / p->layer_size[t]); l++) {
+        for (int l = 0; l < p->slices[t]; l++) {
             if (qkv_groups && t == P_QKV) {
                 check_qkv_groups(m, what, l, ours, ref, tol);
                 continue;
@@ -294,7 +294,7 @@ static void check_step_weights(const Model* m, const char* what, const float* ou
                                const float* cur) {
     const ParamLayout* p = &m->layout;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++)
-        for (int l = 0; l < (int)(p->size[t] / p->layer_size[t]); l++) {
+        for (int l = 0; l < p->slices[t]; l++) {
             size_t off = p->offset[t] + (size_t)l * p->layer_size[t], n = p->layer_size[t];
             bool deferred = m->pending.updates && group_deferred(m, update_group(m, t, l));
             char name[96];
