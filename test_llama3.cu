@@ -312,10 +312,10 @@ static uint16_t bf16_bits_rne(float x) { // host round-to-nearest-even, as __flo
 
 // [shadow weights] The shadow block is bf16(master) exactly after AdamW wrote both.
 static void check_shadow(Model* m, const float* params) {
-    size_t n_shadow = m->layout.matmul_end - m->layout.matmul_begin, mismatched = 0;
+    size_t n_shadow = m->layout.matmul_end - m->layout.shadow_begin, mismatched = 0;
     uint16_t* shadow = (uint16_t*)malloc(n_shadow * 2);
     CUDA_CHECK(cudaMemcpy(shadow, m->shadow, n_shadow * 2, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n_shadow; i++) mismatched += shadow[i] != bf16_bits_rne(params[m->layout.matmul_begin + i]);
+    for (size_t i = 0; i < n_shadow; i++) mismatched += shadow[i] != bf16_bits_rne(params[m->layout.shadow_begin + i]);
     check(mismatched == 0, "shadow == bf16(params) (mismatches)", (double)mismatched, 0);
     free(shadow);
 }
