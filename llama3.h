@@ -448,7 +448,8 @@ static inline int model_file_check(const char* path, const Llama3Config* cfg, Mo
     return rc;
 }
 
-// Writes a header for the seed format (the reference script writes the same bytes).
+// Writes a header for the seed format (the reference script writes the same bytes): slots 0..15 as
+// InfiniTrain's (FORMATS.md section 1), slot 16 (byte 64) tied_embeddings, 0 in the seed's own files.
 static inline void seed_header_write(unsigned char h[1024], const Llama3Config* c) {
     int32_t ints[256] = {0};
     ints[0] = MODEL_MAGIC, ints[1] = MODEL_VERSION_FP32, ints[2] = c->max_seq_len, ints[3] = c->vocab_size;
