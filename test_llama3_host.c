@@ -109,14 +109,22 @@ static void host_sink(void* ctx, size_t offset, const float* src, size_t count) 
     memcpy((float*)ctx + offset, src, count * sizeof(float));
 }
 
+// A seed file `name` of config c in the temporary folder: its header in h, its values (n) in *vals.
+static const char* seed_file_make(const char* name, const Llama3Config* c, unsigned char h[1024], float** vals,
+                                  size_t* n) {
+    *vals = seed_file_values(c, n);
+    seed_header_write(h, c);
+    const char* path = tmp_path(name);
+    write_file(path, h, 1024, *vals, *n * 4);
+    return path;
+}
+
 static void test_seed_model_file(void) {
     Llama3Config c = small_config(), got;
     size_t n;
-    float* vals = seed_file_values(&c, &n);
+    float* vals;
     unsigned char h[1024];
-    seed_header_write(h, &c);
-    const char* path = tmp_path("seed.bin");
-    write_file(path, h, 1024, vals, n * 4);
+    const char* path = seed_file_make("seed.bin", &c, h, &vals, &n);
     char err[L3_ERR_LEN];
     ModelFileFormat fmt;
     int rc = model_header_read(path, &got, &fmt, err);
@@ -189,11 +197,9 @@ static void test_tied_embeddings(void) {
           "1B tied seed file: %zu bytes, final_norm last (no lm_head)", s.end);
     free(s.seg);
     size_t n;
-    float* vals = seed_file_values(&small, &n);
+    float* vals;
     unsigned char h[1024];
-    seed_header_write(h, &small);
-    const char* path = tmp_path("tied.bin");
-    write_file(path, h, 1024, vals, n * 4);
+    const char* path = seed_file_make("tied.bin", &small, h, &vals, &n);
     char err[L3_ERR_LEN];
     ModelFileFormat fmt;
     int rc = model_header_read(path, &got, &fmt, err);
