@@ -51,6 +51,7 @@ typedef struct {
     float norm_eps;
     float rope_theta;
     int use_scaled_rope; // llama3 frequency scaling: factor 32, low 1, high 4, original 8192
+    int tied_embeddings; // 1: wte is also the output projection (no lm_head tensor), as Llama-3.2-1B/3B ship
 } Llama3Config;
 
 #define LLAMA3_MAX_FFN (1 << 20)
@@ -68,7 +69,7 @@ static inline int ffn_hidden_dim(int n_embd, float multiplier, int multiple_of) 
 }
 
 static inline Llama3Config llama3_2_1b_config(void) {
-    Llama3Config c = {8192, 128256, 16, 32, 8, 2048, 1.5f, 256, 0, 1e-5f, 500000.0f, 1};
+    Llama3Config c = {8192, 128256, 16, 32, 8, 2048, 1.5f, 256, 0, 1e-5f, 500000.0f, 1, 0};
     c.ffn_hidden = ffn_hidden_dim(c.n_embd, c.ffn_dim_multiplier, c.multiple_of);
     return c;
 }
@@ -81,7 +82,8 @@ static inline int config_check(Llama3Config* c, const char* source, char* err) {
         {"max_seq_len", c->max_seq_len, 1, 1 << 24},   {"vocab_size", c->vocab_size, 8, 1 << 24},
         {"n_layer", c->n_layer, 1, LLAMA3_MAX_LAYERS}, {"n_head", c->n_head, 1, 1024},
         {"n_kv_head", c->n_kv_head, 1, 1024},          {"n_embd", c->n_embd, 8, 1 << 20},
-        {"multiple_of", c->multiple_of, 1, 1 << 20},   {"use_scaled_rope", c->use_scaled_rope, 0, 1}};
+        {"multiple_of", c->multiple_of, 1, 1 << 20},   {"use_scaled_rope", c->use_scaled_rope, 0, 1},
+        {"tied_embeddings", c->tied_embeddings, 0, 1}};
     for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
         if (ints[i].value < ints[i].lo || ints[i].value > ints[i].hi)
             return l3_fail(err, "%s: %s %lld is out of range [%lld, %lld]", source, ints[i].name, ints[i].value,
@@ -110,9 +112,9 @@ static inline int config_check(Llama3Config* c, const char* source, char* err) {
 static inline void config_print(FILE* f, const Llama3Config* c) {
     fprintf(f, "| max_seq_len %d | vocab_size %d | n_layer %d | n_head %d | n_kv_head %d |\n",
             c->max_seq_len, c->vocab_size, c->n_layer, c->n_head, c->n_kv_head);
-    fprintf(f, "| n_embd %d | head_dim %d | ffn_hidden %d | norm_eps %g | rope_theta %g | scaled_rope %d |\n",
+    fprintf(f, "| n_embd %d | head_dim %d | ffn_hidden %d | norm_eps %g | rope_theta %g | scaled_rope %d | tied %d |\n",
             c->n_embd, c->n_embd / c->n_head, c->ffn_hidden, c->norm_eps, c->rope_theta,
-            c->use_scaled_rope);
+            c->use_scaled_rope, c->tied_embeddings);
 }
 
 // ---- parameter layout ----
@@ -120,11 +122,14 @@ static inline void config_print(FILE* f, const Llama3Config* c) {
 // down) are contiguous so their bf16 shadow copies form one block that one Adam launch writes;
 // the norm weights come last (read in fp32 by the RMSNorm kernels, no shadow); wte comes first
 // (its Adam is the sparse row update). Stacked tensors hold all L layers, layer-major.
+// [tied embeddings] With tied_embeddings, lm_head is empty (0 elements) and the head GEMMs read
+// wte (`head`), whose bf16 shadow then opens the shadow block (shadow_begin = wte); its gradient
+// stays fp32 (the embedding backward adds rows to the head GEMM's), outside [matmul_begin, matmul_end).
 // gate_up packs each layer's gate rows then up rows: one GEMM computes both in the forward pass,
 // and one GEMM with K = 2F computes their input gradient in the backward pass.
 enum {
     P_WTE,        // (V, C) token embedding
-    P_LM_HEAD,    // (V, C) untied output projection
+    P_LM_HEAD,    // (V, C) untied output projection; empty when tied
     P_QKV,        // (L, C + 2*KVH*HD, C) rows [Q | K | V], RoPE pairs adjacent (Meta order)
     P_ATTN_OUT,   // (L, C, C)
     P_GATE_UP,    // (L, 2F, C) rows [gate | up]
@@ -141,8 +146,11 @@ typedef struct {
     size_t layer_size[NUM_PARAM_TENSORS]; // elements of one layer (whole tensor if unstacked)
     size_t size[NUM_PARAM_TENSORS];       // elements of the whole tensor
     size_t offset[NUM_PARAM_TENSORS];     // start in the parameter block
+    int slices[NUM_PARAM_TENSORS];        // layers of a stacked tensor, 1 if unstacked, 0 if empty (tied lm_head)
     size_t total;
-    size_t matmul_begin, matmul_end; // shadowed range [lm_head, down]
+    int head;                        // the tensor the head GEMMs read: P_LM_HEAD, or P_WTE when tied
+    size_t shadow_begin;             // [shadow weights] every GEMM's weight: [shadow_begin, matmul_end), from head
+    size_t matmul_begin, matmul_end; // the matmul weights but a tied wte, [lm_head, down]: bf16 gradients
     size_t norm_begin;               // norm weights run from here to total
 } ParamLayout;
 
@@ -153,14 +161,18 @@ static inline ParamLayout param_layout(const Llama3Config* c) {
     size_t V = c->vocab_size, C = c->n_embd, L = c->n_layer, F = c->ffn_hidden, QKV = qkv_dim(c);
     size_t per_layer[NUM_PARAM_TENSORS] = {V * C, V * C, QKV * C, C * C, 2 * F * C, C * F, C, C, C};
     int stacked[NUM_PARAM_TENSORS] = {0, 0, 1, 1, 1, 1, 1, 1, 0};
+    if (c->tied_embeddings) per_layer[P_LM_HEAD] = 0;
     size_t off = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         p.layer_size[i] = per_layer[i];
-        p.size[i] = per_layer[i] * (stacked[i] ? L : 1);
+        p.slices[i] = per_layer[i] == 0 ? 0 : stacked[i] ? (int)L : 1;
+        p.size[i] = per_layer[i] * p.slices[i];
         p.offset[i] = off;
         off += p.size[i];
     }
     p.total = off;
+    p.head = c->tied_embeddings ? P_WTE : P_LM_HEAD;
+    p.shadow_begin = p.offset[p.head];
     p.matmul_begin = p.offset[P_LM_HEAD];
     p.matmul_end = p.offset[P_ATTN_NORM];
     p.norm_begin = p.offset[P_ATTN_NORM];
@@ -201,7 +213,7 @@ static inline void seg_push(SegmentList* s, size_t* pos, size_t count, long long
 }
 
 // The seed format's order: wte, attn_norm(L), qkv(L), attn_out(L), ffn_norm(L), gate(L), up(L),
-// down(L), final_norm, lm_head. Gate and up of layer l land in the halves of gate_up[l].
+// down(L), final_norm, lm_head (absent when tied). Gate and up of layer l land in the halves of gate_up[l].
 // Also the order of the gradient and parameter blocks of the reference state file.
 static inline SegmentList seed_file_segments(const Llama3Config* c, size_t header_bytes) {
     ParamLayout p = param_layout(c);
@@ -217,14 +229,14 @@ static inline SegmentList seed_file_segments(const Llama3Config* c, size_t heade
             seg_push(&s, &pos, FC, p.offset[P_GATE_UP] + l * 2 * FC + half * FC, half ? "up" : "gate");
     seg_push(&s, &pos, p.size[P_DOWN], p.offset[P_DOWN], "down");
     seg_push(&s, &pos, p.size[P_FINAL_NORM], p.offset[P_FINAL_NORM], "final_norm");
-    seg_push(&s, &pos, p.size[P_LM_HEAD], p.offset[P_LM_HEAD], "lm_head");
+    if (!c->tied_embeddings) seg_push(&s, &pos, p.size[P_LM_HEAD], p.offset[P_LM_HEAD], "lm_head");
     s.end = pos;
     return s;
 }
 
 // llm.c's order: wte, lm_head, then each weight (L-stacked) followed by its zero bias; its fc
 // weight already packs gate rows then up rows per layer, as our gate_up does. elem_bytes: 4 for
-// version 3 (fp32), 2 for version 5 (bf16).
+// version 3 (fp32), 2 for version 5 (bf16). Untied only (llmc_header_config).
 static inline SegmentList llmc_file_segments(const Llama3Config* c, size_t header_bytes, int elem_bytes) {
     ParamLayout p = param_layout(c);
     SegmentList s = {(FileSegment*)malloc(sizeof(FileSegment) * 16), 0, 0, elem_bytes};
@@ -297,6 +309,7 @@ static inline Llama3Config seed_header_config(const unsigned char* h) {
     c.n_head = read_i32(h, 20), c.n_kv_head = read_i32(h, 24), c.n_embd = read_i32(h, 28);
     c.ffn_dim_multiplier = read_f32(h, 32), c.multiple_of = read_i32(h, 36);
     c.norm_eps = read_f32(h, 40), c.rope_theta = read_f32(h, 44), c.use_scaled_rope = read_i32(h, 48);
+    c.tied_embeddings = read_i32(h, 64); // slot 16 (the seed's files have 0 there: untied)
     return c;
 }
 
@@ -306,6 +319,7 @@ static inline Llama3Config llmc_header_config(const unsigned char* h) {
     c.n_head = read_i32(h, 20), c.n_kv_head = read_i32(h, 24), c.n_embd = read_i32(h, 28);
     c.multiple_of = read_i32(h, 32), c.use_scaled_rope = read_i32(h, 36);
     c.ffn_dim_multiplier = read_f32(h, 1024), c.norm_eps = read_f32(h, 1028), c.rope_theta = read_f32(h, 1032);
+    c.tied_embeddings = 0; // llm.c's format always has its lm_head
     return c;
 }
 
@@ -357,6 +371,11 @@ static inline int model_header_read(const char* path, Llama3Config* cfg, ModelFi
     }
     if (!seed_size && !llmc_size)
         return l3_fail(err, "%s: not a valid model header (read as the %s; read as the %s)", path, seed_err, llmc_err);
+    Llama3Config untied = seed;
+    untied.tied_embeddings = 0;
+    if (seed_size && seed.tied_embeddings && (long long)implied_file_size(&untied, MODEL_FILE_SEED, "", seed_err) == size)
+        return l3_fail(err, "%s: its header says tied_embeddings 1 (no lm_head tensor), but its %lld bytes are those of "
+                       "an untied model, with lm_head", path, size);
     return l3_fail(err, "%s: truncated or corrupt: %lld bytes, but its header implies %zu (seed format) or %zu (llm.c "
                    "format)", path, size, seed_size, llmc_size);
 }
@@ -429,7 +448,8 @@ static inline int model_file_check(const char* path, const Llama3Config* cfg, Mo
     return rc;
 }
 
-// Writes a header for the seed format (the reference script writes the same bytes).
+// Writes a header for the seed format (the reference script writes the same bytes): slots 0..15 as
+// InfiniTrain's (FORMATS.md section 1), slot 16 (byte 64) tied_embeddings, 0 in the seed's own files.
 static inline void seed_header_write(unsigned char h[1024], const Llama3Config* c) {
     int32_t ints[256] = {0};
     ints[0] = MODEL_MAGIC, ints[1] = MODEL_VERSION_FP32, ints[2] = c->max_seq_len, ints[3] = c->vocab_size;
@@ -439,6 +459,7 @@ static inline void seed_header_write(unsigned char h[1024], const Llama3Config* 
     memcpy(&ints[10], &c->norm_eps, 4);
     memcpy(&ints[11], &c->rope_theta, 4);
     ints[12] = c->use_scaled_rope, ints[13] = 4, ints[14] = 3, ints[15] = 2;
+    ints[16] = c->tied_embeddings;
     memcpy(h, ints, 1024);
 }
 
@@ -727,6 +748,15 @@ typedef struct {
     LLAMA3_SWITCHES(SWITCH_FIELD)
 #undef SWITCH_FIELD
 } Switches;
+
+// The switches as they apply to model c, the one place a model overrides a flag: [tied embeddings]
+// sparse_embedding off, since the head GEMM writes every row of a tied wte's gradient (no sparse
+// rows to update lazily). The trainer prints what this changed (print_model).
+static inline Switches switches_for_model(const Switches* sw, const Llama3Config* c) {
+    Switches s = *sw;
+    if (c->tied_embeddings) s.sparse_embedding = 0;
+    return s;
+}
 
 typedef struct {
     LoopConfig loop;
@@ -1404,7 +1434,7 @@ static inline ZeroLayout zero_layout(const ParamLayout* p, int rank, int world, 
         z.shard[t] = range_shard(p->layer_size[t], world);
         if (t == P_WTE && sparse_wte) z.shard[t].part = 0, z.shard[t].tail = p->layer_size[t];
         z.state_offset[t] = z.state_total;
-        z.state_total += (z.shard[t].part + z.shard[t].tail) * (p->size[t] / p->layer_size[t]);
+        z.state_total += (z.shard[t].part + z.shard[t].tail) * p->slices[t];
     }
     return z;
 }

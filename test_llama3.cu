@@ -273,7 +273,7 @@ static void check_blocks(const Model* m, const char* what, const float* ours, co
                          double tol, bool qkv_groups, int first = P_WTE) {
     const ParamLayout* p = &m->layout;
     for (int t = first; t < NUM_PARAM_TENSORS; t++)
-        for (int l = 0; l < (int)(p->size[t] / p->layer_size[t]); l++) {
+        for (int l = 0; l < p->slices[t]; l++) {
             if (qkv_groups && t == P_QKV) {
                 check_qkv_groups(m, what, l, ours, ref, tol);
                 continue;
@@ -294,7 +294,7 @@ static void check_step_weights(const Model* m, const char* what, const float* ou
                                const float* cur) {
     const ParamLayout* p = &m->layout;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++)
-        for (int l = 0; l < (int)(p->size[t] / p->layer_size[t]); l++) {
+        for (int l = 0; l < p->slices[t]; l++) {
             size_t off = p->offset[t] + (size_t)l * p->layer_size[t], n = p->layer_size[t];
             bool deferred = m->pending.updates && group_deferred(m, update_group(m, t, l));
             char name[96];
@@ -312,10 +312,10 @@ static uint16_t bf16_bits_rne(float x) { // host round-to-nearest-even, as __flo
 
 // [shadow weights] The shadow block is bf16(master) exactly after AdamW wrote both.
 static void check_shadow(Model* m, const float* params) {
-    size_t n_shadow = m->layout.matmul_end - m->layout.matmul_begin, mismatched = 0;
+    size_t n_shadow = m->layout.matmul_end - m->layout.shadow_begin, mismatched = 0;
     uint16_t* shadow = (uint16_t*)malloc(n_shadow * 2);
     CUDA_CHECK(cudaMemcpy(shadow, m->shadow, n_shadow * 2, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n_shadow; i++) mismatched += shadow[i] != bf16_bits_rne(params[m->layout.matmul_begin + i]);
+    for (size_t i = 0; i < n_shadow; i++) mismatched += shadow[i] != bf16_bits_rne(params[m->layout.shadow_begin + i]);
     check(mismatched == 0, "shadow == bf16(params) (mismatches)", (double)mismatched, 0);
     free(shadow);
 }

@@ -49,7 +49,7 @@ static void write_file(const char* path, const void* a, size_t na, const void* b
 }
 
 static Llama3Config small_config(void) {
-    Llama3Config c = {256, 1000, 2, 8, 2, 256, 1.5f, 256, 0, 1e-5f, 500000.0f, 1};
+    Llama3Config c = {256, 1000, 2, 8, 2, 256, 1.5f, 256, 0, 1e-5f, 500000.0f, 1, 0};
     c.ffn_hidden = ffn_hidden_dim(c.n_embd, c.ffn_dim_multiplier, c.multiple_of);
     return c;
 }
@@ -109,14 +109,22 @@ static void host_sink(void* ctx, size_t offset, const float* src, size_t count) 
     memcpy((float*)ctx + offset, src, count * sizeof(float));
 }
 
+// A seed file `name` of config c in the temporary folder: its header in h, its values (n) in *vals.
+static const char* seed_file_make(const char* name, const Llama3Config* c, unsigned char h[1024], float** vals,
+                                  size_t* n) {
+    *vals = seed_file_values(c, n);
+    seed_header_write(h, c);
+    const char* path = tmp_path(name);
+    write_file(path, h, 1024, *vals, *n * 4);
+    return path;
+}
+
 static void test_seed_model_file(void) {
     Llama3Config c = small_config(), got;
     size_t n;
-    float* vals = seed_file_values(&c, &n);
+    float* vals;
     unsigned char h[1024];
-    seed_header_write(h, &c);
-    const char* path = tmp_path("seed.bin");
-    write_file(path, h, 1024, vals, n * 4);
+    const char* path = seed_file_make("seed.bin", &c, h, &vals, &n);
     char err[L3_ERR_LEN];
     ModelFileFormat fmt;
     int rc = model_header_read(path, &got, &fmt, err);
@@ -164,6 +172,50 @@ static void test_seed_model_file(void) {
     expect_error(model_header_read(tmp_path("missing.bin"), &got, &fmt, err), err, "missing model file",
                  "cannot open", "missing.bin");
     free(vals), free(params);
+}
+
+// [tied embeddings] The 1B's sizes tied and untied, the layout (lm_head empty, the head GEMMs on
+// wte, wte's shadow first and its gradient fp32), the switch it overrides, and a tied seed file:
+// its header round trip, no lm_head tensor, and the refusals (a bad flag value, an untied size).
+static void test_tied_embeddings(void) {
+    Llama3Config c = llama3_2_1b_config(), untied = small_config(), small = untied, got;
+    c.tied_embeddings = 1, small.tied_embeddings = 1;
+    ParamLayout p = param_layout(&c);
+    CHECK(p.total == 1235814400ull, "1B tied parameter count = %zu (1,235,814,400)", p.total);
+    CHECK(p.size[P_LM_HEAD] == 0 && p.slices[P_LM_HEAD] == 0 && p.head == P_WTE && p.shadow_begin == 0 &&
+              p.matmul_begin == p.offset[P_QKV] && p.matmul_end == p.offset[P_ATTN_NORM],
+          "tied layout: lm_head empty, the head is wte, the shadow starts at wte, bf16 grads from qkv");
+    ParamLayout u = param_layout(&untied);
+    CHECK(u.head == P_LM_HEAD && u.shadow_begin == u.matmul_begin && u.slices[P_LM_HEAD] == 1,
+          "untied layout: the head is lm_head, its shadow first");
+    Switches sw = train_args_default().sw, tied_sw = switches_for_model(&sw, &c);
+    CHECK(sw.sparse_embedding == 1 && tied_sw.sparse_embedding == 0 &&
+              switches_for_model(&sw, &untied).sparse_embedding == 1,
+          "sparse_embedding off for a tied model only");
+    SegmentList s = seed_file_segments(&c, 1024);
+    CHECK(s.end == 1024 + 4 * 1235814400ull && strcmp(s.seg[s.n - 1].name, "final_norm") == 0,
+          "1B tied seed file: %zu bytes, final_norm last (no lm_head)", s.end);
+    free(s.seg);
+    size_t n;
+    float* vals;
+    unsigned char h[1024];
+    const char* path = seed_file_make("tied.bin", &small, h, &vals, &n);
+    char err[L3_ERR_LEN];
+    ModelFileFormat fmt;
+    int rc = model_header_read(path, &got, &fmt, err);
+    CHECK(rc == 0 && fmt == MODEL_FILE_SEED && got.tied_embeddings == 1 && read_i32(h, 64) == 1,
+          "tied seed header round trip, slot 16 (%s)", rc ? err : "ok");
+    size_t untied_n = param_layout(&untied).total;
+    float* more = calloc(untied_n, sizeof(float));
+    write_file(path, h, 1024, more, untied_n * 4);
+    expect_error(model_header_read(path, &got, &fmt, err), err, "a tied header on an untied file",
+                 "tied.bin: its header says tied_embeddings 1", "untied model");
+    int32_t two = 2;
+    memcpy(h + 64, &two, 4);
+    write_file(path, h, 1024, vals, n * 4);
+    expect_error(model_header_read(path, &got, &fmt, err), err, "tied_embeddings 2", "tied.bin",
+                 "tied_embeddings 2 is out of range [0, 1]");
+    free(vals), free(more);
 }
 
 // llm.c's 2048-byte header (256 int32, then 256 float32) for config c in `version` (3 fp32, 5 bf16).
@@ -625,7 +677,7 @@ static void tally_check(const Tally* t, const char* what) {
 // A tiny valid model (1 layer, C 32, 4 heads of 8, vocab 64) in memory, in either format, every
 // weight 0.5 and every llm.c bias 0.
 static unsigned char* tiny_model(ModelFileFormat fmt, size_t* size, SegmentList* segs) {
-    Llama3Config c = {64, 64, 1, 4, 2, 32, 1.0f, 32, 0, 1e-5f, 500000.0f, 1};
+    Llama3Config c = {64, 64, 1, 4, 2, 32, 1.0f, 32, 0, 1e-5f, 500000.0f, 1, 0};
     char err[L3_ERR_LEN];
     config_check(&c, "tiny", err);
     size_t header = fmt == MODEL_FILE_SEED ? 1024 : 2048;
@@ -1457,14 +1509,15 @@ static void test_rank_env(void) {
     CHECK(rank_device(&local, 1, 1, &device, err) == 0 && device == 0, "two ranks on one GPU when NCCL allows it");
 }
 
-// ZeRO-1's shards: every tensor's layer slice at 1, 2, 3 and 8 ranks, of the 1B and of an odd
+// ZeRO-1's shards: every tensor's layer slice at 1, 2, 3 and 8 ranks, of the 1B (untied and tied) and of an odd
 // shape, covered exactly once by the ranks' parts and the shared tail, parts aligned.
 static void test_shards(void) {
     Llama3Config odd = llama3_2_1b_config(); // 3 layers, C = 520, F = 96, vocab 1001: sizes that 8 ranks do not divide
     odd.vocab_size = 1001, odd.n_layer = 3, odd.n_head = 4, odd.n_kv_head = 2, odd.n_embd = 520, odd.ffn_hidden = 96;
-    Llama3Config shapes[2] = {llama3_2_1b_config(), odd};
+    Llama3Config shapes[3] = {llama3_2_1b_config(), odd, llama3_2_1b_config()};
+    shapes[2].tied_embeddings = 1; // [tied embeddings] an empty lm_head, a dense wte sharded
     int worlds[] = {1, 2, 3, 8};
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < 3; c++) {
         ParamLayout p = param_layout(&shapes[c]);
         for (int w = 0; w < 4; w++) {
             int world = worlds[w];
@@ -1474,9 +1527,9 @@ static void test_shards(void) {
                 ZeroLayout z = zero_layout(&p, rank, world, 0);
                 size_t state_next = 0;
                 for (int t = 0; t < NUM_PARAM_TENSORS; t++)
-                    for (size_t l = 0; l < p.size[t] / p.layer_size[t]; l++)
+                    for (int l = 0; l < p.slices[t]; l++)
                         for (int which = 0; which < 2; which++) {
-                            ShardRun r = zero_run(&z, &p, t, (int)l, which);
+                            ShardRun r = zero_run(&z, &p, t, l, which);
                             state_bad += r.state != state_next; // the rank's runs are its state, in order
                             state_next += r.n;
                             align_bad += which == 0 && world > 1 && (r.n % SHARD_ALIGN || (r.param - p.offset[t]) % SHARD_ALIGN);
@@ -1494,7 +1547,7 @@ static void test_shards(void) {
             for (size_t i = 0; i < p.total; i++) wrong += owners[i] != 1;
             CHECK(wrong == 0 && state_bad == 0 && align_bad == 0,
                   "shards of %s at %d rank%s: each parameter in one part or the tail (%zu not), state runs in order (%zu "
-                  "off), parts aligned to %d (%zu not); %zu tails", c ? "an odd shape" : "the 1B", world,
+                  "off), parts aligned to %d (%zu not); %zu tails", (const char*[]){"the 1B", "an odd shape", "the tied 1B"}[c], world,
                   world > 1 ? "s" : "", wrong, state_bad, SHARD_ALIGN, align_bad, tails);
             free(owners);
         }
@@ -1657,6 +1710,7 @@ int main(void) {
     test_config_and_layout();
     test_segments_cover_params();
     test_seed_model_file();
+    test_tied_embeddings();
     test_llmc_model_file();
     test_llmc_bf16_file();
     test_checkpoint_round_trip();

@@ -195,7 +195,7 @@ typedef struct {
     // or [bf16 moments] bf16 (--optimizer_state bf16); the other pair NULL. with_moments picks.
     float *adam_m, *adam_v;
     bf16 *adam_m_bf16, *adam_v_bf16;
-    bf16* shadow;      // [shadow weights] bf16 copy of params[matmul_begin, matmul_end)
+    bf16* shadow;      // [shadow weights] bf16 copy of params[shadow_begin, matmul_end)
     bf16* cast_weight; // with shadow_weights off: one weight cast to bf16 just before its GEMM
     Activations acts;   // typed pointers into one block
     void* acts_block;
@@ -234,12 +234,20 @@ static float* grad_f32(const Model* m, size_t offset) {
     if (m->grads_bf16 && offset >= p->matmul_begin) offset -= p->matmul_end - p->matmul_begin;
     return m->grads + offset;
 }
-// [bf16 grads] The bf16 gradient of the matmul weight at `offset` (a shadow-block index).
+// [bf16 grads] The bf16 gradient of the matmul weight at `offset`.
 static bf16* grad_bf16(const Model* m, size_t offset) { return m->grads_bf16 + (offset - m->layout.matmul_begin); }
+// [bf16 grads] Whether the gradient at `offset` is bf16: a matmul weight's (not a tied wte's) with bf16 grads on.
+static bool grad_is_bf16(const Model* m, size_t offset) {
+    return m->grads_bf16 && offset >= m->layout.matmul_begin && offset < m->layout.matmul_end;
+}
+// [shadow weights] Whether the weight at `offset` has a bf16 shadow: a GEMM reads it.
+static bool has_shadow(const Model* m, size_t offset) {
+    return m->sw.shadow_weights && offset >= m->layout.shadow_begin && offset < m->layout.matmul_end;
+}
 // The bf16 weight a GEMM reads: the shadow copy, or (ablation) a cast of the fp32 master made now.
 static const bf16* weight_bf16(const Model* m, int tensor, int layer) {
     size_t offset = m->layout.offset[tensor] + (size_t)layer * m->layout.layer_size[tensor];
-    if (m->sw.shadow_weights) return m->shadow + (offset - m->layout.matmul_begin);
+    if (m->sw.shadow_weights) return m->shadow + (offset - m->layout.shadow_begin);
     cast_to_bf16(m->cast_weight, m->params + offset, m->layout.layer_size[tensor], m->stream);
     return m->cast_weight;
 }
@@ -295,9 +303,10 @@ static void* device_alloc(size_t bytes, const char* what) {
 
 // Bytes of bf16 weights: the shadow block, or the largest single weight to cast into (ablation).
 static size_t bf16_weight_bytes(const ParamLayout* p, const Switches* sw) {
-    if (sw->shadow_weights) return (p->matmul_end - p->matmul_begin) * 2;
+    if (sw->shadow_weights) return (p->matmul_end - p->shadow_begin) * 2;
     size_t largest = 0;
-    for (int t = P_LM_HEAD; t <= P_DOWN; t++) largest = p->layer_size[t] > largest ? p->layer_size[t] : largest;
+    for (int t = P_WTE; t <= P_DOWN; t++) // (wte: a tied head's weight)
+        largest = p->layer_size[t] > largest ? p->layer_size[t] : largest;
     return largest * 2;
 }
 
@@ -463,7 +472,9 @@ static void model_reset_training(Model* m) {
 static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* opt, const Switches* sw, int B, int T,
                          int grad_accum, Comm* comm) {
     memset(m, 0, sizeof(*m));
-    m->cfg = *cfg, m->opt = *opt, m->sw = *sw, m->B = B, m->T = T, m->grad_accum = grad_accum, m->comm = comm;
+    m->cfg = *cfg, m->opt = *opt, m->sw = switches_for_model(sw, cfg), m->B = B, m->T = T, m->grad_accum = grad_accum;
+    m->comm = comm;
+    sw = &m->sw; // (as they apply to this model)
     int device;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, device));
@@ -517,7 +528,7 @@ static void model_free(Model* m) {
 // Adam kernel rewrites it in the same pass as the masters [shadow weights].
 static void model_sync_shadow(Model* m) {
     if (!m->sw.shadow_weights) return;
-    cast_to_bf16(m->shadow, m->params + m->layout.matmul_begin, m->layout.matmul_end - m->layout.matmul_begin, m->stream);
+    cast_to_bf16(m->shadow, m->params + m->layout.shadow_begin, m->layout.matmul_end - m->layout.shadow_begin, m->stream);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }
 
@@ -685,7 +696,7 @@ static void forward(const Model* m, const int* inputs, bool after_deferred) {
     wait_for_update(m, head_group(m), after_deferred);
     norm_forward(m, P_FINAL_NORM, 0, m->acts.resid + L * NC, m->acts.normed_final, m->acts.rstd_final,
                  m->acts.h + (L - 1) * NC, m->acts.branch);
-    linear_forward(m, m->acts.logits, m->acts.normed_final, P_LM_HEAD, 0, c->vocab_size, C);
+    linear_forward(m, m->acts.logits, m->acts.normed_final, m->layout.head, 0, c->vocab_size, C);
     NVTX_POP();
 }
 
@@ -711,12 +722,13 @@ static inline void grad_written(const Model*, size_t, size_t) {}
 
 // Weight gradient of a linear layer y = x W^T: dW (out, in) (+)= dy^T x, bf16 [bf16 grads] or
 // fp32. The first micro-step writes (beta 0), later ones accumulate: no zeroing of grads needed.
+// [tied embeddings] A tied wte's gradient is whole only once the embedding backward has added its rows.
 static void weight_grad(const Model* m, int tensor, int layer, const bf16* dy, const bf16* x, int out, int in, bool accumulate) {
     size_t offset = param_offset(m, tensor, layer);
-    void* dw = m->grads_bf16 ? (void*)grad_bf16(m, offset) : (void*)grad_f32(m, offset);
-    matmul(m->gemm, m->stream, dw, dy, x, out, in, m->B * m->T, true, false, !m->grads_bf16, 1.0f,
-           accumulate ? 1.0f : 0.0f);
-    grad_written(m, offset, (size_t)out * in);
+    bool bf16_out = grad_is_bf16(m, offset);
+    void* dw = bf16_out ? (void*)grad_bf16(m, offset) : (void*)grad_f32(m, offset);
+    matmul(m->gemm, m->stream, dw, dy, x, out, in, m->B * m->T, true, false, !bf16_out, 1.0f, accumulate ? 1.0f : 0.0f);
+    if (tensor != P_WTE) grad_written(m, offset, (size_t)out * in);
 }
 // Input gradient of a linear layer: dx (N, in) = dy (N, out) @ W (out, in), bf16.
 static void input_grad(const Model* m, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in) {
@@ -854,9 +866,10 @@ static void backward(const Model* m, const int* inputs, bool accumulate, bool to
         if (to_optimizer) gradients_done(m, tensors, n, layer);
     };
     bf16* dlogits = m->acts.logits;
-    weight_grad(m, P_LM_HEAD, 0, dlogits, m->acts.normed_final, V, C, accumulate);
-    input_grad(m, P_LM_HEAD, 0, m->acts.branch, dlogits, V, C); // reads lm_head's shadow: before its AdamW
-    done(lm_head, 1, 0);
+    int head = m->layout.head; // [tied embeddings] wte: its gradient starts here, the embedding's rows are added last
+    weight_grad(m, head, 0, dlogits, m->acts.normed_final, V, C, accumulate);
+    input_grad(m, head, 0, m->acts.branch, dlogits, V, C); // reads the head's shadow: before its AdamW
+    if (head == P_LM_HEAD) done(lm_head, 1, 0);
     norm_backward(m, P_FINAL_NORM, 0, m->acts.resid + L * NC, m->acts.rstd_final, false, accumulate);
     done(final_norm, 1, 0);
     for (int l = L - 1; l >= 0; l--) {
@@ -885,9 +898,9 @@ static void optimizer_begin_step(const Model* m) {
 // bf16 shadow where the range holds matmul weights; weight decay on all but the norm weights (as
 // llm.c and the Hugging Face Trainer decay).
 template <typename G> static void adamw_launch(const Model* m, size_t begin, size_t end, size_t state, const G* grads,
-                                               bool matmul, const AdamWParams* h, cudaStream_t s) {
-    bool decay = begin < m->layout.norm_begin, shadow = m->sw.shadow_weights && matmul;
-    bf16* shadow_out = shadow ? m->shadow + (begin - m->layout.matmul_begin) : NULL;
+                                               const AdamWParams* h, cudaStream_t s) {
+    bool decay = begin < m->layout.norm_begin, shadow = has_shadow(m, begin);
+    bf16* shadow_out = shadow ? m->shadow + (begin - m->layout.shadow_begin) : NULL;
     with_moments(m, state, [&](auto* am, auto* av) {
         BOOL_SWITCH(shadow, SHADOW, [&] {
             adamw_dense<SHADOW>(m->params + begin, am, av, grads, shadow_out, end - begin, begin, h, decay, m->sms, s,
@@ -897,10 +910,8 @@ template <typename G> static void adamw_launch(const Model* m, size_t begin, siz
 }
 // The range lies within the matmul weights, the norm weights, or wte.
 static void adamw_range(const Model* m, size_t begin, size_t end, size_t state, const AdamWParams* h, cudaStream_t s) {
-    const ParamLayout* p = &m->layout;
-    bool matmul = begin >= p->matmul_begin && end <= p->matmul_end;
-    if (matmul && m->grads_bf16) adamw_launch(m, begin, end, state, grad_bf16(m, begin), matmul, h, s);
-    else adamw_launch(m, begin, end, state, grad_f32(m, begin), matmul, h, s);
+    if (grad_is_bf16(m, begin)) adamw_launch(m, begin, end, state, grad_bf16(m, begin), h, s);
+    else adamw_launch(m, begin, end, state, grad_f32(m, begin), h, s);
 }
 
 // wte: lazy AdamW over the rows this step touched [sparse rows] (sorted by the backward), or dense.
@@ -929,9 +940,6 @@ static void adamw_tensor(const Model* m, int tensor, int layer, const AdamWParam
 // rank owns) with its own share of AdamW's state, and the parts' new weights are all-gathered. The
 // embedding's sparse rows instead go through the union of the rows every rank touched.
 
-static bool grad_is_bf16(const Model* m, size_t offset) {
-    return m->grads_bf16 && offset >= m->layout.matmul_begin && offset < m->layout.matmul_end;
-}
 // [clipping] The sum of squares of the n gradients at parameter offset `offset` (bf16 or fp32, as
 // the backward wrote them) into `partial`.
 static void sum_squares_at(const Model* m, float* partial, size_t offset, size_t n, cudaStream_t s) {
@@ -989,15 +997,16 @@ static void shard_adamw(const Model* m, int tensor, int layer, const AdamWParams
 
 // The ranks' new parts of the slice, all-gathered in place: the bf16 shadow of a matmul weight (the
 // GEMMs read it; the fp32 masters of other ranks' parts go stale, and nothing reads them), the fp32
-// weights of a norm or of a dense wte (read as they are).
+// weights of a norm or of a dense wte (read as they are); a tied wte both (the head GEMMs read its
+// shadow, the embedding lookup its fp32 rows).
 static void shard_gather(const Model* m, int tensor, int layer) {
     const Comm* c = m->comm;
     RangeShard sh = c->zero.shard[tensor];
     size_t offset = param_offset(m, tensor, layer);
     if (!sh.part) return;
     auto gather = [&](auto* x) { all_gather(c->nccl, x + (size_t)c->rank * sh.part, x, sh.part, m->opt_stream); };
-    if (offset >= m->layout.matmul_begin && offset < m->layout.matmul_end) gather(m->shadow + (offset - m->layout.matmul_begin));
-    else gather(m->params + offset);
+    if (has_shadow(m, offset)) gather(m->shadow + (offset - m->layout.shadow_begin));
+    if (offset < m->layout.matmul_begin || offset >= m->layout.matmul_end) gather(m->params + offset);
 }
 
 // An update group's reduction (one NCCL launch for its tensors; wte's union has kernels between its
@@ -1041,7 +1050,7 @@ static int group_tensors(const Model* m, int g, const int** tensors, int* layer)
     static const int wte[] = {P_WTE}, head[] = {P_FINAL_NORM, P_LM_HEAD};
     *layer = g == 0 || g == head_group(m) ? 0 : g - 1;
     if (g == 0) return *tensors = wte, 1;
-    if (g == head_group(m)) return *tensors = head, 2;
+    if (g == head_group(m)) return *tensors = head, m->layout.slices[P_LM_HEAD] ? 2 : 1; // (tied: no lm_head)
     return *tensors = LAYER_TENSORS, 6;
 }
 
@@ -1171,7 +1180,8 @@ static void micro_step(const Model* m, int micro, bool to_optimizer) {
     classifier(m, m->tokens + n_step + (size_t)micro * N, micro);
     if (last) loss_guard(&m->adam->latest, m->stats, m->acts.losses, n_step, !m->plan->measure_norm && !m->comm, m->stream);
     if (last && m->comm) ranks_agree_on_loss(m);
-    if (micro == 0 && !m->sw.sparse_embedding) // dense wte gradient: the whole table is re-zeroed every step
+    bool head_writes_wte = m->cfg.tied_embeddings && !accumulate; // [tied embeddings] with beta 0, every row
+    if (micro == 0 && !m->sw.sparse_embedding && !head_writes_wte) // dense wte gradient: re-zeroed every step
         CUDA_CHECK(cudaMemsetAsync(grad_f32(m, m->layout.offset[P_WTE]), 0, m->layout.size[P_WTE] * 4, m->stream));
     if (last && m->pending.save_copy) CUDA_CHECK(cudaStreamWaitEvent(m->stream, *m->pending.save_copy));
     backward(m, inputs, accumulate, last && to_optimizer);
@@ -1322,7 +1332,7 @@ static void gather_masters(const Model* m) {
     optimizer_stream_waits(m);
     comm_group(true);
     for (int t = P_LM_HEAD; t <= P_DOWN; t++)
-        for (int l = 0; l < (int)(m->layout.size[t] / m->layout.layer_size[t]); l++) {
+        for (int l = 0; l < m->layout.slices[t]; l++) {
             RangeShard sh = m->comm->zero.shard[t];
             float* slice = m->params + param_offset(m, t, l);
             if (sh.part) all_gather(m->comm->nccl, slice + (size_t)m->comm->rank * sh.part, slice, sh.part, m->opt_stream);
@@ -1653,7 +1663,7 @@ static void evaluate(Model* m, StepLog* lg, const TrainArgs* a, const TrainIO* i
 // matmul weight (lm_head included; not the embedding lookup) plus attention's 12 * L * T * C.
 static double flops_per_token(const Model* m) {
     const ParamLayout* p = &m->layout;
-    return 6.0 * (p->matmul_end - p->matmul_begin) + 12.0 * m->cfg.n_layer * m->T * m->cfg.n_embd;
+    return 6.0 * (p->matmul_end - p->shadow_begin) + 12.0 * m->cfg.n_layer * m->T * m->cfg.n_embd;
 }
 // Dense bf16 peak of this rank's GPU from its name (0: not known here).
 static double peak_flops(void) {
@@ -2014,7 +2024,10 @@ static void print_model(const Model* m, const TrainArgs* a) {
     memory_print(stdout, &parts);
     printf("\n");
     train_args_print(stdout, a);
-    printf("in effect: bf16_grads %d\n", m->grads_bf16 != NULL);
+    printf("in effect: bf16_grads %d", m->grads_bf16 != NULL);
+    if (a->sw.sparse_embedding && !m->sw.sparse_embedding) // [tied embeddings] (switches_for_model)
+        printf(", sparse_embedding 0: tied embeddings, the head GEMM writes every row of wte's gradient");
+    printf("\n");
     step_plan_print(stdout, m->plan);
     if (m->comm) // [data parallel] what ZeRO-1 saves on each GPU
         printf("ZeRO-1 over %d ranks: AdamW's m and v %.2f GiB on each GPU (%.2f GiB on one; the embedding's state "

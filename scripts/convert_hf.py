@@ -9,8 +9,9 @@ in fp32, fp16 or bf16; bf16 is widened exactly). The config must be one the trai
 LlamaForCausalLM with llama3 RoPE scaling of the constants llama3.h hardcodes (factor 32,
 low_freq_factor 1, high_freq_factor 4, original context 8192) or none, no biases, SiLU,
 head_dim = hidden_size / num_attention_heads in {32, 64}, and an intermediate_size that llama3.h's
-formula gives (see ffn_params). Anything else is refused in one line. Tied embeddings are untied
-(lm_head = embed_tokens); q and k rows go from HF's half-rotation order to Meta's adjacent pairs.
+formula gives (see ffn_params). Anything else is refused in one line. Tied embeddings (tie_word_embeddings,
+as Llama-3.2-1B/3B ship) stay tied: the file's header says so and it has no lm_head tensor; q and k rows go
+from HF's half-rotation order to Meta's adjacent pairs.
 The output is written to a temporary name, fsynced and renamed; it may not be one of the inputs, and
 its folder must exist (a write that fails stops with one line naming OUT.bin).
 """
@@ -104,8 +105,9 @@ def check_architecture(cfg, path):
         fail(path, f"missing or not a number: {', '.join(missing)}")
 
 
-def config_of(cfg, path):
-    """The trainer's config for an HF config.json, or exits naming what the trainer does not run."""
+def config_of(cfg, path, tied):
+    """The trainer's config for an HF config.json (tied: its embeddings), or exits naming what the trainer does
+    not run."""
     check_architecture(cfg, path)
     C, n_head = cfg["hidden_size"], cfg["num_attention_heads"]
     if cfg.get("head_dim") not in (None, C // n_head) or C % n_head:
@@ -115,7 +117,7 @@ def config_of(cfg, path):
     mult, multiple_of = ffn_params(C, cfg["intermediate_size"], cfg, path)
     c = Config(cfg["max_position_embeddings"], cfg["vocab_size"], cfg["num_hidden_layers"], n_head,
                cfg.get("num_key_value_heads") or n_head, C, mult, multiple_of, cfg["rms_norm_eps"], theta,
-               use_scaled_rope)
+               use_scaled_rope, int(tied))
     problem = config_problem(c, path) or kernel_problem(c, path)
     if problem:
         sys.exit(f"error: {problem}")
@@ -211,7 +213,8 @@ def seed_chunks(c, tensors, tied):
                  "mlp.down_proj"):
         yield from (layer(l, name) for l in layers)
     yield read_f32(tensors["model.norm.weight"])
-    yield read_f32(tensors["model.embed_tokens.weight" if tied else "lm_head.weight"])
+    if not tied:
+        yield read_f32(tensors["lm_head.weight"])
 
 
 def main():
@@ -224,15 +227,15 @@ def main():
     if not os.path.isfile(config_path):
         fail(args.hf_dir, "no config.json")
     hf_cfg = read_json(config_path)
-    c = config_of(hf_cfg, config_path)
     files = safetensors_files(args.hf_dir)
     tensors = tensor_index(files)
     tied = bool(hf_cfg.get("tie_word_embeddings", False)) or "lm_head.weight" not in tensors
+    c = config_of(hf_cfg, config_path, tied)
     check_tensors(tensors, c, tied, args.hf_dir)
     dtypes = "/".join(sorted({t.dtype for t in tensors.values()}))
     print(f"read {args.hf_dir}: {len(tensors)} tensors ({dtypes}) in {len(files)} file(s); {c.describe()}")
     if tied:
-        print("tied embeddings: lm_head is written as a copy of embed_tokens (the trainer's are untied)")
+        print("tied embeddings: kept (the file has no lm_head; the trainer uses embed_tokens as its head)")
     n_params = sum(math.prod(s) for _, s in seed_layout(c))
     write_atomic(args.out, seed_chunks(c, tensors, tied), [config_path, *files])
     print(f"wrote {args.out}: seed format, fp32, {n_params:,} parameters, {os.path.getsize(args.out):,} "

@@ -9,14 +9,15 @@ checkpoints DIR/step_%08d/model.bin) or llm.c's llama3 format (2048-byte header,
 bf16, zero biases), told apart by header layout and file size as llama3.h does. Writes
 OUT_DIR/model.safetensors (q and k rows back to HF's half-rotation order; --dtype float32, the default,
 is lossless, bfloat16 rounds to nearest even) and OUT_DIR/config.json (rope_type llama3 with its
-constants, or no scaling; untied; ffn_dim_multiplier and multiple_of kept so that convert_hf.py writes
-the same header back). OUT_DIR is made when missing.
+constants, or no scaling; tie_word_embeddings as the file's header says, and a tied file's export has no
+lm_head.weight; ffn_dim_multiplier and multiple_of kept so that convert_hf.py writes the same header
+back). OUT_DIR is made when missing.
 
 --tokenizer_from HF_DIR (the folder the model came from, convert_hf.py's input) also copies its
 tokenizer.json, tokenizer_config.json, special_tokens_map.json and generation_config.json, those it
 has (each one missing is named; none at all is refused), so that AutoTokenizer.from_pretrained(OUT_DIR)
 works; HF_DIR/config.json, if there, must have the model's vocab_size, and when it ties the embeddings
-the export says that it comes back untied. Every file goes through a temporary file, fsynced and
+and the model file does not (a file of before tied files) the export says that it comes back untied. Every file goes through a temporary file, fsynced and
 renamed; none may be MODEL.bin or a file of HF_DIR. Needs numpy (pip install -r requirements.txt).
 """
 import argparse
@@ -133,7 +134,8 @@ def hf_entries(c, t):
     for l in range(c.n_layer):
         entries.update(layer_entries(c, t, l))
     entries["model.norm.weight"] = ((C,), lambda: as_f32(t["final_norm"]))
-    entries["lm_head.weight"] = ((V, C), lambda: as_f32(t["lm_head"]))
+    if not c.tied_embeddings:  # tied: from_pretrained ties lm_head to embed_tokens
+        entries["lm_head.weight"] = ((V, C), lambda: as_f32(t["lm_head"]))
     return entries
 
 
@@ -147,7 +149,8 @@ def hf_config(c, dtype):
         "hidden_act": "silu", "max_position_embeddings": c.max_seq_len,
         "rms_norm_eps": float(f32_text(c.norm_eps)), "rope_theta": float(f32_text(c.rope_theta)),
         "rope_scaling": dict(LLAMA3_ROPE, rope_type="llama3") if c.use_scaled_rope else None,
-        "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False, "tie_word_embeddings": False,
+        "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
+        "tie_word_embeddings": bool(c.tied_embeddings),
         "torch_dtype": dtype, "bos_token_id": BOS_ID if real_vocab else None,
         "eos_token_id": EOS_ID if real_vocab else None, "use_cache": True,
         # not read by transformers: the header's two FFN fields, for convert_hf.py
@@ -172,8 +175,9 @@ def tokenizer_source(src, out_dir, c):
     return cfg
 
 
-def copy_tokenizer(src, src_cfg, out_dir, model):
-    """TOKENIZER_FILES copied whole from src into out_dir, each missing one named; tied embeddings noted."""
+def copy_tokenizer(src, src_cfg, out_dir, model, c):
+    """TOKENIZER_FILES copied whole from src into out_dir, each missing one named; tied embeddings untied by an
+    earlier convert_hf.py noted."""
     for path in (os.path.join(src, n) for n in TOKENIZER_FILES):
         if not os.path.isfile(path):
             print(f"{path}: not there, not copied")
@@ -185,10 +189,9 @@ def copy_tokenizer(src, src_cfg, out_dir, model):
             fail(path, f"cannot read: {e.strerror}")
         write_atomic(os.path.join(out_dir, os.path.basename(path)), [data], [model, path])
         print(f"copied {path}")
-    if src_cfg.get("tie_word_embeddings") is True:
-        print(f"{src} ties lm_head to embed_tokens (tie_word_embeddings true); this export is untied: "
-              "tie_word_embeddings false, lm_head.weight a tensor of its own (convert_hf.py copied "
-              "embed_tokens into it; training updates the two apart)")
+    if src_cfg.get("tie_word_embeddings") is True and not c.tied_embeddings:
+        print(f"{src} ties lm_head to embed_tokens (tie_word_embeddings true); this model file is untied, and "
+              "so is its export: tie_word_embeddings false, lm_head.weight a tensor of its own")
 
 
 def make_folder(path):
@@ -233,7 +236,7 @@ def main():
     make_folder(args.out_dir)
     write_model(args, c, tensors)
     if args.tokenizer_from:
-        copy_tokenizer(args.tokenizer_from, src_cfg, args.out_dir, args.model)
+        copy_tokenizer(args.tokenizer_from, src_cfg, args.out_dir, args.model, c)
 
 
 if __name__ == "__main__":

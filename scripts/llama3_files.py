@@ -35,6 +35,7 @@ class Config:
     norm_eps: float
     rope_theta: float
     use_scaled_rope: int
+    tied_embeddings: int = 0  # 1: wte is also lm_head, which the seed file then lacks (llm.c's: always 0)
 
     @property
     def head_dim(self):
@@ -49,7 +50,8 @@ class Config:
                 f"({self.n_kv_head} kv) of {self.head_dim}, ffn {self.ffn_hidden} (ffn_dim_multiplier "
                 f"{f32_text(self.ffn_dim_multiplier)}, multiple_of {self.multiple_of}), max_seq_len "
                 f"{self.max_seq_len}, norm_eps {f32_text(self.norm_eps)}, rope_theta "
-                f"{f32_text(self.rope_theta)}, scaled rope {self.use_scaled_rope}")
+                f"{f32_text(self.rope_theta)}, scaled rope {self.use_scaled_rope}, tied embeddings "
+                f"{self.tied_embeddings}")
 
 
 def f32_text(x):
@@ -72,7 +74,8 @@ def config_problem(c, source):
     ints = [("max_seq_len", c.max_seq_len, 1, 1 << 24), ("vocab_size", c.vocab_size, 8, 1 << 24),
             ("n_layer", c.n_layer, 1, 1024), ("n_head", c.n_head, 1, 1024),
             ("n_kv_head", c.n_kv_head, 1, 1024), ("n_embd", c.n_embd, 8, 1 << 20),
-            ("multiple_of", c.multiple_of, 1, 1 << 20), ("use_scaled_rope", c.use_scaled_rope, 0, 1)]
+            ("multiple_of", c.multiple_of, 1, 1 << 20), ("use_scaled_rope", c.use_scaled_rope, 0, 1),
+            ("tied_embeddings", c.tied_embeddings, 0, 1)]
     for name, value, lo, hi in ints:
         if not lo <= value <= hi:
             return f"{source}: {name} {value} is out of range [{lo}, {hi}]"
@@ -110,14 +113,15 @@ def seed_header(c):
     ints[8:12] = np.array([c.ffn_dim_multiplier, 0, c.norm_eps, c.rope_theta], dtype="<f4").view("<i4")
     ints[9] = c.multiple_of
     ints[12:16] = [c.use_scaled_rope, 4, 3, 2]  # use_scaled_rope, max_gen_batch_size, version major, minor
+    ints[16] = c.tied_embeddings
     return ints
 
 
 def seed_header_config(h):
     """The config a seed header holds (h: its first 1024 bytes)."""
-    i, f = np.frombuffer(h[:64], "<i4"), np.frombuffer(h[:64], "<f4")
+    i, f = np.frombuffer(h[:68], "<i4"), np.frombuffer(h[:68], "<f4")
     return Config(int(i[2]), int(i[3]), int(i[4]), int(i[5]), int(i[6]), int(i[7]), float(f[8]), int(i[9]),
-                  float(f[10]), float(f[11]), int(i[12]))
+                  float(f[10]), float(f[11]), int(i[12]), int(i[16]))
 
 
 def llmc_header_config(h):
@@ -128,12 +132,14 @@ def llmc_header_config(h):
 
 
 def seed_layout(c):
-    """(name, shape) of the seed format's tensors in file order; stacked tensors hold all layers."""
+    """(name, shape) of the seed format's tensors in file order; stacked tensors hold all layers; no lm_head
+    when tied."""
     L, C, V, F = c.n_layer, c.n_embd, c.vocab_size, c.ffn_hidden
     qkv = C + 2 * c.n_kv_head * c.head_dim
+    head = [] if c.tied_embeddings else [("lm_head", (V, C))]
     return [("wte", (V, C)), ("attn_norm", (L, C)), ("qkv", (L, qkv, C)), ("attn_out", (L, C, C)),
             ("ffn_norm", (L, C)), ("gate", (L, F, C)), ("up", (L, F, C)), ("down", (L, C, F)),
-            ("final_norm", (C,)), ("lm_head", (V, C))]
+            ("final_norm", (C,)), *head]
 
 
 def llmc_layout(c):

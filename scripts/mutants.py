@@ -145,6 +145,10 @@ MUTANTS = [
     for (int c = threadIdx.x * 4; c < C; c += blockDim.x * 4)
         for (int e = 0; e < 4; e++) atomicAdd(dwte + (size_t)tok * C + c + e, dresid[(size_t)sorted_positions[j] * C + c + e]);
     return;"""),
+    ("tied_head_grad_dropped", "tied embeddings", "train_llama3.cu", "the head's weight gradient written to "
+     "lm_head's slot as when untied: a tied wte's gradient lacks it (only the embedding's rows)",
+     "weight_grad(m, head, 0, dlogits, m->acts.normed_final, V, C, accumulate);",
+     "weight_grad(m, P_LM_HEAD, 0, dlogits, m->acts.normed_final, V, C, accumulate);"),
     ("moments_stream_repeats", "bf16 moments", "kernels.cuh", "the stochastic rounding of bf16 m and v draws the "
      "same bits every step (the stream keyed by the element only)",
      "if constexpr (std::is_same<M, bf16>::value) return rounding_bits(element, t);",
@@ -240,6 +244,12 @@ HOST_MUTANTS = [
     ("plot_second_log_overwritten", "plots", "scripts/plot_log.py", "plot_log.py with several logs guards only "
      "the first against being the output (the second one is overwritten by the figure)",
      "fmt)], args.logs)", "fmt)], args.logs[:1])"),
+    ("tied_header_not_read", "tied embeddings", "llama3.h", "the seed header's tied_embeddings slot not read: a "
+     "tied file is taken as untied (and refused for its size)",
+     "c.tied_embeddings = read_i32(h, 64);", "c.tied_embeddings = 0;"),
+    ("tied_keeps_sparse_embedding", "tied embeddings", "llama3.h", "a tied model keeps --sparse_embedding 1: the "
+     "lazy AdamW would update only the rows the batch touched of a dense gradient",
+     "    if (c->tied_embeddings) s.sparse_embedding = 0;\n", ""),
     ("flag_default_undocumented", "flags", "llama3.h", "--checkpoint_keep's default changed to 3 in FLAGS: the "
      "README's flag table still says 2",
      '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "2",', '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "3",'),
@@ -334,7 +344,7 @@ def main():
     pool_of = HOST_MUTANTS if args.host_only else DP_MUTANTS if args.data_parallel else MUTANTS
     mutants = [m for m in pool_of if not args.only or m[0] in args.only]
     refs = () if args.host_only else ("small_t64",) if args.data_parallel else (
-        "small_t64", "small_t1024", "small_b8", "small_accum", "small_dense")
+        "small_t64", "small_t1024", "small_b8", "small_accum", "small_dense", "small_tied")
     for ref in refs:
         if not os.path.exists(os.path.join(ROOT, "ref", f"{ref}_state.bin")):
             sys.exit(f"ref/{ref}_state.bin is missing: run `make test` on this GPU machine first")

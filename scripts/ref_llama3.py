@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""PyTorch reference for test_llama3: HF transformers' LlamaForCausalLM (rope_type llama3, untied)
+"""PyTorch reference for test_llama3: HF transformers' LlamaForCausalLM (rope_type llama3, untied, or with --tied
+one weight as embedding and lm_head, as Llama-3.2-1B/3B ship)
 trained with fp32 master weights under torch.autocast(bfloat16), AdamW on every dense parameter and
 the same AdamW restricted to the touched rows ("lazy", as SparseAdam) on the token embedding; weight
 decay on the matrices and the embedding, not on the norm weights; the learning rate from a LambdaLR
@@ -11,6 +12,8 @@ schedule (--lr_schedule, --warmup_iters, ...) and, with --grad_clip, torch.nn.ut
     python scripts/ref_llama3.py --name small_dense --shape small --dense_embedding
     python scripts/ref_llama3.py --name small_sched --steps 5 --lr_schedule cosine --warmup_iters 2 --grad_clip 1
     python scripts/ref_llama3.py --name small_b8 --shape small --batch_size 8 --seq_len 128 --vocab 8000
+    python scripts/ref_llama3.py --name small_tied --shape small --tied   # tied: dense embedding AdamW, no lm_head
+    python scripts/ref_llama3.py --name 1b_tied --shape 1b --tied --model_only  # only NAME_model.bin (a bench model)
 
 The batches are consecutive windows of real text, the embedded Tiny Shakespeare
 (data/tiny_shakespeare_train.bin), read as the trainer's data loader reads a token file, so that
@@ -72,12 +75,12 @@ def ffn_hidden(C):
     return MULTIPLE_OF * ((hidden + MULTIPLE_OF - 1) // MULTIPLE_OF)
 
 
-def make_model(shape, device, seed, qk_std=0.02, vocab=0):
+def make_model(shape, device, seed, qk_std=0.02, vocab=0, tied=False):
     L, C, NH, KVH, V, max_T = SHAPES[shape]
     V = vocab or V
     cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=ffn_hidden(C), num_hidden_layers=L,
                       num_attention_heads=NH, num_key_value_heads=KVH, max_position_embeddings=max_T,
-                      rms_norm_eps=NORM_EPS, tie_word_embeddings=False, attn_implementation="sdpa",
+                      rms_norm_eps=NORM_EPS, tie_word_embeddings=tied, attn_implementation="sdpa",
                       rope_parameters={"rope_type": "llama3", "rope_theta": ROPE_THETA, "factor": 32.0,
                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                        "original_max_position_embeddings": 8192})
@@ -121,10 +124,11 @@ def flat(tensors):
 
 def seed_order(model, cfg, get):
     """The tensors of the seed model file, in its order: wte, attn_norm, qkv, attn_out, ffn_norm, gate, up,
-    down (each of all layers), final_norm, lm_head."""
+    down (each of all layers), final_norm, lm_head (none when tied: wte is the head's weight)."""
     t = layer_tensors(model, cfg, get)
+    head = [] if cfg.tie_word_embeddings else [get(model.lm_head.weight)]
     return flat([get(model.model.embed_tokens.weight), *t["attn_norm"], *t["qkv"], *t["attn_out"], *t["ffn_norm"],
-                 *t["gate"], *t["up"], *t["down"], get(model.model.norm.weight), get(model.lm_head.weight)])
+                 *t["gate"], *t["up"], *t["down"], get(model.model.norm.weight), *head])
 
 
 def llmc_order(model, cfg):
@@ -146,8 +150,8 @@ def seed_header(cfg):
                 cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size]
     ints[8:12] = np.array([FFN_MULTIPLIER, 0, NORM_EPS, ROPE_THETA], dtype=np.float32).view(np.int32)
     ints[9] = MULTIPLE_OF
-    ints[12:16] = [1, 4, 3, 2]  # use_scaled_rope, max_gen_batch_size, version major, minor
-    return ints
+    ints[12:17] = [1, 4, 3, 2, int(cfg.tie_word_embeddings)]  # use_scaled_rope, max_gen_batch_size, version major,
+    return ints  # minor, tied_embeddings
 
 
 def llmc_header(cfg):
@@ -271,13 +275,19 @@ def main():
                     help="init std of the q and k projections: larger peaks the attention, so that a row's max "
                          "moves between key tiles (at 0.02 the scores are ~N(0, 0.1) and the softmax nearly flat)")
     ap.add_argument("--dense_embedding", action="store_true", help="plain AdamW on the embedding too")
+    ap.add_argument("--tied", action="store_true", help="tied embeddings: wte is also lm_head (its AdamW dense, as "
+                    "the trainer's: the head's gradient reaches every row)")
+    ap.add_argument("--model_only", action="store_true", help="write only NAME_model.bin (no training)")
     ap.add_argument("--llmc", action="store_true", help="also write the model in llm.c's format")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     if args.vocab % 8 or args.vocab < 0 or args.vocab > 128256:
         ap.error(f"--vocab {args.vocab}: a multiple of 8 up to 128256 (the trainer's kernels take V % 8 == 0)")
+    if args.tied and args.llmc:
+        ap.error("--tied with --llmc: llm.c's model format has no tied embeddings")
+    args.dense_embedding |= args.tied
     dev, B, T, A, n = args.device, args.batch_size, args.seq_len, args.grad_accum, args.steps
-    model, cfg = make_model(args.shape, dev, args.seed, args.qk_std, args.vocab)
+    model, cfg = make_model(args.shape, dev, args.seed, args.qk_std, args.vocab, args.tied)
     out = lambda suffix: os.path.join(args.out_dir, f"{args.name}_{suffix}")
     os.makedirs(args.out_dir, exist_ok=True)
     inputs = [TEXT]
@@ -286,6 +296,9 @@ def main():
     x = torch.from_numpy(tokens[:-1].reshape(n, A, B, T))
     y = torch.from_numpy(tokens[1:].reshape(n, A, B, T))
     write_atomic(out("model.bin"), [seed_header(cfg), seed_order(model, cfg, lambda p: p)], inputs)
+    if args.model_only:
+        print(f"wrote {out('model.bin')}")
+        return
     if args.llmc:
         write_atomic(out("model_llmc.bin"), [llmc_header(cfg), llmc_order(model, cfg)], inputs)
     write_atomic(out("tokens.bin"), token_file(tokens, False), inputs)

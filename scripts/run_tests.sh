@@ -312,12 +312,13 @@ flag_tables() {
     switch_lists
 }
 
-# switch_lists: --list_switches gives the settings of every switch, and each of CLIP_SWITCHES is one.
+# switch_lists: --list_switches gives the settings of every switch, and each of CLIP_SWITCHES and
+# TIED_SWITCHES is one.
 switch_lists() {
     local s bad="" ok
-    for s in "${CLIP_SWITCHES[@]}"; do grep -qxF -- "$s" <<< "$ALL_SWITCHES" || bad="$bad '$s'"; done
+    for s in "${CLIP_SWITCHES[@]}" "${TIED_SWITCHES[@]}"; do grep -qxF -- "$s" <<< "$ALL_SWITCHES" || bad="$bad '$s'"; done
     [ -n "$ALL_SWITCHES" ] && [ -n "${SWITCHES[0]:-}" ] && [ -z "$bad" ] && ok=1 || ok=0
-    check "$ok" "./train_llama3 --list_switches: ${#SWITCHES[@]} settings for small_t64, and each of CLIP_SWITCHES" \
+    check "$ok" "./train_llama3 --list_switches: ${#SWITCHES[@]} settings for small_t64, and each of CLIP_SWITCHES and TIED_SWITCHES" \
         "not among them:${bad:- (it printed nothing)}"
 }
 
@@ -346,7 +347,8 @@ host_parts() {
 # real training loop's optimizer: a warmup + cosine schedule with gradient clipping that clips
 # (norms 4 to 7 against 1) at eps 1e-3, where Adam's update depends on the gradient's scale (at
 # 1e-8 it hardly sees the clipping), with 3 micro-steps and linear decay, and with the dense
-# embedding and wsd.
+# embedding and wsd; tied embeddings (wte also the head's weight), alone and with 3 micro-steps,
+# clipping and a cosine schedule.
 SMALL_REFS=(
     "small_sched --shape small --batch_size 4 --seq_len 64 --steps 5 --lr_schedule cosine --warmup_iters 2 --final_lr_frac 0.1 --grad_clip 1.0 --eps 1e-3"
     "small_t64 --shape small --batch_size 4 --seq_len 64 --llmc"
@@ -356,6 +358,8 @@ SMALL_REFS=(
     "small_dense --shape small --batch_size 4 --seq_len 64 --dense_embedding"
     "small_accum_clip --shape small --batch_size 4 --seq_len 64 --grad_accum 3 --lr_schedule linear --warmup_iters 1 --grad_clip 1.0"
     "small_dense_clip --shape small --batch_size 4 --seq_len 64 --steps 5 --dense_embedding --lr_schedule wsd --decay_frac 0.4 --grad_clip 1.0"
+    "small_tied --shape small --batch_size 4 --seq_len 64 --tied"
+    "small_tied_accum_clip --shape small --batch_size 4 --seq_len 64 --grad_accum 3 --tied --lr_schedule cosine --warmup_iters 1 --grad_clip 1.0"
 )
 BIG_REF="1b --shape 1b --batch_size 4 --seq_len 64 --steps 2"
 # Every setting of the switches other than their defaults, from the trainer (llama3.h LLAMA3_SWITCHES),
@@ -366,6 +370,9 @@ mapfile -t SWITCHES < <(grep -v -e '^--sparse_embedding ' -e '^$' <<< "$ALL_SWIT
 # With clipping every AdamW group is deferred to the next step; these change where AdamW runs instead
 # (a hand-picked few of the settings, each of which must be one: switch_lists).
 CLIP_SWITCHES=("--overlap_optimizer 0" "--cuda_graph 0" "--bf16_grads 0" "--grad_zeroing memset" "--vector_adam 0")
+# A tied wte is the head GEMM's weight and gradient too: the switches that change how those are read,
+# written or zeroed (the bf16 cast of the weight, fp32 gradients, AdamW after the backward).
+TIED_SWITCHES=("--shadow_weights 0" "--bf16_grads 0" "--grad_zeroing memset" "--overlap_optimizer 0")
 
 # make_refs SPEC...: writes each missing or stale reference, all at once.
 make_refs() {
@@ -543,6 +550,10 @@ gpu_parts_on_refs() {
                 bash scripts/test_checkpoints.sh ;;
         small_accum) part "train_llama3 small_accum" trainer_run "small_accum, 3 micro-steps" small_accum \
             ref/small_accum_model.bin ref/small_accum_tokens.bin ;;
+        small_tied)
+            for s in "${TIED_SWITCHES[@]}"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
+            part "train_llama3 small_tied" trainer_run "small_tied, tied embeddings" small_tied \
+                ref/small_tied_model.bin ref/small_tied_tokens.bin ;;
         small_sched)
             for s in "${CLIP_SWITCHES[@]}"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
             part "train_llama3 small_sched" trainer_run "small_sched, cosine schedule and clipping" small_sched \
@@ -554,7 +565,7 @@ gpu_parts_on_refs() {
 
 # The GPU parts that python3 without torch cannot run, for the skipped list.
 GPU_REF_PARTS=("test_llama3 against the PyTorch references (small T=64 with every switch, T=1024, B=8,"\
-" 3 micro-steps, dense embedding, schedules with clipping, 1B)"
+" 3 micro-steps, dense embedding, schedules with clipping, tied embeddings, 1B)"
     "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens, 3 micro-steps, clipping)"
     "the NaN guard on a poisoned reference model, and its JSON log read and drawn"
     "checkpoints: exact resume, the log continued, SIGKILL during saves (scripts/test_checkpoints.sh)"

@@ -10,6 +10,7 @@
 #  - a resume with another B, and a fresh run into a folder holding a later checkpoint, are refused;
 #  - the same exact resume with --optimizer_state bf16 (its state file half the size), and its
 #    checkpoint resumed with fp32 moments refused;
+#  - the same exact resume on a tied model (ref/small_tied's, or one ref_llama3.py --model_only writes);
 #  - SIGKILL while checkpoints are written (one every step, so the writer is nearly always busy),
 #    0.3, 0.6 and 0.9 s after the first one is complete: a resume from the folder takes its newest
 #    complete checkpoint (latest's, or a newer one whose save was killed between state.bin and
@@ -87,6 +88,21 @@ result $ok "--optimizer_state bf16: 10 + resume + 10 give the straight run's mod
 out=$(./train_llama3 --input_bin ref/small_t64_tokens.bin --resume "$c/b_split/step_00000010" --num_iteration 20 2>&1)
 [[ $? -ne 0 && "$out" == *"saved in bf16: resume with --optimizer_state bf16"* ]] && ok=1 || ok=0
 result $ok "a bf16-moments checkpoint resumed with fp32 moments is refused" "$out"
+
+# [tied embeddings] wte also the head's weight, its AdamW dense (sparse_embedding off): the same exact resume.
+tied_model=ref/small_tied_model.bin
+if [ ! -f "$tied_model" ]; then
+    tied_model=$c/tied_model.bin
+    python3 scripts/ref_llama3.py --name tied --shape small --tied --model_only --out_dir "$c" > "$c/tied_ref.log" 2>&1
+fi
+tied=(--num_iteration 20)
+train "$c/t_straight.jsonl" "$c/t_straight" --llmc_filepath "$tied_model" "${tied[@]}" && \
+    train "$c/t_split.jsonl" "$c/t_split" --llmc_filepath "$tied_model" "${tied[@]}" --stop_after 10 && \
+    train "$c/t_split.jsonl" "$c/t_split" "${tied[@]}" --resume "$c/t_split" && ok=1 || ok=0
+for f in model.bin state.bin; do cmp -s "$c/t_straight/step_00000020/$f" "$c/t_split/step_00000020/$f" || ok=0; done
+cmp -s <(losses "$c/t_straight.jsonl") <(losses "$c/t_split.jsonl") || ok=0
+result $ok "tied embeddings: 10 + resume + 10 give the straight run's model.bin, state.bin and losses" \
+    "$(errors "$c"/t_*.out "$c"/tied_ref.log 2> /dev/null)"
 
 train "$c/long.jsonl" "$c/long" "${model[@]}" --num_iteration 3000
 bad="" debris=0

@@ -160,17 +160,17 @@ def qkv_meta(hp, t, l):
                            meta_rows_by_loop(t[p + "k_proj.weight"], hp["KVH"]), t[p + "v_proj.weight"]])
 
 
-def seed_bytes(hp, t):
-    """The seed file (FORMATS.md section 1) of HF tensors t."""
+def seed_bytes(hp, t, tied=False):
+    """The seed file (FORMATS.md section 1) of HF tensors t; tied: slot 16 says so, no lm_head."""
     header = struct.pack("<8i", 20240803, 3, hp["max_seq"], hp["V"], hp["L"], hp["NH"], hp["KVH"], hp["C"])
-    header += struct.pack("<fiff4i", hp["mult"], hp["multiple_of"], hp["eps"], hp["theta"], hp["scaled"],
-                          4, 3, 2)
+    header += struct.pack("<fiff5i", hp["mult"], hp["multiple_of"], hp["eps"], hp["theta"], hp["scaled"],
+                          4, 3, 2, int(tied))
     parts = [t["model.embed_tokens.weight"], *layer_list(hp, t, "input_layernorm"),
              *[qkv_meta(hp, t, l) for l in range(hp["L"])]]
     for name in ("self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj",
                  "mlp.down_proj"):
         parts += layer_list(hp, t, name)
-    parts += [t["model.norm.weight"], t["lm_head.weight"]]
+    parts += [t["model.norm.weight"]] + ([] if tied else [t["lm_head.weight"]])
     return header.ljust(1024, b"\0") + b"".join(np.ascontiguousarray(p, "<f4").tobytes() for p in parts)
 
 
@@ -275,17 +275,19 @@ def check_seed_first(d, t):
 
 
 def check_tied(d, t):
-    """lm_head absent, tie_word_embeddings true, rope_scaling + rope_theta as the 3.2 releases write them."""
+    """lm_head absent, tie_word_embeddings true, rope_scaling + rope_theta as the 3.2 releases write them: kept
+    tied through convert, export and convert again."""
     tied = {n: a for n, a in t.items() if n != "lm_head.weight"}
     write_hf(os.path.join(d, "tied"), hf_config(SMALL, "v4", tie_word_embeddings=True), tied)
     seed, out = convert_export(d, "tied", os.path.join(d, "tied"))
-    untied = dict(tied, **{"lm_head.weight": t["model.embed_tokens.weight"]})
-    check(seed and read_bytes(seed) == seed_bytes(SMALL, untied),
-          "tied embeddings (lm_head absent): the seed file's lm_head is a copy of embed_tokens")
+    check(seed and read_bytes(seed) == seed_bytes(SMALL, tied, tied=True),
+          "tied embeddings (lm_head absent): a tied seed file, slot 16 = 1 and no lm_head tensor")
     cfg = read_json(os.path.join(out, "config.json")) if out else {}
-    check(out and same_tensors(os.path.join(out, "model.safetensors"), untied)
-          and cfg.get("tie_word_embeddings") is False,
-          "... and exported untied: lm_head.weight == embed_tokens, tie_word_embeddings false")
+    check(out and same_tensors(os.path.join(out, "model.safetensors"), tied)
+          and cfg.get("tie_word_embeddings") is True,
+          "... and exported tied: tie_word_embeddings true, no lm_head.weight, every tensor bit for bit")
+    back, _ = convert_export(d, "tied_back", out) if out else (None, None)
+    check(back and read_bytes(back) == read_bytes(seed), "... which converts back to the same tied seed bytes")
 
 
 def check_bf16(d, t, fp32_seed):
@@ -514,15 +516,18 @@ def check_auto_tokenizer(d, seed, transformers):
 
 
 def check_against_ref(d):
-    """A model transformers saves (save_pretrained) converts to the bytes ref_llama3.py writes for it."""
+    """A model transformers saves (save_pretrained) converts to the bytes ref_llama3.py writes for it, untied
+    and tied."""
     sys.path.insert(0, HERE)
     import ref_llama3
-    model, cfg = ref_llama3.make_model("small", "cpu", 1337, 0.02)
-    model.save_pretrained(os.path.join(d, "saved"))
-    rc, _, err = run("convert_hf.py", os.path.join(d, "saved"), os.path.join(d, "saved.bin"))
-    ref = ref_llama3.seed_header(cfg).tobytes() + ref_llama3.seed_order(model, cfg, lambda p: p).tobytes()
-    check(rc == 0 and read_bytes(os.path.join(d, "saved.bin")) == ref,
-          f"save_pretrained -> convert: the bytes ref_llama3.py writes for the model {err.strip()}".strip())
+    for tied in (False, True):
+        model, cfg = ref_llama3.make_model("small", "cpu", 1337, 0.02, tied=tied)
+        saved = os.path.join(d, f"saved_tied{int(tied)}")
+        model.save_pretrained(saved)
+        rc, _, err = run("convert_hf.py", saved, saved + ".bin")
+        ref = ref_llama3.seed_header(cfg).tobytes() + ref_llama3.seed_order(model, cfg, lambda p: p).tobytes()
+        check(rc == 0 and read_bytes(saved + ".bin") == ref, f"save_pretrained -> convert: the bytes ref_llama3.py "
+              f"writes for the model{' (tied)' if tied else ''} {err.strip()}".strip())
 
 
 def all_checks(d, t):

@@ -16,7 +16,9 @@
 #    gradient summed over the ranks instead of averaged, or not reduced, changes it at once. The
 #    weights after the last step (model.bin of each run's final save, rank 0's after the
 #    all-gather) must agree as the losses do: ||w2 - w1|| / ||w1|| at most 2x the baseline's (at
-#    least 1e-6); a part left out of the all-gather or of AdamW shows there.
+#    least 1e-6); a part left out of the all-gather or of AdamW shows there. The same with clipping on
+#    a tied model (ref/small_tied's, or one ref_llama3.py --model_only writes): its wte is the head's
+#    weight, reduced and sharded dense, its shadow and fp32 rows all-gathered.
 #  - a save and resume of the two ranks (5 steps, a checkpoint, --resume, 5 more) logs the losses
 #    of the straight two-rank run bit for bit; one rank resuming that checkpoint is refused.
 #  - one rank launched as rank 0 of 1 logs the bytes a plain run logs.
@@ -89,11 +91,18 @@ base=(--input_bin ref/small_t64_tokens.bin --sequence_length 64
       --total_batch_size 512 --num_iteration 10 --bf16_grads 0 --learning_rate 1e-3 --lr_schedule cosine
       --warmup_iters 2 --final_lr_frac 0.1)
 final_weights() { echo "$d/$1.ck/step_00000010/model.bin"; }
-for clip in 1 0; do
-    name=clip$clip
-    ./train_llama3 "${model[@]}" "${base[@]}" --batch_size 4 --grad_clip $clip --log_file "$d/$name.one.jsonl" --checkpoint_dir "$d/$name.one.ck" > "$d/$name.one" 2>&1
-    ./train_llama3 "${model[@]}" "${base[@]}" --batch_size 8 --grad_clip $clip --log_file "$d/$name.b8.jsonl" --checkpoint_dir "$d/$name.b8.ck" > "$d/$name.b8" 2>&1
-    two "$name" "${model[@]}" "${base[@]}" --batch_size 4 --grad_clip $clip --rendezvous "file:$d/$name.rdv" --nccl_timeout 120 \
+tied_model=ref/small_tied_model.bin
+if [ ! -f "$tied_model" ]; then
+    tied_model=$d/tied_model.bin
+    python3 scripts/ref_llama3.py --name tied --shape small --tied --model_only --out_dir "$d" > "$d/tied_ref.log" 2>&1
+fi
+for name in clip1 clip0 tied_clip1; do
+    clip=${name: -1}
+    m=("${model[@]}")
+    [ "$name" = tied_clip1 ] && m=(--llmc_filepath "$tied_model")
+    ./train_llama3 "${m[@]}" "${base[@]}" --batch_size 4 --grad_clip $clip --log_file "$d/$name.one.jsonl" --checkpoint_dir "$d/$name.one.ck" > "$d/$name.one" 2>&1
+    ./train_llama3 "${m[@]}" "${base[@]}" --batch_size 8 --grad_clip $clip --log_file "$d/$name.b8.jsonl" --checkpoint_dir "$d/$name.b8.ck" > "$d/$name.b8" 2>&1
+    two "$name" "${m[@]}" "${base[@]}" --batch_size 4 --grad_clip $clip --rendezvous "file:$d/$name.rdv" --nccl_timeout 120 \
         --checkpoint_dir "$d/$name.ck"
     what="2 ranks against 1 rank of 2 micro-steps"
     tol=$(twice_the "$(largest losses "$d/$name.b8.jsonl" "$d/$name.one.jsonl")")
