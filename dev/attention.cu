@@ -396,7 +396,7 @@ static void attention_version(int version, bool backward, Gemm* g, const AttnBuf
 static void attention_row_cpu(float* o_row, float* dq_row, double* dk, double* dv, const float* q, const float* k,
                               const float* v, const float* dOt, int t, int HD, double* p, double* dp) {
     double scale = 1.0 / sqrt((double)HD), mx = -INFINITY, sum = 0.0, dot = 0.0;
-    double o[64] = {}, dq[64] = {}; // HD <= 64: flash attention takes 32 or 64
+    double o[128] = {}, dq[128] = {}; // HD <= 128: flash attention takes 32, 64 or 128
     const float* qt = q + (size_t)t * HD;
     for (int u = 0; u <= t; u++) {
         double s = 0.0;
