@@ -59,6 +59,21 @@ static inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
             return __VA_ARGS__();                     \
         }                                             \
     }()
+// The head dim of a flash attention launch, 32, 64 or 128 (llama3.h kernel_limits_check refuses
+// others), as the constexpr CONST_NAME in the lambda: the one place a head dim becomes a template.
+#define HEADDIM_SWITCH(HEAD_DIM, CONST_NAME, ...)   \
+    [&] {                                           \
+        if (HEAD_DIM == 32) {                       \
+            constexpr static int CONST_NAME = 32;   \
+            return __VA_ARGS__();                   \
+        } else if (HEAD_DIM == 64) {                \
+            constexpr static int CONST_NAME = 64;   \
+            return __VA_ARGS__();                   \
+        } else {                                    \
+            constexpr static int CONST_NAME = 128;  \
+            return __VA_ARGS__();                   \
+        }                                           \
+    }()
 
 // ---- device helpers ----
 
@@ -733,7 +748,7 @@ static void attention_softmax(bool backward, bf16* probs, const float* scores_or
 // tile accumulates dK and dV (looping over the G query heads of its KV head, so GQA needs no
 // atomics), one kernel per query tile accumulates dQ. Both are deterministic.
 // q, k, v, dq, dk, dv are head-major (B, H, T, HD); the output and its gradient are token-major
-// (B, T, NH*HD), as the out-projection GEMM reads and writes them. HD is 32 or 64.
+// (B, T, NH*HD), as the out-projection GEMM reads and writes them. HD is 32, 64 or 128.
 // Version 4 (dev/attention.cu keeps version 3: transposed tiles by scalar stores, no pipelining):
 //   [cp.async double buffer] every tile lands in shared memory once, row-major [64][HD + 8], by
 //   16-byte cp.async copies that bypass registers; the next streamed tile (K/V in the forward
@@ -759,12 +774,17 @@ static void attention_softmax(bool backward, bf16* probs, const float* scores_or
 //                                            (r1, r3) = (b0, b1) of n = R+8..R+15
 //   .trans, block = B (rows k, columns n):   (r0, r1) = (b0, b1) of n = C..C+7,
 //                                            (r2, r3) = (b0, b1) of n = C+8..C+15
-// The 8 bf16 of padding per row put the 8 rows of one matrix (stride 144 or 80 bytes) in the 8
+// The 8 bf16 of padding per row put the 8 rows of one matrix (stride 272, 144 or 80 bytes) in the 8
 // distinct 16-byte bank groups: ldmatrix never conflicts (nor, at HD 64, the cp.async stores).
 
 #define FA_TILE 64     // queries or keys per tile
 #define FA_THREADS 128 // 4 warps, 16 rows each
 static_assert(FA_THREADS == 2 * FA_TILE, "a query tile's lse2 and dsum rows take one copy per thread");
+
+// [dynamic shared memory] The flash kernels' tiles, laid out in this one dynamic buffer by each
+// kernel (flash_smem gives its size): at HD 128 a double buffer of K/V tiles is 68 KB, past the
+// 48 KB that static shared memory allows.
+extern __shared__ __align__(16) unsigned char flash_shared[];
 
 __device__ inline void mma_bf16_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -871,23 +891,44 @@ __device__ inline void a_fragments(uint32_t (*a)[4], const bf16* tile) {
     for (int kk = 0; kk < HD / 16; kk++) ldmatrix_x4(a[kk], block_row<HD>(tile, threadIdx.x / 32 * 16, kk * 16));
 }
 
-// acc[n] (16 x 8 tile n of a 16 x 64 result) += A (16 x HD, fragments) @ tile^T, where tile is a
+// The A operand that every product of a flash kernel's loop shares: this warp's 16 rows of a
+// resident tile (Q; K or V; Q or dO) as the fragments of a_fragments, held in registers (HD / 4
+// of them), or with FROM_SMEM read again from the tile by one ldmatrix per k step.
+template <int HD, bool FROM_SMEM> struct ResidentRows {
+    uint32_t a[HD / 16][4];
+    __device__ explicit ResidentRows(const bf16* tile) { a_fragments<HD>(a, tile); }
+    __device__ void fragment(uint32_t* r, int kk) const {
+        for (int i = 0; i < 4; i++) r[i] = a[kk][i];
+    }
+};
+template <int HD> struct ResidentRows<HD, true> {
+    const bf16* tile;
+    __device__ explicit ResidentRows(const bf16* t) : tile(t) {}
+    __device__ void fragment(uint32_t* r, int kk) const {
+        ldmatrix_x4(r, block_row<HD>(tile, threadIdx.x / 32 * 16, kk * 16));
+    }
+};
+
+// acc[n] (16 x 8 tile n of a 16 x 64 result) += A (16 x HD, ResidentRows) @ tile^T, where tile is a
 // row-major [64][HD + 8] tile: B[k][n] = tile[n][k], so b0 of n tile n = tile[8n+g][2c, 2c+1]
 // (k step kk adds 16kk to the column) is row g of a plain 8x8 matrix. One ldmatrix per 16x16
 // block: lanes 0-7 point at tile rows 8n..8n+7, columns 16kk..16kk+7 (b0 of n tile n); 8-15 at
 // rows 8n+8..8n+15, the same columns (b0 of n + 1); 16-23 at rows 8n..8n+7, columns
 // 16kk+8..16kk+15 (b1 of n); 24-31 at rows 8n+8..8n+15, those columns (b1 of n + 1).
-template <int HD>
-__device__ inline void mma_a_tileT(float (*acc)[4], const uint32_t (*a)[4], const bf16* tile) {
+template <int HD, bool FROM_SMEM>
+__device__ inline void mma_a_tileT(float (*acc)[4], const ResidentRows<HD, FROM_SMEM>& rows, const bf16* tile) {
 #pragma unroll
-    for (int n = 0; n < FA_TILE / 8; n += 2)
+    for (int kk = 0; kk < HD / 16; kk++) {
+        uint32_t a[4];
+        rows.fragment(a, kk);
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
+        for (int n = 0; n < FA_TILE / 8; n += 2) {
             uint32_t b[4]; // b[0], b[2]: b0, b1 of n tile n; b[1], b[3]: b0, b1 of n tile n + 1
             ldmatrix_x4(b, block_row<HD>(tile, n * 8, kk * 16));
-            mma_bf16_16816(acc[n], a[kk], b[0], b[2]);
-            mma_bf16_16816(acc[n + 1], a[kk], b[1], b[3]);
+            mma_bf16_16816(acc[n], a, b[0], b[2]);
+            mma_bf16_16816(acc[n + 1], a, b[1], b[3]);
         }
+    }
 }
 
 // acc[d] (16 x 8 tile d of a 16 x HD result) += P (16 x 64, held as the C fragments p) @ tile,
@@ -1005,7 +1046,7 @@ template <int HD>
 __global__ void __launch_bounds__(FA_THREADS)
     flash_forward_kernel(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
                          float scale_log2) {
-    __shared__ KeyTile<HD> kv[2];
+    KeyTile<HD>* kv = reinterpret_cast<KeyTile<HD>*>(flash_shared); // [2]
     const int T = sh.T, qt = gridDim.y - 1 - blockIdx.y, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
     const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
     int row[2];
@@ -1014,8 +1055,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     kv[0].load(k + kv_head, v + kv_head, 0, T);
     cp_async_wait_all();
     __syncthreads();
-    uint32_t qa[HD / 16][4];
-    a_fragments<HD>(qa, kv[1].k);
+    const ResidentRows<HD, false> qa(kv[1].k);
     float o[HD / 8][4] = {}, row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     for (int kt = 0; kt <= qt; kt++) {
         cp_async_wait_all();
@@ -1023,7 +1063,7 @@ __global__ void __launch_bounds__(FA_THREADS)
         if (kt < qt) kv[(kt + 1) % 2].load(k + kv_head, v + kv_head, kt + 1, T);
         const KeyTile<HD>& tile = kv[kt % 2];
         float s[FA_TILE / 8][4] = {};
-        mma_a_tileT<HD>(s, qa, tile.k);
+        mma_a_tileT(s, qa, tile.k);
         online_softmax_tile<HD>(s, o, row_max, row_sum, row, kt * FA_TILE, T, scale_log2);
         mma_c_tile<HD>(o, s, tile.v);
     }
@@ -1044,6 +1084,14 @@ __global__ void attention_row_dot_kernel(float* dsum, const bf16* dout, const bf
     dsum[((size_t)b * sh.NH + h) * sh.T + t] = sum;
 }
 
+// [K/V from shared memory] The dK/dV kernel's per-thread registers at HD 128: dK and dV
+// accumulators 2 * HD / 2 = 128, P^T and dP^T 2 * 32 = 64, and K, V held as fragments 2 * HD / 4 =
+// 64 more: past the 255 a thread may have (ptxas spilled 332 bytes). So at HD 128 K and V stay in a
+// KeyTile after the two QueryTiles and each product reads its A fragments from there by ldmatrix
+// (one more per 16 keys x 16 columns of HD, beside the 4 of Q or dO); at HD 32 and 64 they are
+// staged where step 1 goes and held in registers.
+template <int HD> constexpr bool DKV_KV_FROM_SMEM = HD > 64;
+
 // dK, dV: grid (B*KVH, T/64 key tiles, tile 0, with the most queries, first), 128 threads; each
 // warp owns 16 keys. The G query heads sharing them times the query tiles at or after them
 // (causal) stream through two double-buffered QueryTiles, step i = head i / tiles, tile i % tiles.
@@ -1051,7 +1099,7 @@ template <int HD>
 __global__ void __launch_bounds__(FA_THREADS)
     flash_backward_dkv_kernel(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                               const float* lse2, const float* dsum, HeadShape sh, float scale_log2, float scale) {
-    __shared__ QueryTile<HD> qs[2];
+    QueryTile<HD>* qs = reinterpret_cast<QueryTile<HD>*>(flash_shared); // [2]
     const int T = sh.T, kt = blockIdx.y, b = blockIdx.x / sh.KVH, kvh = blockIdx.x % sh.KVH, G = sh.NH / sh.KVH;
     const int tiles = gridDim.y - kt, steps = G * tiles;
     const size_t kv_head = (size_t)blockIdx.x * T * HD;
@@ -1063,14 +1111,15 @@ __global__ void __launch_bounds__(FA_THREADS)
         qs[i % 2].load(q + bh * T * HD, dout + (size_t)b * T * sh.NH * HD + head * HD, (size_t)sh.NH * HD,
                        lse2 + bh * T, dsum + bh * T, kt + i % tiles, T);
     };
-    load_tile_async<HD>(qs[1].q, k + kv_head, HD, kt * FA_TILE, T); // K and V, staged where step 1 goes
-    load_tile_async<HD>(qs[1].dout, v + kv_head, HD, kt * FA_TILE, T);
+    KeyTile<HD>* kept = reinterpret_cast<KeyTile<HD>*>(qs + 2); // K and V at HD 128
+    bf16* k_rows = DKV_KV_FROM_SMEM<HD> ? kept->k : qs[1].q;      // else staged where step 1 goes
+    bf16* v_rows = DKV_KV_FROM_SMEM<HD> ? kept->v : qs[1].dout;
+    load_tile_async<HD>(k_rows, k + kv_head, HD, kt * FA_TILE, T);
+    load_tile_async<HD>(v_rows, v + kv_head, HD, kt * FA_TILE, T);
     load_step(0);
     cp_async_wait_all();
     __syncthreads();
-    uint32_t ka[HD / 16][4], va[HD / 16][4];
-    a_fragments<HD>(ka, qs[1].q);
-    a_fragments<HD>(va, qs[1].dout);
+    const ResidentRows<HD, DKV_KV_FROM_SMEM<HD>> ka(k_rows), va(v_rows);
     float dk_acc[HD / 8][4] = {}, dv_acc[HD / 8][4] = {};
     for (int i = 0; i < steps; i++) {
         cp_async_wait_all();
@@ -1079,8 +1128,8 @@ __global__ void __launch_bounds__(FA_THREADS)
         const QueryTile<HD>& tile = qs[i % 2];
         const int qt = kt + i % tiles;
         float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
-        mma_a_tileT<HD>(p, ka, tile.q);     // S^T = K Q^T, rows are keys
-        mma_a_tileT<HD>(dp, va, tile.dout); // dP^T = V dO^T
+        mma_a_tileT(p, ka, tile.q);     // S^T = K Q^T, rows are keys
+        mma_a_tileT(dp, va, tile.dout); // dP^T = V dO^T
         softmax_backward_tile<true>(p, dp, key, qt * FA_TILE, T, scale_log2, tile.lse2, tile.dsum); // P^T, dS^T
         mma_c_tile<HD>(dv_acc, p, tile.dout); // dV += P^T dO
         mma_c_tile<HD>(dk_acc, dp, tile.q);   // dK += dS^T Q
@@ -1095,7 +1144,7 @@ template <int HD>
 __global__ void __launch_bounds__(FA_THREADS)
     flash_backward_dq_kernel(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                              const float* lse2, const float* dsum, HeadShape sh, float scale_log2, float scale) {
-    __shared__ KeyTile<HD> kv[2];
+    KeyTile<HD>* kv = reinterpret_cast<KeyTile<HD>*>(flash_shared); // [2]
     const int T = sh.T, qt = gridDim.y - 1 - blockIdx.y, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
     const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
     int row[2];
@@ -1105,9 +1154,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     kv[0].load(k + kv_head, v + kv_head, 0, T);
     cp_async_wait_all();
     __syncthreads();
-    uint32_t qa[HD / 16][4], doa[HD / 16][4];
-    a_fragments<HD>(qa, kv[1].k);
-    a_fragments<HD>(doa, kv[1].v);
+    const ResidentRows<HD, false> qa(kv[1].k), doa(kv[1].v);
     float lse[2], dsum_row[2], dq_acc[HD / 8][4] = {};
     for (int r = 0; r < 2; r++) {
         lse[r] = row[r] < T ? lse2[(size_t)bh * T + row[r]] : 0.0f;
@@ -1119,23 +1166,38 @@ __global__ void __launch_bounds__(FA_THREADS)
         if (kt < qt) kv[(kt + 1) % 2].load(k + kv_head, v + kv_head, kt + 1, T);
         const KeyTile<HD>& tile = kv[kt % 2];
         float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
-        mma_a_tileT<HD>(p, qa, tile.k);   // S = Q K^T
-        mma_a_tileT<HD>(dp, doa, tile.v); // dP = dO V^T
+        mma_a_tileT(p, qa, tile.k);   // S = Q K^T
+        mma_a_tileT(dp, doa, tile.v); // dP = dO V^T
         softmax_backward_tile<false>(p, dp, row, kt * FA_TILE, T, scale_log2, lse, dsum_row); // P, dS
         mma_c_tile<HD>(dq_acc, dp, tile.k); // dQ += dS K
     }
     store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, scale);
 }
 
-// out (token-major) and lse2 (B*NH*T) from head-major q, k, v; HD 32 or 64 (llama3.h kernel_limits_check).
+// Bytes of flash_shared: two KeyTiles for the forward and dQ kernels; for the dK/dV kernel
+// (DKV) two QueryTiles and, at HD 128, the KeyTile of its K and V.
+template <int HD, bool DKV> constexpr size_t flash_smem() {
+    if (!DKV) return 2 * sizeof(KeyTile<HD>);
+    return 2 * sizeof(QueryTile<HD>) + (DKV_KV_FROM_SMEM<HD> ? sizeof(KeyTile<HD>) : 0);
+}
+
+// Launches a flash kernel with SMEM bytes of flash_shared; the first launch of each kernel raises
+// its dynamic shared memory limit to SMEM (the default is 48 KB).
+template <auto KERNEL, size_t SMEM, class... Args> static void flash_launch(dim3 grid, cudaStream_t s, Args... args) {
+    static const cudaError_t raised = cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+    CUDA_CHECK(raised);
+    KERNEL<<<grid, FA_THREADS, SMEM, s>>>(args...);
+    LAUNCH_CHECK();
+}
+
+// out (token-major) and lse2 (B*NH*T) from head-major q, k, v; HD 32, 64 or 128 (llama3.h kernel_limits_check).
 static void flash_attention_forward(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
                                     cudaStream_t s) {
     dim3 grid(sh.B * sh.NH, ceil_div(sh.T, FA_TILE));
     float scale_log2 = 1.4426950408889634f / sqrtf((float)sh.HD);
-    BOOL_SWITCH(sh.HD == 64, HD64, [&] {
-        flash_forward_kernel<HD64 ? 64 : 32><<<grid, FA_THREADS, 0, s>>>(out, lse2, q, k, v, sh, scale_log2);
+    HEADDIM_SWITCH(sh.HD, HD, [&] {
+        flash_launch<flash_forward_kernel<HD>, flash_smem<HD, false>()>(grid, s, out, lse2, q, k, v, sh, scale_log2);
     });
-    LAUNCH_CHECK();
 }
 
 // dq, dk, dv (head-major) from dout and out (token-major) and the forward's lse2; dsum is scratch
@@ -1147,13 +1209,12 @@ static void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum, 
     LAUNCH_CHECK();
     float scale = 1.0f / sqrtf((float)sh.HD), scale_log2 = 1.4426950408889634f * scale;
     dim3 grid_kv(sh.B * sh.KVH, ceil_div(sh.T, FA_TILE)), grid_q(sh.B * sh.NH, ceil_div(sh.T, FA_TILE));
-    BOOL_SWITCH(sh.HD == 64, HD64, [&] {
-        constexpr int HD = HD64 ? 64 : 32;
-        flash_backward_dkv_kernel<HD><<<grid_kv, FA_THREADS, 0, s>>>(dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
-        LAUNCH_CHECK();
-        flash_backward_dq_kernel<HD><<<grid_q, FA_THREADS, 0, s>>>(dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+    HEADDIM_SWITCH(sh.HD, HD, [&] {
+        flash_launch<flash_backward_dkv_kernel<HD>, flash_smem<HD, true>()>(grid_kv, s, dk, dv, q, k, v, dout,
+                                                                                   lse2, dsum, sh, scale_log2, scale);
+        flash_launch<flash_backward_dq_kernel<HD>, flash_smem<HD, false>()>(grid_q, s, dq, q, k, v, dout, lse2, dsum,
+                                                                                sh, scale_log2, scale);
     });
-    LAUNCH_CHECK();
 }
 
 // ---- SwiGLU ----

@@ -1200,15 +1200,15 @@ static inline int train_args_parse(TrainArgs* a, int argc, char** argv, int worl
 
 // The widths the kernels of kernels.cuh take: RMSNorm rows of at most 8192 (one row in a block's
 // registers, 8 values per thread; train_llama3.cu ties this to the kernel's constant) and, for
-// flash attention, head_dim 32 or 64.
+// flash attention, head_dim 32, 64 or 128 (kernels.cuh HEADDIM_SWITCH).
 #define LLAMA3_MAX_N_EMBD 8192
 static inline int kernel_limits_check(const Llama3Config* c, int flash_attention, const char* source, char* err) {
     if (c->n_embd > LLAMA3_MAX_N_EMBD)
         return l3_fail(err, "%s: n_embd %d is more than the %d the RMSNorm kernels take", source, c->n_embd,
                        LLAMA3_MAX_N_EMBD);
     const int head_dim = c->n_embd / c->n_head;
-    if (flash_attention && head_dim != 32 && head_dim != 64)
-        return l3_fail(err, "%s: head_dim %d: flash attention takes head_dim 32 or 64 (--flash_attention 0 runs "
+    if (flash_attention && head_dim != 32 && head_dim != 64 && head_dim != 128)
+        return l3_fail(err, "%s: head_dim %d: flash attention takes head_dim 32, 64 or 128 (--flash_attention 0 runs "
                        "attention unfused)", source, head_dim);
     return 0;
 }

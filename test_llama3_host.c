@@ -492,8 +492,15 @@ static void test_cli(void) {
     rc = parse(&a, err, "");
     int checked = train_args_check(&a, &small, err);
     CHECK(rc == 0 && checked == 0, "defaults on a 2-layer model (%s)", checked ? err : "ok");
+    Llama3Config hd128 = c, hd96 = c;
+    hd128.n_head = 16, hd128.n_kv_head = 8; // head_dim 128, as LLaMA 3.2-3B and 3.1-8B have
+    checked = train_args_check(&a, &hd128, err);
+    CHECK(checked == 0, "flash attention with head_dim 128 (%s)", checked ? err : "ok");
+    hd96.n_embd = 1536, hd96.n_head = 16, hd96.n_kv_head = 8; // head_dim 96
+    expect_error(train_args_check(&a, &hd96, err), err, "flash attention with head_dim 96", "head_dim 32, 64 or 128",
+                 "head_dim 96");
     wide.n_head = 8, wide.n_kv_head = 2; // head_dim 256
-    expect_error(train_args_check(&a, &wide, err), err, "flash attention with head_dim 256", "head_dim 32 or 64",
+    expect_error(train_args_check(&a, &wide, err), err, "flash attention with head_dim 256", "head_dim 32, 64 or 128",
                  "head_dim 256");
     rc = parse(&a, err, "--flash_attention 0");
     checked = train_args_check(&a, &wide, err);

@@ -379,6 +379,9 @@ static void backward_flash(int version, const AttnBuffers& b, HeadShape sh) {
                                                                           b.lse2, sh, 0);
 }
 
+// Version 3 takes HD 32 or 64 (its static tiles pass 48 KB at 128); the others take 32, 64 or 128.
+static bool version_takes(int version, HeadShape sh) { return version != 3 || sh.HD <= 64; }
+
 static void attention_version(int version, bool backward, Gemm* g, const AttnBuffers& b, HeadShape sh) {
     if (version == 1 && !backward) forward_repeated(g, b, sh);
     else if (version == 1) backward_repeated(g, b, sh);
@@ -396,7 +399,7 @@ static void attention_version(int version, bool backward, Gemm* g, const AttnBuf
 static void attention_row_cpu(float* o_row, float* dq_row, double* dk, double* dv, const float* q, const float* k,
                               const float* v, const float* dOt, int t, int HD, double* p, double* dp) {
     double scale = 1.0 / sqrt((double)HD), mx = -INFINITY, sum = 0.0, dot = 0.0;
-    double o[64] = {}, dq[64] = {}; // HD <= 64: flash attention takes 32 or 64
+    double o[128] = {}, dq[128] = {}; // HD <= 128: flash attention takes 32, 64 or 128
     const float* qt = q + (size_t)t * HD;
     for (int u = 0; u <= t; u++) {
         double s = 0.0;
@@ -527,7 +530,7 @@ static void validate_cpu(HeadShape sh, bool ramped, Gemm* g, const DevArgs& a, b
     upload_into(b.dy, dy);
     char tag[32];
     for (int version = 1; version <= 4; version++) {
-        if (!dev_selected(a, version)) continue;
+        if (!dev_selected(a, version) || !version_takes(version, sh)) continue;
         run_version(version, g, b, sh, got);
         snprintf(tag, sizeof(tag), "v%d vs CPU%s", version, ramped ? ", ramped K" : "");
         ok[version] &= check_outputs(tag, got, ref, sh, true);
@@ -572,7 +575,7 @@ static void time_versions(HeadShape sh, Gemm* g, const DevArgs& a, const bool* o
     const char* labels[5] = {"", "1 unfused, repeated K/V", "2 unfused, stacked GQA", "3 flash, scalar transposed tiles",
                              "4 flash, cp.async + ldmatrix (trainer)"};
     for (int version = 1; version <= 4; version++) {
-        if (!dev_selected(a, version)) continue;
+        if (!dev_selected(a, version) || !version_takes(version, sh)) continue;
         for (int backward = 0; backward <= 1; backward++) {
             if (backward) // P (lse2 for flash, version 1's K, V copies) from the forward
                 for (auto& s : b) attention_version(version, false, g, s, sh);
@@ -599,6 +602,8 @@ static const struct {
                                   // G = 4 query heads per kv head summed into dK, dV
     {{1, 1000, 4, 4, 64}, true},  // the online softmax's rescale, the row max moving often; HD 64
                                   // with a ragged tail (40 rows), G = 1
+    {{2, 1024, 4, 2, 128}, false}, // HD 128: 16 tiles, dK/dV's K and V read from shared memory
+    {{1, 1090, 6, 2, 128}, true},  // HD 128 with a ragged tail (2 rows), G = 3, the row max moving
 };
 
 int main(int argc, char** argv) {
@@ -607,6 +612,7 @@ int main(int argc, char** argv) {
     gemm_create(&g);
     bool ok[5] = {true, true, true, true, true};
     const HeadShape b4t64 = {4, 64, 32, 8, 64}, b16t1024 = {16, 1024, 32, 8, 64};
+    const HeadShape hd128 = {16, 1024, 16, 8, 128}; // b16t1024's FLOPs at HD 128: TFLOP/s compare per FLOP
     for (const auto& c : CPU_CASES) validate_cpu(c.sh, c.ramped, &g, a, ok);
     if (!a.check_only) {
         if (a.version == 0) validate_versions(b16t1024, &g, ok);
@@ -614,6 +620,7 @@ int main(int argc, char** argv) {
         print_header();
         time_versions(b4t64, &g, a, ok);
         time_versions(b16t1024, &g, a, ok);
+        time_versions(hd128, &g, a, ok);
     }
     gemm_destroy(&g);
     return dev_finish();
