@@ -41,6 +41,10 @@ MUTANTS = [
     ("softmax_no_rescale", "kernel", "kernels.cuh", "flash forward: the running sum and output not rescaled "
      "when the row max moves to a later key tile",
      "float correction = exp2f(row_max[r] - base[r]);", "float correction = 1.0f;"),
+    ("hd128_half_rescaled", "kernel", "kernels.cuh", "flash forward at head_dim 128: only the first half of the "
+     "head's output rescaled when the row max moves to a later key tile",
+     "for (int d = 0; d < HD / 8; d++) o[d][2 * r] *= correction",
+     "for (int d = 0; d < (HD == 128 ? HD / 16 : HD / 8); d++) o[d][2 * r] *= correction"),
     ("wrong_tile_prefetched", "kernel", "kernels.cuh", "flash forward: the current key tile prefetched again "
      "instead of the next",
      "kt + 1, T);\n        const KeyTile<HD>& tile = kv[kt % 2];\n        float s[",
@@ -344,7 +348,7 @@ def main():
     pool_of = HOST_MUTANTS if args.host_only else DP_MUTANTS if args.data_parallel else MUTANTS
     mutants = [m for m in pool_of if not args.only or m[0] in args.only]
     refs = () if args.host_only else ("small_t64",) if args.data_parallel else (
-        "small_t64", "small_t1024", "small_b8", "small_accum", "small_dense", "small_tied")
+        "small_t64", "small_t1024", "small_b8", "small_accum", "small_dense", "small_tied", "small_hd128")
     for ref in refs:
         if not os.path.exists(os.path.join(ROOT, "ref", f"{ref}_state.bin")):
             sys.exit(f"ref/{ref}_state.bin is missing: run `make test` on this GPU machine first")

@@ -14,6 +14,8 @@ schedule (--lr_schedule, --warmup_iters, ...) and, with --grad_clip, torch.nn.ut
     python scripts/ref_llama3.py --name small_b8 --shape small --batch_size 8 --seq_len 128 --vocab 8000
     python scripts/ref_llama3.py --name small_tied --shape small --tied   # tied: dense embedding AdamW, no lm_head
     python scripts/ref_llama3.py --name 1b_tied --shape 1b --tied --model_only  # only NAME_model.bin (a bench model)
+    python scripts/ref_llama3.py --name small_hd128 --shape small_hd128 --batch_size 2 --seq_len 1024 --qk_std 0.07
+    python scripts/ref_llama3.py --name 3b --shape 3b --tied --model_only          # LLaMA 3.2-3B's shape, 12.8 GB
 
 The batches are consecutive windows of real text, the embedded Tiny Shakespeare
 (data/tiny_shakespeare_train.bin), read as the trainer's data loader reads a token file, so that
@@ -44,11 +46,14 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from safe_write import write_atomic
 
-SHAPES = {  # n_layer, n_embd, n_head, n_kv_head, vocab_size, max_seq_len
-    "small": (2, 256, 8, 2, 1000, 8192),
-    "1b": (16, 2048, 32, 8, 128256, 8192),
+SHAPES = {  # n_layer, n_embd, n_head, n_kv_head, vocab_size, max_seq_len, ffn_dim_multiplier, multiple_of
+    "small": (2, 256, 8, 2, 1000, 8192, 1.5, 256),
+    "small_hd128": (2, 512, 4, 2, 1000, 8192, 1.5, 256),  # head_dim 128 at a small width
+    "1b": (16, 2048, 32, 8, 128256, 8192, 1.5, 256),
+    "3b": (28, 3072, 24, 8, 128256, 8192, 1.0, 256),  # LLaMA 3.2-3B's shape (released tied: --tied)
+    "8b": (32, 4096, 32, 8, 128256, 8192, 1.3, 1024),  # LLaMA 3.1-8B's (its rope factor is 8, not 32)
 }
-FFN_MULTIPLIER, MULTIPLE_OF, NORM_EPS, ROPE_THETA = 1.5, 256, 1e-5, 500000.0
+NORM_EPS, ROPE_THETA = 1e-5, 500000.0
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "tiny_shakespeare_train.bin")
 STATE_MAGIC, STATE_VERSION = 20241129, 5
 SCHEDULES = ["constant", "cosine", "linear", "wsd"]  # the trainer's --lr_schedule, in its order
@@ -70,15 +75,16 @@ def lr_at(args, t):
     return args.lr * (args.final_lr_frac + (1 - args.final_lr_frac) * f)
 
 
-def ffn_hidden(C):
-    hidden = int(FFN_MULTIPLIER * (2 * 4 * C // 3))
-    return MULTIPLE_OF * ((hidden + MULTIPLE_OF - 1) // MULTIPLE_OF)
+def ffn_hidden(C, multiplier, multiple_of):
+    hidden = int(multiplier * (2 * 4 * C // 3))
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
 def make_model(shape, device, seed, qk_std=0.02, vocab=0, tied=False):
-    L, C, NH, KVH, V, max_T = SHAPES[shape]
+    L, C, NH, KVH, V, max_T, multiplier, multiple_of = SHAPES[shape]
     V = vocab or V
-    cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=ffn_hidden(C), num_hidden_layers=L,
+    cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=ffn_hidden(C, multiplier, multiple_of),
+                      num_hidden_layers=L, ffn_dim_multiplier=multiplier, multiple_of=multiple_of,
                       num_attention_heads=NH, num_key_value_heads=KVH, max_position_embeddings=max_T,
                       rms_norm_eps=NORM_EPS, tie_word_embeddings=tied, attn_implementation="sdpa",
                       rope_parameters={"rope_type": "llama3", "rope_theta": ROPE_THETA, "factor": 32.0,
@@ -148,8 +154,8 @@ def seed_header(cfg):
     ints = np.zeros(256, dtype=np.int32)
     ints[:8] = [20240803, 3, cfg.max_position_embeddings, cfg.vocab_size, cfg.num_hidden_layers,
                 cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size]
-    ints[8:12] = np.array([FFN_MULTIPLIER, 0, NORM_EPS, ROPE_THETA], dtype=np.float32).view(np.int32)
-    ints[9] = MULTIPLE_OF
+    ints[8:12] = np.array([cfg.ffn_dim_multiplier, 0, NORM_EPS, ROPE_THETA], dtype=np.float32).view(np.int32)
+    ints[9] = cfg.multiple_of
     ints[12:17] = [1, 4, 3, 2, int(cfg.tie_word_embeddings)]  # use_scaled_rope, max_gen_batch_size, version major,
     return ints  # minor, tied_embeddings
 
@@ -157,8 +163,8 @@ def seed_header(cfg):
 def llmc_header(cfg):
     ints = np.zeros(512, dtype=np.int32)
     ints[:10] = [20240803, 3, cfg.max_position_embeddings, cfg.vocab_size, cfg.num_hidden_layers,
-                 cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size, MULTIPLE_OF, 1]
-    ints[256:259] = np.array([FFN_MULTIPLIER, NORM_EPS, ROPE_THETA], dtype=np.float32).view(np.int32)
+                 cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size, cfg.multiple_of, 1]
+    ints[256:259] = np.array([cfg.ffn_dim_multiplier, NORM_EPS, ROPE_THETA], dtype=np.float32).view(np.int32)
     return ints
 
 

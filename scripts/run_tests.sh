@@ -348,11 +348,13 @@ host_parts() {
 # (norms 4 to 7 against 1) at eps 1e-3, where Adam's update depends on the gradient's scale (at
 # 1e-8 it hardly sees the clipping), with 3 micro-steps and linear decay, and with the dense
 # embedding and wsd; tied embeddings (wte also the head's weight), alone and with 3 micro-steps,
-# clipping and a cosine schedule.
+# clipping and a cosine schedule; head_dim 128 (C 512, 4 heads, 2 KV heads) at T=1024, its q and k
+# init scaled so that the scores spread as small_t1024's (std about 2.5: the softmax not flat).
 SMALL_REFS=(
     "small_sched --shape small --batch_size 4 --seq_len 64 --steps 5 --lr_schedule cosine --warmup_iters 2 --final_lr_frac 0.1 --grad_clip 1.0 --eps 1e-3"
     "small_t64 --shape small --batch_size 4 --seq_len 64 --llmc"
     "small_t1024 --shape small --batch_size 2 --seq_len 1024 --qk_std 0.1"
+    "small_hd128 --shape small_hd128 --batch_size 2 --seq_len 1024 --qk_std 0.07"
     "small_b8 --shape small --batch_size 8 --seq_len 128 --vocab 8000"
     "small_accum --shape small --batch_size 4 --seq_len 64 --grad_accum 3"
     "small_dense --shape small --batch_size 4 --seq_len 64 --dense_embedding"
@@ -565,7 +567,7 @@ gpu_parts_on_refs() {
 
 # The GPU parts that python3 without torch cannot run, for the skipped list.
 GPU_REF_PARTS=("test_llama3 against the PyTorch references (small T=64 with every switch, T=1024, B=8,"\
-" 3 micro-steps, dense embedding, schedules with clipping, tied embeddings, 1B)"
+" 3 micro-steps, dense embedding, schedules with clipping, tied embeddings, head_dim 128, 1B)"
     "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens, 3 micro-steps, clipping)"
     "the NaN guard on a poisoned reference model, and its JSON log read and drawn"
     "checkpoints: exact resume, the log continued, SIGKILL during saves (scripts/test_checkpoints.sh)"
