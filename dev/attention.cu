@@ -393,7 +393,8 @@ static void attention_version(int version, bool backward, Gemm* g, const AttnBuf
 
 // ---- CPU reference (fp64) ----
 
-// Query row t of one head: o_row = P v; dq_row, and the row's terms added into dk, dv (fp64).
+// Query row t of one head: o_row = P v; dq_row, and the row's terms added into dk, dv (fp64),
+// with D = rowsum(dO * O) from O rounded to bf16 (the saved att_y the kernels read; ramp_keys).
 // q, k, v point at the head's (T, HD) matrices, dOt at row t of dO; p and dp are T-long scratch.
 // Keys in the outer loop, so every inner loop walks a row of k, v, dk or dv contiguously.
 static void attention_row_cpu(float* o_row, float* dq_row, double* dk, double* dv, const float* q, const float* k,
@@ -414,14 +415,16 @@ static void attention_row_cpu(float* o_row, float* dq_row, double* dk, double* d
     for (int u = 0; u <= t; u++) {
         p[u] /= sum;
         dp[u] = 0.0;
-        for (int d = 0; d < HD; d++) dp[u] += (double)dOt[d] * v[(size_t)u * HD + d];
-        dot += p[u] * dp[u];
+        for (int d = 0; d < HD; d++) {
+            dp[u] += (double)dOt[d] * v[(size_t)u * HD + d];
+            o[d] += p[u] * v[(size_t)u * HD + d];
+        }
     }
+    for (int d = 0; d < HD; d++) dot += (double)dOt[d] * bf16_round((float)o[d]); // D from the bf16 O, as the kernels
     for (int u = 0; u <= t; u++) {
         double ds = p[u] * (dp[u] - dot); // dS of key u
-        const float *ku = k + (size_t)u * HD, *vu = v + (size_t)u * HD;
+        const float* ku = k + (size_t)u * HD;
         for (int d = 0; d < HD; d++) {
-            o[d] += p[u] * vu[d];
             dq[d] += ds * ku[d];
             dk[(size_t)u * HD + d] += ds * scale * qt[d];
             dv[(size_t)u * HD + d] += p[u] * dOt[d];
@@ -503,7 +506,10 @@ static void run_version(int version, Gemm* g, const AttnBuffers& b, HeadShape sh
 // x3 (scores of std 9, P nearly one-hot) fails the per-element tolerance with no bug: the backward
 // takes D = rowsum(dO * O) from the bf16 O, as FlashAttention-2 does, and that rounding reaches dQ
 // and dK (a CPU model of the kernels' roundings: 264 of 131k dQ elements over, up to 2.4x the
-// bound; this ramp stays under 0.6 of it over 31 seeds).
+// bound). At this ramp the same rounding took one dQ element of 256k to 1.06x the bound on the
+// H200 (2026-12-04, DEV_SEED=1796370792274684903, versions 3 and 4 alike), so the reference now
+// takes D from its own O rounded to bf16 too (attention_row_cpu): in a numpy model of the roundings
+// over 16 seeds the worst dQ element fell from 0.53 to 0.32 of the bound.
 static void ramp_keys(std::vector<float>& heads, HeadShape sh) {
     float* k = heads.data() + q_elems(sh);
     for (size_t i = 0; i < kv_elems(sh); i++) {
