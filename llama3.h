@@ -675,6 +675,7 @@ typedef struct {
     const char* llmc_filepath; // NULL: random init (LLaMA3.2-1B shape, std 0.02, norms 1)
     const char* log_file;      // NULL: no JSON log
     int batch_size, sequence_length, total_batch_size; // total: of all ranks
+    int recompute; // --recompute: RECOMPUTE_NONE, _NORMS or _BLOCKS, what the backward recomputes [recompute]
     int rank, world; // this process's rank, of the ranks the run is spread over (the launcher's, RankEnv;
                      // not flags: train_args_parse sets world, its caller the rank)
     int stop_after; // 0: run to the schedule's last step; else the last step of this invocation
@@ -682,6 +683,12 @@ typedef struct {
     unsigned long long seed;
     int max_bad_steps; // skipped steps in a row that stop the run
 } LoopConfig;
+// [recompute] Activations the backward recomputes instead of keeping one copy per layer: none; the
+// RMSNorm outputs and SwiGLU's (each layer keeps its residuals, q k v, attention output and gate_up);
+// or whole blocks (each layer keeps only its input, resid; the block's forward runs again, all but
+// the down projection, just before its backward). The recomputed values are the saved ones bit for
+// bit: the same kernels on the same inputs.
+enum { RECOMPUTE_NONE, RECOMPUTE_NORMS, RECOMPUTE_BLOCKS };
 
 // Evaluation's: the val loss and samples between steps.
 typedef struct {
@@ -811,6 +818,7 @@ static const FlagSpec FLAGS[] = {
     {"--stop_after", FLAG_INT, ARG(loop.stop_after), "0", 0, BIG_INT, NULL, "end this invocation after step N, to --resume later on the same schedule (0: at --num_iteration)", NOT_A_SWITCH, NULL},
     {"--batch_size", FLAG_INT, ARG(loop.batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", NOT_A_SWITCH, NULL},
     {"--sequence_length", FLAG_INT, ARG(loop.sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence", NOT_A_SWITCH, NULL},
+    {"--recompute", FLAG_INT, ARG(loop.recompute), "0", 0, 2, NULL, "activations recomputed in the backward instead of kept per layer: 0 none; 1 the RMSNorm and SwiGLU outputs; 2 whole blocks (each layer keeps only its input); the same losses bit for bit", NOT_A_SWITCH, NULL},
     {"--total_batch_size", FLAG_INT, ARG(loop.total_batch_size), "0", 0, BIG_INT, NULL, "tokens per optimizer step on all ranks, a multiple of B*T*ranks: N / (B*T*ranks) micro-steps on each rank accumulate gradients (0: B*T*ranks, one micro-step)", NOT_A_SWITCH, NULL},
     {"--learning_rate", FLAG_FLOAT, ARG(optim.sched.peak_lr), "1e-5", 0.0, 10.0, NULL, "AdamW peak lr", NOT_A_SWITCH, NULL},
     {"--lr_schedule", FLAG_CHOICE, ARG(optim.sched.kind), "constant", 0, 0, "constant|cosine|linear|wsd", "lr after the warmup: constant; cosine or linear to lr*final_lr_frac at the last step; wsd: constant, then linear over the last decay_frac", NOT_A_SWITCH, NULL},

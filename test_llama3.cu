@@ -1034,13 +1034,14 @@ static int compare_log(const char* log_path, const char* prefix) {
     return n_failed > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
-// Whether the switches leave the forward and backward passes as by default: every switch the table
-// marks SWITCH_PASSES at its default (the others only change when and how AdamW runs).
-static bool forward_backward_default(const Switches* sw) {
+// Whether the flags leave the forward and backward passes as by default: no --recompute, and every
+// switch the table marks SWITCH_PASSES at its default (the others only change when and how AdamW runs).
+static bool forward_backward_default(const TrainArgs* a) {
     Switches d = train_args_default().sw;
     for (int i = 0; i < NUM_FLAGS; i++)
-        if (FLAGS[i].scope == SWITCH_PASSES && switch_value(sw, &FLAGS[i]) != switch_value(&d, &FLAGS[i])) return false;
-    return true;
+        if (FLAGS[i].scope == SWITCH_PASSES && switch_value(&a->sw, &FLAGS[i]) != switch_value(&d, &FLAGS[i]))
+            return false;
+    return a->loop.recompute == RECOMPUTE_NONE;
 }
 
 int main(int argc, char** argv) {
@@ -1049,11 +1050,11 @@ int main(int argc, char** argv) {
     if (argc == 2 && !strcmp(argv[1], "--sampling")) return test_sampling();
     if (argc == 2 && !strcmp(argv[1], "--bf16_moments")) return test_bf16_moments();
     if (argc < 2 || argv[1][0] == '-') {
-        fprintf(stderr, "usage: %s REF [switches] | --train_args REF | --log LOG.jsonl REF | --sampling | --bf16_moments\n", argv[0]);
+        fprintf(stderr, "usage: %s REF [switches, --recompute N] | --train_args REF | --log LOG.jsonl REF | --sampling | --bf16_moments\n", argv[0]);
         return EXIT_FAILURE;
     }
     char err[L3_ERR_LEN];
-    TrainArgs a; // only its optimisation switches are used; argv[1] stands in for the program name
+    TrainArgs a; // only its optimisation switches and --recompute are used; argv[1] stands in for the program name
     if (train_args_parse(&a, argc - 1, argv + 1, 1, err)) fail_exit(err);
     Ref r;
     ref_open(&r, argv[1]);
@@ -1072,8 +1073,8 @@ int main(int argc, char** argv) {
               1.0);
     }
     Model m;
-    model_create(&m, &r.cfg, &r.opt, &a.sw, r.B, r.T, r.grad_accum, NULL);
-    printf("switches given: %d | bf16 grads %d\n", argc - 2, m.grads_bf16 != NULL);
+    model_create(&m, &r.cfg, &r.opt, &a.sw, r.B, r.T, r.grad_accum, a.loop.recompute, NULL);
+    printf("flags given: %d | bf16 grads %d | recompute %d\n", argc - 2, m.grads_bf16 != NULL, m.recompute);
     step_plan_print(stdout, m.plan);
     if (argc == 2) {
         test_rope(&m, &r);
@@ -1081,7 +1082,7 @@ int main(int argc, char** argv) {
     } else {
         printf("     rope and files: not run again (no switch changes them)\n");
     }
-    if (argc == 2 || !forward_backward_default(&a.sw)) test_step1(&m, &r);
+    if (argc == 2 || !forward_backward_default(&a)) test_step1(&m, &r);
     else printf("     step 1: not run again (these switches change only the optimizer)\n");
     test_adamw_path(&m, &r);
     test_train_loop(&m, &r);

@@ -86,6 +86,8 @@ template <typename T> static void all_reduce(CommHandle, const T*, T*, size_t, C
 // Everything the backward pass reads is saved per layer; scratch is shared by all layers. Each
 // buffer is a typed pointer, laid into one allocation by act_layout's table (a buffer's element
 // size is its pointer's); each starts on a 256-byte boundary (cuBLASLt's preferred alignment).
+// [recompute] With --recompute, a buffer the backward recomputes has one copy (not L) that every
+// layer uses in turn (norms_copy, block_copy): 1 the normed inputs and act; 2 all (L) but resid.
 typedef struct {
     float* resid;        // (L+1, N, C)  input of each layer; [L] feeds the final norm
     float* h;            // (L, N, C)    residual after attention
@@ -128,14 +130,15 @@ typedef struct {
 
 // Lays every buffer into `block` (NULL: only measures) and returns the bytes they take.
 static size_t act_layout(Activations* acts, unsigned char* block, const Llama3Config* c, int B, int T, int grad_accum,
-                         int sms, bool flash, bool fused_rms) {
+                         int sms, bool flash, bool fused_rms, int recompute) {
     size_t N = (size_t)B * T, C = c->n_embd, L = c->n_layer, F = c->ffn_hidden, V = c->vocab_size;
     size_t QKV = qkv_dim(c), ROWS = (size_t)B * c->n_head * T, ATT = flash ? 0 : ROWS * T, LSE = flash ? ROWS : 0;
+    size_t LB = recompute >= RECOMPUTE_BLOCKS ? 1 : L, LN = recompute >= RECOMPUTE_NORMS ? 1 : L; // copies [recompute]
     const ActRow rows[] = {
-        ACT_ROW(resid, (L + 1) * N * C), ACT_ROW(h, L * N * C), ACT_ROW(rstd_attn, L * N), ACT_ROW(rstd_ffn, L * N),
-        ACT_ROW(rstd_final, N), ACT_ROW(normed_attn, L * N * C), ACT_ROW(qkv_heads, L * N * QKV),
-        ACT_ROW(probs, L * ATT), ACT_ROW(lse, L * LSE), ACT_ROW(att_y, L * N * C), ACT_ROW(normed_ffn, L * N * C),
-        ACT_ROW(gate_up, L * N * 2 * F), ACT_ROW(act, L * N * F), ACT_ROW(normed_final, N * C),
+        ACT_ROW(resid, (L + 1) * N * C), ACT_ROW(h, LB * N * C), ACT_ROW(rstd_attn, LB * N), ACT_ROW(rstd_ffn, LB * N),
+        ACT_ROW(rstd_final, N), ACT_ROW(normed_attn, LN * N * C), ACT_ROW(qkv_heads, LB * N * QKV),
+        ACT_ROW(probs, LB * ATT), ACT_ROW(lse, LB * LSE), ACT_ROW(att_y, LB * N * C), ACT_ROW(normed_ffn, LN * N * C),
+        ACT_ROW(gate_up, LB * N * 2 * F), ACT_ROW(act, LN * N * F), ACT_ROW(normed_final, N * C),
         ACT_ROW(logits, N * V), ACT_ROW(qkv, N * QKV), ACT_ROW(branch, N * C), ACT_ROW(heads_o, N * C),
         ACT_ROW(scores, ATT), ACT_ROW(dsum, LSE), ACT_ROW(dheads, N * QKV), ACT_ROW(dresid, N * C),
         ACT_ROW(dresid_bf16, N * C), ACT_ROW(dact, N * F), ACT_ROW(dgate_up, N * 2 * F),
@@ -186,6 +189,7 @@ typedef struct {
     Switches sw; // which optimisations are on (all, except in the ablation)
     const StepPlan* plan; // when each AdamW group runs, for the whole run (step_plan)
     int B, T, grad_accum, sms;
+    int recompute; // [recompute] --recompute: RECOMPUTE_NONE, _NORMS or _BLOCKS
     // one block each, parameter-sized (see llama3.h for the order)
     float* params; // fp32 master weights
     float* grads;  // fp32; wte's rows are zero except those touched this step [sparse rows]. With
@@ -344,6 +348,13 @@ static void memory_print(FILE* f, const MemoryParts* p) {
             p->workspace / G);
 }
 
+// [recompute] The activations' bytes of this model and batch at --recompute `level`.
+static size_t acts_bytes_at(const Model* m, int level) {
+    Activations unused;
+    return act_layout(&unused, NULL, &m->cfg, m->B, m->T, m->grad_accum, m->sms, m->sw.flash_attention,
+                      m->sw.fused_rmsnorm, level);
+}
+
 // Stops when the model's buffers do not fit in the GPU's free memory, naming the parts and the
 // flags that shrink the largest of them.
 static void check_fits(const Model* m) {
@@ -355,6 +366,8 @@ static void check_fits(const Model* m) {
     memory_print(stderr, &parts);
     fprintf(stderr, "; %.2f GiB free. Smaller: ", free_b / 1073741824.0);
     if (m->opt.moments == MOMENTS_FP32) fprintf(stderr, "--optimizer_state bf16 (m and v in half), ");
+    if (m->recompute < RECOMPUTE_BLOCKS)
+        fprintf(stderr, "--recompute 2 (activations %.2f GiB), ", acts_bytes_at(m, RECOMPUTE_BLOCKS) / 1073741824.0);
     fprintf(stderr, "a smaller --batch_size or --sequence_length (activations scale with B*T; keep "
                     "--total_batch_size for the same step), more ranks (ZeRO-1 divides m and v)\n");
     exit(EXIT_FAILURE);
@@ -407,7 +420,7 @@ static void model_alloc(Model* m) {
     if (!m->sw.metadata_by_value) m->shape_in_memory = (HeadShape*)device_alloc(sizeof(HeadShape), "shape metadata");
     m->acts_block = device_alloc(m->acts_bytes, "activations");
     act_layout(&m->acts, (unsigned char*)m->acts_block, &m->cfg, m->B, m->T, m->grad_accum, m->sms,
-               m->sw.flash_attention, m->sw.fused_rmsnorm);
+               m->sw.flash_attention, m->sw.fused_rmsnorm, m->recompute);
     m->tokens = (int*)device_alloc(2 * n_step * sizeof(int), "tokens");
     CUDA_CHECK(cudaMallocHost(&m->tokens_host, 2 * 2 * n_step * sizeof(int32_t)));
     CUDA_CHECK(cudaMallocHost(&m->stats_host, 2 * sizeof(StepStats)));
@@ -467,12 +480,13 @@ static void model_reset_training(Model* m) {
 }
 
 // Everything of a model for B x T micro-batches, grad_accum per step, trained with optimizer `opt`
-// and switches `sw` (its weights still to be set: model_init_random or model_load), on this rank of
-// `comm` (NULL: one rank).
+// and switches `sw` (its weights still to be set: model_init_random or model_load), recomputing
+// `recompute`'s activations in the backward, on this rank of `comm` (NULL: one rank).
 static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* opt, const Switches* sw, int B, int T,
-                         int grad_accum, Comm* comm) {
+                         int grad_accum, int recompute, Comm* comm) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg, m->opt = *opt, m->sw = switches_for_model(sw, cfg), m->B = B, m->T = T, m->grad_accum = grad_accum;
+    m->recompute = recompute;
     m->comm = comm;
     sw = &m->sw; // (as they apply to this model)
     int device;
@@ -488,7 +502,8 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     StepPlan* plan = (StepPlan*)malloc(sizeof(StepPlan));
     *plan = step_plan(sw, opt, cfg->n_layer, comm ? comm->world : 1);
     m->plan = plan;
-    m->acts_bytes = act_layout(&m->acts, NULL, cfg, B, T, grad_accum, m->sms, sw->flash_attention, sw->fused_rmsnorm);
+    m->acts_bytes =
+        act_layout(&m->acts, NULL, cfg, B, T, grad_accum, m->sms, sw->flash_attention, sw->fused_rmsnorm, recompute);
     check_fits(m);
     model_alloc(m);
     model_streams(m);
@@ -565,6 +580,12 @@ static HeadShape head_shape(const Model* m) {
     return sh;
 }
 
+// [recompute] The copy of a saved activation that layer l writes and its backward reads: the
+// layer's own, or the one copy (0) that every layer recomputes in turn. norms_copy: normed_attn,
+// normed_ffn, act (--recompute 1 or 2); block_copy: every other per-layer buffer but resid (2).
+static size_t norms_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_NORMS ? 0 : l; }
+static size_t block_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_BLOCKS ? 0 : l; }
+
 // y (N, out) = x (N, in) @ W^T: a linear layer's forward, bf16, W the layer's bf16 weight.
 static void linear_forward(const Model* m, bf16* y, const bf16* x, int tensor, int layer, int out, int in) {
     matmul(m->gemm, m->stream, y, x, weight_bf16(m, tensor, layer), m->B * m->T, out, in, false, true, false);
@@ -609,15 +630,15 @@ static void attn_mix_t_gemm(const Model* m, bf16* out, const bf16* probs, const 
 // (bf16), o = P v.
 static void attention_forward(const Model* m, int l) {
     HeadShape sh = head_shape(m);
-    size_t N = (size_t)sh.B * sh.T;
-    bf16* q = m->acts.qkv_heads + l * N * qkv_dim(&m->cfg);
+    size_t N = (size_t)sh.B * sh.T, copy = block_copy(m, l);
+    bf16* q = m->acts.qkv_heads + copy * N * qkv_dim(&m->cfg);
     bf16 *k = q + N * m->cfg.n_embd, *v = k + N * sh.KVH * sh.HD;
-    bf16* att_y = m->acts.att_y + l * N * m->cfg.n_embd;
+    bf16* att_y = m->acts.att_y + copy * N * m->cfg.n_embd;
     if (m->sw.flash_attention) {
-        flash_attention_forward(att_y, m->acts.lse + (size_t)l * sh.B * sh.NH * sh.T, q, k, v, sh, m->stream);
+        flash_attention_forward(att_y, m->acts.lse + copy * sh.B * sh.NH * sh.T, q, k, v, sh, m->stream);
         return;
     }
-    bf16* probs = m->acts.probs + (size_t)l * sh.B * sh.NH * sh.T * sh.T;
+    bf16* probs = m->acts.probs + copy * sh.B * sh.NH * sh.T * sh.T;
     attn_scores_gemm(m, m->acts.scores, q, k, 1.0f / sqrtf((float)sh.HD));
     attention_softmax(false, probs, m->acts.scores, sh.B * sh.NH * sh.T, sh.T, m->stream);
     attn_mix_gemm(m, m->acts.heads_o, probs, v, 1.0f);
@@ -646,32 +667,34 @@ static void norm_forward(const Model* m, int tensor, int layer, float* resid_out
 }
 
 // One transformer block. Its first RMSNorm also adds the previous block's MLP output into the
-// residual stream (resid[l] = h[l-1] + branch) [fused RMSNorm].
-static void block_forward(const Model* m, int l) {
+// residual stream (resid[l] = h[l-1] + branch) [fused RMSNorm]. [recompute] again (--recompute 2,
+// just before the block's backward): from the saved resid[l], whose RMSNorm gives the same bits as
+// the fused add's, up to act; the down projection's output (the next block's input) is not needed.
+static void block_forward(const Model* m, int l, bool again) {
     const Llama3Config* c = &m->cfg;
     int N = m->B * m->T, C = c->n_embd, F = c->ffn_hidden, QKV = qkv_dim(c);
-    size_t NC = (size_t)N * C;
+    size_t NC = (size_t)N * C, copy = block_copy(m, l);
     float* resid = m->acts.resid + l * NC;
-    float* h = m->acts.h + l * NC;
-    bf16* normed_attn = m->acts.normed_attn + l * NC;
+    float* h = m->acts.h + copy * NC;
+    bf16* normed_attn = m->acts.normed_attn + norms_copy(m, l) * NC;
     bf16* branch = m->acts.branch;
-    const float* prev_h = l > 0 ? m->acts.h + (l - 1) * NC : resid;
-    norm_forward(m, P_ATTN_NORM, l, resid, normed_attn, m->acts.rstd_attn + (size_t)l * N, prev_h,
-                 l > 0 ? branch : NULL);
+    float* rstd_attn = m->acts.rstd_attn + copy * N;
+    if (again || l == 0) norm_forward(m, P_ATTN_NORM, l, NULL, normed_attn, rstd_attn, resid, NULL);
+    else norm_forward(m, P_ATTN_NORM, l, resid, normed_attn, rstd_attn, m->acts.h + block_copy(m, l - 1) * NC, branch);
     bf16* qkv = m->acts.qkv;
     linear_forward(m, qkv, normed_attn, P_QKV, l, QKV, C);
-    bf16* q = m->acts.qkv_heads + (size_t)l * N * QKV;
+    bf16* q = m->acts.qkv_heads + copy * N * QKV;
     rope_permute(false, qkv, q, q + NC, q + NC + (size_t)N * (QKV - C) / 2, m->rope_cos, m->rope_sin, head_shape(m),
                  m->stream, m->shape_in_memory);
     attention_forward(m, l);
-    linear_forward(m, branch, m->acts.att_y + l * NC, P_ATTN_OUT, l, C, C);
-    bf16* normed_ffn = m->acts.normed_ffn + l * NC;
-    norm_forward(m, P_FFN_NORM, l, h, normed_ffn, m->acts.rstd_ffn + (size_t)l * N, resid, branch);
-    bf16* gate_up = m->acts.gate_up + (size_t)l * N * 2 * F;
+    linear_forward(m, branch, m->acts.att_y + copy * NC, P_ATTN_OUT, l, C, C);
+    bf16* normed_ffn = m->acts.normed_ffn + norms_copy(m, l) * NC;
+    norm_forward(m, P_FFN_NORM, l, h, normed_ffn, m->acts.rstd_ffn + copy * N, resid, branch);
+    bf16* gate_up = m->acts.gate_up + copy * N * 2 * F;
     linear_forward(m, gate_up, normed_ffn, P_GATE_UP, l, 2 * F, C);
-    bf16* act = m->acts.act + (size_t)l * N * F;
+    bf16* act = m->acts.act + norms_copy(m, l) * N * F;
     swiglu(false, act, NULL, gate_up, N, F, m->stream);
-    linear_forward(m, branch, act, P_DOWN, l, C, F);
+    if (!again) linear_forward(m, branch, act, P_DOWN, l, C, F);
 }
 
 // [deferred AdamW] With after_deferred (the previous step left its deferred groups' AdamW to this
@@ -691,11 +714,11 @@ static void forward(const Model* m, const int* inputs, bool after_deferred) {
     embedding_forward(m->acts.resid, inputs, m->params + m->layout.offset[P_WTE], N, C, m->stream);
     for (int l = 0; l < L; l++) {
         wait_for_update(m, 1 + l, after_deferred);
-        block_forward(m, l);
+        block_forward(m, l, false);
     }
     wait_for_update(m, head_group(m), after_deferred);
     norm_forward(m, P_FINAL_NORM, 0, m->acts.resid + L * NC, m->acts.normed_final, m->acts.rstd_final,
-                 m->acts.h + (L - 1) * NC, m->acts.branch);
+                 m->acts.h + block_copy(m, L - 1) * NC, m->acts.branch);
     linear_forward(m, m->acts.logits, m->acts.normed_final, m->layout.head, 0, c->vocab_size, C);
     NVTX_POP();
 }
@@ -758,16 +781,16 @@ static void norm_backward(const Model* m, int tensor, int layer, const float* x,
 // GEMM, so dK and dV sum over them as K = G*T.
 static void attention_backward(const Model* m, int l, bf16* dy) {
     HeadShape sh = head_shape(m);
-    size_t N = (size_t)sh.B * sh.T, C = m->cfg.n_embd, KVD = (size_t)sh.KVH * sh.HD;
-    bf16* q = m->acts.qkv_heads + l * N * qkv_dim(&m->cfg);
+    size_t N = (size_t)sh.B * sh.T, C = m->cfg.n_embd, KVD = (size_t)sh.KVH * sh.HD, copy = block_copy(m, l);
+    bf16* q = m->acts.qkv_heads + copy * N * qkv_dim(&m->cfg);
     bf16 *k = q + N * C, *v = k + N * KVD;
     bf16 *dq = m->acts.dheads, *dk = dq + N * C, *dv = dk + N * KVD;
     if (m->sw.flash_attention) {
-        flash_attention_backward(dq, dk, dv, m->acts.dsum, dy, m->acts.att_y + l * N * C, q, k, v,
-                                 m->acts.lse + (size_t)l * sh.B * sh.NH * sh.T, sh, m->stream);
+        flash_attention_backward(dq, dk, dv, m->acts.dsum, dy, m->acts.att_y + copy * N * C, q, k, v,
+                                 m->acts.lse + copy * sh.B * sh.NH * sh.T, sh, m->stream);
         return;
     }
-    bf16 *probs = m->acts.probs + (size_t)l * sh.B * sh.NH * sh.T * sh.T, *dout = m->acts.heads_o;
+    bf16 *probs = m->acts.probs + copy * sh.B * sh.NH * sh.T * sh.T, *dout = m->acts.heads_o;
     float scale = 1.0f / sqrtf((float)sh.HD);
     permute_heads(true, dy, dout, sh, m->stream, m->shape_in_memory);
     attn_mix_t_gemm(m, dv, probs, dout, 1.0f);
@@ -785,23 +808,42 @@ static void redundant_fill(const Model* m, bf16* buf, size_t n) {
     if (!m->sw.delete_fills) fill(buf, n, 0.0f, m->stream);
 }
 
+// [recompute] --recompute 1: each of a layer's RMSNorm and SwiGLU outputs again from its saved input,
+// into the one copy, just before the weight gradient that reads it (the same kernels as the
+// forward's on the same inputs: the same bits). 2: block_forward has just made them.
+static void recompute_norm(const Model* m, int tensor, int l) {
+    if (m->recompute != RECOMPUTE_NORMS) return;
+    size_t N = (size_t)m->B * m->T, NC = N * m->cfg.n_embd;
+    if (tensor == P_ATTN_NORM)
+        norm_forward(m, P_ATTN_NORM, l, NULL, m->acts.normed_attn, m->acts.rstd_attn + l * N, m->acts.resid + l * NC, NULL);
+    else norm_forward(m, P_FFN_NORM, l, NULL, m->acts.normed_ffn, m->acts.rstd_ffn + l * N, m->acts.h + l * NC, NULL);
+}
+static void recompute_act(const Model* m, int l) {
+    if (m->recompute != RECOMPUTE_NORMS) return;
+    int N = m->B * m->T, F = m->cfg.ffn_hidden;
+    swiglu(false, m->acts.act, NULL, m->acts.gate_up + (size_t)l * N * 2 * F, N, F, m->stream);
+}
+
 // One block in reverse. On entry dresid holds the gradient of the block's output and
 // dresid_bf16 its rounded copy; on exit they hold the gradient of its input.
 static void block_backward(const Model* m, int l, bool accumulate) {
     const Llama3Config* c = &m->cfg;
     int N = m->B * m->T, C = c->n_embd, F = c->ffn_hidden, QKV = qkv_dim(c);
-    size_t NC = (size_t)N * C;
+    size_t NC = (size_t)N * C, copy = block_copy(m, l), ncopy = norms_copy(m, l);
     bf16 *dresid_bf16 = m->acts.dresid_bf16, *dbranch = m->acts.branch;
+    if (m->recompute == RECOMPUTE_BLOCKS) block_forward(m, l, true); // (branch and qkv are free here)
     // MLP: down, SwiGLU, gate_up, ffn norm
     bf16 *dact = m->acts.dact, *dgate_up = m->acts.dgate_up;
-    weight_grad(m, P_DOWN, l, dresid_bf16, m->acts.act + (size_t)l * N * F, C, F, accumulate);
+    recompute_act(m, l);
+    weight_grad(m, P_DOWN, l, dresid_bf16, m->acts.act + ncopy * N * F, C, F, accumulate);
     input_grad(m, P_DOWN, l, dact, dresid_bf16, C, F);
-    swiglu(true, dgate_up, dact, m->acts.gate_up + (size_t)l * N * 2 * F, N, F, m->stream);
-    weight_grad(m, P_GATE_UP, l, dgate_up, m->acts.normed_ffn + l * NC, 2 * F, C, accumulate);
+    swiglu(true, dgate_up, dact, m->acts.gate_up + copy * N * 2 * F, N, F, m->stream);
+    recompute_norm(m, P_FFN_NORM, l);
+    weight_grad(m, P_GATE_UP, l, dgate_up, m->acts.normed_ffn + ncopy * NC, 2 * F, C, accumulate);
     input_grad(m, P_GATE_UP, l, dbranch, dgate_up, 2 * F, C);
-    norm_backward(m, P_FFN_NORM, l, m->acts.h + l * NC, m->acts.rstd_ffn + (size_t)l * N, true, accumulate);
+    norm_backward(m, P_FFN_NORM, l, m->acts.h + copy * NC, m->acts.rstd_ffn + copy * N, true, accumulate);
     // attention: out projection, heads, RoPE, qkv, attention norm
-    weight_grad(m, P_ATTN_OUT, l, dresid_bf16, m->acts.att_y + l * NC, C, C, accumulate);
+    weight_grad(m, P_ATTN_OUT, l, dresid_bf16, m->acts.att_y + copy * NC, C, C, accumulate);
     input_grad(m, P_ATTN_OUT, l, dbranch, dresid_bf16, C, C);
     bf16 *dheads = m->acts.dheads, *dqkv = m->acts.qkv;
     redundant_fill(m, dheads, (size_t)N * QKV);
@@ -809,10 +851,10 @@ static void block_backward(const Model* m, int l, bool accumulate) {
     redundant_fill(m, dqkv, (size_t)N * QKV);
     rope_permute(true, dqkv, dheads, dheads + NC, dheads + NC + (size_t)N * (QKV - C) / 2, m->rope_cos, m->rope_sin,
                  head_shape(m), m->stream, m->shape_in_memory);
-    weight_grad(m, P_QKV, l, dqkv, m->acts.normed_attn + l * NC, QKV, C, accumulate);
+    recompute_norm(m, P_ATTN_NORM, l);
+    weight_grad(m, P_QKV, l, dqkv, m->acts.normed_attn + ncopy * NC, QKV, C, accumulate);
     input_grad(m, P_QKV, l, dbranch, dqkv, QKV, C);
-    norm_backward(m, P_ATTN_NORM, l, m->acts.resid + l * NC, m->acts.rstd_attn + (size_t)l * N, true,
-                  accumulate);
+    norm_backward(m, P_ATTN_NORM, l, m->acts.resid + l * NC, m->acts.rstd_attn + copy * N, true, accumulate);
 }
 
 static void adamw_tensor(const Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s); // in the optimizer section
@@ -2022,7 +2064,8 @@ static void print_model(const Model* m, const TrainArgs* a) {
     printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g\nmemory: ", m->layout.total, m->B, m->T,
            m->grad_accum, m->opt.sched.peak_lr, m->opt.weight_decay);
     memory_print(stdout, &parts);
-    printf("\n");
+    printf("\nactivations at --recompute 0, 1, 2: %.2f, %.2f, %.2f GiB\n", acts_bytes_at(m, RECOMPUTE_NONE) / 1073741824.0,
+           acts_bytes_at(m, RECOMPUTE_NORMS) / 1073741824.0, acts_bytes_at(m, RECOMPUTE_BLOCKS) / 1073741824.0);
     train_args_print(stdout, a);
     printf("in effect: bf16_grads %d", m->grads_bf16 != NULL);
     if (a->sw.sparse_embedding && !m->sw.sparse_embedding) // [tied embeddings] (switches_for_model)
@@ -2077,7 +2120,8 @@ int main(int argc, char** argv) {
     Comm* comm = ranks.world > 1 ? comm_start(&ranks, &a, &cfg, argv[0]) : NULL;
 
     Model m;
-    model_create(&m, &cfg, &a.optim, &a.sw, a.loop.batch_size, a.loop.sequence_length, micro_steps(&a.loop), comm);
+    model_create(&m, &cfg, &a.optim, &a.sw, a.loop.batch_size, a.loop.sequence_length, micro_steps(&a.loop),
+                 a.loop.recompute, comm);
     print_model(&m, &a);
     model_start(&m, &a, fmt, &in, &loader, argv[0]);
     static Saver saver;

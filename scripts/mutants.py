@@ -153,6 +153,13 @@ MUTANTS = [
      "lm_head's slot as when untied: a tied wte's gradient lacks it (only the embedding's rows)",
      "weight_grad(m, head, 0, dlogits, m->acts.normed_final, V, C, accumulate);",
      "weight_grad(m, P_LM_HEAD, 0, dlogits, m->acts.normed_final, V, C, accumulate);"),
+    ("recompute_previous_input", "recompute", "train_llama3.cu", "--recompute 2 runs each block's forward again "
+     "from the previous layer's saved input",
+     "if (again || l == 0) norm_forward(m, P_ATTN_NORM, l, NULL, normed_attn, rstd_attn, resid, NULL);",
+     "if (again || l == 0) norm_forward(m, P_ATTN_NORM, l, NULL, normed_attn, rstd_attn, again && l > 0 ? resid - NC : resid, NULL);"),
+    ("recompute_ffn_norm_of_resid", "recompute", "train_llama3.cu", "--recompute 1 recomputes the FFN norm's "
+     "output from the block's input instead of the residual after attention",
+     "m->acts.rstd_ffn + l * N, m->acts.h + l * NC, NULL);", "m->acts.rstd_ffn + l * N, m->acts.resid + l * NC, NULL);"),
     ("moments_stream_repeats", "bf16 moments", "kernels.cuh", "the stochastic rounding of bf16 m and v draws the "
      "same bits every step (the stream keyed by the element only)",
      "if constexpr (std::is_same<M, bf16>::value) return rounding_bits(element, t);",

@@ -407,6 +407,40 @@ trainer_run() {
     run "$name: its losses against PyTorch" ./test_llama3 --log "$log" "ref/$ref"
 }
 
+# [recompute] --recompute 1 and 2 recompute in the backward, with the same kernels on the same
+# inputs, what --recompute 0 keeps: 6 steps of REF's model at its B and T, of MICRO micro-steps
+# each (1: bf16 matmul gradients; 2: fp32, accumulated), with clipping (each step's norm logged), log
+# the same losses and norms and leave the same model.bin and state.bin, bit for bit; the
+# activations printed at start shrink from level to level.
+recompute_same() { # REF MICRO FLAGS...
+    local ref=$1 micro=$2 level ok=1 dir bt b t acts=() detail=""
+    shift 2
+    has_ref "$ref" || return
+    dir="$tmp/recompute_${ref}_$micro$(echo "$*" | tr -dc 'a-z0-9')"
+    bt=$(./test_llama3 --train_args "ref/$ref" | grep -o -- '--batch_size [0-9]* --sequence_length [0-9]*') ||
+        { count_failure 1; return; }
+    read -r _ b _ t <<< "$bt"
+    for level in 0 1 2; do
+        # shellcheck disable=SC2086
+        ./train_llama3 --llmc_filepath "ref/${ref}_model.bin" --input_bin "ref/${ref}_tokens.bin" $bt \
+            --total_batch_size $((micro * b * t)) --num_iteration 6 --learning_rate 1e-3 --grad_clip 1 --recompute $level \
+            --log_file "$dir$level.jsonl" --checkpoint_dir "$dir$level" "$@" > "$dir$level.out" 2>&1 ||
+            { ok=0; detail="level $level: $(grep -m 1 error "$dir$level.out")"; }
+        acts+=("$(grep -o -m 1 'activations [0-9.]*' "$dir$level.out" | cut -d ' ' -f 2)")
+    done
+    for level in 1 2; do
+        cmp -s <(grep -o '"\(loss\|grad_norm\)": [^,]*' "$dir$level.jsonl") \
+            <(grep -o '"\(loss\|grad_norm\)": [^,]*' "${dir}0.jsonl") || { ok=0; detail+=" level $level: other losses or norms"; }
+        for f in model.bin state.bin; do
+            cmp -s "$dir$level/step_00000006/$f" "${dir}0/step_00000006/$f" || { ok=0; detail+=" level $level: other $f"; }
+        done
+    done
+    [ "$(grep -c '"loss"' "${dir}0.jsonl" 2> /dev/null)" = 6 ] || { ok=0; detail+=" not 6 steps logged"; }
+    awk -v a="${acts[0]}" -v b="${acts[1]}" -v c="${acts[2]}" 'BEGIN { exit !(a > b && b > c) }' ||
+        { ok=0; detail+=" activations ${acts[*]} GiB do not shrink"; }
+    check $ok "--recompute 0, 1, 2 on $ref, $micro micro-step(s)${1:+, $*}: the same 6 losses and norms, model.bin and state.bin, bit for bit (activations ${acts[*]} GiB)" "$detail"
+}
+
 # A model with one NaN weight (a final-norm weight: every logit NaN): each step is skipped by the
 # NaN guard and shown as skipped, --max_bad_steps of them in a row stop the run, non-zero; its log
 # is JSON (null for the non-finite loss and norm) that Python's json module reads and plot_log.py draws.
@@ -548,11 +582,17 @@ gpu_parts_on_refs() {
                 ref/small_t64_model.bin ref/small_t64_tokens.bin
             part "train_llama3 small_t64 llm.c/uint16" trainer_run "small_t64, llm.c model, uint16 tokens" small_t64 \
                 ref/small_t64_model_llmc.bin ref/small_t64_tokens16.bin
+            part "recompute small_t64" recompute_same small_t64 1
+            part "recompute small_t64 accumulated" recompute_same small_t64 2
+            part "recompute small_t64 unfused" recompute_same small_t64 2 --flash_attention 0 --fused_rmsnorm 0
+            for s in "--recompute 1" "--recompute 2"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
             part "checkpoints" run "checkpoints: exact resume on a decaying schedule with clipping, the log continued, bad resumes, SIGKILL during saves" \
                 bash scripts/test_checkpoints.sh ;;
         small_accum) part "train_llama3 small_accum" trainer_run "small_accum, 3 micro-steps" small_accum \
             ref/small_accum_model.bin ref/small_accum_tokens.bin ;;
+        small_t1024) part "recompute small_t1024" recompute_same small_t1024 1 ;;
         small_tied)
+            part "recompute small_tied" recompute_same small_tied 2
             for s in "${TIED_SWITCHES[@]}"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
             part "train_llama3 small_tied" trainer_run "small_tied, tied embeddings" small_tied \
                 ref/small_tied_model.bin ref/small_tied_tokens.bin ;;
