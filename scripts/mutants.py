@@ -153,6 +153,11 @@ MUTANTS = [
      "lm_head's slot as when untied: a tied wte's gradient lacks it (only the embedding's rows)",
      "weight_grad(m, head, 0, dlogits, m->acts.normed_final, V, C, accumulate);",
      "weight_grad(m, P_LM_HEAD, 0, dlogits, m->acts.normed_final, V, C, accumulate);"),
+    # (test_hf_convert.py's tied round trip, a host part, sees it first; with --gpu_only only test_hf_trainer.py's
+    # tied case: the untied exports are not touched)
+    ("export_tie_dropped", "tied embeddings", "scripts/export_hf.py", "export_hf.py writes tie_word_embeddings false "
+     "for a tied model file: the export has no lm_head.weight, and from_pretrained leaves lm_head random and untied",
+     '"tie_word_embeddings": bool(c.tied_embeddings),', '"tie_word_embeddings": False,'),
     ("moments_stream_repeats", "bf16 moments", "kernels.cuh", "the stochastic rounding of bf16 m and v draws the "
      "same bits every step (the stream keyed by the element only)",
      "if constexpr (std::is_same<M, bf16>::value) return rounding_bits(element, t);",
