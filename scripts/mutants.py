@@ -160,6 +160,11 @@ MUTANTS = [
     ("recompute_ffn_norm_of_resid", "recompute", "train_llama3.cu", "--recompute 1 recomputes the FFN norm's "
      "output from the block's input instead of the residual after attention",
      "m->acts.rstd_ffn + l * N, m->acts.h + l * NC, NULL);", "m->acts.rstd_ffn + l * N, m->acts.resid + l * NC, NULL);"),
+    # (test_hf_convert.py's tied round trip, a host part, sees it first; with --gpu_only only test_hf_trainer.py's
+    # tied case: the untied exports are not touched)
+    ("export_tie_dropped", "tied embeddings", "scripts/export_hf.py", "export_hf.py writes tie_word_embeddings false "
+     "for a tied model file: the export has no lm_head.weight, and from_pretrained leaves lm_head random and untied",
+     '"tie_word_embeddings": bool(c.tied_embeddings),', '"tie_word_embeddings": False,'),
     ("moments_stream_repeats", "bf16 moments", "kernels.cuh", "the stochastic rounding of bf16 m and v draws the "
      "same bits every step (the stream keyed by the element only)",
      "if constexpr (std::is_same<M, bf16>::value) return rounding_bits(element, t);",

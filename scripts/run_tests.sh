@@ -611,7 +611,7 @@ GPU_REF_PARTS=("test_llama3 against the PyTorch references (small T=64 with ever
     "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens, 3 micro-steps, clipping)"
     "the NaN guard on a poisoned reference model, and its JSON log read and drawn"
     "checkpoints: exact resume, the log continued, SIGKILL during saves (scripts/test_checkpoints.sh)"
-    "Hugging Face model -> convert -> train -> export -> HF (scripts/test_hf_trainer.py)")
+    "Hugging Face model -> convert -> train -> export -> HF, untied and tied (scripts/test_hf_trainer.py)")
 
 # refs_wait PID OUTPUT: waits for make_refs and counts the references it could not write.
 refs_wait() {

@@ -20,6 +20,15 @@ is one micro-step, so batch k starts at (k-1)*B*T, read as (B, T) row-major, and
 8*B*T+1 tokens so that nothing wraps.
    The run of 3 steps also measures the val loss after step 3 on the token file's first 2 batches
    (--val_bin, --val_tokens): against HF's mean loss on them with the exported weights.
+   The export's ties: its config.json's tie_word_embeddings false and model.safetensors an lm_head.weight
+   tensor, and from_pretrained's lm_head.weight another tensor than embed_tokens.weight (data_ptr differ).
+1-3 again on a tied model (ref_llama3.py --tied: tie_word_embeddings true, embed_tokens also the head, so
+   save_pretrained writes no lm_head.weight), the same seed, tokens and flags: convert_hf.py keeps the tie
+   (header slot 16 tied_embeddings), ./train_llama3 trains the one matrix as embedding and head, and the
+   step-3 export must be tied: config.json's tie_word_embeddings true, no lm_head.weight in
+   model.safetensors, and after from_pretrained (then .float().cuda()) lm_head.weight is embed_tokens.weight
+   (one Parameter, data_ptr equal). HF's loss on batch 4 with it against the trainer's step-4 loss
+   (weights after step 3), the step-1 and val losses as above, within TOL_LOSS.
 4. Greedy generation: another random model of that shape whose next token is clear: its embedding scaled
    by EMBED_SCALE (the residual stream is then mostly the current token's embedding) and lm_head row j the
    unit embedding of token perm[j] times HEAD_SCALE, a random permutation, so greedy decoding walks a cycle
@@ -44,6 +53,7 @@ from transformers import LlamaForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_llama3  # noqa: E402
+from llama3_files import safetensors_index  # noqa: E402
 from safe_write import write_atomic  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -119,17 +129,35 @@ def compare(what, ours, theirs):
           f"(rel {diff / abs(theirs):.1e}; tol {TOL_LOSS:g} absolute)")
 
 
-def setup(work):
-    """The HF model (on the GPU), its tokens, its seed file (None if convert failed), the token file."""
-    model, cfg = ref_llama3.make_model("small", "cuda", SEED, 0.02)
-    hf_dir, converted = os.path.join(work, "hf"), os.path.join(work, "converted.bin")
+def setup(work, tied):
+    """The HF model (on the GPU; tied: tie_word_embeddings, embed_tokens also its lm_head) and its seed file
+    (None if convert failed)."""
+    model, _ = ref_llama3.make_model("small", "cuda", SEED, 0.02, tied=tied)
+    tag = "_tied" if tied else ""
+    hf_dir, converted = os.path.join(work, f"hf{tag}"), os.path.join(work, f"converted{tag}.bin")
     model.save_pretrained(hf_dir)
     ok = run([sys.executable, "scripts/convert_hf.py", hf_dir, converted])
     check(ok, f"convert_hf.py {hf_dir} -> {converted}")
-    tokens = ref_llama3.text_tokens(cfg.vocab_size, 8 * B * T + 1)
-    tokens_file = os.path.join(work, "tokens.bin")
-    write_atomic(tokens_file, ref_llama3.token_file(tokens, False))
-    return model, tokens, converted if ok else None, tokens_file
+    return model, converted if ok else None
+
+
+def export_tie(exported, tied):
+    """The export's config.json and model.safetensors tie as the model file does: tie_word_embeddings true and
+    no lm_head.weight tensor when tied, false and one when untied."""
+    cfg = json.load(open(os.path.join(exported, "config.json")))
+    names = set(safetensors_index(os.path.join(exported, "model.safetensors")))
+    tie, head = cfg.get("tie_word_embeddings"), "lm_head.weight" in names
+    check(tie is tied and head != tied, f"{exported}: config.json's tie_word_embeddings {tie} (want {tied}), "
+          f"model.safetensors {'has' if head else 'has no'} lm_head.weight (want {'none' if tied else 'one'})")
+
+
+def loaded_tie(model, tied, what):
+    """from_pretrained's lm_head.weight is embed_tokens.weight (one Parameter, one storage) exactly when tied."""
+    head, emb = model.lm_head.weight, model.model.embed_tokens.weight
+    same_object, same_data = head is emb, head.data_ptr() == emb.data_ptr()
+    ok = (same_object and same_data) if tied else not (same_object or same_data)
+    check(ok, f"{what}: lm_head.weight {'is' if same_object else 'is not'} embed_tokens.weight, data_ptr "
+          f"{'equal' if same_data else 'different'} (want {'one tensor' if tied else 'two'})")
 
 
 def greedy_test(work, tokens_file):
@@ -167,44 +195,57 @@ def greedy_test(work, tokens_file):
           f"{len(hf)} equal; smallest HF top-1 margin {margin:.3f})")
 
 
-def main(work):
-    if not os.access(os.path.join(ROOT, "train_llama3"), os.X_OK) or not torch.cuda.is_available():
-        check(False, "needs ./train_llama3 (make train_llama3) and a CUDA GPU for PyTorch")
-        return
-    model, tokens, converted, tokens_file = setup(work)
+def round_trip(work, tokens, tokens_file, tied):
+    """Parts 1-3 on the untied model, or (tied) on the tied one: convert, 3 and 4 steps, export, from_pretrained."""
+    tag, of = ("_tied", " (tied)") if tied else ("", "")
+    model, converted = setup(work, tied)
     if not converted:
         return
     # val: the token file's first VAL_BATCHES batches (batches 1, 2), after step 3
-    losses3, val3, ck3 = train(work, "run3", converted, tokens_file, 3,
+    losses3, val3, ck3 = train(work, f"run3{tag}", converted, tokens_file, 3,
                                ["--val_every", "3", "--val_bin", tokens_file, "--val_tokens", str(VAL_BATCHES * B * T)])
     if 1 in losses3:
-        compare("step 1 loss on the converted model, batch 1", losses3[1], hf_loss(model, tokens, 1))
+        compare(f"step 1 loss on the converted model{of}, batch 1", losses3[1], hf_loss(model, tokens, 1))
     checkpoint = latest_checkpoint(ck3, 3)
-    exported = os.path.join(work, "step3_hf")
+    exported = os.path.join(work, f"step3_hf{tag}")
     if not checkpoint or not run([sys.executable, "scripts/export_hf.py", checkpoint, exported]):
-        check(False, "export_hf.py on the step-3 checkpoint")
+        check(False, f"export_hf.py on the step-3 checkpoint{of}")
         return
+    export_tie(exported, tied)
     trained = LlamaForCausalLM.from_pretrained(exported).float().cuda().eval()
+    loaded_tie(trained, tied, f"from_pretrained({exported})")
     moved = max((a - b).abs().max().item() for a, b in zip(trained.parameters(), model.parameters()))
-    check(moved > 0, f"the step-3 checkpoint's weights moved from the initial ones (max |change| "
+    check(moved > 0, f"the step-3 checkpoint's weights{of} moved from the initial ones (max |change| "
           f"{moved:.1e})")
     if 3 in val3:
         hf_val = sum(hf_loss(trained, tokens, k) for k in range(1, VAL_BATCHES + 1)) / VAL_BATCHES
-        compare("val loss after step 3 vs the exported step-3 checkpoint on val batches 1-2", val3[3], hf_val)
+        compare(f"val loss after step 3 vs the exported step-3 checkpoint{of} on val batches 1-2", val3[3], hf_val)
         initial = sum(hf_loss(model, tokens, k) for k in range(1, VAL_BATCHES + 1)) / VAL_BATCHES
         check(abs(initial - val3[3]) > TOL_LOSS, f"... which tells the weights apart: the initial weights' "
               f"val loss is {initial:.6f}")
     else:
-        check(False, "run3 logged a val_loss at step 3")
-    losses4, _, ck4 = train(work, "run4", converted, tokens_file, 4)
-    check(all(losses4.get(s) == losses3[s] for s in losses3), "the 4-step run logs the 3-step run's losses")
+        check(False, f"run3{tag} logged a val_loss at step 3")
+    losses4, _, ck4 = train(work, f"run4{tag}", converted, tokens_file, 4)
+    check(all(losses4.get(s) == losses3[s] for s in losses3), f"the 4-step run logs the 3-step run's losses{of}")
     if 4 in losses4:
-        compare("step 4 loss (weights after step 3) vs the exported step-3 checkpoint, batch 4", losses4[4],
+        compare(f"step 4 loss (weights after step 3) vs the exported step-3 checkpoint{of}, batch 4", losses4[4],
                 hf_loss(trained, tokens, 4))
         initial = hf_loss(model, tokens, 4)
         check(abs(initial - losses4[4]) > TOL_LOSS, f"... a comparison that tells the weights apart: the "
               f"initial weights' HF loss on batch 4 is {initial:.6f}, more than {TOL_LOSS:g} away")
     latest_checkpoint(ck4, 4)
+
+
+def main(work):
+    if not os.access(os.path.join(ROOT, "train_llama3"), os.X_OK) or not torch.cuda.is_available():
+        check(False, "needs ./train_llama3 (make train_llama3) and a CUDA GPU for PyTorch")
+        return
+    vocab_size = ref_llama3.SHAPES["small"][4]  # (n_layer, n_embd, n_head, n_kv_head, vocab_size, ...)
+    tokens = ref_llama3.text_tokens(vocab_size, 8 * B * T + 1)
+    tokens_file = os.path.join(work, "tokens.bin")
+    write_atomic(tokens_file, ref_llama3.token_file(tokens, False))
+    round_trip(work, tokens, tokens_file, tied=False)
+    round_trip(work, tokens, tokens_file, tied=True)
     greedy_test(work, tokens_file)
 
 
