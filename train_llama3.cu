@@ -2064,8 +2064,8 @@ static void print_model(const Model* m, const TrainArgs* a) {
     printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g\nmemory: ", m->layout.total, m->B, m->T,
            m->grad_accum, m->opt.sched.peak_lr, m->opt.weight_decay);
     memory_print(stdout, &parts);
-    printf("\nactivations at --recompute 0, 1, 2: %.2f, %.2f, %.2f GiB\n", acts_bytes_at(m, RECOMPUTE_NONE) / 1073741824.0,
-           acts_bytes_at(m, RECOMPUTE_NORMS) / 1073741824.0, acts_bytes_at(m, RECOMPUTE_BLOCKS) / 1073741824.0);
+    printf("\nactivations at --recompute 0, 1, 2: %.1f, %.1f, %.1f MiB\n", acts_bytes_at(m, RECOMPUTE_NONE) / 1048576.0,
+           acts_bytes_at(m, RECOMPUTE_NORMS) / 1048576.0, acts_bytes_at(m, RECOMPUTE_BLOCKS) / 1048576.0);
     train_args_print(stdout, a);
     printf("in effect: bf16_grads %d", m->grads_bf16 != NULL);
     if (a->sw.sparse_embedding && !m->sw.sparse_embedding) // [tied embeddings] (switches_for_model)
