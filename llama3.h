@@ -50,9 +50,12 @@ typedef struct {
     int ffn_hidden; // F, derived from the two fields above
     float norm_eps;
     float rope_theta;
-    int use_scaled_rope; // llama3 frequency scaling: factor 32, low 1, high 4, original 8192
+    int use_scaled_rope; // llama3 frequency scaling by rope_factor: low 1, high 4, original context 8192
     int tied_embeddings; // 1: wte is also the output projection (no lm_head tensor), as Llama-3.2-1B/3B ship
+    float rope_factor;   // llama3 scaling's factor: 32 in Llama-3.2, 8 in Llama-3.1
 } Llama3Config;
+
+#define LLAMA3_2_ROPE_FACTOR 32.0f // a seed header's slot 17 when it holds 0 (the seed's files), and llm.c's
 
 #define LLAMA3_MAX_FFN (1 << 20)
 #define LLAMA3_MAX_LAYERS 1024
@@ -69,7 +72,7 @@ static inline int ffn_hidden_dim(int n_embd, float multiplier, int multiple_of) 
 }
 
 static inline Llama3Config llama3_2_1b_config(void) {
-    Llama3Config c = {8192, 128256, 16, 32, 8, 2048, 1.5f, 256, 0, 1e-5f, 500000.0f, 1, 0};
+    Llama3Config c = {8192, 128256, 16, 32, 8, 2048, 1.5f, 256, 0, 1e-5f, 500000.0f, 1, 0, LLAMA3_2_ROPE_FACTOR};
     c.ffn_hidden = ffn_hidden_dim(c.n_embd, c.ffn_dim_multiplier, c.multiple_of);
     return c;
 }
@@ -90,7 +93,7 @@ static inline int config_check(Llama3Config* c, const char* source, char* err) {
                            ints[i].lo, ints[i].hi);
     const struct { const char* name; double value, lo, hi; } floats[] = {
         {"ffn_dim_multiplier", c->ffn_dim_multiplier, 1e-2, 64.0}, {"norm_eps", c->norm_eps, 1e-12, 1.0},
-        {"rope_theta", c->rope_theta, 1.0, 1e12}};
+        {"rope_theta", c->rope_theta, 1.0, 1e12}, {"rope_factor", c->rope_factor, 1.0, 1024.0}};
     for (size_t i = 0; i < sizeof(floats) / sizeof(floats[0]); i++)
         if (!(floats[i].value >= floats[i].lo && floats[i].value <= floats[i].hi)) // NaN fails too
             return l3_fail(err, "%s: %s %g is out of range [%g, %g]", source, floats[i].name, floats[i].value,
@@ -112,9 +115,10 @@ static inline int config_check(Llama3Config* c, const char* source, char* err) {
 static inline void config_print(FILE* f, const Llama3Config* c) {
     fprintf(f, "| max_seq_len %d | vocab_size %d | n_layer %d | n_head %d | n_kv_head %d |\n",
             c->max_seq_len, c->vocab_size, c->n_layer, c->n_head, c->n_kv_head);
-    fprintf(f, "| n_embd %d | head_dim %d | ffn_hidden %d | norm_eps %g | rope_theta %g | scaled_rope %d | tied %d |\n",
-            c->n_embd, c->n_embd / c->n_head, c->ffn_hidden, c->norm_eps, c->rope_theta,
-            c->use_scaled_rope, c->tied_embeddings);
+    fprintf(f, "| n_embd %d | head_dim %d | ffn_hidden %d | norm_eps %g | rope_theta %g | scaled_rope %d",
+            c->n_embd, c->n_embd / c->n_head, c->ffn_hidden, c->norm_eps, c->rope_theta, c->use_scaled_rope);
+    if (c->use_scaled_rope) fprintf(f, " (factor %g)", c->rope_factor);
+    fprintf(f, " | tied %d |\n", c->tied_embeddings);
 }
 
 // ---- parameter layout ----
@@ -310,6 +314,8 @@ static inline Llama3Config seed_header_config(const unsigned char* h) {
     c.ffn_dim_multiplier = read_f32(h, 32), c.multiple_of = read_i32(h, 36);
     c.norm_eps = read_f32(h, 40), c.rope_theta = read_f32(h, 44), c.use_scaled_rope = read_i32(h, 48);
     c.tied_embeddings = read_i32(h, 64); // slot 16 (the seed's files have 0 there: untied)
+    c.rope_factor = read_f32(h, 68);     // slot 17: 0 in the seed's files, which are Llama-3.2's
+    if (c.rope_factor == 0.0f) c.rope_factor = LLAMA3_2_ROPE_FACTOR;
     return c;
 }
 
@@ -320,6 +326,7 @@ static inline Llama3Config llmc_header_config(const unsigned char* h) {
     c.multiple_of = read_i32(h, 32), c.use_scaled_rope = read_i32(h, 36);
     c.ffn_dim_multiplier = read_f32(h, 1024), c.norm_eps = read_f32(h, 1028), c.rope_theta = read_f32(h, 1032);
     c.tied_embeddings = 0; // llm.c's format always has its lm_head
+    c.rope_factor = LLAMA3_2_ROPE_FACTOR; // its header has no field for it
     return c;
 }
 
@@ -449,7 +456,8 @@ static inline int model_file_check(const char* path, const Llama3Config* cfg, Mo
 }
 
 // Writes a header for the seed format (the reference script writes the same bytes): slots 0..15 as
-// InfiniTrain's (FORMATS.md section 1), slot 16 (byte 64) tied_embeddings, 0 in the seed's own files.
+// InfiniTrain's (FORMATS.md section 1), slot 16 (byte 64) tied_embeddings, 0 in the seed's own files,
+// slot 17 (byte 68) the f32 rope_factor, 0 in the seed's own files (read as 32).
 static inline void seed_header_write(unsigned char h[1024], const Llama3Config* c) {
     int32_t ints[256] = {0};
     ints[0] = MODEL_MAGIC, ints[1] = MODEL_VERSION_FP32, ints[2] = c->max_seq_len, ints[3] = c->vocab_size;
@@ -460,6 +468,7 @@ static inline void seed_header_write(unsigned char h[1024], const Llama3Config* 
     memcpy(&ints[11], &c->rope_theta, 4);
     ints[12] = c->use_scaled_rope, ints[13] = 4, ints[14] = 3, ints[15] = 2;
     ints[16] = c->tied_embeddings;
+    memcpy(&ints[17], &c->rope_factor, 4);
     memcpy(h, ints, 1024);
 }
 
@@ -595,7 +604,7 @@ static inline void loader_next(DataLoader* l, int32_t* inputs, int32_t* targets)
 // and the (T, HD/2) cos/sin table of angle = fp32(pos * inv_freq), as its rotary embedding does.
 static inline void rope_inv_freq(const Llama3Config* c, float* inv_freq) {
     int HD = c->n_embd / c->n_head;
-    const double factor = 32.0, low_ff = 1.0, high_ff = 4.0, old_ctx = 8192.0;
+    const double factor = c->rope_factor, low_ff = 1.0, high_ff = 4.0, old_ctx = 8192.0;
     for (int i = 0; i < HD / 2; i++) {
         double f = (float)(1.0 / pow((double)c->rope_theta, (double)(2 * i) / HD));
         if (c->use_scaled_rope) {

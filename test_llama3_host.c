@@ -49,7 +49,7 @@ static void write_file(const char* path, const void* a, size_t na, const void* b
 }
 
 static Llama3Config small_config(void) {
-    Llama3Config c = {256, 1000, 2, 8, 2, 256, 1.5f, 256, 0, 1e-5f, 500000.0f, 1, 0};
+    Llama3Config c = {256, 1000, 2, 8, 2, 256, 1.5f, 256, 0, 1e-5f, 500000.0f, 1, 0, LLAMA3_2_ROPE_FACTOR};
     c.ffn_hidden = ffn_hidden_dim(c.n_embd, c.ffn_dim_multiplier, c.multiple_of);
     return c;
 }
@@ -130,8 +130,17 @@ static void test_seed_model_file(void) {
     int rc = model_header_read(path, &got, &fmt, err);
     CHECK(rc == 0 && fmt == MODEL_FILE_SEED, "seed file detected as seed format (%s)", rc ? err : "ok");
     CHECK(got.n_layer == 2 && got.n_embd == 256 && got.ffn_hidden == 1024 && got.n_kv_head == 2 &&
-              got.rope_theta == 500000.0f && got.use_scaled_rope == 1 && got.norm_eps == 1e-5f,
+              got.rope_theta == 500000.0f && got.use_scaled_rope == 1 && got.norm_eps == 1e-5f &&
+              got.rope_factor == 32.0f,
           "seed header fields round-trip");
+    Llama3Config factor8 = c;
+    factor8.rope_factor = 8.0f;
+    unsigned char h8[1024];
+    seed_header_write(h8, &factor8);
+    Llama3Config got8 = seed_header_config(h8);
+    memset(h8 + 68, 0, 4); // slot 17 as the seed's own files have it
+    CHECK(got8.rope_factor == 8.0f && seed_header_config(h8).rope_factor == 32.0f,
+          "seed header slot 17: rope_factor 8 round-trips, 0 reads as Llama-3.2's 32");
     ParamLayout p = param_layout(&c);
     float* params = calloc(n, sizeof(float));
     float buf[777]; // a chunk size that does not divide any tensor
@@ -627,6 +636,12 @@ static void test_rope(void) {
     for (int i = 1; i < 32; i++) mono &= inv[i] < inv[i - 1];
     CHECK(inv[0] == 1.0f && fabs(inv[31] - plain31 / 32.0) < 1e-6 * plain31 && mono,
           "llama3 inv_freq: high frequencies kept, lowest divided by 32, monotonic");
+    c.rope_factor = 8.0f; // Llama-3.1's
+    float inv8[32];
+    rope_inv_freq(&c, inv8);
+    CHECK(inv8[0] == 1.0f && fabs(inv8[31] - plain31 / 8.0) < 1e-6 * plain31 && inv8[20] > inv[20],
+          "llama3 inv_freq at rope_factor 8: lowest divided by 8, the smoothed band above factor 32's");
+    c.rope_factor = LLAMA3_2_ROPE_FACTOR;
     rope_table(&c, 4, cs, sn);
     CHECK(cs[0] == 1.0f && sn[0] == 0.0f && fabs(cs[32] - cos(1.0)) < 1e-7 && fabs(sn[3 * 32] - sin(3.0)) < 1e-7,
           "rope table: angle = position * inv_freq");
@@ -684,7 +699,7 @@ static void tally_check(const Tally* t, const char* what) {
 // A tiny valid model (1 layer, C 32, 4 heads of 8, vocab 64) in memory, in either format, every
 // weight 0.5 and every llm.c bias 0.
 static unsigned char* tiny_model(ModelFileFormat fmt, size_t* size, SegmentList* segs) {
-    Llama3Config c = {64, 64, 1, 4, 2, 32, 1.0f, 32, 0, 1e-5f, 500000.0f, 1, 0};
+    Llama3Config c = {64, 64, 1, 4, 2, 32, 1.0f, 32, 0, 1e-5f, 500000.0f, 1, 0, LLAMA3_2_ROPE_FACTOR};
     char err[L3_ERR_LEN];
     config_check(&c, "tiny", err);
     size_t header = fmt == MODEL_FILE_SEED ? 1024 : 2048;
@@ -732,7 +747,7 @@ static void corpus_models(void) {
         }
         // the fields the format's reader uses: ints, then floats (byte offsets)
         const int seed_i[] = {8, 12, 16, 20, 24, 28, 36, 48}, llmc_i[] = {8, 12, 16, 20, 24, 28, 32, 36};
-        const int seed_f[] = {32, 40, 44}, llmc_f[] = {1024, 1028, 1032};
+        const int seed_f[] = {32, 40, 44, 68}, llmc_f[] = {1024, 1028, 1032}, n_f = fmt == MODEL_FILE_SEED ? 4 : 3;
         const int *fi = fmt == MODEL_FILE_SEED ? seed_i : llmc_i, *ff = fmt == MODEL_FILE_SEED ? seed_f : llmc_f;
         unsigned char* m = malloc(size);
         for (int f = 0; f < 8; f++)
@@ -745,8 +760,9 @@ static void corpus_models(void) {
                 const char* p = corpus_file("model", label, m, size);
                 tally(&fields, p, model_refused(p, err), err);
             }
-        for (int f = 0; f < 3; f++)
+        for (int f = 0; f < n_f; f++)
             for (size_t v = 0; v < sizeof(floats) / sizeof(floats[0]); v++) {
+                if (ff[f] == 68 && floats[v] == 0.0f) continue; // rope_factor 0 (and -0): read as 32, valid
                 memcpy(m, b, size);
                 memcpy(m + ff[f], &floats[v], 4);
                 snprintf(label, sizeof(label), "%s_field%d_%g", name, ff[f], floats[v]);
@@ -913,6 +929,9 @@ static void test_hostile_values(void) {
     bad = c, bad.rope_theta = 1.4e-45f;
     expect_error(config_check(&bad, "m.bin", err), err, "rope_theta denormal (a NaN RoPE table)", "rope_theta 1.4013e-45",
                  "[1, 1e+12]");
+    bad = c, bad.rope_factor = 0.5f; // would raise the low frequencies
+    expect_error(config_check(&bad, "m.bin", err), err, "rope_factor 0.5", "m.bin: rope_factor 0.5 is out of range [1, 1024]",
+                 NULL);
     bad = c, bad.use_scaled_rope = 2;
     expect_error(config_check(&bad, "m.bin", err), err, "use_scaled_rope 2", "use_scaled_rope 2 is out of range [0, 1]",
                  NULL);

@@ -6,9 +6,10 @@
 
 HF_DIR holds config.json and model.safetensors, or model.safetensors.index.json and its shards (tensors
 in fp32, fp16 or bf16; bf16 is widened exactly). The config must be one the trainer runs: a
-LlamaForCausalLM with llama3 RoPE scaling of the constants llama3.h hardcodes (factor 32,
-low_freq_factor 1, high_freq_factor 4, original context 8192) or none, no biases, SiLU,
-head_dim = hidden_size / num_attention_heads in {32, 64}, and an intermediate_size that llama3.h's
+LlamaForCausalLM with llama3 RoPE scaling of the constants llama3.h hardcodes (low_freq_factor 1,
+high_freq_factor 4, original context 8192; the factor, 32 in 3.2 and 8 in 3.1, goes to the header's slot 17)
+or none, no biases, SiLU, head_dim = hidden_size / num_attention_heads in {32, 64, 128}, and an
+intermediate_size that llama3.h's
 formula gives (see ffn_params). Anything else is refused in one line. Tied embeddings (tie_word_embeddings,
 as Llama-3.2-1B/3B ship) stay tied: the file's header says so and it has no lm_head tensor; q and k rows go
 from HF's half-rotation order to Meta's adjacent pairs.
@@ -26,8 +27,8 @@ except ModuleNotFoundError as e:
     sys.exit(f"error: convert_hf.py needs the Python package {e.name}: "
              "python3 -m pip install -r requirements.txt")
 
-from llama3_files import (LLAMA3_ROPE, Config, config_problem, ffn_hidden_dim, kernel_problem, read_f32,
-                          read_json, safetensors_index, seed_header, seed_layout, to_meta_rows)
+from llama3_files import (LLAMA3_2_ROPE_FACTOR, LLAMA3_ROPE, Config, config_problem, ffn_hidden_dim, kernel_problem,
+                          read_f32, read_json, safetensors_index, seed_header, seed_layout, to_meta_rows)
 from safe_write import write_atomic
 
 # LLaMA 3.x's own (ffn_dim_multiplier, multiple_of): 3.2-1B, 3.2-3B, 3.1-8B, 3.1-70B, 3.1-405B.
@@ -75,19 +76,23 @@ def ffn_params(n_embd, intermediate_size, cfg, path):
 
 
 def rope_params(cfg, path):
-    """(use_scaled_rope, rope_theta): transformers 5's rope_parameters, or 4's rope_scaling + rope_theta."""
+    """(use_scaled_rope, rope_theta, rope_factor): transformers 5's rope_parameters, or 4's rope_scaling +
+    rope_theta."""
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
     if rope_type == "default":
-        return 0, theta
+        return 0, theta, LLAMA3_2_ROPE_FACTOR
     if rope_type != "llama3":
         fail(path, f"rope_type {rope_type!r}: the trainer runs llama3 RoPE scaling or none")
     for key, want in LLAMA3_ROPE.items():
         if rope.get(key) != want:
             fail(path, f"llama3 rope {key} {rope.get(key)}: the trainer hardcodes {want:g} "
                        f"(llama3.h rope_inv_freq)")
-    return 1, theta
+    factor = rope.get("factor")
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool):
+        fail(path, f"llama3 rope factor {factor!r}: not a number")
+    return 1, theta, float(factor)
 
 
 def check_architecture(cfg, path):
@@ -113,11 +118,11 @@ def config_of(cfg, path, tied):
     if cfg.get("head_dim") not in (None, C // n_head) or C % n_head:
         fail(path, f"head_dim {cfg.get('head_dim')}: the trainer's is hidden_size {C} / "
                    f"num_attention_heads {n_head}")
-    use_scaled_rope, theta = rope_params(cfg, path)
+    use_scaled_rope, theta, rope_factor = rope_params(cfg, path)
     mult, multiple_of = ffn_params(C, cfg["intermediate_size"], cfg, path)
     c = Config(cfg["max_position_embeddings"], cfg["vocab_size"], cfg["num_hidden_layers"], n_head,
                cfg.get("num_key_value_heads") or n_head, C, mult, multiple_of, cfg["rms_norm_eps"], theta,
-               use_scaled_rope, int(tied))
+               use_scaled_rope, int(tied), rope_factor)
     problem = config_problem(c, path) or kernel_problem(c, path)
     if problem:
         sys.exit(f"error: {problem}")

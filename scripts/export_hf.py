@@ -9,7 +9,7 @@ checkpoints DIR/step_%08d/model.bin) or llm.c's llama3 format (2048-byte header,
 bf16, zero biases), told apart by header layout and file size as llama3.h does. Writes
 OUT_DIR/model.safetensors (q and k rows back to HF's half-rotation order; --dtype float32, the default,
 is lossless, bfloat16 rounds to nearest even) and OUT_DIR/config.json (rope_type llama3 with its
-constants, or no scaling; tie_word_embeddings as the file's header says, and a tied file's export has no
+constants and the header's factor, or no scaling; tie_word_embeddings as the file's header says, and a tied file's export has no
 lm_head.weight; ffn_dim_multiplier and multiple_of kept so that convert_hf.py writes the same header
 back). OUT_DIR is made when missing.
 
@@ -148,7 +148,8 @@ def hf_config(c, dtype):
         "num_attention_heads": c.n_head, "num_key_value_heads": c.n_kv_head, "head_dim": c.head_dim,
         "hidden_act": "silu", "max_position_embeddings": c.max_seq_len,
         "rms_norm_eps": float(f32_text(c.norm_eps)), "rope_theta": float(f32_text(c.rope_theta)),
-        "rope_scaling": dict(LLAMA3_ROPE, rope_type="llama3") if c.use_scaled_rope else None,
+        "rope_scaling": (dict(LLAMA3_ROPE, factor=float(f32_text(c.rope_factor)), rope_type="llama3")
+                         if c.use_scaled_rope else None),
         "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
         "tie_word_embeddings": bool(c.tied_embeddings),
         "torch_dtype": dtype, "bos_token_id": BOS_ID if real_vocab else None,

@@ -12,10 +12,11 @@ import numpy as np
 
 MODEL_MAGIC = 20240803
 SEED_HEADER_BYTES, LLMC_HEADER_BYTES = 1024, 2048
-# The llama3 RoPE scaling constants llama3.h's rope_inv_freq hardcodes (use_scaled_rope 1).
-LLAMA3_ROPE = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}
-FLASH_HEAD_DIMS = (32, 64)  # kernel_limits_check: the head sizes flash attention takes
+# The llama3 RoPE scaling constants llama3.h's rope_inv_freq hardcodes (use_scaled_rope 1); the factor is the
+# header's rope_factor (32 in Llama-3.2, 8 in Llama-3.1).
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+LLAMA3_2_ROPE_FACTOR = 32.0  # a seed header's slot 17 when it holds 0, and llm.c's (no field for it)
+FLASH_HEAD_DIMS = (32, 64, 128)  # kernel_limits_check: the head sizes flash attention takes
 MAX_N_EMBD = 8192  # LLAMA3_MAX_N_EMBD: the RMSNorm kernels' widest row
 MAX_FFN = 1 << 20  # LLAMA3_MAX_FFN
 REAL_VOCAB, BOS_ID, EOS_ID = 128256, 128000, 128001  # LLaMA 3's tokenizer
@@ -36,6 +37,7 @@ class Config:
     rope_theta: float
     use_scaled_rope: int
     tied_embeddings: int = 0  # 1: wte is also lm_head, which the seed file then lacks (llm.c's: always 0)
+    rope_factor: float = LLAMA3_2_ROPE_FACTOR  # llama3 scaling's factor (use_scaled_rope 1)
 
     @property
     def head_dim(self):
@@ -50,7 +52,8 @@ class Config:
                 f"({self.n_kv_head} kv) of {self.head_dim}, ffn {self.ffn_hidden} (ffn_dim_multiplier "
                 f"{f32_text(self.ffn_dim_multiplier)}, multiple_of {self.multiple_of}), max_seq_len "
                 f"{self.max_seq_len}, norm_eps {f32_text(self.norm_eps)}, rope_theta "
-                f"{f32_text(self.rope_theta)}, scaled rope {self.use_scaled_rope}, tied embeddings "
+                f"{f32_text(self.rope_theta)}, scaled rope {self.use_scaled_rope} (factor "
+                f"{f32_text(self.rope_factor)}), tied embeddings "
                 f"{self.tied_embeddings}")
 
 
@@ -80,7 +83,7 @@ def config_problem(c, source):
         if not lo <= value <= hi:
             return f"{source}: {name} {value} is out of range [{lo}, {hi}]"
     floats = [("ffn_dim_multiplier", c.ffn_dim_multiplier, 1e-2, 64.0), ("norm_eps", c.norm_eps, 1e-12, 1.0),
-              ("rope_theta", c.rope_theta, 1.0, 1e12)]
+              ("rope_theta", c.rope_theta, 1.0, 1e12), ("rope_factor", c.rope_factor, 1.0, 1024.0)]
     for name, value, lo, hi in floats:
         if not lo <= float(np.float32(value)) <= hi:  # NaN fails too
             return f"{source}: {name} {f32_text(value)} is out of range [{lo:g}, {hi:g}]"
@@ -100,7 +103,7 @@ def kernel_problem(c, source):
     if c.n_embd > MAX_N_EMBD:
         return f"{source}: n_embd {c.n_embd} is more than the {MAX_N_EMBD} the trainer's RMSNorm kernels take"
     if c.head_dim not in FLASH_HEAD_DIMS:
-        return f"{source}: head_dim {c.head_dim}: the trainer's flash attention takes head_dim 32 or 64"
+        return f"{source}: head_dim {c.head_dim}: the trainer's flash attention takes head_dim 32, 64 or 128"
     return None
 
 
@@ -114,14 +117,15 @@ def seed_header(c):
     ints[9] = c.multiple_of
     ints[12:16] = [c.use_scaled_rope, 4, 3, 2]  # use_scaled_rope, max_gen_batch_size, version major, minor
     ints[16] = c.tied_embeddings
+    ints[17] = np.array([c.rope_factor], dtype="<f4").view("<i4")[0]
     return ints
 
 
 def seed_header_config(h):
     """The config a seed header holds (h: its first 1024 bytes)."""
-    i, f = np.frombuffer(h[:68], "<i4"), np.frombuffer(h[:68], "<f4")
+    i, f = np.frombuffer(h[:72], "<i4"), np.frombuffer(h[:72], "<f4")
     return Config(int(i[2]), int(i[3]), int(i[4]), int(i[5]), int(i[6]), int(i[7]), float(f[8]), int(i[9]),
-                  float(f[10]), float(f[11]), int(i[12]), int(i[16]))
+                  float(f[10]), float(f[11]), int(i[12]), int(i[16]), float(f[17]) or LLAMA3_2_ROPE_FACTOR)
 
 
 def llmc_header_config(h):

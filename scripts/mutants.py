@@ -92,8 +92,10 @@ MUTANTS = [
      "    if (!l->overfit_single_batch) l->pos += round;\n", ""),
     ("uint16_offset", "loader", "llama3.h", "uint16 token files read one token late",
      "memcpy(&t16, src + 2 * i, 2);", "memcpy(&t16, src + 2 * i + 2, 2);"),
-    ("rope_factor", "rope", "llama3.h", "llama3 RoPE scaling factor 8 instead of 32",
-     "const double factor = 32.0,", "const double factor = 8.0,"),
+    ("rope_factor", "rope", "llama3.h", "llama3 RoPE scaling factor 8 whatever the model file says",
+     "const double factor = c->rope_factor,", "const double factor = 8.0,"),
+    ("rope_factor_fixed_32", "rope", "llama3.h", "llama3 RoPE scaling factor 32 whatever the model file says "
+     "(small_hd128's 8 ignored)", "const double factor = c->rope_factor,", "const double factor = 32.0,"),
     ("checkpoint_no_flush", "checkpoints", "train_llama3.cu", "a save does not apply the deferred AdamW updates "
      "first (the saved weights miss them, and the eager step after the save skips them)",
      "    saver_join(s); // the host buffers are free again\n    optimizer_flush(m);\n",
@@ -200,6 +202,10 @@ DP_MUTANTS = [
 ]
 
 HOST_MUTANTS = [
+    ("rope_slot_unread", "rope", "llama3.h", "a seed header's slot 17 not read: every file's RoPE factor 32",
+     "c.rope_factor = read_f32(h, 68);", "c.rope_factor = 0.0f;"),
+    ("rope_factor_host_32", "rope", "llama3.h", "llama3 RoPE scaling factor 32 whatever the config says",
+     "const double factor = c->rope_factor,", "const double factor = 32.0,"),
     ("resume_moments_dtype_unchecked", "checkpoints", "llama3.h", "a resume with the other --optimizer_state is "
      "taken (bf16 moments read as fp32, or the reverse)", "    if (st->moments != a->optim.moments)\n",
      "    if (0)\n"),

@@ -14,7 +14,8 @@ schedule (--lr_schedule, --warmup_iters, ...) and, with --grad_clip, torch.nn.ut
     python scripts/ref_llama3.py --name small_b8 --shape small --batch_size 8 --seq_len 128 --vocab 8000
     python scripts/ref_llama3.py --name small_tied --shape small --tied   # tied: dense embedding AdamW, no lm_head
     python scripts/ref_llama3.py --name 1b_tied --shape 1b --tied --model_only  # only NAME_model.bin (a bench model)
-    python scripts/ref_llama3.py --name small_hd128 --shape small_hd128 --batch_size 2 --seq_len 1024 --qk_std 0.07
+    python scripts/ref_llama3.py --name small_hd128 --shape small_hd128 --batch_size 2 --seq_len 1024 --qk_std 0.07 \
+        --rope_factor 8                                                            # head_dim 128, Llama-3.1's RoPE
     python scripts/ref_llama3.py --name 3b --shape 3b --tied --model_only          # LLaMA 3.2-3B's shape, 12.8 GB
 
 The batches are consecutive windows of real text, the embedded Tiny Shakespeare
@@ -51,8 +52,9 @@ SHAPES = {  # n_layer, n_embd, n_head, n_kv_head, vocab_size, max_seq_len, ffn_d
     "small_hd128": (2, 512, 4, 2, 1000, 8192, 1.5, 256),  # head_dim 128 at a small width
     "1b": (16, 2048, 32, 8, 128256, 8192, 1.5, 256),
     "3b": (28, 3072, 24, 8, 128256, 8192, 1.0, 256),  # LLaMA 3.2-3B's shape (released tied: --tied)
-    "8b": (32, 4096, 32, 8, 128256, 8192, 1.3, 1024),  # LLaMA 3.1-8B's (its rope factor is 8, not 32)
+    "8b": (32, 4096, 32, 8, 128256, 8192, 1.3, 1024),  # LLaMA 3.1-8B's
 }
+ROPE_FACTORS = {"8b": 8.0}  # llama3 RoPE scaling's factor: Llama-3.1's 8; the others 3.2's 32 (--rope_factor)
 NORM_EPS, ROPE_THETA = 1e-5, 500000.0
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "tiny_shakespeare_train.bin")
 STATE_MAGIC, STATE_VERSION = 20241129, 5
@@ -80,14 +82,15 @@ def ffn_hidden(C, multiplier, multiple_of):
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
-def make_model(shape, device, seed, qk_std=0.02, vocab=0, tied=False):
+def make_model(shape, device, seed, qk_std=0.02, vocab=0, tied=False, rope_factor=None):
     L, C, NH, KVH, V, max_T, multiplier, multiple_of = SHAPES[shape]
+    rope_factor = rope_factor or ROPE_FACTORS.get(shape, 32.0)
     V = vocab or V
     cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=ffn_hidden(C, multiplier, multiple_of),
                       num_hidden_layers=L, ffn_dim_multiplier=multiplier, multiple_of=multiple_of,
                       num_attention_heads=NH, num_key_value_heads=KVH, max_position_embeddings=max_T,
                       rms_norm_eps=NORM_EPS, tie_word_embeddings=tied, attn_implementation="sdpa",
-                      rope_parameters={"rope_type": "llama3", "rope_theta": ROPE_THETA, "factor": 32.0,
+                      rope_parameters={"rope_type": "llama3", "rope_theta": ROPE_THETA, "factor": rope_factor,
                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                        "original_max_position_embeddings": 8192})
     with torch.device(device):
@@ -157,7 +160,8 @@ def seed_header(cfg):
     ints[8:12] = np.array([cfg.ffn_dim_multiplier, 0, NORM_EPS, ROPE_THETA], dtype=np.float32).view(np.int32)
     ints[9] = cfg.multiple_of
     ints[12:17] = [1, 4, 3, 2, int(cfg.tie_word_embeddings)]  # use_scaled_rope, max_gen_batch_size, version major,
-    return ints  # minor, tied_embeddings
+    ints[17] = np.array([cfg.rope_parameters["factor"]], dtype=np.float32).view(np.int32)[0]  # minor, tied, rope
+    return ints  # factor
 
 
 def llmc_header(cfg):
@@ -283,6 +287,8 @@ def main():
     ap.add_argument("--dense_embedding", action="store_true", help="plain AdamW on the embedding too")
     ap.add_argument("--tied", action="store_true", help="tied embeddings: wte is also lm_head (its AdamW dense, as "
                     "the trainer's: the head's gradient reaches every row)")
+    ap.add_argument("--rope_factor", type=float, help="llama3 RoPE scaling's factor (default: the shape's, 8 for "
+                    "8b, 32 for the others); the seed header's slot 17")
     ap.add_argument("--model_only", action="store_true", help="write only NAME_model.bin (no training)")
     ap.add_argument("--llmc", action="store_true", help="also write the model in llm.c's format")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -291,9 +297,13 @@ def main():
         ap.error(f"--vocab {args.vocab}: a multiple of 8 up to 128256 (the trainer's kernels take V % 8 == 0)")
     if args.tied and args.llmc:
         ap.error("--tied with --llmc: llm.c's model format has no tied embeddings")
+    if args.rope_factor is not None and not 1.0 <= args.rope_factor <= 1024.0:
+        ap.error(f"--rope_factor {args.rope_factor}: in [1, 1024], as llama3.h's config_check takes")
+    if args.llmc and (args.rope_factor or ROPE_FACTORS.get(args.shape, 32.0)) != 32.0:
+        ap.error("--llmc with a rope factor other than 32: llm.c's header has no field for it (read as 32)")
     args.dense_embedding |= args.tied
     dev, B, T, A, n = args.device, args.batch_size, args.seq_len, args.grad_accum, args.steps
-    model, cfg = make_model(args.shape, dev, args.seed, args.qk_std, args.vocab, args.tied)
+    model, cfg = make_model(args.shape, dev, args.seed, args.qk_std, args.vocab, args.tied, args.rope_factor)
     out = lambda suffix: os.path.join(args.out_dir, f"{args.name}_{suffix}")
     os.makedirs(args.out_dir, exist_ok=True)
     inputs = [TEXT]

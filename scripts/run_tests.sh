@@ -349,12 +349,13 @@ host_parts() {
 # 1e-8 it hardly sees the clipping), with 3 micro-steps and linear decay, and with the dense
 # embedding and wsd; tied embeddings (wte also the head's weight), alone and with 3 micro-steps,
 # clipping and a cosine schedule; head_dim 128 (C 512, 4 heads, 2 KV heads) at T=1024, its q and k
-# init scaled so that the scores spread as small_t1024's (std about 2.5: the softmax not flat).
+# init scaled so that the scores spread as small_t1024's (std about 2.5: the softmax not flat), with
+# Llama-3.1's RoPE factor 8 (the 8B's head_dim and RoPE; the others have 3.2's 32).
 SMALL_REFS=(
     "small_sched --shape small --batch_size 4 --seq_len 64 --steps 5 --lr_schedule cosine --warmup_iters 2 --final_lr_frac 0.1 --grad_clip 1.0 --eps 1e-3"
     "small_t64 --shape small --batch_size 4 --seq_len 64 --llmc"
     "small_t1024 --shape small --batch_size 2 --seq_len 1024 --qk_std 0.1"
-    "small_hd128 --shape small_hd128 --batch_size 2 --seq_len 1024 --qk_std 0.07"
+    "small_hd128 --shape small_hd128 --batch_size 2 --seq_len 1024 --qk_std 0.07 --rope_factor 8"
     "small_b8 --shape small --batch_size 8 --seq_len 128 --vocab 8000"
     "small_accum --shape small --batch_size 4 --seq_len 64 --grad_accum 3"
     "small_dense --shape small --batch_size 4 --seq_len 64 --dense_embedding"

@@ -33,7 +33,7 @@ else:
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL = dict(max_seq=8192, V=1000, L=2, NH=8, KVH=2, C=256, F=1024, mult=1.5, multiple_of=256, eps=1e-5,
-             theta=500000.0, scaled=1)
+             theta=500000.0, scaled=1, factor=32.0)
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
 results = []
@@ -83,9 +83,9 @@ def hf_config(hp, rope_style="v5", **changes):
            "hidden_act": "silu", "max_position_embeddings": hp["max_seq"], "rms_norm_eps": hp["eps"],
            "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "dtype": "float32"}
     if rope_style == "v5":
-        cfg["rope_parameters"] = dict(LLAMA3_ROPE, rope_theta=hp["theta"])
+        cfg["rope_parameters"] = dict(LLAMA3_ROPE, factor=hp["factor"], rope_theta=hp["theta"])
     else:
-        cfg.update(rope_scaling=dict(LLAMA3_ROPE), rope_theta=hp["theta"], torch_dtype="bfloat16")
+        cfg.update(rope_scaling=dict(LLAMA3_ROPE, factor=hp["factor"]), rope_theta=hp["theta"], torch_dtype="bfloat16")
     cfg.update(changes)
     return cfg
 
@@ -161,10 +161,11 @@ def qkv_meta(hp, t, l):
 
 
 def seed_bytes(hp, t, tied=False):
-    """The seed file (FORMATS.md section 1) of HF tensors t; tied: slot 16 says so, no lm_head."""
+    """The seed file (FORMATS.md section 1) of HF tensors t; tied: slot 16 says so, no lm_head; slot 17 the RoPE
+    factor."""
     header = struct.pack("<8i", 20240803, 3, hp["max_seq"], hp["V"], hp["L"], hp["NH"], hp["KVH"], hp["C"])
-    header += struct.pack("<fiff5i", hp["mult"], hp["multiple_of"], hp["eps"], hp["theta"], hp["scaled"],
-                          4, 3, 2, int(tied))
+    header += struct.pack("<fiff5if", hp["mult"], hp["multiple_of"], hp["eps"], hp["theta"], hp["scaled"],
+                          4, 3, 2, int(tied), hp["factor"])
     parts = [t["model.embed_tokens.weight"], *layer_list(hp, t, "input_layernorm"),
              *[qkv_meta(hp, t, l) for l in range(hp["L"])]]
     for name in ("self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj",
@@ -290,6 +291,19 @@ def check_tied(d, t):
     check(back and read_bytes(back) == read_bytes(seed), "... which converts back to the same tied seed bytes")
 
 
+def check_rope_factor8(d, t):
+    """Llama-3.1's RoPE factor 8 (rope_scaling as the 3.1 releases write it): slot 17 holds it, the export's
+    config.json says it, and it converts back to the same bytes."""
+    hp = dict(SMALL, factor=8.0)
+    write_hf(os.path.join(d, "factor8"), hf_config(hp, "v4"), t)
+    seed, out = convert_export(d, "factor8", os.path.join(d, "factor8"))
+    check(seed and read_bytes(seed) == seed_bytes(hp, t), "llama3 rope factor 8: the seed file's slot 17 is 8.0")
+    rope = (read_json(os.path.join(out, "config.json")) if out else {}).get("rope_scaling") or {}
+    check(rope == dict(LLAMA3_ROPE, factor=8.0), f"... exported as rope_scaling factor 8: {rope}")
+    back, _ = convert_export(d, "factor8_back", out) if out else (None, None)
+    check(back and read_bytes(back) == read_bytes(seed), "... which converts back to the same bytes")
+
+
 def check_bf16(d, t, fp32_seed):
     """bf16 input widens exactly; fp32 exports to bf16 rounded to nearest even."""
     bits = {n: bf16_bits_truncated(a) for n, a in t.items()}
@@ -334,18 +348,20 @@ def expect_refusal(script, args, fragment, what, absent=None):
 def refusal_cases(t):
     """(what, fragment the message must hold, config, tensors) of HF folders the trainer cannot run."""
     linear = dict(SMALL_CFG, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0})
-    factor8 = dict(SMALL_CFG, rope_parameters=dict(LLAMA3_ROPE, factor=8.0, rope_theta=500000.0))
-    wide_hp = dict(SMALL, NH=2, KVH=2)
+    low2 = dict(SMALL_CFG, rope_parameters=dict(LLAMA3_ROPE, low_freq_factor=2.0, rope_theta=500000.0))
+    text_factor = dict(SMALL_CFG, rope_parameters=dict(LLAMA3_ROPE, factor="8", rope_theta=500000.0))
+    wide_hp = dict(SMALL, NH=1, KVH=1)
     no_up = {n: a for n, a in t.items() if n != "model.layers.1.mlp.up_proj.weight"}
     q_bias = dict(t, **{"model.layers.0.self_attn.q_proj.bias": np.zeros(256, np.float32)})
     extra = dict(t, **{"model.layers.0.self_attn.rotary_emb.inv_freq": np.zeros(16, np.float32)})
     bad_shape = dict(t, **{"model.layers.0.mlp.down_proj.weight": t["model.layers.0.mlp.gate_proj.weight"]})
     return [
         ("rope_type linear", "rope_type 'linear'", linear, t),
-        ("llama3 rope with factor 8", "llama3 rope factor 8.0", factor8, t),
+        ("llama3 rope with low_freq_factor 2", "llama3 rope low_freq_factor 2.0", low2, t),
+        ("llama3 rope factor not a number", "llama3 rope factor '8': not a number", text_factor, t),
         ("attention_bias true", "attention_bias True", dict(SMALL_CFG, attention_bias=True), t),
         ("a bias tensor", "bias tensors model.layers.0.self_attn.q_proj.bias", SMALL_CFG, q_bias),
-        ("head_dim 128 (2 heads of 256)", "head_dim 128", hf_config(wide_hp), hf_tensors(wide_hp, 3)),
+        ("head_dim 256 (1 head of 256)", "head_dim 256", hf_config(wide_hp), hf_tensors(wide_hp, 3)),
         ("a missing tensor", "missing tensors model.layers.1.mlp.up_proj.weight", SMALL_CFG, no_up),
         ("an unexpected tensor", "unexpected tensors model.layers.0.self_attn.rotary_emb.inv_freq", SMALL_CFG,
          extra),
@@ -537,6 +553,7 @@ def all_checks(d, t):
         return
     check_seed_first(d, hf_tensors(SMALL, 2))
     check_tied(d, t)
+    check_rope_factor8(d, t)
     check_bf16(d, t, seed)
     check_llmc(d, t)
     check_convert_refusals(d, t)
