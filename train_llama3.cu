@@ -1731,9 +1731,11 @@ static void print_summary(const Model* m, const StepLog* lg, const TrainArgs* a,
     if (n > 1) {
         double* ms = (double*)malloc((n - 1) * sizeof(double));
         memcpy(ms, lg->ms + lg->first, (n - 1) * sizeof(double));
-        double med = median(ms, n - 1);
-        printf("steady state (steps %d..%d): median %.2f ms/step, %.0f tok/s, peak %.0f MiB\n", lg->first + 1,
-               last_step(a), med, tokens_per_step(m) / (med / 1000.0), lg->mem_mib);
+        double med = median(ms, n - 1), med_tok_s = tokens_per_step(m) / (med / 1000.0);
+        printf("steady state (steps %d..%d): median %.2f ms/step, %.0f tok/s", lg->first + 1, last_step(a), med,
+               med_tok_s);
+        if (peak > 0) printf(", MFU %.1f%%", 100.0 * flops_per_token(m) * med_tok_s / (peak * world_of(m)));
+        printf(", peak %.0f MiB\n", lg->mem_mib);
         free(ms);
     }
 }
