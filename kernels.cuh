@@ -8,6 +8,7 @@
 #include <cublasLt.h>
 #include <cub/device/device_radix_sort.cuh>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #ifndef LLAMA3_NVTX
 #define LLAMA3_NVTX 1
@@ -1848,6 +1849,8 @@ static void sample_token(int* token_out, const bf16* logits, int V, float temper
 typedef struct {
     int M, N, K, batch;
     bool trans_a, trans_b, out_fp32;
+    cudaDataType type_a, type_b; // bf16, or [fp8] e4m3 / e5m2 (then NT only: cuBLASLt's FP8 kernels are TN)
+    bool fast_accum;             // [fp8] cuBLASLt's fast accumulation (partial sums not promoted to fp32)
     long long stride_a, stride_b, stride_d;
     int align_a, align_b, align_d; // pointer alignment in bytes, capped at 256
 } GemmKey;
@@ -1903,7 +1906,19 @@ static int gemm_candidates(Gemm* g, const GemmPlan* p, cublasLtMatmulHeuristicRe
     return found;
 }
 
-static GemmPlan* gemm_plan(Gemm* g, const GemmKey* k) {
+// [fp8] The inverse scales cuBLASLt multiplies an FP8 product by (device pointers; cuBLAS's A is our
+// B, see matmul). They are set before the heuristic query as well, which otherwise may pick a kernel
+// without scaling, and before every call (the plan is shared by calls on other tensors).
+static void gemm_set_scales(GemmPlan* p, const float* a_scale_inv, const float* b_scale_inv) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv,
+                                                sizeof(b_scale_inv)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
+                                                sizeof(a_scale_inv)));
+}
+
+// The plan of key k, made on first use; an FP8 key's with the given inverse scales.
+static GemmPlan* gemm_plan(Gemm* g, const GemmKey* k, const float* a_scale_inv = NULL,
+                           const float* b_scale_inv = NULL) {
     for (int i = 0; i < g->n_plans; i++)
         if (!memcmp(&g->plans[i].key, k, sizeof(GemmKey))) return &g->plans[i];
     if (g->n_plans == GEMM_MAX_PLANS) {
@@ -1917,9 +1932,14 @@ static GemmPlan* gemm_plan(Gemm* g, const GemmKey* k) {
     // cuBLAS's "A" is our B and its "B" is our A (see above).
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)));
-    p->a = gemm_layout(CUDA_R_16BF, k->trans_b ? k->K : k->N, k->trans_b ? k->N : k->K, k->batch, k->stride_b);
-    p->b = gemm_layout(CUDA_R_16BF, k->trans_a ? k->M : k->K, k->trans_a ? k->K : k->M, k->batch, k->stride_a);
+    if (k->fast_accum) {
+        int8_t on = 1;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof(on)));
+    }
+    p->a = gemm_layout(k->type_b, k->trans_b ? k->K : k->N, k->trans_b ? k->N : k->K, k->batch, k->stride_b);
+    p->b = gemm_layout(k->type_a, k->trans_a ? k->M : k->K, k->trans_a ? k->K : k->M, k->batch, k->stride_a);
     p->d = gemm_layout(k->out_fp32 ? CUDA_R_32F : CUDA_R_16BF, k->N, k->M, k->batch, k->stride_d);
+    if (a_scale_inv) gemm_set_scales(p, a_scale_inv, b_scale_inv);
     cublasLtMatmulHeuristicResult_t result;
     if (gemm_candidates(g, p, &result, 1) == 0) {
         fprintf(stderr, "gemm: cuBLASLt has no algorithm for M=%d N=%d K=%d batch=%d trans_a=%d trans_b=%d\n", k->M,
@@ -1958,6 +1978,7 @@ static void matmul(Gemm* g, cudaStream_t s, void* D, const bf16* A, const bf16* 
     memset(&k, 0, sizeof(k)); // padding bytes take part in the memcmp lookup
     k.M = M, k.N = N, k.K = K, k.batch = batch, k.trans_a = trans_a, k.trans_b = trans_b, k.out_fp32 = out_fp32;
     k.stride_a = stride_a, k.stride_b = stride_b, k.stride_d = stride_d;
+    k.type_a = k.type_b = CUDA_R_16BF;
     k.align_a = pointer_alignment(A), k.align_b = pointer_alignment(B), k.align_d = pointer_alignment(D);
     GemmPlan* p = gemm_plan(g, &k);
     CUBLAS_CHECK(cublasLtMatmul(g->handle, p->op, &alpha, B, p->a, A, p->b, &beta, D, p->d, D, p->d, &p->algo,
@@ -1985,4 +2006,155 @@ static void gemm_destroy(Gemm* g) {
     g->n_plans = 0;
     CUBLAS_CHECK(cublasLtDestroy(g->handle));
     CUDA_CHECK(cudaFree(g->workspace));
+}
+
+// ---- [fp8] tensorwise-scaled FP8 GEMMs ----
+// An FP8 GEMM reads its operands as e4m3 (activations, weights: 3 mantissa bits, max 448) or e5m2
+// (gradients: 2 mantissa bits, max 57344, the range gradients need), each with one fp32 scale per
+// tensor, and accumulates in fp32 (torchao's "tensorwise" recipe). Dynamic scaling: a tensor's
+// scale is FP8_MAX / amax(|x|) of the tensor as it is now, so its largest element lands on the
+// format's largest finite value; the GEMM multiplies its result by the two inverse scales.
+// Hopper's FP8 tensor cores take only cuBLAS's TN layout, our row-major NT: D (M, N) = A (M, K)
+// B (N, K)^T, both operands with K contiguous. So each GEMM of the backward needs transposed
+// operands, written by quantize_fp8_transpose. These are the building blocks of issue 24's
+// `--fp8`: dev/fp8_quantize checks the quantisers bit for bit, dev/fp8_gemm the GEMMs and their
+// SQNR against bf16; the trainer does not call them yet.
+
+template <typename F8> struct Fp8Format;
+template <> struct Fp8Format<__nv_fp8_e4m3> {
+    static constexpr float max = 448.0f;
+    static constexpr __nv_fp8_interpretation_t interp = __NV_E4M3;
+    static constexpr cudaDataType type = CUDA_R_8F_E4M3;
+};
+template <> struct Fp8Format<__nv_fp8_e5m2> {
+    static constexpr float max = 57344.0f;
+    static constexpr __nv_fp8_interpretation_t interp = __NV_E5M2;
+    static constexpr cudaDataType type = CUDA_R_8F_E5M2;
+};
+typedef __nv_fp8_e4m3 e4m3;
+typedef __nv_fp8_e5m2 e5m2;
+
+// A tensor's scaling state, in device memory: amax as the bits of a non-negative float (which
+// order as unsigned integers, so atomicMax on them is a float max; zeroed by memset before the
+// tensor is made) and the inverse scale the GEMM multiplies by (written by the quantize kernel).
+// 16-byte aligned, scale_inv first: cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED) a scale pointer
+// at a 4-byte offset (dev/PERF.md, issue 24).
+typedef struct alignas(16) {
+    float scale_inv;
+    unsigned amax_bits;
+} Fp8Scale;
+
+// The quantisation scale from amax, as torchao computes it: FP8_MAX / max(amax, 1e-12), in fp32.
+template <typename F8> __device__ inline float fp8_scale(const Fp8Scale* s) {
+    return Fp8Format<F8>::max / fmaxf(__uint_as_float(s->amax_bits), 1e-12f);
+}
+// x * scale rounded to nearest even, saturated to the format's largest finite value (NaN stays NaN).
+template <typename F8> __device__ inline __nv_fp8_storage_t fp8_encode(float x, float scale) {
+    return __nv_cvt_float_to_fp8(x * scale, __NV_SATFINITE, Fp8Format<F8>::interp);
+}
+
+// amax(|x|) over n bf16 into s->amax_bits (zeroed before): 8 elements per 16-byte load, one
+// atomicMax per block. Memory-bound, 2 bytes per element read: the pass that fusing the amax into
+// the kernel that writes x (RMSNorm, SwiGLU, attention's output, AdamW's shadow) would save.
+#define FP8_THREADS 256
+__global__ void amax_kernel(Fp8Scale* s, const bf16* x, size_t n) {
+    float m = 0.0f;
+    size_t stride = (size_t)gridDim.x * blockDim.x * 8;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride) {
+        Vec16<bf16> v = *(const Vec16<bf16>*)(x + i);
+        for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(__bfloat162float(v.v[e])));
+    }
+    m = block_max(m);
+    if (threadIdx.x == 0) atomicMax(&s->amax_bits, __float_as_uint(m));
+}
+// The shapes the FP8 kernels take: 8-element (16-byte) rows of bf16, 64 x 64 transpose tiles, the
+// FP8 GEMM's multiples of 16. Anything else is a caller's bug: it stops the program, named.
+static void fp8_require(bool ok, const char* what) {
+    if (ok) return;
+    fprintf(stderr, "error: %s\n", what);
+    exit(EXIT_FAILURE);
+}
+
+// n a multiple of 8, x 16-byte aligned; s->amax_bits must be zero (memset) before.
+static void fp8_amax(Fp8Scale* s, const bf16* x, size_t n, int sms, cudaStream_t st) {
+    fp8_require(n % 8 == 0 && aligned16(x), "fp8_amax: n must be a multiple of 8 and x 16-byte aligned");
+    unsigned blocks = ceil_div(n / 8, FP8_THREADS);
+    if (blocks > (unsigned)sms * 8) blocks = sms * 8;
+    amax_kernel<<<blocks, FP8_THREADS, 0, st>>>(s, x, n);
+    LAUNCH_CHECK();
+}
+
+// out = fp8(x * scale), scale from s's amax: 8 elements per thread (a 16-byte load, an 8-byte
+// store), 3 bytes per element. Block 0's thread 0 writes s->scale_inv for the GEMM.
+template <typename F8> __global__ void quantize_fp8_kernel(F8* out, Fp8Scale* s, const bf16* x, size_t n) {
+    float scale = fp8_scale<F8>(s);
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (blockIdx.x == 0 && threadIdx.x == 0) s->scale_inv = 1.0f / scale;
+    if (i >= n) return;
+    Vec16<bf16> v = *(const Vec16<bf16>*)(x + i);
+    uint2 packed;
+    unsigned char* b = (unsigned char*)&packed;
+    for (int e = 0; e < 8; e++) b[e] = fp8_encode<F8>(__bfloat162float(v.v[e]), scale);
+    *(uint2*)(out + i) = packed;
+}
+template <typename F8> static void quantize_fp8(F8* out, Fp8Scale* s, const bf16* x, size_t n, cudaStream_t st) {
+    fp8_require(n % 8 == 0 && aligned16(x) && (uintptr_t)out % 8 == 0,
+                "quantize_fp8: n must be a multiple of 8, x 16-byte and out 8-byte aligned");
+    quantize_fp8_kernel<F8><<<ceil_div(n / 8, FP8_THREADS), FP8_THREADS, 0, st>>>(out, s, x, n);
+    LAUNCH_CHECK();
+}
+
+// out_t (cols, rows) = fp8(x^T * scale) for x (rows, cols) row-major: a 64 x 64 tile through shared
+// memory, read as 16-byte rows of x and written as 16-byte rows of out_t (coalesced both ways),
+// 3 bytes per element. rows and cols multiples of 64. The scale_inv is written by quantize_fp8 of
+// the same tensor, or here when it has no untransposed copy (write_scale_inv).
+#define FP8_TILE 64
+template <typename F8>
+__global__ void quantize_fp8_transpose_kernel(F8* out_t, Fp8Scale* s, const bf16* x, int rows, int cols,
+                                              bool write_scale_inv) {
+    __shared__ unsigned char tile[FP8_TILE][FP8_TILE + 16]; // encoded bytes, [col in tile][row in tile]
+    float scale = fp8_scale<F8>(s);
+    if (write_scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) s->scale_inv = 1.0f / scale;
+    int r0 = blockIdx.y * FP8_TILE, c0 = blockIdx.x * FP8_TILE;
+    for (int k = threadIdx.x; k < FP8_TILE * FP8_TILE / 8; k += blockDim.x) { // 8 bf16 of one row each
+        int r = k / (FP8_TILE / 8), c = (k % (FP8_TILE / 8)) * 8;
+        Vec16<bf16> v = *(const Vec16<bf16>*)(x + (size_t)(r0 + r) * cols + c0 + c);
+        for (int e = 0; e < 8; e++) tile[c + e][r] = fp8_encode<F8>(__bfloat162float(v.v[e]), scale);
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < FP8_TILE * FP8_TILE / 16; k += blockDim.x) { // 16 bytes of one out_t row each
+        int c = k / (FP8_TILE / 16), r = (k % (FP8_TILE / 16)) * 16;
+        *(uint4*)(out_t + (size_t)(c0 + c) * rows + r0 + r) = *(const uint4*)&tile[c][r];
+    }
+}
+template <typename F8>
+static void quantize_fp8_transpose(F8* out_t, Fp8Scale* s, const bf16* x, int rows, int cols, bool write_scale_inv,
+                                   cudaStream_t st) {
+    fp8_require(rows % FP8_TILE == 0 && cols % FP8_TILE == 0 && aligned16(x) && aligned16(out_t),
+                "quantize_fp8_transpose: rows and cols must be multiples of 64, x and out_t 16-byte aligned");
+    dim3 grid(cols / FP8_TILE, rows / FP8_TILE);
+    quantize_fp8_transpose_kernel<F8><<<grid, FP8_THREADS, 0, st>>>(out_t, s, x, rows, cols, write_scale_inv);
+    LAUNCH_CHECK();
+}
+
+// D (M, N) bf16 = a_scale_inv * b_scale_inv * A (M, K) B (N, K)^T, A and B FP8 (types ta, tb: not
+// both e5m2) row-major with K contiguous, the inverse scales fp32 in device memory. fast_accum:
+// cuBLASLt's faster accumulation (torchao uses it for the forward only). M, N, K multiples of 16.
+static void matmul_fp8(Gemm* g, cudaStream_t s, bf16* D, const void* A, cudaDataType ta, const float* a_scale_inv,
+                       const void* B, cudaDataType tb, const float* b_scale_inv, int M, int N, int K, bool fast_accum) {
+    fp8_require(M % 16 == 0 && N % 16 == 0 && K % 16 == 0 && !(ta == CUDA_R_8F_E5M2 && tb == CUDA_R_8F_E5M2),
+                "matmul_fp8: M, N, K must be multiples of 16, and A and B not both e5m2");
+    fp8_require((uintptr_t)a_scale_inv % 16 == 0 && (uintptr_t)b_scale_inv % 16 == 0,
+                "matmul_fp8: the inverse scales must be 16-byte aligned (cuBLASLt refuses others)");
+    GemmKey k;
+    memset(&k, 0, sizeof(k));
+    k.M = M, k.N = N, k.K = K, k.batch = 1, k.trans_a = false, k.trans_b = true, k.out_fp32 = false;
+    k.type_a = ta, k.type_b = tb, k.fast_accum = fast_accum;
+    k.align_a = pointer_alignment(A), k.align_b = pointer_alignment(B), k.align_d = pointer_alignment(D);
+    GemmPlan* p = gemm_plan(g, &k, a_scale_inv, b_scale_inv);
+    gemm_set_scales(p, a_scale_inv, b_scale_inv);
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_CHECK(cublasLtMatmul(g->handle, p->op, &one, B, p->a, A, p->b, &zero, D, p->d, D, p->d, &p->algo,
+                                g->workspace, g->workspace_bytes, s));
+    mark_initialized(s, D, (size_t)M * N * sizeof(bf16));
 }

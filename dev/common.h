@@ -317,3 +317,43 @@ static void print_row(const char* kernel, const char* version, const char* size,
     printf("| %s | %s | %s | %.4f | %.0f %s | %.0f%% | %s |\n", kernel, version, size, ms, rate,
            bytes > 0 ? "GB/s" : "TFLOP/s", 100.0 * rate / ceil, checked_ok ? "ok" : "FAILED");
 }
+
+// ---- [fp8] a reference codec, written from the formats' definitions (not CUDA's converters) ----
+// e4m3 ("fn": bias 7, no infinities, max 448 = 0x7e, NaN 0x7f) and e5m2 (bias 15, max 57344 =
+// 0x7b, NaN 0x7f), each with subnormals below the smallest normal exponent.
+typedef struct {
+    int mbits, bias;
+    float max;
+} Fp8Spec;
+static const Fp8Spec FP8_E4M3 = {3, 7, 448.0f}, FP8_E5M2 = {2, 15, 57344.0f};
+
+// x rounded to nearest even on the format's grid, saturated to +-max (the kernels' SATFINITE).
+static uint8_t fp8_encode_ref(float x, Fp8Spec f) {
+    if (isnan(x)) return 0x7f;
+    uint8_t sign = signbit(x) ? 0x80 : 0;
+    double a = fabs((double)x);
+    if (a == 0.0) return sign;
+    int e, emin = 1 - f.bias; // a = 1.xxx * 2^e; below emin the grid is the subnormals'
+    double v = f.max;
+    if (!isinf(a)) {
+        frexp(a, &e);
+        e = std::max(e - 1, emin);
+        double quantum = ldexp(1.0, e - f.mbits);
+        v = std::min(nearbyint(a / quantum) * quantum, (double)f.max); // nearbyint: to nearest even
+    }
+    if (v == 0.0) return sign;
+    frexp(v, &e);
+    e -= 1;
+    if (e < emin) return sign | (uint8_t)(v / ldexp(1.0, emin - f.mbits));
+    int mantissa = (int)(v / ldexp(1.0, e - f.mbits)) - (1 << f.mbits);
+    return sign | (uint8_t)((e + f.bias) << f.mbits) | (uint8_t)mantissa;
+}
+static float fp8_decode_ref(uint8_t b, Fp8Spec f) {
+    int e = (b & 0x7f) >> f.mbits, m = b & ((1 << f.mbits) - 1), emax = (1 << (7 - f.mbits)) - 1;
+    float sign = b & 0x80 ? -1.0f : 1.0f;
+    if (f.mbits == 3 ? (e == emax && m == 7) : e == emax) return m || f.mbits == 3 ? NAN : sign * INFINITY;
+    if (e == 0) return sign * (float)ldexp((double)m, 1 - f.bias - f.mbits);
+    return sign * (float)ldexp(1.0 + m / (double)(1 << f.mbits), e - f.bias);
+}
+// The tensorwise scale as the kernels compute it (kernels.cuh fp8_scale), in fp32.
+static float fp8_scale_ref(float amax, Fp8Spec f) { return f.max / std::max(amax, 1e-12f); }

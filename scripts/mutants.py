@@ -6,6 +6,7 @@ first check that failed, its error against its tolerance.
 
     python3 scripts/mutants.py [--jobs 16] [--only NAME ...] [--gpu_only] [--out TABLE.md] [--keep DIR]
     python3 scripts/mutants.py --host_only [--only NAME ...]    # HOST_MUTANTS, on any machine
+    python3 scripts/mutants.py --dev [--only NAME ...]          # DEV_MUTANTS, on a GPU machine
 
 MUTANTS run on a GPU machine after `make test` has written the small references (ref/small_*). The
 copies are built for sm_90a (and compute_80 PTX, which make test looks for), in parallel, and
@@ -277,6 +278,24 @@ HOST_MUTANTS = [
      '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "2",', '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "3",'),
 ]
 
+# Bugs of a kernel that the trainer does not call yet, each caught by its dev/ benchmark's --check
+# (the last field): --dev builds only that binary in the copy and runs its check.
+DEV_MUTANTS = [
+    ("fp8_scale_twice", "fp8", "kernels.cuh", "FP8 quantisation multiplies by the scale twice",
+     "return __nv_cvt_float_to_fp8(x * scale, __NV_SATFINITE", "return __nv_cvt_float_to_fp8(x * scale * scale, __NV_SATFINITE",
+     "dev/fp8_quantize"),
+    ("fp8_e4m3_for_e5m2", "fp8", "kernels.cuh", "gradients (e5m2) encoded as e4m3",
+     "static constexpr __nv_fp8_interpretation_t interp = __NV_E5M2;",
+     "static constexpr __nv_fp8_interpretation_t interp = __NV_E4M3;", "dev/fp8_quantize"),
+    ("fp8_no_saturation", "fp8", "kernels.cuh", "values past the format's largest finite one not saturated (a stale, "
+     "smaller amax turns them into NaN or inf)", "__NV_SATFINITE, Fp8Format<F8>::interp", "__NV_NOSAT, Fp8Format<F8>::interp",
+     "dev/fp8_quantize"),
+    ("fp8_tile_not_transposed", "fp8", "kernels.cuh", "the transposing quantiser stores its tile untransposed",
+     "tile[c + e][r] = fp8_encode<F8>", "tile[r][c + e] = fp8_encode<F8>", "dev/fp8_quantize"),
+    ("fp8_gemm_one_scale_twice", "fp8", "kernels.cuh", "the FP8 GEMM multiplies by one operand's inverse scale twice "
+     "(the other's dropped)", "B_SCALE_POINTER, &a_scale_inv,", "B_SCALE_POINTER, &b_scale_inv,", "dev/fp8_gemm"),
+]
+
 
 def copy_tree(dest):
     # the tree as make sees it: tracked files, and new ones not yet committed (not the ignored build outputs)
@@ -289,7 +308,7 @@ def copy_tree(dest):
 
 
 def plant(dest, mutant):
-    name, _, path, _, old, new = mutant
+    name, _, path, _, old, new = mutant[:6]
     full = os.path.join(dest, path)
     text = open(full).read()
     if text.count(old) != 1:
@@ -338,6 +357,17 @@ def first_failure(output):
     return None
 
 
+def dev_check(dest, mutant):
+    """DEV_MUTANTS: the mutant's dev/ binary built in the copy and its --check run (rc, output)."""
+    binary = mutant[6]
+    gencode = GENCODE.split(" -gencode arch=compute_80")[0]
+    r = subprocess.run(["make", "-s", binary, f"GENCODE={gencode}"], cwd=dest, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"mutant {mutant[0]} does not build:\n{(r.stdout + r.stderr)[-2000:]}")
+    r = subprocess.run([f"./{binary}", "--check"], cwd=dest, capture_output=True, text=True, timeout=900)
+    return r.returncode, f"== {binary}\n" + r.stdout + r.stderr
+
+
 def run_tests(dest, name, gpu_only, host_only, data_parallel):
     # LLAMA3_MUTANT: run_tests.sh leaves its plant check out (the copy lacks the mutant's own code)
     env = dict(os.environ, LLAMA3_MUTANT=name, LLAMA3_FAIL_FAST="1", LLAMA3_TEST_SHAPES="small", LLAMA3_DEV_CHECKS="0",
@@ -356,13 +386,16 @@ def main():
     ap.add_argument("--gpu_only", action="store_true", help="leave the host tests out")
     ap.add_argument("--host_only", action="store_true", help="HOST_MUTANTS, with the GPU tests left out (no GPU needed)")
     ap.add_argument("--data_parallel", action="store_true", help="DP_MUTANTS, built with DATA_PARALLEL=1 (a GPU and NCCL)")
+    ap.add_argument("--dev", action="store_true", help="DEV_MUTANTS, each caught by its dev/ binary's --check (a GPU)")
     ap.add_argument("--out", help="also write the table (markdown) here")
     ap.add_argument("--keep", help="build the copies in this folder and keep them")
     ap.add_argument("--plant_check", action="store_true",
                     help="only check that every mutant's code occurs exactly once (no GPU; make test runs it)")
     args = ap.parse_args()
     if args.plant_check:
-        plant_check(MUTANTS + HOST_MUTANTS + DP_MUTANTS)
+        plant_check(MUTANTS + HOST_MUTANTS + DP_MUTANTS + DEV_MUTANTS)
+    if args.dev:
+        return dev_main(args)
     pool_of = HOST_MUTANTS if args.host_only else DP_MUTANTS if args.data_parallel else MUTANTS
     mutants = [m for m in pool_of if not args.only or m[0] in args.only]
     refs = () if args.host_only else ("small_t64",) if args.data_parallel else (
@@ -385,20 +418,42 @@ def main():
             pool.shutdown(cancel_futures=True)
             sys.exit(f"mutant {m[0]} does not build:\n{log[-2000:]}")
         rc, out = run_tests(dest, m[0], args.gpu_only, args.host_only, args.data_parallel)  # one at a time: the default runs fill the GPU
-        hit = first_failure(out) if rc != 0 else None
-        survived += hit is None
-        part, check, err, tol = hit or ("SURVIVED", "", "", "")
-        rows.append(f"| {m[0]} | {m[1]} | {m[3]} | {part} | {check} | {err} | {tol} |")
-        print(rows[-1], flush=True)
+        survived += add_row(rows, m, rc, out)
+    pool.shutdown()
+    finish(rows, len(mutants), survived, args, base)
+
+
+def add_row(rows, m, rc, out):
+    """The mutant's table row from its tests' exit code and output (printed at once); True if it survived."""
+    hit = first_failure(out) if rc != 0 else None
+    part, check, err, tol = hit or ("SURVIVED", "", "", "")
+    rows.append(f"| {m[0]} | {m[1]} | {m[3]} | {part} | {check} | {err} | {tol} |")
+    print(rows[-1], flush=True)
+    return hit is None
+
+
+def finish(rows, n, survived, args, base):
     table = "\n".join(["| mutant | kind | the bug | first failing part | first failing check | error | tolerance |",
                        "|---|---|---|---|---|---|---|", *rows])
-    print(f"\n{table}\n\n{len(mutants) - survived} of {len(mutants)} mutants caught")
+    print(f"\n{table}\n\n{n - survived} of {n} mutants caught")
     if args.out:
         open(args.out, "w").write(table + "\n")
-    pool.shutdown()
     if not args.keep:
         shutil.rmtree(base)
     sys.exit(1 if survived else 0)
+
+
+def dev_main(args):
+    mutants = [m for m in DEV_MUTANTS if not args.only or m[0] in args.only]
+    base = args.keep or tempfile.mkdtemp(prefix="mutants_")
+    rows, survived = [], 0
+    for m in mutants:
+        dest = os.path.join(base, m[0])
+        shutil.rmtree(dest, ignore_errors=True)
+        copy_tree(dest)
+        plant(dest, m)
+        survived += add_row(rows, m, *dev_check(dest, m))
+    finish(rows, len(mutants), survived, args, base)
 
 
 if __name__ == "__main__":
