@@ -685,6 +685,7 @@ typedef struct {
     const char* log_file;      // NULL: no JSON log
     int batch_size, sequence_length, total_batch_size; // total: of all ranks
     int recompute; // --recompute: RECOMPUTE_NONE, _NORMS or _BLOCKS, what the backward recomputes [recompute]
+    int fp8;       // --fp8: the block linears' GEMMs in FP8 [fp8]
     int rank, world; // this process's rank, of the ranks the run is spread over (the launcher's, RankEnv;
                      // not flags: train_args_parse sets world, its caller the rank)
     int stop_after; // 0: run to the schedule's last step; else the last step of this invocation
@@ -828,6 +829,7 @@ static const FlagSpec FLAGS[] = {
     {"--batch_size", FLAG_INT, ARG(loop.batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", NOT_A_SWITCH, NULL},
     {"--sequence_length", FLAG_INT, ARG(loop.sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence", NOT_A_SWITCH, NULL},
     {"--recompute", FLAG_INT, ARG(loop.recompute), "0", 0, 2, NULL, "activations recomputed in the backward instead of kept per layer: 0 none; 1 the RMSNorm and SwiGLU outputs; 2 whole blocks (each layer keeps only its input); the same losses bit for bit", NOT_A_SWITCH, NULL},
+    {"--fp8", FLAG_INT, ARG(loop.fp8), "0", 0, 1, NULL, "1: the block linears' GEMMs (qkv, attn_out, gate_up, down) in FP8, e4m3 weights and activations, e5m2 output gradients, one dynamic scale per tensor; lm_head and attention stay bf16 (one micro-step per step, one rank)", NOT_A_SWITCH, NULL},
     {"--total_batch_size", FLAG_INT, ARG(loop.total_batch_size), "0", 0, BIG_INT, NULL, "tokens per optimizer step on all ranks, a multiple of B*T*ranks: N / (B*T*ranks) micro-steps on each rank accumulate gradients (0: B*T*ranks, one micro-step)", NOT_A_SWITCH, NULL},
     {"--learning_rate", FLAG_FLOAT, ARG(optim.sched.peak_lr), "1e-5", 0.0, 10.0, NULL, "AdamW peak lr", NOT_A_SWITCH, NULL},
     {"--lr_schedule", FLAG_CHOICE, ARG(optim.sched.kind), "constant", 0, 0, "constant|cosine|linear|wsd", "lr after the warmup: constant; cosine or linear to lr*final_lr_frac at the last step; wsd: constant, then linear over the last decay_frac", NOT_A_SWITCH, NULL},
@@ -1314,6 +1316,24 @@ static inline int dist_args_check(const TrainArgs* a, char* err) {
     return 0;
 }
 
+// [fp8] What --fp8 1 takes: the FP8 kernels' shapes (64 x 64 transpose tiles: every block linear's
+// width and B*T multiples of 64), and the paths it is built for: one rank, one micro-step (bf16
+// weight gradients written by the FP8 GEMM), the shadow weights it quantises.
+static inline int fp8_args_check(const TrainArgs* a, const Llama3Config* c, char* err) {
+    long long bt = (long long)a->loop.batch_size * a->loop.sequence_length;
+    if (bt % 64) return l3_fail(err, "--fp8 1: --batch_size * --sequence_length = %lld must be a multiple of 64", bt);
+    if (c->n_embd % 64 || qkv_dim(c) % 64 || c->ffn_hidden % 64)
+        return l3_fail(err, "--fp8 1: the model's n_embd %d, qkv width %d and ffn_hidden %d must be multiples of 64",
+                       c->n_embd, qkv_dim(c), c->ffn_hidden);
+    if (a->loop.world > 1) return l3_fail(err, "--fp8 1 runs on one rank only (for now)");
+    if (micro_steps(&a->loop) > 1)
+        return l3_fail(err, "--fp8 1 takes one micro-step per step: --total_batch_size must equal --batch_size * "
+                       "--sequence_length");
+    if (!a->sw.shadow_weights || !a->sw.bf16_grads)
+        return l3_fail(err, "--fp8 1 needs --shadow_weights 1 and --bf16_grads 1 (the defaults)");
+    return 0;
+}
+
 static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, char* err) {
     if (kernel_limits_check(c, a->sw.flash_attention, model_source(a), err)) return -1;
     if (a->sw.deferred_adamw > c->n_layer)
@@ -1342,6 +1362,7 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
         return l3_fail(err, "--sample_tokens %d: at most --sequence_length - 1 = %d (a sample is one sequence)",
                        a->eval.sample_tokens, a->loop.sequence_length - 1);
     if (a->loop.world > 1 && dist_args_check(a, err)) return -1;
+    if (a->loop.fp8 && fp8_args_check(a, c, err)) return -1;
     if (a->eval.top_k > c->vocab_size)
         return l3_fail(err, "--top_k %d is more than the vocabulary (%d)", a->eval.top_k, c->vocab_size);
     return 0;

@@ -42,6 +42,12 @@
 // relative) in different orders (cuBLASLt vs PyTorch kernels, flash vs unfused attention); over
 // 2L layers that compounds to about 1e-2.
 static const double TOL_LOGITS = 2e-2, TOL_GRAD = 5e-2;
+// [fp8] Gradients of --fp8 1 against PyTorch's torch._scaled_mm with the same recipe (small_fp8).
+// Set after its first run, not before: the last layer's FP8 GEMMs agreed bit for bit or nearly
+// (attn_out, gate_up, down: 0 to 2.4e-4), and the bf16-level differences that enter elsewhere
+// (attention, norms) flip FP8 roundings as the gradient flows back, where one step of e5m2 is 25 %
+// and of e4m3 12.5 %: layer 0's were 2e-2 to 7.9e-2 (q, k rows), against 5.6e-3 in bf16 (small_t64).
+static const double TOL_GRAD_FP8 = 1e-1;
 // Logits against PyTorch in fp32: ours no further from them than 1.5x PyTorch's own bf16 autocast
 // (two independent bf16 roundings of the same model should land alike).
 static const double TOL_LOGITS_FP32_RATIO = 1.5;
@@ -550,7 +556,7 @@ static void test_step1(Model* m, const Ref* r) {
     CUDA_CHECK(cudaMemcpy(&st, m->stats, sizeof(st), cudaMemcpyDeviceToHost));
     check_loss("first", 1, st.loss, r->losses[0], TOL_LOSS);
     float *grads = grads_to_host(m), *ref = ref_grads(r, 1);
-    check_blocks(m, "grad", grads, ref, NULL, TOL_GRAD, true);
+    check_blocks(m, "grad", grads, ref, NULL, m->fp8 ? TOL_GRAD_FP8 : TOL_GRAD, true);
     free(grads);
     free(ref);
 }
@@ -688,7 +694,7 @@ static void test_free_run(Model* m, const Ref* r) {
         if (t > 1 || r->grad_accum == 1) continue;
         float *grads = grads_to_host(m), *ref = ref_grads(r, 1);
         int first = r->sparse_embedding ? P_LM_HEAD : P_WTE;
-        check_blocks(m, "free run step 1 grad", grads, ref, NULL, TOL_GRAD, false, first);
+        check_blocks(m, "free run step 1 grad", grads, ref, NULL, m->fp8 ? TOL_GRAD_FP8 : TOL_GRAD, false, first);
         free(grads);
         free(ref);
     }
@@ -1041,7 +1047,7 @@ static bool forward_backward_default(const TrainArgs* a) {
     for (int i = 0; i < NUM_FLAGS; i++)
         if (FLAGS[i].scope == SWITCH_PASSES && switch_value(&a->sw, &FLAGS[i]) != switch_value(&d, &FLAGS[i]))
             return false;
-    return a->loop.recompute == RECOMPUTE_NONE;
+    return a->loop.recompute == RECOMPUTE_NONE && !a->loop.fp8;
 }
 
 int main(int argc, char** argv) {
@@ -1073,7 +1079,7 @@ int main(int argc, char** argv) {
               1.0);
     }
     Model m;
-    model_create(&m, &r.cfg, &r.opt, &a.sw, r.B, r.T, r.grad_accum, a.loop.recompute, NULL);
+    model_create(&m, &r.cfg, &r.opt, &a.sw, r.B, r.T, r.grad_accum, a.loop.recompute, a.loop.fp8, NULL);
     printf("flags given: %d | bf16 grads %d | recompute %d\n", argc - 2, m.grads_bf16 != NULL, m.recompute);
     step_plan_print(stdout, m.plan);
     if (argc == 2) {

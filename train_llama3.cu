@@ -182,6 +182,20 @@ typedef struct {
     pthread_t watchdog;       // ends the process when the others stop answering (comm_start)
 } Comm;
 
+// [fp8] --fp8 1: the block linears' GEMMs (qkv, attn_out, gate_up, down) read FP8 operands
+// (kernels.cuh [fp8]): each weight's e4m3 copy and its transpose, quantised from the bf16 shadow
+// after every AdamW update of it; each GEMM's activation input and output gradient quantised into
+// one scratch just before the GEMMs read them (dynamic tensorwise scales: amax of the tensor now).
+// Unfused for now: an amax pass and a quantising pass per tensor (dev/PERF.md, issue 24).
+typedef struct {
+    e4m3 *w, *w_t;       // the block linears' weights W (out, in) and W^T (in, out), at their parameter
+                         // offset less offset[P_QKV]
+    Fp8Scale* w_scale;   // one per weight: (tensor - P_QKV) * n_layer + layer
+    e4m3 *x, *x_t;       // one GEMM's input (N, in) and its transpose (in, N)
+    e5m2 *dy, *dy_t;     // one GEMM's output gradient (N, out) and its transpose (out, N)
+    Fp8Scale* act_scale; // [0] x's, [1] dy's
+} Fp8Buffers;
+
 typedef struct {
     Llama3Config cfg;
     ParamLayout layout;
@@ -225,6 +239,7 @@ typedef struct {
     int steps_run;              // steps this process has launched
     HeadShape* shape_in_memory; // with metadata_by_value off: where shapes are copied before launches
     Comm* comm;                 // [data parallel] NULL: one rank
+    Fp8Buffers* fp8;            // [fp8] NULL: --fp8 0
 } Model;
 
 static size_t param_offset(const Model* m, int tensor, int layer) {
@@ -330,22 +345,42 @@ typedef struct {
     size_t gradients;   // fp32, or bf16 for the matmul weights [bf16 grads]
     size_t activations; // what the backward reads, for B x T (and the scratch of one layer)
     size_t workspace;   // cuBLASLt's
+    size_t fp8;         // [fp8] the weights' FP8 copies and one GEMM's FP8 operands (0: --fp8 0)
 } MemoryParts;
+// [fp8] The FP8 buffers' sizes: the block linears' weights, the widest GEMM input (C or F) and output
+// gradient (QKV, C or 2F) of N tokens.
+static size_t fp8_weight_count(const ParamLayout* p) { return p->offset[P_ATTN_NORM] - p->offset[P_QKV]; }
+static size_t fp8_input_count(const Model* m) {
+    size_t N = (size_t)m->B * m->T, C = m->cfg.n_embd, F = m->cfg.ffn_hidden;
+    return N * (C > F ? C : F);
+}
+static size_t fp8_grad_count(const Model* m) {
+    size_t N = (size_t)m->B * m->T, C = m->cfg.n_embd, F2 = 2 * (size_t)m->cfg.ffn_hidden, QKV = qkv_dim(&m->cfg);
+    size_t widest = QKV > F2 ? QKV : F2;
+    return N * (widest > C ? widest : C);
+}
+static size_t fp8_scale_count(const Model* m) { return (size_t)(P_DOWN - P_QKV + 1) * m->cfg.n_layer; }
+static size_t fp8_bytes(const Model* m) {
+    if (!m->fp8) return 0;
+    return 2 * fp8_weight_count(&m->layout) + 2 * fp8_input_count(m) + 2 * fp8_grad_count(m) +
+           (fp8_scale_count(m) + 2) * sizeof(Fp8Scale);
+}
 static MemoryParts memory_parts(const Model* m) {
     const ParamLayout* p = &m->layout;
     size_t f32_n = grads_f32_count(p, uses_bf16_grads(&m->sw, m->grad_accum)); // the rest are bf16
     MemoryParts parts = {p->total * 4 + bf16_weight_bytes(p, &m->sw), 2 * moments_bytes(m),
-                         f32_n * 4 + (p->total - f32_n) * 2, m->acts_bytes, GEMM_WORKSPACE_BYTES};
+                         f32_n * 4 + (p->total - f32_n) * 2, m->acts_bytes, GEMM_WORKSPACE_BYTES, fp8_bytes(m)};
     return parts;
 }
 static size_t memory_total(const MemoryParts* p) {
-    return p->weights + p->moments + p->gradients + p->activations + p->workspace;
+    return p->weights + p->moments + p->gradients + p->activations + p->workspace + p->fp8;
 }
 static void memory_print(FILE* f, const MemoryParts* p) {
     const double G = 1073741824.0;
     fprintf(f, "%.2f GiB: weights %.2f, AdamW m and v %.2f, gradients %.2f, activations %.2f, workspace %.2f",
             memory_total(p) / G, p->weights / G, p->moments / G, p->gradients / G, p->activations / G,
             p->workspace / G);
+    if (p->fp8) fprintf(f, ", fp8 copies %.2f", p->fp8 / G);
 }
 
 // [recompute] The activations' bytes of this model and batch at --recompute `level`.
@@ -402,6 +437,20 @@ static void sorter_create(TokenSorter* ts, size_t n, int vocab_size) {
     ts->temp = device_alloc(ts->temp_bytes, "token sort scratch");
 }
 
+// [fp8] The FP8 buffers (Fp8Buffers), their scales 16-byte aligned as cuBLASLt needs (cudaMalloc's are).
+static void fp8_alloc(Model* m) {
+    Fp8Buffers* f = m->fp8;
+    size_t W = fp8_weight_count(&m->layout), X = fp8_input_count(m), D = fp8_grad_count(m);
+    f->w = (e4m3*)device_alloc(2 * W, "fp8 weights");
+    f->w_t = f->w + W;
+    f->x = (e4m3*)device_alloc(2 * X, "fp8 GEMM inputs");
+    f->x_t = f->x + X;
+    f->dy = (e5m2*)device_alloc(2 * D, "fp8 output gradients");
+    f->dy_t = f->dy + D;
+    f->w_scale = (Fp8Scale*)device_alloc((fp8_scale_count(m) + 2) * sizeof(Fp8Scale), "fp8 scales");
+    f->act_scale = f->w_scale + fp8_scale_count(m);
+}
+
 // The model's device buffers: weights, gradients, AdamW state, bf16 weights, activations, tokens
 // and the step's small state.
 static void model_alloc(Model* m) {
@@ -428,6 +477,7 @@ static void model_alloc(Model* m) {
     m->sumsq = (float*)device_alloc(sumsq_count(m) * sizeof(float), "gradient norm partial sums");
     m->adam = (AdamWHistory*)device_alloc(sizeof(AdamWHistory), "AdamW hyperparameters");
     m->adam_step = (int*)device_alloc(sizeof(int), "AdamW step counter");
+    if (m->fp8) fp8_alloc(m);
 }
 
 // [streams] The step's own stream outranks the optimizer's: when both have blocks ready, the SMs
@@ -479,14 +529,31 @@ static void model_reset_training(Model* m) {
     m->steps_run = 0;
 }
 
+// [fp8] --fp8 1 on this GPU: FP8 tensor cores (compute capability 8.9: Ada, Hopper and later), or the
+// run stops here, before any output is opened.
+static void fp8_start(Model* m) {
+    int device, major, minor;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    if (major * 10 + minor < 89) {
+        fprintf(stderr, "error: --fp8 1 needs FP8 tensor cores (compute capability 8.9 or newer); this GPU has %d.%d\n",
+                major, minor);
+        exit(EXIT_FAILURE);
+    }
+    m->fp8 = (Fp8Buffers*)calloc(1, sizeof(Fp8Buffers));
+}
+
 // Everything of a model for B x T micro-batches, grad_accum per step, trained with optimizer `opt`
 // and switches `sw` (its weights still to be set: model_init_random or model_load), recomputing
-// `recompute`'s activations in the backward, on this rank of `comm` (NULL: one rank).
+// `recompute`'s activations in the backward, with the block linears in FP8 when `fp8`, on this rank
+// of `comm` (NULL: one rank).
 static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* opt, const Switches* sw, int B, int T,
-                         int grad_accum, int recompute, Comm* comm) {
+                         int grad_accum, int recompute, bool fp8, Comm* comm) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg, m->opt = *opt, m->sw = switches_for_model(sw, cfg), m->B = B, m->T = T, m->grad_accum = grad_accum;
     m->recompute = recompute;
+    if (fp8) fp8_start(m);
     m->comm = comm;
     sw = &m->sw; // (as they apply to this model)
     int device;
@@ -517,6 +584,11 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
 
 static void model_free(Model* m) {
     gemm_destroy(m->gemm);
+    if (m->fp8) {
+        void* fp8_device[] = {m->fp8->w, m->fp8->x, m->fp8->dy, m->fp8->w_scale};
+        for (void* p : fp8_device) CUDA_CHECK(cudaFree(p));
+        free(m->fp8);
+    }
     if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
     void* device[] = {m->adam,        m->adam_step,   m->params,          m->grads,      m->grads_bf16,
                       m->adam_m,      m->adam_v,      m->adam_m_bf16,     m->adam_v_bf16, m->shadow,
@@ -539,11 +611,48 @@ static void model_free(Model* m) {
     for (size_t i = 0; i < sizeof(comm_device) / sizeof(comm_device[0]); i++) CUDA_CHECK(cudaFree(comm_device[i]));
 }
 
+// [fp8] The block linears' FP8 weights.
+
+static bool fp8_linear(const Model* m, int tensor) { return m->fp8 && tensor >= P_QKV && tensor <= P_DOWN; }
+// The block linear's (out, in): qkv (QKV, C), attn_out (C, C), gate_up (2F, C), down (C, F).
+static void linear_shape(const Model* m, int tensor, int* out, int* in) {
+    int C = m->cfg.n_embd, F = m->cfg.ffn_hidden;
+    *out = tensor == P_QKV ? qkv_dim(&m->cfg) : tensor == P_GATE_UP ? 2 * F : C;
+    *in = tensor == P_DOWN ? F : C;
+}
+static size_t fp8_weight_at(const Model* m, int tensor, int layer) {
+    return param_offset(m, tensor, layer) - m->layout.offset[P_QKV];
+}
+static Fp8Scale* fp8_weight_scale(const Model* m, int tensor, int layer) {
+    return m->fp8->w_scale + (size_t)(tensor - P_QKV) * m->cfg.n_layer + layer;
+}
+
+// The e4m3 copies W and W^T of one block linear's weight from its bf16 shadow, on stream s: after
+// AdamW has written the shadow, on AdamW's stream, so that the forward's wait for the update group
+// [deferred AdamW] covers them too. 2 bytes read and 1 written three times per weight, unfused.
+static void fp8_quantize_weight(const Model* m, int tensor, int layer, cudaStream_t s) {
+    int out, in;
+    linear_shape(m, tensor, &out, &in);
+    const bf16* w = m->shadow + (param_offset(m, tensor, layer) - m->layout.shadow_begin);
+    Fp8Scale* scale = fp8_weight_scale(m, tensor, layer);
+    size_t at = fp8_weight_at(m, tensor, layer), n = (size_t)out * in;
+    CUDA_CHECK(cudaMemsetAsync(scale, 0, sizeof(Fp8Scale), s));
+    fp8_amax(scale, w, n, m->sms, s);
+    quantize_fp8(m->fp8->w + at, scale, w, n, s);
+    quantize_fp8_transpose(m->fp8->w_t + at, scale, w, out, in, false, s);
+}
+// Every block linear's, after the shadow was made or rewritten whole.
+static void fp8_quantize_weights(const Model* m, cudaStream_t s) {
+    for (int t = P_QKV; t <= P_DOWN; t++)
+        for (int l = 0; l < m->cfg.n_layer; l++) fp8_quantize_weight(m, t, l, s);
+}
+
 // The bf16 shadow of the matmul weights, made once after the masters are set; from then on the
 // Adam kernel rewrites it in the same pass as the masters [shadow weights].
 static void model_sync_shadow(Model* m) {
     if (!m->sw.shadow_weights) return;
     cast_to_bf16(m->shadow, m->params + m->layout.shadow_begin, m->layout.matmul_end - m->layout.shadow_begin, m->stream);
+    if (m->fp8) fp8_quantize_weights(m, m->stream);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }
 
@@ -586,8 +695,29 @@ static HeadShape head_shape(const Model* m) {
 static size_t norms_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_NORMS ? 0 : l; }
 static size_t block_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_BLOCKS ? 0 : l; }
 
-// y (N, out) = x (N, in) @ W^T: a linear layer's forward, bf16, W the layer's bf16 weight.
+// A GEMM operand of N rows (N, width) bf16 into FP8 scratch with its own scale: straight into
+// `out` and, when `out_t` is not NULL, transposed into out_t (width, N). On the main stream; the
+// previous operand's GEMMs, queued before, have read the scratch and scale already.
+template <typename F8>
+static void fp8_quantize_operand(const Model* m, F8* out, F8* out_t, Fp8Scale* scale, const bf16* x, int width) {
+    int N = m->B * m->T;
+    CUDA_CHECK(cudaMemsetAsync(scale, 0, sizeof(Fp8Scale), m->stream));
+    fp8_amax(scale, x, (size_t)N * width, m->sms, m->stream);
+    if (out) quantize_fp8(out, scale, x, (size_t)N * width, m->stream);
+    if (out_t) quantize_fp8_transpose(out_t, scale, x, N, width, out == NULL, m->stream);
+}
+
+// y (N, out) = x (N, in) @ W^T: a linear layer's forward, bf16 (W the layer's bf16 weight), or
+// [fp8] for a block linear x and W in e4m3.
 static void linear_forward(const Model* m, bf16* y, const bf16* x, int tensor, int layer, int out, int in) {
+    if (fp8_linear(m, tensor)) {
+        Fp8Buffers* f = m->fp8;
+        fp8_quantize_operand(m, f->x, (e4m3*)NULL, &f->act_scale[0], x, in);
+        matmul_fp8(m->gemm, m->stream, y, f->x, CUDA_R_8F_E4M3, &f->act_scale[0].scale_inv,
+                   f->w + fp8_weight_at(m, tensor, layer), CUDA_R_8F_E4M3, &fp8_weight_scale(m, tensor, layer)->scale_inv,
+                   m->B * m->T, out, in, false);
+        return;
+    }
     matmul(m->gemm, m->stream, y, x, weight_bf16(m, tensor, layer), m->B * m->T, out, in, false, true, false);
 }
 
@@ -758,6 +888,33 @@ static void input_grad(const Model* m, int tensor, int layer, bf16* dx, const bf
     matmul(m->gemm, m->stream, dx, dy, weight_bf16(m, tensor, layer), m->B * m->T, in, out, false, false, false);
 }
 
+// [fp8] A block linear's two backward GEMMs in FP8, in the NT layout its tensor cores take:
+// dW (out, in) = (dy^T)8 (x^T)8^T into the bf16 gradient (one micro-step: fp8_args_check), and
+// dx (N, in) = dy8 (W^T)8^T; dy in e5m2 (the range gradients need), x and W in e4m3, x's scale
+// from x as it is (the forward's, since x is the same).
+static void linear_backward_fp8(const Model* m, int tensor, int layer, bf16* dx, const bf16* dy, const bf16* x, int out,
+                                int in) {
+    Fp8Buffers* f = m->fp8;
+    int N = m->B * m->T;
+    size_t offset = param_offset(m, tensor, layer);
+    const float *s_dy = &f->act_scale[1].scale_inv, *s_x = &f->act_scale[0].scale_inv;
+    fp8_quantize_operand(m, f->dy, f->dy_t, &f->act_scale[1], dy, out);
+    fp8_quantize_operand(m, (e4m3*)NULL, f->x_t, &f->act_scale[0], x, in);
+    matmul_fp8(m->gemm, m->stream, grad_bf16(m, offset), f->dy_t, CUDA_R_8F_E5M2, s_dy, f->x_t, CUDA_R_8F_E4M3, s_x, out,
+               in, N, false);
+    grad_written(m, offset, (size_t)out * in);
+    matmul_fp8(m->gemm, m->stream, dx, f->dy, CUDA_R_8F_E5M2, s_dy, f->w_t + fp8_weight_at(m, tensor, layer),
+               CUDA_R_8F_E4M3, &fp8_weight_scale(m, tensor, layer)->scale_inv, N, in, out, false);
+}
+// Both gradients of a block linear y = x W^T from dy: the weight's (written, or accumulated onto the
+// earlier micro-steps') and dx.
+static void linear_backward(const Model* m, int tensor, int layer, bf16* dx, const bf16* dy, const bf16* x, int out,
+                            int in, bool accumulate) {
+    if (fp8_linear(m, tensor)) return linear_backward_fp8(m, tensor, layer, dx, dy, x, out, in);
+    weight_grad(m, tensor, layer, dy, x, out, in, accumulate);
+    input_grad(m, tensor, layer, dx, dy, out, in);
+}
+
 // Backward of one RMSNorm: dresid (+)= its input gradient, dresid_bf16 = the same rounded, and
 // the weight gradient written or accumulated.
 static void norm_backward(const Model* m, int tensor, int layer, const float* x, const float* rstd, bool accumulate_dx,
@@ -835,16 +992,13 @@ static void block_backward(const Model* m, int l, bool accumulate) {
     // MLP: down, SwiGLU, gate_up, ffn norm
     bf16 *dact = m->acts.dact, *dgate_up = m->acts.dgate_up;
     recompute_act(m, l);
-    weight_grad(m, P_DOWN, l, dresid_bf16, m->acts.act + ncopy * N * F, C, F, accumulate);
-    input_grad(m, P_DOWN, l, dact, dresid_bf16, C, F);
+    linear_backward(m, P_DOWN, l, dact, dresid_bf16, m->acts.act + ncopy * N * F, C, F, accumulate);
     swiglu(true, dgate_up, dact, m->acts.gate_up + copy * N * 2 * F, N, F, m->stream);
     recompute_norm(m, P_FFN_NORM, l);
-    weight_grad(m, P_GATE_UP, l, dgate_up, m->acts.normed_ffn + ncopy * NC, 2 * F, C, accumulate);
-    input_grad(m, P_GATE_UP, l, dbranch, dgate_up, 2 * F, C);
+    linear_backward(m, P_GATE_UP, l, dbranch, dgate_up, m->acts.normed_ffn + ncopy * NC, 2 * F, C, accumulate);
     norm_backward(m, P_FFN_NORM, l, m->acts.h + copy * NC, m->acts.rstd_ffn + copy * N, true, accumulate);
     // attention: out projection, heads, RoPE, qkv, attention norm
-    weight_grad(m, P_ATTN_OUT, l, dresid_bf16, m->acts.att_y + copy * NC, C, C, accumulate);
-    input_grad(m, P_ATTN_OUT, l, dbranch, dresid_bf16, C, C);
+    linear_backward(m, P_ATTN_OUT, l, dbranch, dresid_bf16, m->acts.att_y + copy * NC, C, C, accumulate);
     bf16 *dheads = m->acts.dheads, *dqkv = m->acts.qkv;
     redundant_fill(m, dheads, (size_t)N * QKV);
     attention_backward(m, l, dbranch);
@@ -852,8 +1006,7 @@ static void block_backward(const Model* m, int l, bool accumulate) {
     rope_permute(true, dqkv, dheads, dheads + NC, dheads + NC + (size_t)N * (QKV - C) / 2, m->rope_cos, m->rope_sin,
                  head_shape(m), m->stream, m->shape_in_memory);
     recompute_norm(m, P_ATTN_NORM, l);
-    weight_grad(m, P_QKV, l, dqkv, m->acts.normed_attn + ncopy * NC, QKV, C, accumulate);
-    input_grad(m, P_QKV, l, dbranch, dqkv, QKV, C);
+    linear_backward(m, P_QKV, l, dbranch, dqkv, m->acts.normed_attn + ncopy * NC, QKV, C, accumulate);
     norm_backward(m, P_ATTN_NORM, l, m->acts.resid + l * NC, m->acts.rstd_attn + copy * N, true, accumulate);
 }
 
@@ -973,6 +1126,7 @@ static void adamw_tensor(const Model* m, int tensor, int layer, const AdamWParam
     if (tensor == P_WTE) return adamw_embedding(m, h, s);
     size_t begin = param_offset(m, tensor, layer);
     adamw_range(m, begin, begin + m->layout.layer_size[tensor], begin, h, s);
+    if (fp8_linear(m, tensor)) fp8_quantize_weight(m, tensor, layer, s); // [fp8] from the new shadow
 }
 
 // ---- data parallel: the sharded optimizer (ZeRO-1) ----
@@ -1152,6 +1306,7 @@ static void optimizer_step(const Model* m) {
     adamw_range(m, p->matmul_begin, p->matmul_end, p->matmul_begin, h, m->stream);
     adamw_range(m, p->norm_begin, p->total, p->norm_begin, h, m->stream);
     adamw_embedding(m, h, m->stream);
+    if (m->fp8) fp8_quantize_weights(m, m->stream);
     NVTX_POP();
 }
 
@@ -2123,7 +2278,7 @@ int main(int argc, char** argv) {
 
     Model m;
     model_create(&m, &cfg, &a.optim, &a.sw, a.loop.batch_size, a.loop.sequence_length, micro_steps(&a.loop),
-                 a.loop.recompute, comm);
+                 a.loop.recompute, a.loop.fp8, comm);
     print_model(&m, &a);
     model_start(&m, &a, fmt, &in, &loader, argv[0]);
     static Saver saver;

@@ -50,6 +50,15 @@ MUTANTS = [
      "instead of the next",
      "kt + 1, T);\n        const KeyTile<HD>& tile = kv[kt % 2];\n        float s[",
      "kt, T);\n        const KeyTile<HD>& tile = kv[kt % 2];\n        float s["),
+    ("fp8_weight_scale_is_inputs", "fp8", "train_llama3.cu", "--fp8 1 forward: the input's inverse scale applied "
+     "twice, the weight's not at all",
+     "&fp8_weight_scale(m, tensor, layer)->scale_inv,\n                   m->B * m->T, out, in, false);",
+     "&f->act_scale[0].scale_inv,\n                   m->B * m->T, out, in, false);"),
+    ("fp8_stale_amax", "fp8", "train_llama3.cu", "--fp8 1: an operand's amax not reset, so its scale comes from the "
+     "largest of the step's earlier operands too",
+     "    CUDA_CHECK(cudaMemsetAsync(scale, 0, sizeof(Fp8Scale), m->stream));\n", ""),
+    ("fp8_grads_e4m3", "fp8", "train_llama3.cu", "--fp8 1: the output gradients quantised to e4m3 where the GEMMs "
+     "read e5m2", "fp8_quantize_operand(m, f->dy, f->dy_t,", "fp8_quantize_operand(m, (e4m3*)f->dy, (e4m3*)f->dy_t,"),
     ("dq_10pct", "kernel", "kernels.cuh", "flash backward: dQ 10 % too large",
      "store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, scale);",
      "store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, 1.1f * scale);"),
@@ -278,8 +287,9 @@ HOST_MUTANTS = [
      '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "2",', '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "3",'),
 ]
 
-# Bugs of a kernel that the trainer does not call yet, each caught by its dev/ benchmark's --check
-# (the last field): --dev builds only that binary in the copy and runs its check.
+# Bugs of a kernel caught by its dev/ benchmark's --check (the last field): --dev builds only that
+# binary in the copy and runs its check (the FP8 kernels' own bugs; the trainer's FP8 path has its
+# mutants in MUTANTS).
 DEV_MUTANTS = [
     ("fp8_scale_twice", "fp8", "kernels.cuh", "FP8 quantisation multiplies by the scale twice",
      "return __nv_cvt_float_to_fp8(x * scale, __NV_SATFINITE", "return __nv_cvt_float_to_fp8(x * scale * scale, __NV_SATFINITE",
@@ -399,7 +409,7 @@ def main():
     pool_of = HOST_MUTANTS if args.host_only else DP_MUTANTS if args.data_parallel else MUTANTS
     mutants = [m for m in pool_of if not args.only or m[0] in args.only]
     refs = () if args.host_only else ("small_t64",) if args.data_parallel else (
-        "small_t64", "small_t1024", "small_b8", "small_accum", "small_dense", "small_tied", "small_hd128")
+        "small_t64", "small_t1024", "small_b8", "small_accum", "small_dense", "small_tied", "small_hd128", "small_fp8")
     for ref in refs:
         if not os.path.exists(os.path.join(ROOT, "ref", f"{ref}_state.bin")):
             sys.exit(f"ref/{ref}_state.bin is missing: run `make test` on this GPU machine first")

@@ -105,6 +105,68 @@ def make_model(shape, device, seed, qk_std=0.02, vocab=0, tied=False, rope_facto
     return model, cfg
 
 
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def to_fp8(t, dtype):
+    """t (bf16) in FP8 with one dynamic scale (the trainer's kernels.cuh fp8_scale: FP8_MAX / max(amax, 1e-12) in
+    fp32; x * scale rounded to nearest even, saturated), and the inverse scale the GEMM multiplies by."""
+    scale = FP8_MAX[dtype] / torch.clamp(t.abs().max().float(), min=1e-12)
+    q = (t.float() * scale).clamp(-FP8_MAX[dtype], FP8_MAX[dtype]).to(dtype)
+    return q, scale.reciprocal()
+
+
+class Fp8Linear(torch.autograd.Function):
+    """y = x w^T as the trainer's --fp8 1 computes it, through torch._scaled_mm: x and w in e4m3, the output
+    gradient in e5m2, one dynamic scale per tensor, fp32 accumulation, bf16 out; the weight gradient bf16."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.dtypes = (x.dtype, w.dtype)
+        x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        x8, sx = to_fp8(x2, torch.float8_e4m3fn)
+        w8, sw = to_fp8(w.to(torch.bfloat16), torch.float8_e4m3fn)
+        ctx.save_for_backward(x8, sx, w8, sw)
+        y = torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)
+        return y.reshape(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x8, sx, w8, sw = ctx.saved_tensors
+        dy8, sdy = to_fp8(dy.reshape(-1, dy.shape[-1]).to(torch.bfloat16), torch.float8_e5m2)
+        col = lambda t: t.t().contiguous().t()  # _scaled_mm's second operand column-major
+        dx = torch._scaled_mm(dy8, col(w8), scale_a=sdy, scale_b=sw, out_dtype=torch.bfloat16)
+        dw = torch._scaled_mm(dy8.t().contiguous(), col(x8), scale_a=sdy, scale_b=sx, out_dtype=torch.bfloat16)
+        return dx.reshape(*dy.shape[:-1], x8.shape[1]).to(ctx.dtypes[0]), dw.to(ctx.dtypes[1])
+
+
+def fp8_fused(linears):
+    """The linears that read one input (q, k, v; gate, up) as the trainer's one fused weight: the first one's
+    forward runs one Fp8Linear on their weights concatenated (one scale for the fused weight and one for the fused
+    output gradient, as the trainer's qkv and gate_up tensors have), the others return their slice of it. HF
+    calls them in this order on the same input."""
+    held = {}
+
+    def part(i):
+        def forward(x):
+            if i == 0:
+                y = Fp8Linear.apply(x, torch.cat([lin.weight for lin in linears]))
+                held["out"], held["x"] = y.split([lin.out_features for lin in linears], dim=-1), x
+            assert held["x"] is x, "fp8_fused: the fused linears must read the same input, first one first"
+            return held["out"][i]
+        return forward
+    for i, lin in enumerate(linears):
+        lin.forward = part(i)
+
+
+def use_fp8(model):
+    """--fp8: every block linear through Fp8Linear (lm_head and attention stay bf16), as the trainer's --fp8 1."""
+    for layer in model.model.layers:
+        a, mlp = layer.self_attn, layer.mlp
+        for group in ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]):
+            fp8_fused(group)
+
+
 def to_meta_rows(w, n_heads):
     """HF rotates halves (i, i+D/2) of each head; the seed/Meta files rotate pairs (2i, 2i+1)."""
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, -1).transpose(1, 2).reshape(w.shape)
@@ -289,6 +351,8 @@ def main():
                     "the trainer's: the head's gradient reaches every row)")
     ap.add_argument("--rope_factor", type=float, help="llama3 RoPE scaling's factor (default: the shape's, 8 for "
                     "8b, 32 for the others); the seed header's slot 17")
+    ap.add_argument("--fp8", action="store_true", help="the block linears in FP8 through torch._scaled_mm, as the "
+                    "trainer's --fp8 1 (a GPU of compute capability 8.9 or newer)")
     ap.add_argument("--model_only", action="store_true", help="write only NAME_model.bin (no training)")
     ap.add_argument("--llmc", action="store_true", help="also write the model in llm.c's format")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -301,6 +365,8 @@ def main():
         ap.error(f"--rope_factor {args.rope_factor}: in [1, 1024], as llama3.h's config_check takes")
     if args.llmc and (args.rope_factor or ROPE_FACTORS.get(args.shape, 32.0)) != 32.0:
         ap.error("--llmc with a rope factor other than 32: llm.c's header has no field for it (read as 32)")
+    if args.fp8 and not args.device.startswith("cuda"):
+        ap.error("--fp8 needs a CUDA device (torch._scaled_mm)")
     args.dense_embedding |= args.tied
     dev, B, T, A, n = args.device, args.batch_size, args.seq_len, args.grad_accum, args.steps
     model, cfg = make_model(args.shape, dev, args.seed, args.qk_std, args.vocab, args.tied, args.rope_factor)
@@ -323,6 +389,8 @@ def main():
 
     with torch.no_grad():  # context for the bf16 errors: the same model's logits in plain fp32
         logits_fp32 = model(input_ids=x[0, 0].to(dev)).logits.float().cpu().numpy()
+    if args.fp8:
+        use_fp8(model)
     header = np.zeros(256, dtype=np.int32)
     header[:8] = [STATE_MAGIC, STATE_VERSION, B, T, n, cfg.vocab_size, 0 if args.dense_embedding else 1, A]
     header[8:10] = [SCHEDULES.index(args.lr_schedule), args.warmup_iters]

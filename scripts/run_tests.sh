@@ -350,7 +350,8 @@ host_parts() {
 # embedding and wsd; tied embeddings (wte also the head's weight), alone and with 3 micro-steps,
 # clipping and a cosine schedule; head_dim 128 (C 512, 4 heads, 2 KV heads) at T=1024, its q and k
 # init scaled so that the scores spread as small_t1024's (std about 2.5: the softmax not flat), with
-# Llama-3.1's RoPE factor 8 (the 8B's head_dim and RoPE; the others have 3.2's 32).
+# Llama-3.1's RoPE factor 8 (the 8B's head_dim and RoPE; the others have 3.2's 32); and on a GPU
+# with FP8 tensor cores, the block linears in FP8 (torch._scaled_mm, the trainer's --fp8 1 recipe).
 SMALL_REFS=(
     "small_sched --shape small --batch_size 4 --seq_len 64 --steps 5 --lr_schedule cosine --warmup_iters 2 --final_lr_frac 0.1 --grad_clip 1.0 --eps 1e-3"
     "small_t64 --shape small --batch_size 4 --seq_len 64 --llmc"
@@ -364,6 +365,13 @@ SMALL_REFS=(
     "small_tied --shape small --batch_size 4 --seq_len 64 --tied"
     "small_tied_accum_clip --shape small --batch_size 4 --seq_len 64 --grad_accum 3 --tied --lr_schedule cosine --warmup_iters 1 --grad_clip 1.0"
 )
+# [fp8] compute capability 8.9 or newer (Ada, Hopper): torch._scaled_mm and the trainer's --fp8 1
+fp8_gpu() { nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -n 1 | awk '{ exit !($1 >= 8.9) }'; }
+if fp8_gpu; then
+    SMALL_REFS+=("small_fp8 --shape small --batch_size 4 --seq_len 64 --steps 5 --fp8")
+fi
+# The trainer's flags that a reference was made for (test_llama3 and train_llama3 on it take them too).
+ref_flags() { case $1 in small_fp8) echo "--fp8 1" ;; esac; }
 BIG_REF="1b --shape 1b --batch_size 4 --seq_len 64 --steps 2"
 # Every setting of the switches other than their defaults, from the trainer (llama3.h LLAMA3_SWITCHES),
 # each a test_llama3 run on small_t64; all but --sparse_embedding 0: test_llama3 takes the embedding's
@@ -404,7 +412,8 @@ trainer_run() {
     has_ref "$ref" || return
     flags=$(./test_llama3 --train_args "ref/$ref") || { count_failure 1; return; }
     # shellcheck disable=SC2086
-    run "$name: train_llama3" ./train_llama3 $flags --llmc_filepath "$model" --input_bin "$tokens" --log_file "$log"
+    run "$name: train_llama3" ./train_llama3 $flags $(ref_flags "$ref") --llmc_filepath "$model" --input_bin "$tokens" \
+        --log_file "$log"
     run "$name: its losses against PyTorch" ./test_llama3 --log "$log" "ref/$ref"
 }
 
@@ -523,7 +532,8 @@ with_switch() {
     # shellcheck disable=SC2086
     run "test_llama3 $1 $2" ./test_llama3 "ref/$1" $2
 }
-test_ref() { has_ref "$1" && run "test_llama3 $1" ./test_llama3 "ref/$1"; }
+# shellcheck disable=SC2046
+test_ref() { has_ref "$1" && run "test_llama3 $1 $(ref_flags "$1")" ./test_llama3 "ref/$1" $(ref_flags "$1"); }
 
 # The GPU parts that need no reference: they run while the references are written.
 gpu_parts_without_refs() {
@@ -575,6 +585,7 @@ nccl_version() {
 # The parts on the references, each test_llama3 run its own part.
 gpu_parts_on_refs() {
     local spec name s
+    fp8_gpu || skipped+=("test_llama3 and train_llama3 on small_fp8 (--fp8 1 needs compute capability 8.9 or newer; this GPU has less)")
     for spec in "${SMALL_REFS[@]}"; do
         name=${spec%% *}
         part "test_llama3 $name" test_ref "$name"
@@ -594,6 +605,8 @@ gpu_parts_on_refs() {
         small_accum) part "train_llama3 small_accum" trainer_run "small_accum, 3 micro-steps" small_accum \
             ref/small_accum_model.bin ref/small_accum_tokens.bin ;;
         small_t1024) part "recompute small_t1024" recompute_same small_t1024 1 ;;
+        small_fp8) part "train_llama3 small_fp8" trainer_run "small_fp8, the block linears in FP8" small_fp8 \
+            ref/small_fp8_model.bin ref/small_fp8_tokens.bin ;;
         small_tied)
             part "recompute small_tied" recompute_same small_tied 2
             for s in "${TIED_SWITCHES[@]}"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
@@ -610,7 +623,7 @@ gpu_parts_on_refs() {
 
 # The GPU parts that python3 without torch cannot run, for the skipped list.
 GPU_REF_PARTS=("test_llama3 against the PyTorch references (small T=64 with every switch, T=1024, B=8,"\
-" 3 micro-steps, dense embedding, schedules with clipping, tied embeddings, head_dim 128, 1B)"
+" 3 micro-steps, dense embedding, schedules with clipping, tied embeddings, head_dim 128, FP8 block linears, 1B)"
     "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens, 3 micro-steps, clipping)"
     "the NaN guard on a poisoned reference model, and its JSON log read and drawn"
     "checkpoints: exact resume, the log continued, SIGKILL during saves (scripts/test_checkpoints.sh)"
