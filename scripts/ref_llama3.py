@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+import llama3_files
 from safe_write import write_atomic
 
 SHAPES = {  # n_layer, n_embd, n_head, n_kv_head, vocab_size, max_seq_len, ffn_dim_multiplier, multiple_of
@@ -55,6 +56,12 @@ SHAPES = {  # n_layer, n_embd, n_head, n_kv_head, vocab_size, max_seq_len, ffn_d
     "8b": (32, 4096, 32, 8, 128256, 8192, 1.3, 1024),  # LLaMA 3.1-8B's
 }
 ROPE_FACTORS = {"8b": 8.0}  # llama3 RoPE scaling's factor: Llama-3.1's 8; the others 3.2's 32 (--rope_factor)
+
+
+def rope_factor_of(shape, given=None):
+    """The llama3 RoPE factor a model of `shape` gets: --rope_factor when given, else the shape's."""
+    return given or ROPE_FACTORS.get(shape, 32.0)
+
 NORM_EPS, ROPE_THETA = 1e-5, 500000.0
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "tiny_shakespeare_train.bin")
 STATE_MAGIC, STATE_VERSION = 20241129, 5
@@ -84,7 +91,7 @@ def ffn_hidden(C, multiplier, multiple_of):
 
 def make_model(shape, device, seed, qk_std=0.02, vocab=0, tied=False, rope_factor=None):
     L, C, NH, KVH, V, max_T, multiplier, multiple_of = SHAPES[shape]
-    rope_factor = rope_factor or ROPE_FACTORS.get(shape, 32.0)
+    rope_factor = rope_factor_of(shape, rope_factor)
     V = vocab or V
     cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=ffn_hidden(C, multiplier, multiple_of),
                       num_hidden_layers=L, ffn_dim_multiplier=multiplier, multiple_of=multiple_of,
@@ -216,14 +223,11 @@ def llmc_order(model, cfg):
 
 
 def seed_header(cfg):
-    ints = np.zeros(256, dtype=np.int32)
-    ints[:8] = [20240803, 3, cfg.max_position_embeddings, cfg.vocab_size, cfg.num_hidden_layers,
-                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size]
-    ints[8:12] = np.array([cfg.ffn_dim_multiplier, 0, NORM_EPS, ROPE_THETA], dtype=np.float32).view(np.int32)
-    ints[9] = cfg.multiple_of
-    ints[12:17] = [1, 4, 3, 2, int(cfg.tie_word_embeddings)]  # use_scaled_rope, max_gen_batch_size, version major,
-    ints[17] = np.array([cfg.rope_parameters["factor"]], dtype=np.float32).view(np.int32)[0]  # minor, tied, rope
-    return ints  # factor
+    """The seed header of the HF config, written by llama3_files (the one writer of that format in scripts/)."""
+    return llama3_files.seed_header(llama3_files.Config(
+        cfg.max_position_embeddings, cfg.vocab_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+        cfg.num_key_value_heads, cfg.hidden_size, cfg.ffn_dim_multiplier, cfg.multiple_of, NORM_EPS, ROPE_THETA, 1,
+        int(cfg.tie_word_embeddings), cfg.rope_parameters["factor"]))
 
 
 def llmc_header(cfg):
@@ -363,7 +367,7 @@ def main():
         ap.error("--tied with --llmc: llm.c's model format has no tied embeddings")
     if args.rope_factor is not None and not 1.0 <= args.rope_factor <= 1024.0:
         ap.error(f"--rope_factor {args.rope_factor}: in [1, 1024], as llama3.h's config_check takes")
-    if args.llmc and (args.rope_factor or ROPE_FACTORS.get(args.shape, 32.0)) != 32.0:
+    if args.llmc and rope_factor_of(args.shape, args.rope_factor) != 32.0:
         ap.error("--llmc with a rope factor other than 32: llm.c's header has no field for it (read as 32)")
     if args.fp8 and not args.device.startswith("cuda"):
         ap.error("--fp8 needs a CUDA device (torch._scaled_mm)")
