@@ -564,6 +564,41 @@ static void test_user_flags(void) {
                  "--num_iteration 8");
 }
 
+// [fp8] What --fp8 1 takes (the bench configs) and what it refuses, each refusal naming the flag and
+// what to change: B*T or a width not a multiple of 64 (the transposing quantiser's tiles), several
+// micro-steps or ranks, the switches whose buffers it reads off.
+static void test_fp8_flags(void) {
+    TrainArgs a;
+    char err[L3_ERR_LEN];
+    Llama3Config c = llama3_2_1b_config();
+    const char* taken[] = {"--fp8 1", "--fp8 1 --batch_size 16 --sequence_length 1024", "--fp8 0 --total_batch_size 512"};
+    for (int i = 0; i < 3; i++) {
+        int rc = parse(&a, err, taken[i]);
+        CHECK(rc == 0 && train_args_check(&a, &c, err) == 0, "%s taken (%s)", taken[i], rc ? err : "ok");
+    }
+    expect_error(parse(&a, err, "--fp8 2"), err, "--fp8 2", "--fp8: bad value '2'", NULL);
+    int rc = parse(&a, err, "--fp8 1 --batch_size 3 --sequence_length 10");
+    expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--fp8 1 with B*T 30", "--fp8 1",
+                 "--batch_size * --sequence_length = 30 must be a multiple of 64");
+    rc = parse(&a, err, "--fp8 1 --total_batch_size 512");
+    expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--fp8 1 with 2 micro-steps", "--fp8 1 takes one micro-step",
+                 "--total_batch_size must equal");
+    const char* off[] = {"--fp8 1 --shadow_weights 0", "--fp8 1 --bf16_grads 0"};
+    for (int i = 0; i < 2; i++) {
+        rc = parse(&a, err, off[i]);
+        expect_error(rc ? rc : train_args_check(&a, &c, err), err, off[i], "--fp8 1 needs --shadow_weights 1 and --bf16_grads 1",
+                     NULL);
+    }
+    rc = parse(&a, err, "--fp8 1");
+    a.loop.world = 2; // (a launch of two ranks: fp8_args_check alone, before the rendezvous flags' checks)
+    expect_error(rc ? rc : fp8_args_check(&a, &c, err), err, "--fp8 1 on two ranks", "--fp8 1 runs on one rank", NULL);
+    Llama3Config odd = c;
+    odd.ffn_hidden = 8200;
+    rc = parse(&a, err, "--fp8 1");
+    expect_error(rc ? rc : train_args_check(&a, &odd, err), err, "--fp8 1 with ffn_hidden 8200", "ffn_hidden 8200",
+                 "must be multiples of 64");
+}
+
 // The GPUs the build takes, and the val split beside a user's token file.
 static void test_gpu_and_val_paths(void) {
     char err[L3_ERR_LEN], out[L3_PATH_LEN];
@@ -1750,6 +1785,7 @@ int main(void) {
     test_loader();
     test_cli();
     test_user_flags();
+    test_fp8_flags();
     test_gpu_and_val_paths();
     test_json_log();
     test_flag_table();

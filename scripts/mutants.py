@@ -282,6 +282,12 @@ HOST_MUTANTS = [
     ("tied_keeps_sparse_embedding", "tied embeddings", "llama3.h", "a tied model keeps --sparse_embedding 1: the "
      "lazy AdamW would update only the rows the batch touched of a dense gradient",
      "    if (c->tied_embeddings) s.sparse_embedding = 0;\n", ""),
+    ("fp8_takes_micro_steps", "fp8", "llama3.h", "--fp8 1 takes several micro-steps per step (its weight-gradient "
+     "GEMM writes bf16 over the earlier micro-steps' instead of adding)", "    if (micro_steps(&a->loop) > 1)\n"
+     "        return l3_fail(err, \"--fp8 1 takes one micro-step", "    if (0)\n        return l3_fail(err, \"--fp8 1 takes "
+     "one micro-step"),
+    ("fp8_width_unchecked", "fp8", "llama3.h", "--fp8 1 takes a model whose widths the 64 x 64 transpose tiles do "
+     "not divide", "    if (c->n_embd % 64 || qkv_dim(c) % 64 || c->ffn_hidden % 64)\n", "    if (0)\n"),
     ("flag_default_undocumented", "flags", "llama3.h", "--checkpoint_keep's default changed to 3 in FLAGS: the "
      "README's flag table still says 2",
      '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "2",', '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "3",'),
