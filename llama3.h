@@ -1317,21 +1317,26 @@ static inline int dist_args_check(const TrainArgs* a, char* err) {
 }
 
 // [fp8] What --fp8 1 takes: the FP8 kernels' shapes (64 x 64 transpose tiles: every block linear's
-// width and B*T multiples of 64), and the paths it is built for: one rank, one micro-step (bf16
-// weight gradients written by the FP8 GEMM), the shadow weights it quantises.
-static inline int fp8_args_check(const TrainArgs* a, const Llama3Config* c, char* err) {
-    long long bt = (long long)a->loop.batch_size * a->loop.sequence_length;
+// width and bt = B*T multiples of 64), and the paths it is built for: one rank, one micro-step (bf16
+// weight gradients written by the FP8 GEMM), the shadow weights it quantises. The one owner of these
+// rules: train_args_check calls it through fp8_args_check, the trainer's model_create directly.
+static inline int fp8_check(const Llama3Config* c, long long bt, int micro_steps, int world, const Switches* sw,
+                            char* err) {
     if (bt % 64) return l3_fail(err, "--fp8 1: --batch_size * --sequence_length = %lld must be a multiple of 64", bt);
     if (c->n_embd % 64 || qkv_dim(c) % 64 || c->ffn_hidden % 64)
         return l3_fail(err, "--fp8 1: the model's n_embd %d, qkv width %d and ffn_hidden %d must be multiples of 64",
                        c->n_embd, qkv_dim(c), c->ffn_hidden);
-    if (a->loop.world > 1) return l3_fail(err, "--fp8 1 runs on one rank only (for now)");
-    if (micro_steps(&a->loop) > 1)
+    if (world > 1) return l3_fail(err, "--fp8 1 runs on one rank only (for now)");
+    if (micro_steps > 1)
         return l3_fail(err, "--fp8 1 takes one micro-step per step: --total_batch_size must equal --batch_size * "
                        "--sequence_length");
-    if (!a->sw.shadow_weights || !a->sw.bf16_grads)
+    if (!sw->shadow_weights || !sw->bf16_grads)
         return l3_fail(err, "--fp8 1 needs --shadow_weights 1 and --bf16_grads 1 (the defaults)");
     return 0;
+}
+static inline int fp8_args_check(const TrainArgs* a, const Llama3Config* c, char* err) {
+    long long bt = (long long)a->loop.batch_size * a->loop.sequence_length;
+    return fp8_check(c, bt, micro_steps(&a->loop), a->loop.world, &a->sw, err);
 }
 
 static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, char* err) {

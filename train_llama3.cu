@@ -348,16 +348,15 @@ typedef struct {
     size_t fp8;         // [fp8] the weights' FP8 copies and one GEMM's FP8 operands (0: --fp8 0)
 } MemoryParts;
 // [fp8] The FP8 buffers' sizes: the block linears' weights, the widest GEMM input (C or F) and output
-// gradient (QKV, C or 2F) of N tokens.
+// gradient (QKV or 2F; C, the others', is narrower than QKV) of N tokens.
 static size_t fp8_weight_count(const ParamLayout* p) { return p->offset[P_ATTN_NORM] - p->offset[P_QKV]; }
 static size_t fp8_input_count(const Model* m) {
     size_t N = (size_t)m->B * m->T, C = m->cfg.n_embd, F = m->cfg.ffn_hidden;
     return N * (C > F ? C : F);
 }
 static size_t fp8_grad_count(const Model* m) {
-    size_t N = (size_t)m->B * m->T, C = m->cfg.n_embd, F2 = 2 * (size_t)m->cfg.ffn_hidden, QKV = qkv_dim(&m->cfg);
-    size_t widest = QKV > F2 ? QKV : F2;
-    return N * (widest > C ? widest : C);
+    size_t N = (size_t)m->B * m->T, F2 = 2 * (size_t)m->cfg.ffn_hidden, QKV = qkv_dim(&m->cfg);
+    return N * (QKV > F2 ? QKV : F2);
 }
 static size_t fp8_scale_count(const Model* m) { return (size_t)(P_DOWN - P_QKV + 1) * m->cfg.n_layer; }
 static size_t fp8_bytes(const Model* m) {
@@ -529,9 +528,15 @@ static void model_reset_training(Model* m) {
     m->steps_run = 0;
 }
 
-// [fp8] --fp8 1 on this GPU: FP8 tensor cores (compute capability 8.9: Ada, Hopper and later), or the
-// run stops here, before any output is opened.
+// [fp8] --fp8 1 for this model and batch (llama3.h fp8_check: what train_args_check refuses too, for
+// test_llama3, which comes here without it) on this GPU: FP8 tensor cores (compute capability 8.9:
+// Ada, Hopper and later), or the run stops here, before any output is opened.
 static void fp8_start(Model* m) {
+    char err[L3_ERR_LEN];
+    if (fp8_check(&m->cfg, (long long)m->B * m->T, m->grad_accum, m->comm ? m->comm->world : 1, &m->sw, err)) {
+        fprintf(stderr, "error: %s\n", err);
+        exit(EXIT_FAILURE);
+    }
     int device, major, minor;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -553,8 +558,8 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg, m->opt = *opt, m->sw = switches_for_model(sw, cfg), m->B = B, m->T = T, m->grad_accum = grad_accum;
     m->recompute = recompute;
-    if (fp8) fp8_start(m);
     m->comm = comm;
+    if (fp8) fp8_start(m);
     sw = &m->sw; // (as they apply to this model)
     int device;
     CUDA_CHECK(cudaGetDevice(&device));

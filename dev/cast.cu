@@ -33,18 +33,18 @@ typedef struct {
     bf16* weight_cast;  // (out, in): version 1's cast output, reused by every call
     bf16* x;            // (tokens, in)
     bf16* y;            // (tokens, out)
-} Linear;
+} CastLinear;
 
-static Linear linear_alloc(int tokens, int out, int in, int copies) {
+static CastLinear linear_alloc(int tokens, int out, int in, int copies) {
     size_t n = (size_t)out * in;
-    Linear L = {tokens, out, in, copies, dev_alloc<float>(copies * n), dev_alloc<bf16>(copies * n), dev_alloc<bf16>(n),
+    CastLinear L = {tokens, out, in, copies, dev_alloc<float>(copies * n), dev_alloc<bf16>(copies * n), dev_alloc<bf16>(n),
                 dev_alloc<bf16>((size_t)tokens * in), dev_alloc<bf16>((size_t)tokens * out)};
     return L;
 }
 // Weights N(0, 0.02) from the trainer's init kernel (host generation of lm_head's 262M would take
 // seconds), shadows by cast_to_bf16 as model_sync_shadow makes them; x N(0, 1) from the host.
-static Linear linear_random(int tokens, int out, int in, int copies, std::vector<float>* x_host) {
-    Linear L = linear_alloc(tokens, out, in, copies);
+static CastLinear linear_random(int tokens, int out, int in, int copies, std::vector<float>* x_host) {
+    CastLinear L = linear_alloc(tokens, out, in, copies);
     size_t n = (size_t)copies * out * in;
     init_params(L.weight_f32, n, 0.0f, 0.02f, dev_seed() + out + in, 0);
     cast_to_bf16(L.shadow, L.weight_f32, n, 0);
@@ -52,13 +52,13 @@ static Linear linear_random(int tokens, int out, int in, int copies, std::vector
     CUDA_CHECK(cudaMemcpy(L.x, to_bf16(*x_host).data(), x_host->size() * sizeof(bf16), cudaMemcpyHostToDevice));
     return L;
 }
-static void linear_free(Linear& L) {
+static void linear_free(CastLinear& L) {
     void* all[] = {L.weight_f32, L.shadow, L.weight_cast, L.x, L.y};
     for (void* p : all) CUDA_CHECK(cudaFree(p));
 }
 
 // y = x @ W^T with weight copy `copy`, as the trainer's block_forward calls matmul.
-static void linear_forward(int version, Gemm* g, const Linear& L, int copy) {
+static void linear_forward(int version, Gemm* g, const CastLinear& L, int copy) {
     size_t n = (size_t)L.out * L.in;
     const bf16* w = L.shadow + copy * n;
     if (version == 1) {
@@ -92,7 +92,7 @@ static void validate_small(Gemm* g, const DevArgs& a, bool* ok) {
     std::vector<float> x = from_bf16(to_bf16(random_normal((size_t)tokens * in))), w = random_normal((size_t)out * in);
     std::vector<float> w_bf16 = from_bf16(to_bf16(w)), ref((size_t)tokens * out);
     for (int t = 0; t < tokens; t++) linear_cpu_row(&ref[(size_t)t * out], &x[(size_t)t * in], w_bf16, out, in);
-    Linear L = linear_alloc(tokens, out, in, 1);
+    CastLinear L = linear_alloc(tokens, out, in, 1);
     CUDA_CHECK(cudaMemcpy(L.x, to_bf16(x).data(), x.size() * sizeof(bf16), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(L.weight_f32, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(L.shadow, to_bf16(w).data(), w.size() * sizeof(bf16), cudaMemcpyHostToDevice));
@@ -116,7 +116,7 @@ static void validate_small(Gemm* g, const DevArgs& a, bool* ok) {
 // cuBLASLt plan: the cast adds time, not a difference).
 static void validate_real(Gemm* g, const WeightShape& s, const DevArgs& a, bool* ok) {
     std::vector<float> x;
-    Linear L = linear_random(TOKENS, s.out, s.in, 1, &x);
+    CastLinear L = linear_random(TOKENS, s.out, s.in, 1, &x);
     std::vector<float> w = from_bf16(dev_download(L.shadow, (size_t)s.out * s.in)), ref(2 * (size_t)s.out);
     const int rows[2] = {0, TOKENS - 1};
     for (int r = 0; r < 2; r++) linear_cpu_row(&ref[r * (size_t)s.out], &x[(size_t)rows[r] * s.in], w, s.out, s.in);
@@ -147,7 +147,7 @@ static const char* const LABELS[] = {"", "1 cast, then GEMM", "2 GEMM on shadow 
 static void time_shape(Gemm* g, const WeightShape& s, const DevArgs& a, const bool* ok) {
     int copies = (int)ceil(200e6 / (2.0 * s.out * s.in)); // 200 MB of bf16 weights, 4x L2
     std::vector<float> x;
-    Linear L = linear_random(TOKENS, s.out, s.in, copies, &x);
+    CastLinear L = linear_random(TOKENS, s.out, s.in, copies, &x);
     char size[64];
     snprintf(size, sizeof(size), "%s %dx%dx%d", s.name, TOKENS, s.out, s.in);
     for (int version = 1; version <= 2; version++) {

@@ -170,6 +170,22 @@ static int rotations(size_t bytes_per_call) {
     return (int)std::min<size_t>(64, 2 * (size_t)l2 / bytes_per_call + 1);
 }
 
+// ---- the model's linears ----
+// A linear layer y = x W^T of the trainer: W (out, in).
+typedef struct {
+    const char* name;
+    int out, in;
+} Linear;
+
+// One layer's linears, then the LM head (last), at model c's widths.
+static std::vector<Linear> model_linears(const Llama3Config& c) {
+    return {{"qkv", qkv_dim(&c), c.n_embd},
+            {"attn_out", c.n_embd, c.n_embd},
+            {"gate_up", 2 * c.ffn_hidden, c.n_embd},
+            {"down", c.n_embd, c.ffn_hidden},
+            {"lm_head", c.vocab_size, c.n_embd}};
+}
+
 // ---- timing ----
 // One thread busy-waits `ns` nanoseconds of the GPU's global timer.
 __global__ void spin_kernel(uint64_t ns) {

@@ -26,16 +26,11 @@
 #include "common.h"
 #include "../llama3.h"
 
-typedef struct {
-    const char* name;
-    int out, in;
-} Linear;
-
+// The block linears: model_linears (dev/common.h) but the lm_head, which --fp8 1 leaves in bf16.
 static std::vector<Linear> block_linears(const Llama3Config& c) {
-    return {{"qkv", qkv_dim(&c), c.n_embd},
-            {"attn_out", c.n_embd, c.n_embd},
-            {"gate_up", 2 * c.ffn_hidden, c.n_embd},
-            {"down", c.n_embd, c.ffn_hidden}};
+    std::vector<Linear> ls = model_linears(c);
+    ls.pop_back();
+    return ls;
 }
 
 enum { FORWARD, INPUT_GRAD, WEIGHT_GRAD, NUM_KINDS };

@@ -23,19 +23,6 @@
 #include "common.h"
 #include "../llama3.h"
 
-typedef struct {
-    const char* name;
-    int out, in;
-} Linear;
-
-static std::vector<Linear> model_linears(const Llama3Config& c) {
-    return {{"qkv", qkv_dim(&c), c.n_embd},
-            {"attn_out", c.n_embd, c.n_embd},
-            {"gate_up", 2 * c.ffn_hidden, c.n_embd},
-            {"down", c.n_embd, c.ffn_hidden},
-            {"lm_head", c.vocab_size, c.n_embd}};
-}
-
 enum { FORWARD, INPUT_GRAD, WEIGHT_GRAD_BF16, WEIGHT_GRAD, WEIGHT_GRAD_ACC, NUM_KINDS };
 static const char* const KIND_NAMES[NUM_KINDS] = {"forward (NT, bf16)", "input grad (NN, bf16)",
                                                   "weight grad (TN, bf16)", "weight grad (TN, fp32, beta 0)",

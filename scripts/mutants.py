@@ -283,7 +283,7 @@ HOST_MUTANTS = [
      "lazy AdamW would update only the rows the batch touched of a dense gradient",
      "    if (c->tied_embeddings) s.sparse_embedding = 0;\n", ""),
     ("fp8_takes_micro_steps", "fp8", "llama3.h", "--fp8 1 takes several micro-steps per step (its weight-gradient "
-     "GEMM writes bf16 over the earlier micro-steps' instead of adding)", "    if (micro_steps(&a->loop) > 1)\n"
+     "GEMM writes bf16 over the earlier micro-steps' instead of adding)", "    if (micro_steps > 1)\n"
      "        return l3_fail(err, \"--fp8 1 takes one micro-step", "    if (0)\n        return l3_fail(err, \"--fp8 1 takes "
      "one micro-step"),
     ("fp8_width_unchecked", "fp8", "llama3.h", "--fp8 1 takes a model whose widths the 64 x 64 transpose tiles do "
