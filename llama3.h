@@ -55,7 +55,8 @@ typedef struct {
     float rope_factor;   // llama3 scaling's factor: 32 in Llama-3.2, 8 in Llama-3.1
 } Llama3Config;
 
-#define LLAMA3_2_ROPE_FACTOR 32.0f // a seed header's slot 17 when it holds 0 (the seed's files), and llm.c's
+#define LLAMA3_2_ROPE_FACTOR 32.0f // a seed header's slot 17 when it holds 0 (the seed's files)
+#define LLMC_ROPE_FACTOR 8.0f      // llm.c's: its header has no field, its trainers hardcode Llama-3.1's 8
 
 #define LLAMA3_MAX_FFN (1 << 20)
 #define LLAMA3_MAX_LAYERS 1024
@@ -326,7 +327,7 @@ static inline Llama3Config llmc_header_config(const unsigned char* h) {
     c.multiple_of = read_i32(h, 32), c.use_scaled_rope = read_i32(h, 36);
     c.ffn_dim_multiplier = read_f32(h, 1024), c.norm_eps = read_f32(h, 1028), c.rope_theta = read_f32(h, 1032);
     c.tied_embeddings = 0; // llm.c's format always has its lm_head
-    c.rope_factor = LLAMA3_2_ROPE_FACTOR; // its header has no field for it
+    c.rope_factor = LLMC_ROPE_FACTOR; // its header has no field for it
     return c;
 }
 

@@ -253,6 +253,7 @@ static void test_llmc_model_file(void) {
     int rc = model_header_read(path, &got, &fmt, err);
     CHECK(rc == 0 && fmt == MODEL_FILE_LLMC && got.ffn_hidden == c.ffn_hidden && got.n_kv_head == 2,
           "llm.c file detected as llm.c format (%s)", rc ? err : "ok");
+    CHECK(rc == 0 && got.rope_factor == 8.0f, "llm.c file's RoPE factor read as llm.c's 8 (got %g)", got.rope_factor);
     float* params = calloc(param_layout(&c).total, sizeof(float));
     float buf[4096];
     rc = model_file_load(path, &c, fmt, buf, 4096, host_sink, params, err);

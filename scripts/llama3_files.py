@@ -15,7 +15,8 @@ SEED_HEADER_BYTES, LLMC_HEADER_BYTES = 1024, 2048
 # The llama3 RoPE scaling constants llama3.h's rope_inv_freq hardcodes (use_scaled_rope 1); the factor is the
 # header's rope_factor (32 in Llama-3.2, 8 in Llama-3.1).
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-LLAMA3_2_ROPE_FACTOR = 32.0  # a seed header's slot 17 when it holds 0, and llm.c's (no field for it)
+LLAMA3_2_ROPE_FACTOR = 32.0  # a seed header's slot 17 when it holds 0
+LLMC_ROPE_FACTOR = 8.0  # llm.c's: its header has no field, its trainers hardcode Llama-3.1's 8 (llama3.h's too)
 FLASH_HEAD_DIMS = (32, 64, 128)  # kernel_limits_check: the head sizes flash attention takes
 MAX_N_EMBD = 8192  # LLAMA3_MAX_N_EMBD: the RMSNorm kernels' widest row
 MAX_FFN = 1 << 20  # LLAMA3_MAX_FFN
@@ -132,7 +133,7 @@ def llmc_header_config(h):
     """The config an llm.c llama3 header holds (h: its 2048 bytes): 256 int32 then 256 float32."""
     i, f = np.frombuffer(h[:64], "<i4"), np.frombuffer(h[1024:1036], "<f4")
     return Config(int(i[2]), int(i[3]), int(i[4]), int(i[5]), int(i[6]), int(i[7]), float(f[0]), int(i[8]),
-                  float(f[1]), float(f[2]), int(i[9]))
+                  float(f[1]), float(f[2]), int(i[9]), rope_factor=LLMC_ROPE_FACTOR)
 
 
 def seed_layout(c):

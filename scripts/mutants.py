@@ -212,6 +212,8 @@ DP_MUTANTS = [
 ]
 
 HOST_MUTANTS = [
+    ("llmc_rope_factor_32", "rope", "llama3.h", "llm.c's files read with Llama-3.2's RoPE factor 32, not the 8 "
+     "llm.c itself uses", "c.rope_factor = LLMC_ROPE_FACTOR; // its header", "c.rope_factor = LLAMA3_2_ROPE_FACTOR; // its header"),
     ("rope_slot_unread", "rope", "llama3.h", "a seed header's slot 17 not read: every file's RoPE factor 32",
      "c.rope_factor = read_f32(h, 68);", "c.rope_factor = 0.0f;"),
     ("rope_factor_host_32", "rope", "llama3.h", "llama3 RoPE scaling factor 32 whatever the config says",

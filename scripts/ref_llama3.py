@@ -58,9 +58,10 @@ SHAPES = {  # n_layer, n_embd, n_head, n_kv_head, vocab_size, max_seq_len, ffn_d
 ROPE_FACTORS = {"8b": 8.0}  # llama3 RoPE scaling's factor: Llama-3.1's 8; the others 3.2's 32 (--rope_factor)
 
 
-def rope_factor_of(shape, given=None):
-    """The llama3 RoPE factor a model of `shape` gets: --rope_factor when given, else the shape's."""
-    return given or ROPE_FACTORS.get(shape, 32.0)
+def rope_factor_of(shape, given=None, llmc=False):
+    """The llama3 RoPE factor a model of `shape` gets: --rope_factor when given, else llm.c's 8 for a model
+    written in its format too (--llmc: its header has no field, llm.c reads 8), else the shape's."""
+    return given or (llama3_files.LLMC_ROPE_FACTOR if llmc else ROPE_FACTORS.get(shape, 32.0))
 
 NORM_EPS, ROPE_THETA = 1e-5, 500000.0
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "tiny_shakespeare_train.bin")
@@ -354,11 +355,12 @@ def main():
     ap.add_argument("--tied", action="store_true", help="tied embeddings: wte is also lm_head (its AdamW dense, as "
                     "the trainer's: the head's gradient reaches every row)")
     ap.add_argument("--rope_factor", type=float, help="llama3 RoPE scaling's factor (default: the shape's, 8 for "
-                    "8b, 32 for the others); the seed header's slot 17")
+                    "8b, 32 for the others, and 8 with --llmc); the seed header's slot 17")
     ap.add_argument("--fp8", action="store_true", help="the block linears in FP8 through torch._scaled_mm, as the "
                     "trainer's --fp8 1 (a GPU of compute capability 8.9 or newer)")
     ap.add_argument("--model_only", action="store_true", help="write only NAME_model.bin (no training)")
-    ap.add_argument("--llmc", action="store_true", help="also write the model in llm.c's format")
+    ap.add_argument("--llmc", action="store_true", help="also write the model in llm.c's format (RoPE factor 8, "
+                    "as llm.c reads it)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     if args.vocab % 8 or args.vocab < 0 or args.vocab > 128256:
@@ -367,8 +369,10 @@ def main():
         ap.error("--tied with --llmc: llm.c's model format has no tied embeddings")
     if args.rope_factor is not None and not 1.0 <= args.rope_factor <= 1024.0:
         ap.error(f"--rope_factor {args.rope_factor}: in [1, 1024], as llama3.h's config_check takes")
-    if args.llmc and rope_factor_of(args.shape, args.rope_factor) != 32.0:
-        ap.error("--llmc with a rope factor other than 32: llm.c's header has no field for it (read as 32)")
+    if args.llmc and rope_factor_of(args.shape, args.rope_factor, True) != llama3_files.LLMC_ROPE_FACTOR:
+        ap.error(f"--llmc with --rope_factor {args.rope_factor}: llm.c's header has no field for it, and llm.c "
+                 f"(and this trainer) read its files as {llama3_files.LLMC_ROPE_FACTOR:g}")
+    args.rope_factor = rope_factor_of(args.shape, args.rope_factor, args.llmc)
     if args.fp8 and not args.device.startswith("cuda"):
         ap.error("--fp8 needs a CUDA device (torch._scaled_mm)")
     args.dense_embedding |= args.tied

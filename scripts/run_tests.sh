@@ -350,7 +350,8 @@ host_parts() {
 # embedding and wsd; tied embeddings (wte also the head's weight), alone and with 3 micro-steps,
 # clipping and a cosine schedule; head_dim 128 (C 512, 4 heads, 2 KV heads) at T=1024, its q and k
 # init scaled so that the scores spread as small_t1024's (std about 2.5: the softmax not flat), with
-# Llama-3.1's RoPE factor 8 (the 8B's head_dim and RoPE; the others have 3.2's 32); and on a GPU
+# Llama-3.1's RoPE factor 8 (the 8B's head_dim and RoPE; small_t64, written in llm.c's format too,
+# has llm.c's 8 as well: ref_llama3.py --llmc; the others have 3.2's 32); and on a GPU
 # with FP8 tensor cores, the block linears in FP8 (torch._scaled_mm, the trainer's --fp8 1 recipe).
 SMALL_REFS=(
     "small_sched --shape small --batch_size 4 --seq_len 64 --steps 5 --lr_schedule cosine --warmup_iters 2 --final_lr_frac 0.1 --grad_clip 1.0 --eps 1e-3"
