@@ -99,6 +99,12 @@ template <bool MAX> __device__ inline float block_reduce(float v) {
 }
 __device__ inline float block_sum(float v) { return block_reduce<false>(v); }
 __device__ inline float block_max(float v) { return block_reduce<true>(v); }
+// [fp8] *amax_bits = max(*amax_bits, the block's largest m), m >= 0: one atomicMax per block on the
+// float's bits (non-negative floats order as unsigned integers). Every thread of the block calls it.
+__device__ inline void block_amax(unsigned* amax_bits, float m) {
+    m = block_max(m);
+    if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(m));
+}
 
 // 16 bytes moved by one 128-bit load or store: 8 bf16 or 4 floats.
 template <typename T> struct alignas(16) Vec16 {
@@ -296,9 +302,11 @@ static void rms_check_width(const char* who, int C) {
 // applies at the next matmul. Reads 4C (+2C) bytes, writes 2C (+4C): one pass instead of the
 // seed's pow, mean, add, rsqrt, mul, mul (six kernels) plus the residual add; h stays in
 // registers between the sum of squares and the output. Grid: N blocks of rms_threads(C).
+// [fp8] amax_bits != NULL: also the largest |normed| onto it (block_amax), for the FP8 GEMM that
+// reads normed; rounding to bf16 keeps order, so it is the rounded largest |w * h * rstd|.
 template <bool ADD_BRANCH>
 __global__ void __launch_bounds__(1024)
-    rmsnorm_forward_kernel(float* resid_out, bf16* normed, float* rstd_out, const float* resid_in,
+    rmsnorm_forward_kernel(float* resid_out, bf16* normed, float* rstd_out, unsigned* amax_bits, const float* resid_in,
                            const bf16* branch, const float* weight, int C, float eps) {
     size_t base = (size_t)blockIdx.x * C;
     float4 h[RMS_VEC], w[RMS_VEC];
@@ -323,23 +331,27 @@ __global__ void __launch_bounds__(1024)
         }
         sum_sq += h[k].x * h[k].x + h[k].y * h[k].y + h[k].z * h[k].z + h[k].w * h[k].w;
     }
-    float rstd = rsqrtf(block_sum(sum_sq) / C + eps);
+    float rstd = rsqrtf(block_sum(sum_sq) / C + eps), amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < RMS_VEC; k++) {
         int c = rms_col(k);
-        if (c < C)
-            store_bf16x4(normed + base + c, make_float4(w[k].x * (h[k].x * rstd), w[k].y * (h[k].y * rstd),
-                                                        w[k].z * (h[k].z * rstd), w[k].w * (h[k].w * rstd)));
+        if (c >= C) continue;
+        float4 o = make_float4(w[k].x * (h[k].x * rstd), w[k].y * (h[k].y * rstd), w[k].z * (h[k].z * rstd),
+                               w[k].w * (h[k].w * rstd));
+        store_bf16x4(normed + base + c, o);
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w))));
     }
     if (threadIdx.x == 0) rstd_out[blockIdx.x] = rstd;
+    if (amax_bits) block_amax(amax_bits, round_bf16(amax)); // (uniform: every thread of the block takes it)
 }
-// branch == NULL: plain RMSNorm of resid_in (resid_out unused).
+// branch == NULL: plain RMSNorm of resid_in (resid_out unused). amax_bits: NULL, or [fp8] where
+// the largest |normed| goes (atomicMax onto what is there).
 static void rmsnorm_forward(float* resid_out, bf16* normed, float* rstd, const float* resid_in, const bf16* branch,
-                            const float* weight, int N, int C, float eps, cudaStream_t s) {
+                            const float* weight, int N, int C, float eps, cudaStream_t s, unsigned* amax_bits = NULL) {
     rms_check_width("rmsnorm_forward", C);
     BOOL_SWITCH(branch != NULL, ADD_BRANCH, [&] {
         rmsnorm_forward_kernel<ADD_BRANCH>
-            <<<N, rms_threads(C), 0, s>>>(resid_out, normed, rstd, resid_in, branch, weight, C, eps);
+            <<<N, rms_threads(C), 0, s>>>(resid_out, normed, rstd, amax_bits, resid_in, branch, weight, C, eps);
     });
     LAUNCH_CHECK();
 }
@@ -352,11 +364,14 @@ static void rmsnorm_forward(float* resid_out, bf16* normed, float* rstd, const f
 // loaded before its block sum [row in registers]: one round trip per row, 16 bytes per element.
 // dw is summed over the block's rows in registers and written once per block to dw_partial
 // (gridDim x C); column_sum finishes it. __launch_bounds__(1024) caps registers at 64, so at
-// C = 2048 RMS_BWD_BLOCKS_PER_SM blocks of 256 threads are resident on each SM.
+// C = 2048 RMS_BWD_BLOCKS_PER_SM blocks of 256 threads are resident on each SM. [fp8] amax_bits
+// != NULL: the largest |dresid_bf16| of the block's rows onto it, for the FP8 GEMM that reads it.
 #define RMS_BWD_BLOCKS_PER_SM 4
 __global__ void __launch_bounds__(1024)
-    rmsnorm_backward_kernel(float* dresid, bf16* dresid_bf16, float* dw_partial, const bf16* dnormed, const float* x,
-                            const float* weight, const float* rstd, int N, int C, int rows_per_block, bool accumulate) {
+    rmsnorm_backward_kernel(float* dresid, bf16* dresid_bf16, float* dw_partial, unsigned* amax_bits,
+                            const bf16* dnormed, const float* x, const float* weight, const float* rstd, int N, int C,
+                            int rows_per_block, bool accumulate) {
+    float amax = 0.0f;
     float4 w[RMS_VEC], dw[RMS_VEC];
 #pragma unroll
     for (int k = 0; k < RMS_VEC; k++) {
@@ -398,8 +413,10 @@ __global__ void __launch_bounds__(1024)
             if (accumulate) d = make_float4(old[k].x + d.x, old[k].y + d.y, old[k].z + d.z, old[k].w + d.w);
             *reinterpret_cast<float4*>(dresid + base + c) = d;
             store_bf16x4(dresid_bf16 + base + c, d);
+            amax = fmaxf(amax, fmaxf(fmaxf(fabsf(d.x), fabsf(d.y)), fmaxf(fabsf(d.z), fabsf(d.w))));
         }
     }
+    if (amax_bits) block_amax(amax_bits, round_bf16(amax)); // (uniform, as in the forward)
 #pragma unroll
     for (int k = 0; k < RMS_VEC; k++) {
         int c = rms_col(k);
@@ -442,11 +459,11 @@ static int rms_bwd_blocks(int N, int sms) {
 }
 static void rmsnorm_backward(float* dresid, bf16* dresid_bf16, float* dweight, float* dw_partial, const bf16* dnormed,
                              const float* x, const float* weight, const float* rstd, int N, int C, bool accumulate_dx,
-                             bool accumulate_dw, int sms, cudaStream_t s) {
+                             bool accumulate_dw, int sms, cudaStream_t s, unsigned* amax_bits = NULL) {
     rms_check_width("rmsnorm_backward", C);
     int blocks = rms_bwd_blocks(N, sms), rows = (N + blocks - 1) / blocks;
-    rmsnorm_backward_kernel<<<blocks, rms_threads(C), 0, s>>>(dresid, dresid_bf16, dw_partial, dnormed, x, weight,
-                                                              rstd, N, C, rows, accumulate_dx);
+    rmsnorm_backward_kernel<<<blocks, rms_threads(C), 0, s>>>(dresid, dresid_bf16, dw_partial, amax_bits, dnormed, x,
+                                                              weight, rstd, N, C, rows, accumulate_dx);
     LAUNCH_CHECK();
     column_sum_kernel<<<ceil_div(C, 32), dim3(8, 32), 0, s>>>(dweight, dw_partial, blocks, C, accumulate_dw);
     LAUNCH_CHECK();
@@ -1222,40 +1239,58 @@ static void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum, 
 
 // [mixed dtypes in registers] act = bf16(bf16(silu(gate)) * up) from the gate_up GEMM's rows
 // [gate F | up F], rounding where PyTorch's bf16 silu and multiply do. 8 outputs per thread:
-// reads 4 bytes, writes 2 per output.
-__global__ void swiglu_forward_kernel(bf16* act, const bf16* gate_up, int N, int F) {
+// reads 4 bytes, writes 2 per output. [fp8] AMAX: also the largest |act| into *amax_bits, for the
+// down projection's FP8 input, so that it needs no pass of its own.
+template <bool AMAX> __global__ void swiglu_forward_kernel(bf16* act, unsigned* amax_bits, const bf16* gate_up, int N, int F) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-    if (i >= (size_t)N * F) return;
-    size_t n = i / F, f = i % F;
-    Vec16<bf16> g = load16(gate_up + n * 2 * F + f), u = load16(gate_up + n * 2 * F + F + f), a;
-    for (int e = 0; e < 8; e++)
-        a.v[e] = __float2bfloat16_rn(round_bf16(silu(__bfloat162float(g.v[e]))) * __bfloat162float(u.v[e]));
-    store16(act + i, a);
+    float amax = 0.0f;
+    if (i < (size_t)N * F) {
+        size_t n = i / F, f = i % F;
+        Vec16<bf16> g = load16(gate_up + n * 2 * F + f), u = load16(gate_up + n * 2 * F + F + f), a;
+        for (int e = 0; e < 8; e++) {
+            a.v[e] = __float2bfloat16_rn(round_bf16(silu(__bfloat162float(g.v[e]))) * __bfloat162float(u.v[e]));
+            amax = fmaxf(amax, fabsf(__bfloat162float(a.v[e])));
+        }
+        store16(act + i, a);
+    }
+    if (AMAX) block_amax(amax_bits, amax);
 }
 
 // Backward of the above, with PyTorch's roundings: d_up = bf16(d_act * bf16(silu(g))),
-// d_silu = bf16(d_act * up), d_gate = bf16(d_silu * sig(g) * (1 + g * (1 - sig(g)))).
-__global__ void swiglu_backward_kernel(bf16* dgate_up, const bf16* dact, const bf16* gate_up, int N, int F) {
+// d_silu = bf16(d_act * up), d_gate = bf16(d_silu * sig(g) * (1 + g * (1 - sig(g)))). [fp8] AMAX:
+// the largest |d_gate_up| into *amax_bits, for the gate_up projection's FP8 output gradient.
+template <bool AMAX>
+__global__ void swiglu_backward_kernel(bf16* dgate_up, unsigned* amax_bits, const bf16* dact, const bf16* gate_up, int N,
+                                       int F) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-    if (i >= (size_t)N * F) return;
-    size_t n = i / F, f = i % F;
-    Vec16<bf16> g = load16(gate_up + n * 2 * F + f), u = load16(gate_up + n * 2 * F + F + f), da = load16(dact + i);
-    Vec16<bf16> dg, du;
-    for (int e = 0; e < 8; e++) {
-        float gv = __bfloat162float(g.v[e]), dav = __bfloat162float(da.v[e]);
-        float sig = 1.0f / (1.0f + expf(-gv));
-        du.v[e] = __float2bfloat16_rn(dav * round_bf16(gv * sig));
-        float dsilu = round_bf16(dav * __bfloat162float(u.v[e]));
-        dg.v[e] = __float2bfloat16_rn(dsilu * (sig * (1.0f + gv * (1.0f - sig))));
+    float amax = 0.0f;
+    if (i < (size_t)N * F) {
+        size_t n = i / F, f = i % F;
+        Vec16<bf16> g = load16(gate_up + n * 2 * F + f), u = load16(gate_up + n * 2 * F + F + f), da = load16(dact + i);
+        Vec16<bf16> dg, du;
+        for (int e = 0; e < 8; e++) {
+            float gv = __bfloat162float(g.v[e]), dav = __bfloat162float(da.v[e]);
+            float sig = 1.0f / (1.0f + expf(-gv));
+            du.v[e] = __float2bfloat16_rn(dav * round_bf16(gv * sig));
+            float dsilu = round_bf16(dav * __bfloat162float(u.v[e]));
+            dg.v[e] = __float2bfloat16_rn(dsilu * (sig * (1.0f + gv * (1.0f - sig))));
+            amax = fmaxf(amax, fmaxf(fabsf(__bfloat162float(dg.v[e])), fabsf(__bfloat162float(du.v[e]))));
+        }
+        store16(dgate_up + n * 2 * F + f, dg);
+        store16(dgate_up + n * 2 * F + F + f, du);
     }
-    store16(dgate_up + n * 2 * F + f, dg);
-    store16(dgate_up + n * 2 * F + F + f, du);
+    if (AMAX) block_amax(amax_bits, amax);
 }
 
-static void swiglu(bool backward, bf16* out, const bf16* dact, const bf16* gate_up, int N, int F, cudaStream_t s) {
+// The forward (out = act) or the backward (out = dgate_up, from dact); amax_bits: NULL, or where
+// [fp8] the largest |out| goes (atomicMax onto what is there: zeroed before the step).
+static void swiglu(bool backward, bf16* out, const bf16* dact, const bf16* gate_up, int N, int F, cudaStream_t s,
+                   unsigned* amax_bits = NULL) {
     unsigned grid = ceil_div((size_t)N * F / 8, 256);
-    if (backward) swiglu_backward_kernel<<<grid, 256, 0, s>>>(out, dact, gate_up, N, F);
-    else swiglu_forward_kernel<<<grid, 256, 0, s>>>(out, gate_up, N, F);
+    if (backward && amax_bits) swiglu_backward_kernel<true><<<grid, 256, 0, s>>>(out, amax_bits, dact, gate_up, N, F);
+    else if (backward) swiglu_backward_kernel<false><<<grid, 256, 0, s>>>(out, NULL, dact, gate_up, N, F);
+    else if (amax_bits) swiglu_forward_kernel<true><<<grid, 256, 0, s>>>(out, amax_bits, gate_up, N, F);
+    else swiglu_forward_kernel<false><<<grid, 256, 0, s>>>(out, NULL, gate_up, N, F);
     LAUNCH_CHECK();
 }
 
@@ -2016,7 +2051,7 @@ static void gemm_destroy(Gemm* g) {
 // format's largest finite value; the GEMM multiplies its result by the two inverse scales.
 // Hopper's FP8 tensor cores take only cuBLAS's TN layout, our row-major NT: D (M, N) = A (M, K)
 // B (N, K)^T, both operands with K contiguous. So each GEMM of the backward needs transposed
-// operands, written by quantize_fp8_transpose. The trainer's `--fp8 1` (train_llama3.cu [fp8])
+// operands, written beside the straight ones by quantize_fp8. The trainer's `--fp8 1` (train_llama3.cu [fp8])
 // calls them; dev/fp8_quantize checks the quantisers bit for bit, dev/fp8_gemm the GEMMs and their
 // SQNR against bf16.
 
@@ -2054,8 +2089,8 @@ template <typename F8> __device__ inline __nv_fp8_storage_t fp8_encode(float x, 
 }
 
 // amax(|x|) over n bf16 into s->amax_bits (zeroed before): 8 elements per 16-byte load, one
-// atomicMax per block. Memory-bound, 2 bytes per element read: the pass that fusing the amax into
-// the kernel that writes x (RMSNorm, SwiGLU, attention's output, AdamW's shadow) would save.
+// atomicMax per block. Memory-bound, 2 bytes per element read: the pass that the SwiGLU kernels
+// save their outputs by computing the amax as they write them (swiglu's amax_bits).
 #define FP8_THREADS 256
 __global__ void amax_kernel(Fp8Scale* s, const bf16* x, size_t n) {
     float m = 0.0f;
@@ -2064,8 +2099,7 @@ __global__ void amax_kernel(Fp8Scale* s, const bf16* x, size_t n) {
         Vec16<bf16> v = *(const Vec16<bf16>*)(x + i);
         for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(__bfloat162float(v.v[e])));
     }
-    m = block_max(m);
-    if (threadIdx.x == 0) atomicMax(&s->amax_bits, __float_as_uint(m));
+    block_amax(&s->amax_bits, m);
 }
 // The shapes the FP8 kernels take: 8-element (16-byte) rows of bf16, 64 x 64 transpose tiles, the
 // FP8 GEMM's multiples of 16. Anything else is a caller's bug: it stops the program, named.
@@ -2084,42 +2118,27 @@ static void fp8_amax(Fp8Scale* s, const bf16* x, size_t n, int sms, cudaStream_t
     LAUNCH_CHECK();
 }
 
-// out = fp8(x * scale), scale from s's amax: 8 elements per thread (a 16-byte load, an 8-byte
-// store), 3 bytes per element. Block 0's thread 0 writes s->scale_inv for the GEMM.
-template <typename F8> __global__ void quantize_fp8_kernel(F8* out, Fp8Scale* s, const bf16* x, size_t n) {
-    float scale = fp8_scale<F8>(s);
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-    if (blockIdx.x == 0 && threadIdx.x == 0) s->scale_inv = 1.0f / scale;
-    if (i >= n) return;
-    Vec16<bf16> v = *(const Vec16<bf16>*)(x + i);
-    uint2 packed;
-    unsigned char* b = (unsigned char*)&packed;
-    for (int e = 0; e < 8; e++) b[e] = fp8_encode<F8>(__bfloat162float(v.v[e]), scale);
-    *(uint2*)(out + i) = packed;
-}
-template <typename F8> static void quantize_fp8(F8* out, Fp8Scale* s, const bf16* x, size_t n, cudaStream_t st) {
-    fp8_require(n % 8 == 0 && aligned16(x) && (uintptr_t)out % 8 == 0,
-                "quantize_fp8: n must be a multiple of 8, x 16-byte and out 8-byte aligned");
-    quantize_fp8_kernel<F8><<<ceil_div(n / 8, FP8_THREADS), FP8_THREADS, 0, st>>>(out, s, x, n);
-    LAUNCH_CHECK();
-}
-
-// out_t (cols, rows) = fp8(x^T * scale) for x (rows, cols) row-major: a 64 x 64 tile through shared
-// memory, read as 16-byte rows of x and written as 16-byte rows of out_t (coalesced both ways),
-// 3 bytes per element. rows and cols multiples of 64. The scale_inv is written by quantize_fp8 of
-// the same tensor, or here when it has no untransposed copy (write_scale_inv).
+// out = fp8(x * scale) and out_t (cols, rows) = fp8(x^T * scale) for x (rows, cols) row-major, the
+// scale from s's amax, in one pass: each 64 x 64 tile is read once as 16-byte rows of x, written
+// straight as 8-byte rows of out, and through shared memory as 16-byte rows of out_t (coalesced
+// every way). 4 bytes per element (2 read, 1 + 1 written): the backward's GEMMs need both copies of
+// every FP8 operand (Hopper's FP8 GEMMs are TN only), and one read of x serves both. rows and cols
+// multiples of 64. Block (0, 0)'s thread 0 writes s->scale_inv for the GEMMs.
 #define FP8_TILE 64
 template <typename F8>
-__global__ void quantize_fp8_transpose_kernel(F8* out_t, Fp8Scale* s, const bf16* x, int rows, int cols,
-                                              bool write_scale_inv) {
+__global__ void quantize_fp8_kernel(F8* out, F8* out_t, Fp8Scale* s, const bf16* x, int rows, int cols) {
     __shared__ unsigned char tile[FP8_TILE][FP8_TILE + 16]; // encoded bytes, [col in tile][row in tile]
     float scale = fp8_scale<F8>(s);
-    if (write_scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) s->scale_inv = 1.0f / scale;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) s->scale_inv = 1.0f / scale;
     int r0 = blockIdx.y * FP8_TILE, c0 = blockIdx.x * FP8_TILE;
     for (int k = threadIdx.x; k < FP8_TILE * FP8_TILE / 8; k += blockDim.x) { // 8 bf16 of one row each
         int r = k / (FP8_TILE / 8), c = (k % (FP8_TILE / 8)) * 8;
-        Vec16<bf16> v = *(const Vec16<bf16>*)(x + (size_t)(r0 + r) * cols + c0 + c);
-        for (int e = 0; e < 8; e++) tile[c + e][r] = fp8_encode<F8>(__bfloat162float(v.v[e]), scale);
+        size_t at = (size_t)(r0 + r) * cols + c0 + c;
+        Vec16<bf16> v = *(const Vec16<bf16>*)(x + at);
+        uint2 packed;
+        unsigned char* b = (unsigned char*)&packed;
+        for (int e = 0; e < 8; e++) tile[c + e][r] = b[e] = fp8_encode<F8>(__bfloat162float(v.v[e]), scale);
+        *(uint2*)(out + at) = packed;
     }
     __syncthreads();
     for (int k = threadIdx.x; k < FP8_TILE * FP8_TILE / 16; k += blockDim.x) { // 16 bytes of one out_t row each
@@ -2128,12 +2147,11 @@ __global__ void quantize_fp8_transpose_kernel(F8* out_t, Fp8Scale* s, const bf16
     }
 }
 template <typename F8>
-static void quantize_fp8_transpose(F8* out_t, Fp8Scale* s, const bf16* x, int rows, int cols, bool write_scale_inv,
-                                   cudaStream_t st) {
-    fp8_require(rows % FP8_TILE == 0 && cols % FP8_TILE == 0 && aligned16(x) && aligned16(out_t),
-                "quantize_fp8_transpose: rows and cols must be multiples of 64, x and out_t 16-byte aligned");
+static void quantize_fp8(F8* out, F8* out_t, Fp8Scale* s, const bf16* x, int rows, int cols, cudaStream_t st) {
+    fp8_require(rows % FP8_TILE == 0 && cols % FP8_TILE == 0 && aligned16(x) && aligned16(out) && aligned16(out_t),
+                "quantize_fp8: rows and cols must be multiples of 64, x, out and out_t 16-byte aligned");
     dim3 grid(cols / FP8_TILE, rows / FP8_TILE);
-    quantize_fp8_transpose_kernel<F8><<<grid, FP8_THREADS, 0, st>>>(out_t, s, x, rows, cols, write_scale_inv);
+    quantize_fp8_kernel<F8><<<grid, FP8_THREADS, 0, st>>>(out, out_t, s, x, rows, cols);
     LAUNCH_CHECK();
 }
 

@@ -183,17 +183,22 @@ typedef struct {
 } Comm;
 
 // [fp8] --fp8 1: the block linears' GEMMs (qkv, attn_out, gate_up, down) read FP8 operands
-// (kernels.cuh [fp8]): each weight's e4m3 copy and its transpose, quantised from the bf16 shadow
-// after every AdamW update of it; each GEMM's activation input and output gradient quantised into
-// one scratch just before the GEMMs read them (dynamic tensorwise scales: amax of the tensor now).
-// Unfused for now: an amax pass and a quantising pass per tensor (dev/PERF.md, issue 24).
+// (kernels.cuh [fp8]), each with its own dynamic tensorwise scale (the amax of the tensor as it is
+// now). Each weight's e4m3 copy and its transpose are quantised from the bf16 shadow after every
+// AdamW update of it. The forward quantises each GEMM input once, straight for its GEMM and
+// transposed for the backward's weight gradient (kept per layer, with its scale); the backward
+// quantises each output gradient, straight and transposed, in one pass. Amaxes come from a pass of
+// their own, or (fp8_amax_fused) from the kernel that writes the tensor.
 typedef struct {
     e4m3 *w, *w_t;       // the block linears' weights W (out, in) and W^T (in, out), at their parameter
                          // offset less offset[P_QKV]
     Fp8Scale* w_scale;   // one per weight: (tensor - P_QKV) * n_layer + layer
-    e4m3 *x, *x_t;       // one GEMM's input (N, in) and its transpose (in, N)
-    e5m2 *dy, *dy_t;     // one GEMM's output gradient (N, out) and its transpose (out, N)
-    Fp8Scale* act_scale; // [0] x's, [1] dy's
+    e4m3* x;             // one forward GEMM's input (N, in)
+    e4m3* x_t;           // every block linear's input transposed (in, N), made by the forward for the
+                         // backward: layer l's [qkv's | attn_out's | gate_up's | down's] (fp8_input_t)
+    e5m2 *dy, *dy_t;     // one backward GEMM's output gradient (N, out) and its transpose (out, N)
+    Fp8Scale* act_scale; // per (layer, linear): the input's and the output gradient's (fp8_act_scale),
+                         // zeroed as the forward starts
 } Fp8Buffers;
 
 typedef struct {
@@ -345,14 +350,18 @@ typedef struct {
     size_t gradients;   // fp32, or bf16 for the matmul weights [bf16 grads]
     size_t activations; // what the backward reads, for B x T (and the scratch of one layer)
     size_t workspace;   // cuBLASLt's
-    size_t fp8;         // [fp8] the weights' FP8 copies and one GEMM's FP8 operands (0: --fp8 0)
+    size_t fp8;         // [fp8] the weights' FP8 copies, the inputs' transposes, one GEMM's operands (0: --fp8 0)
 } MemoryParts;
-// [fp8] The FP8 buffers' sizes: the block linears' weights, the widest GEMM input (C or F) and output
-// gradient (QKV or 2F; C, the others', is narrower than QKV) of N tokens.
+// [fp8] The FP8 buffers' sizes: the block linears' weights, the widest GEMM input (C or F), a
+// layer's four inputs (3C + F) and the widest output gradient (QKV or 2F; C, the others', is
+// narrower than QKV) of N tokens.
 static size_t fp8_weight_count(const ParamLayout* p) { return p->offset[P_ATTN_NORM] - p->offset[P_QKV]; }
 static size_t fp8_input_count(const Model* m) {
     size_t N = (size_t)m->B * m->T, C = m->cfg.n_embd, F = m->cfg.ffn_hidden;
     return N * (C > F ? C : F);
+}
+static size_t fp8_layer_inputs_count(const Model* m) {
+    return (size_t)m->B * m->T * (3 * (size_t)m->cfg.n_embd + m->cfg.ffn_hidden);
 }
 static size_t fp8_grad_count(const Model* m) {
     size_t N = (size_t)m->B * m->T, F2 = 2 * (size_t)m->cfg.ffn_hidden, QKV = qkv_dim(&m->cfg);
@@ -361,8 +370,8 @@ static size_t fp8_grad_count(const Model* m) {
 static size_t fp8_scale_count(const Model* m) { return (size_t)(P_DOWN - P_QKV + 1) * m->cfg.n_layer; }
 static size_t fp8_bytes(const Model* m) {
     if (!m->fp8) return 0;
-    return 2 * fp8_weight_count(&m->layout) + 2 * fp8_input_count(m) + 2 * fp8_grad_count(m) +
-           (fp8_scale_count(m) + 2) * sizeof(Fp8Scale);
+    return 2 * fp8_weight_count(&m->layout) + fp8_input_count(m) + m->cfg.n_layer * fp8_layer_inputs_count(m) +
+           2 * fp8_grad_count(m) + 3 * fp8_scale_count(m) * sizeof(Fp8Scale);
 }
 static MemoryParts memory_parts(const Model* m) {
     const ParamLayout* p = &m->layout;
@@ -442,11 +451,11 @@ static void fp8_alloc(Model* m) {
     size_t W = fp8_weight_count(&m->layout), X = fp8_input_count(m), D = fp8_grad_count(m);
     f->w = (e4m3*)device_alloc(2 * W, "fp8 weights");
     f->w_t = f->w + W;
-    f->x = (e4m3*)device_alloc(2 * X, "fp8 GEMM inputs");
-    f->x_t = f->x + X;
+    f->x = (e4m3*)device_alloc(X, "fp8 GEMM input");
+    f->x_t = (e4m3*)device_alloc(m->cfg.n_layer * fp8_layer_inputs_count(m), "fp8 transposed GEMM inputs");
     f->dy = (e5m2*)device_alloc(2 * D, "fp8 output gradients");
     f->dy_t = f->dy + D;
-    f->w_scale = (Fp8Scale*)device_alloc((fp8_scale_count(m) + 2) * sizeof(Fp8Scale), "fp8 scales");
+    f->w_scale = (Fp8Scale*)device_alloc(3 * fp8_scale_count(m) * sizeof(Fp8Scale), "fp8 scales");
     f->act_scale = f->w_scale + fp8_scale_count(m);
 }
 
@@ -590,7 +599,7 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
 static void model_free(Model* m) {
     gemm_destroy(m->gemm);
     if (m->fp8) {
-        void* fp8_device[] = {m->fp8->w, m->fp8->x, m->fp8->dy, m->fp8->w_scale};
+        void* fp8_device[] = {m->fp8->w, m->fp8->x, m->fp8->x_t, m->fp8->dy, m->fp8->w_scale};
         for (void* p : fp8_device) CUDA_CHECK(cudaFree(p));
         free(m->fp8);
     }
@@ -631,10 +640,46 @@ static size_t fp8_weight_at(const Model* m, int tensor, int layer) {
 static Fp8Scale* fp8_weight_scale(const Model* m, int tensor, int layer) {
     return m->fp8->w_scale + (size_t)(tensor - P_QKV) * m->cfg.n_layer + layer;
 }
+// Layer `layer`'s block linear input, transposed (in, N): qkv's, attn_out's and gate_up's N x C
+// each, then down's N x F.
+static e4m3* fp8_input_t(const Model* m, int tensor, int layer) {
+    size_t NC = (size_t)m->B * m->T * m->cfg.n_embd;
+    return m->fp8->x_t + layer * fp8_layer_inputs_count(m) + (tensor - P_QKV) * NC;
+}
+// The scale of a block linear's input (grad false) or output gradient (true) in layer `layer`.
+static Fp8Scale* fp8_act_scale(const Model* m, int tensor, int layer, bool grad) {
+    return m->fp8->act_scale + ((size_t)layer * (P_DOWN - P_QKV + 1) + (tensor - P_QKV)) * 2 + grad;
+}
+// The operands whose amax the kernel writing them computes as it goes: the SwiGLU output (down's
+// input) and its backward's (gate_up's output gradient), and [fused RMSNorm] the RMSNorm outputs
+// (qkv's and gate_up's inputs) and its backward's bf16 gradient (attn_out's and down's output
+// gradients). attn_out's input (attention's output) and qkv's output gradient (RoPE's backward),
+// and under --fused_rmsnorm 0 the norms', get a pass of their own (fp8_quantize_operand).
+static bool fp8_amax_fused(const Model* m, int tensor, bool grad) {
+    if (grad ? tensor == P_GATE_UP : tensor == P_DOWN) return true;
+    bool from_norm = grad ? tensor == P_ATTN_OUT || tensor == P_DOWN : tensor == P_QKV || tensor == P_GATE_UP;
+    return from_norm && m->sw.fused_rmsnorm;
+}
+// Where the producing kernel puts that amax, or NULL (--fp8 0, or an operand without it).
+static unsigned* fp8_producer_amax(const Model* m, int tensor, int layer, bool grad) {
+    if (!fp8_linear(m, tensor) || !fp8_amax_fused(m, tensor, grad)) return NULL;
+    return &fp8_act_scale(m, tensor, layer, grad)->amax_bits;
+}
+// The RMSNorm `tensor` of `layer`'s: the forward's output is the next linear's input (attention
+// norm: qkv, FFN norm: gate_up; the final norm's feeds the bf16 lm_head), the backward's the
+// output gradient of the linear before it (FFN norm: attn_out; attention norm: the layer below's
+// down, none below layer 0; final norm: the last layer's down).
+static unsigned* fp8_norm_amax(const Model* m, int tensor, int layer, bool backward) {
+    if (!backward && tensor == P_FINAL_NORM) return NULL;
+    if (!backward) return fp8_producer_amax(m, tensor == P_ATTN_NORM ? P_QKV : P_GATE_UP, layer, false);
+    if (tensor == P_FFN_NORM) return fp8_producer_amax(m, P_ATTN_OUT, layer, true);
+    if (tensor == P_FINAL_NORM) return fp8_producer_amax(m, P_DOWN, m->cfg.n_layer - 1, true);
+    return layer > 0 ? fp8_producer_amax(m, P_DOWN, layer - 1, true) : NULL;
+}
 
 // The e4m3 copies W and W^T of one block linear's weight from its bf16 shadow, on stream s: after
 // AdamW has written the shadow, on AdamW's stream, so that the forward's wait for the update group
-// [deferred AdamW] covers them too. 2 bytes read and 1 written three times per weight, unfused.
+// [deferred AdamW] covers them too. 6 bytes per weight: the amax pass reads 2, quantize_fp8 4.
 static void fp8_quantize_weight(const Model* m, int tensor, int layer, cudaStream_t s) {
     int out, in;
     linear_shape(m, tensor, &out, &in);
@@ -643,8 +688,7 @@ static void fp8_quantize_weight(const Model* m, int tensor, int layer, cudaStrea
     size_t at = fp8_weight_at(m, tensor, layer), n = (size_t)out * in;
     CUDA_CHECK(cudaMemsetAsync(scale, 0, sizeof(Fp8Scale), s));
     fp8_amax(scale, w, n, m->sms, s);
-    quantize_fp8(m->fp8->w + at, scale, w, n, s);
-    quantize_fp8_transpose(m->fp8->w_t + at, scale, w, out, in, false, s);
+    quantize_fp8(m->fp8->w + at, m->fp8->w_t + at, scale, w, out, in, s);
 }
 // Every block linear's, after the shadow was made or rewritten whole.
 static void fp8_quantize_weights(const Model* m, cudaStream_t s) {
@@ -700,25 +744,32 @@ static HeadShape head_shape(const Model* m) {
 static size_t norms_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_NORMS ? 0 : l; }
 static size_t block_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_BLOCKS ? 0 : l; }
 
-// A GEMM operand of N rows (N, width) bf16 into FP8 scratch with its own scale: straight into
-// `out` and, when `out_t` is not NULL, transposed into out_t (width, N). On the main stream; the
-// previous operand's GEMMs, queued before, have read the scratch and scale already.
+// [fp8] A block linear's input (grad false) or output gradient (true) x (N, width) bf16 of layer
+// `layer`, with its scale: the amax (unless its producer made it), then straight into `out` and
+// transposed into out_t (width, N) in one pass. On the main stream, after the GEMMs queued before
+// it, which have read the scratch.
 template <typename F8>
-static void fp8_quantize_operand(const Model* m, F8* out, F8* out_t, Fp8Scale* scale, const bf16* x, int width) {
+static void fp8_quantize_operand(const Model* m, F8* out, F8* out_t, int tensor, int layer, bool grad, const bf16* x,
+                                 int width) {
     int N = m->B * m->T;
-    CUDA_CHECK(cudaMemsetAsync(scale, 0, sizeof(Fp8Scale), m->stream));
-    fp8_amax(scale, x, (size_t)N * width, m->sms, m->stream);
-    if (out) quantize_fp8(out, scale, x, (size_t)N * width, m->stream);
-    if (out_t) quantize_fp8_transpose(out_t, scale, x, N, width, out == NULL, m->stream);
+    Fp8Scale* scale = fp8_act_scale(m, tensor, layer, grad);
+    if (!fp8_amax_fused(m, tensor, grad)) fp8_amax(scale, x, (size_t)N * width, m->sms, m->stream);
+    quantize_fp8(out, out_t, scale, x, N, width, m->stream);
+}
+// The activation scales start from zero in each forward (one memset of the step's 8 per layer):
+// each amax is an atomicMax onto its slot, and a recomputed block's again is the same.
+static void fp8_reset_scales(const Model* m) {
+    if (m->fp8) CUDA_CHECK(cudaMemsetAsync(m->fp8->act_scale, 0, 2 * fp8_scale_count(m) * sizeof(Fp8Scale), m->stream));
 }
 
 // y (N, out) = x (N, in) @ W^T: a linear layer's forward, bf16 (W the layer's bf16 weight), or
-// [fp8] for a block linear x and W in e4m3.
+// [fp8] for a block linear x and W in e4m3 (fp32 accumulation: with cuBLASLt's fast accumulation,
+// torchao's forward, the comparison with PyTorch's own loses a digit, dev/PERF.md issue 24).
 static void linear_forward(const Model* m, bf16* y, const bf16* x, int tensor, int layer, int out, int in) {
     if (fp8_linear(m, tensor)) {
         Fp8Buffers* f = m->fp8;
-        fp8_quantize_operand(m, f->x, (e4m3*)NULL, &f->act_scale[0], x, in);
-        matmul_fp8(m->gemm, m->stream, y, f->x, CUDA_R_8F_E4M3, &f->act_scale[0].scale_inv,
+        fp8_quantize_operand(m, f->x, fp8_input_t(m, tensor, layer), tensor, layer, false, x, in);
+        matmul_fp8(m->gemm, m->stream, y, f->x, CUDA_R_8F_E4M3, &fp8_act_scale(m, tensor, layer, false)->scale_inv,
                    f->w + fp8_weight_at(m, tensor, layer), CUDA_R_8F_E4M3, &fp8_weight_scale(m, tensor, layer)->scale_inv,
                    m->B * m->T, out, in, false);
         return;
@@ -794,7 +845,8 @@ static void norm_forward(const Model* m, int tensor, int layer, float* resid_out
     int N = m->B * m->T, C = m->cfg.n_embd;
     const float* weight = param_ptr(m, m->params, tensor, layer);
     if (m->sw.fused_rmsnorm) {
-        rmsnorm_forward(resid_out, normed, rstd, resid_in, branch, weight, N, C, m->cfg.norm_eps, m->stream);
+        rmsnorm_forward(resid_out, normed, rstd, resid_in, branch, weight, N, C, m->cfg.norm_eps, m->stream,
+                        fp8_norm_amax(m, tensor, layer, false));
     } else {
         RmsScratch s = rms_scratch(m);
         rmsnorm_forward_ops(resid_out, normed, rstd, resid_in, branch, weight, N, C, m->cfg.norm_eps, &s, m->stream);
@@ -828,7 +880,7 @@ static void block_forward(const Model* m, int l, bool again) {
     bf16* gate_up = m->acts.gate_up + copy * N * 2 * F;
     linear_forward(m, gate_up, normed_ffn, P_GATE_UP, l, 2 * F, C);
     bf16* act = m->acts.act + norms_copy(m, l) * N * F;
-    swiglu(false, act, NULL, gate_up, N, F, m->stream);
+    swiglu(false, act, NULL, gate_up, N, F, m->stream, fp8_producer_amax(m, P_DOWN, l, false));
     if (!again) linear_forward(m, branch, act, P_DOWN, l, C, F);
 }
 
@@ -845,6 +897,7 @@ static void forward(const Model* m, const int* inputs, bool after_deferred) {
     const Llama3Config* c = &m->cfg;
     int N = m->B * m->T, C = c->n_embd, L = c->n_layer;
     size_t NC = (size_t)N * C;
+    fp8_reset_scales(m);
     wait_for_update(m, 0, after_deferred);
     embedding_forward(m->acts.resid, inputs, m->params + m->layout.offset[P_WTE], N, C, m->stream);
     for (int l = 0; l < L; l++) {
@@ -895,18 +948,16 @@ static void input_grad(const Model* m, int tensor, int layer, bf16* dx, const bf
 
 // [fp8] A block linear's two backward GEMMs in FP8, in the NT layout its tensor cores take:
 // dW (out, in) = (dy^T)8 (x^T)8^T into the bf16 gradient (one micro-step: fp8_args_check), and
-// dx (N, in) = dy8 (W^T)8^T; dy in e5m2 (the range gradients need), x and W in e4m3, x's scale
-// from x as it is (the forward's, since x is the same).
-static void linear_backward_fp8(const Model* m, int tensor, int layer, bf16* dx, const bf16* dy, const bf16* x, int out,
-                                int in) {
+// dx (N, in) = dy8 (W^T)8^T; dy in e5m2 (the range gradients need), x and W in e4m3, x^T and its
+// scale as the forward made them (a recomputed x has the same bits).
+static void linear_backward_fp8(const Model* m, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in) {
     Fp8Buffers* f = m->fp8;
     int N = m->B * m->T;
     size_t offset = param_offset(m, tensor, layer);
-    const float *s_dy = &f->act_scale[1].scale_inv, *s_x = &f->act_scale[0].scale_inv;
-    fp8_quantize_operand(m, f->dy, f->dy_t, &f->act_scale[1], dy, out);
-    fp8_quantize_operand(m, (e4m3*)NULL, f->x_t, &f->act_scale[0], x, in);
-    matmul_fp8(m->gemm, m->stream, grad_bf16(m, offset), f->dy_t, CUDA_R_8F_E5M2, s_dy, f->x_t, CUDA_R_8F_E4M3, s_x, out,
-               in, N, false);
+    const float* s_dy = &fp8_act_scale(m, tensor, layer, true)->scale_inv;
+    fp8_quantize_operand(m, f->dy, f->dy_t, tensor, layer, true, dy, out);
+    matmul_fp8(m->gemm, m->stream, grad_bf16(m, offset), f->dy_t, CUDA_R_8F_E5M2, s_dy, fp8_input_t(m, tensor, layer),
+               CUDA_R_8F_E4M3, &fp8_act_scale(m, tensor, layer, false)->scale_inv, out, in, N, false);
     grad_written(m, offset, (size_t)out * in);
     matmul_fp8(m->gemm, m->stream, dx, f->dy, CUDA_R_8F_E5M2, s_dy, f->w_t + fp8_weight_at(m, tensor, layer),
                CUDA_R_8F_E4M3, &fp8_weight_scale(m, tensor, layer)->scale_inv, N, in, out, false);
@@ -915,7 +966,7 @@ static void linear_backward_fp8(const Model* m, int tensor, int layer, bf16* dx,
 // earlier micro-steps') and dx.
 static void linear_backward(const Model* m, int tensor, int layer, bf16* dx, const bf16* dy, const bf16* x, int out,
                             int in, bool accumulate) {
-    if (fp8_linear(m, tensor)) return linear_backward_fp8(m, tensor, layer, dx, dy, x, out, in);
+    if (fp8_linear(m, tensor)) return linear_backward_fp8(m, tensor, layer, dx, dy, out, in);
     weight_grad(m, tensor, layer, dy, x, out, in, accumulate);
     input_grad(m, tensor, layer, dx, dy, out, in);
 }
@@ -928,7 +979,8 @@ static void norm_backward(const Model* m, int tensor, int layer, const float* x,
     float *dw = grad_f32(m, param_offset(m, tensor, layer)), *weight = param_ptr(m, m->params, tensor, layer);
     if (m->sw.fused_rmsnorm) {
         rmsnorm_backward(m->acts.dresid, m->acts.dresid_bf16, dw, m->acts.dw_partial,
-                         m->acts.branch, x, weight, rstd, N, C, accumulate_dx, accumulate, m->sms, m->stream);
+                         m->acts.branch, x, weight, rstd, N, C, accumulate_dx, accumulate, m->sms, m->stream,
+                         fp8_norm_amax(m, tensor, layer, true));
     } else {
         RmsScratch s = rms_scratch(m);
         rmsnorm_backward_ops(m->acts.dresid, m->acts.dresid_bf16, dw, m->acts.branch, x, weight,
@@ -973,15 +1025,17 @@ static void redundant_fill(const Model* m, bf16* buf, size_t n) {
 // [recompute] --recompute 1: each of a layer's RMSNorm and SwiGLU outputs again from its saved input,
 // into the one copy, just before the weight gradient that reads it (the same kernels as the
 // forward's on the same inputs: the same bits). 2: block_forward has just made them.
+// [fp8] Not under --fp8 1: the block linears' weight gradients read the inputs' FP8 transposes that
+// the forward kept, so nothing reads these.
 static void recompute_norm(const Model* m, int tensor, int l) {
-    if (m->recompute != RECOMPUTE_NORMS) return;
+    if (m->recompute != RECOMPUTE_NORMS || m->fp8) return;
     size_t N = (size_t)m->B * m->T, NC = N * m->cfg.n_embd;
     if (tensor == P_ATTN_NORM)
         norm_forward(m, P_ATTN_NORM, l, NULL, m->acts.normed_attn, m->acts.rstd_attn + l * N, m->acts.resid + l * NC, NULL);
     else norm_forward(m, P_FFN_NORM, l, NULL, m->acts.normed_ffn, m->acts.rstd_ffn + l * N, m->acts.h + l * NC, NULL);
 }
 static void recompute_act(const Model* m, int l) {
-    if (m->recompute != RECOMPUTE_NORMS) return;
+    if (m->recompute != RECOMPUTE_NORMS || m->fp8) return;
     int N = m->B * m->T, F = m->cfg.ffn_hidden;
     swiglu(false, m->acts.act, NULL, m->acts.gate_up + (size_t)l * N * 2 * F, N, F, m->stream);
 }
@@ -998,7 +1052,8 @@ static void block_backward(const Model* m, int l, bool accumulate) {
     bf16 *dact = m->acts.dact, *dgate_up = m->acts.dgate_up;
     recompute_act(m, l);
     linear_backward(m, P_DOWN, l, dact, dresid_bf16, m->acts.act + ncopy * N * F, C, F, accumulate);
-    swiglu(true, dgate_up, dact, m->acts.gate_up + copy * N * 2 * F, N, F, m->stream);
+    swiglu(true, dgate_up, dact, m->acts.gate_up + copy * N * 2 * F, N, F, m->stream,
+           fp8_producer_amax(m, P_GATE_UP, l, true));
     recompute_norm(m, P_FFN_NORM, l);
     linear_backward(m, P_GATE_UP, l, dbranch, dgate_up, m->acts.normed_ffn + ncopy * NC, 2 * F, C, accumulate);
     norm_backward(m, P_FFN_NORM, l, m->acts.h + copy * NC, m->acts.rstd_ffn + copy * N, true, accumulate);

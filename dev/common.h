@@ -131,6 +131,15 @@ static bool dev_check(const char* what, const std::vector<float>& got, const std
                       float rtol) {
     return dev_check(what, got.data(), ref.data(), std::min(got.size(), ref.size()), atol, rtol);
 }
+// [fp8] A kernel's fused amax (the bits of a float in device memory, run from zero) against the
+// largest |value| of what the kernel wrote: exact, since a max rounds nothing.
+static bool dev_check_amax(const char* what, const unsigned* amax_bits, const std::vector<float>& written) {
+    unsigned bits = dev_download(amax_bits, 1)[0];
+    float got, want = 0.0f;
+    memcpy(&got, &bits, 4);
+    for (float v : written) want = std::max(want, fabsf(v));
+    return dev_check(what, std::vector<float>{got}, std::vector<float>{want}, 0.0f, 0.0f);
+}
 static int dev_finish(void) {
     printf("%d passed, %d failed\n", dev_passed, dev_failed);
     return dev_failed ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -13,7 +13,7 @@
 //        ./dev/fp8_gemm --check  validate and the SQNR table only (what `make test` runs)
 //
 // versions (the rows of one shape): 1 bf16 matmul() (the trainer's), 2 FP8 (quantized operands
-// made by kernels.cuh quantize_fp8 / quantize_fp8_transpose, not timed here: dev/fp8_quantize
+// made by kernels.cuh quantize_fp8, not timed here: dev/fp8_quantize
 // times them), 3 FP8 with cuBLASLt's fast accumulation (torchao's choice for the forward).
 // Checks: each FP8 GEMM against an fp64 dot product of its decoded FP8 operands (this file's codec
 // in dev/common.h) times the two inverse scales: rtol 1e-2 (bf16 output 2^-9, fp32 accumulation),
@@ -65,12 +65,9 @@ static void quantize_all(LinearBuffers& b, int N, Linear l, int sms) {
     fp8_amax(sx, b.x, (size_t)N * l.in, sms, 0);
     fp8_amax(sw, b.w, (size_t)l.out * l.in, sms, 0);
     fp8_amax(sdy, b.dy, (size_t)N * l.out, sms, 0);
-    quantize_fp8(b.x8, sx, b.x, (size_t)N * l.in, 0);
-    quantize_fp8_transpose(b.xt8, sx, b.x, N, l.in, false, 0);
-    quantize_fp8(b.w8, sw, b.w, (size_t)l.out * l.in, 0);
-    quantize_fp8_transpose(b.wt8, sw, b.w, l.out, l.in, false, 0);
-    quantize_fp8(b.dy8, sdy, b.dy, (size_t)N * l.out, 0);
-    quantize_fp8_transpose(b.dyt8, sdy, b.dy, N, l.out, false, 0);
+    quantize_fp8(b.x8, b.xt8, sx, b.x, N, l.in, 0);
+    quantize_fp8(b.w8, b.wt8, sw, b.w, l.out, l.in, 0);
+    quantize_fp8(b.dy8, b.dyt8, sdy, b.dy, N, l.out, 0);
 }
 
 // M, N, K of each kind in the NT form.

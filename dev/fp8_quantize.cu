@@ -1,8 +1,9 @@
 // dev/fp8_quantize.cu: the FP8 quantisation kernels of kernels.cuh ([fp8]), checked bit for bit
 // against the reference codec of dev/common.h (written from the formats' definitions), then timed:
 //   amax            amax(|x|) of a bf16 tensor (2 bytes per element read)
-//   quantize        out = fp8(x * scale), scale = FP8_MAX / amax (3 bytes per element)
-//   transpose       out_t = fp8(x^T * scale), a 64 x 64 tile through shared memory (3 bytes)
+//   quantize        out = fp8(x * scale) and out_t = fp8(x^T * scale), scale = FP8_MAX / amax, in
+//                   one pass: a 64 x 64 tile read once, written straight and (through shared
+//                   memory) transposed (4 bytes per element)
 // in e4m3 (activations, weights) and e5m2 (gradients).
 //
 // build: make dev/fp8_quantize
@@ -78,8 +79,7 @@ template <typename F8> static void validate(int rows, int cols, Fp8Spec f, const
         memcpy(&got_s.amax_bits, &amax, 4);
         CUDA_CHECK(cudaMemcpy(s, &got_s, sizeof(got_s), cudaMemcpyHostToDevice));
     }
-    quantize_fp8(out, s, xd, n, 0);
-    quantize_fp8_transpose(out_t, s, xd, rows, cols, false, 0);
+    quantize_fp8(out, out_t, s, xd, rows, cols, 0);
     float scale = fp8_scale_ref(amax, f);
     std::vector<uint8_t> want(n), want_t(n);
     for (int r = 0; r < rows; r++)
@@ -97,12 +97,12 @@ template <typename F8> static void validate(int rows, int cols, Fp8Spec f, const
     CUDA_CHECK(cudaFree(s));
 }
 
-// The three kernels on a tensor of the step: rows x cols bf16.
+// The two kernels on a tensor of the step: rows x cols bf16.
 template <typename F8> static void time_kernels(int rows, int cols, const char* name, int sms) {
     size_t n = (size_t)rows * cols;
     bf16* x = dev_alloc<bf16>(n);
     fill_normal(x, n);
-    F8* out = dev_alloc<F8>(n);
+    F8 *out = dev_alloc<F8>(n), *out_t = dev_alloc<F8>(n);
     Fp8Scale* s = dev_alloc<Fp8Scale>(1);
     CUDA_CHECK(cudaMemset(s, 0, sizeof(Fp8Scale)));
     fp8_amax(s, x, n, sms, 0);
@@ -110,13 +110,12 @@ template <typename F8> static void time_kernels(int rows, int cols, const char* 
     snprintf(size, sizeof(size), "%d x %d", rows, cols);
     snprintf(kernel, sizeof(kernel), "amax (%s input)", name);
     print_row(kernel, "1", size, median_ms([&] { fp8_amax(s, x, n, sms, 0); }), 2.0 * n, 0.0, true);
-    snprintf(kernel, sizeof(kernel), "quantize %s", name);
-    print_row(kernel, "1", size, median_ms([&] { quantize_fp8(out, s, x, n, 0); }), 3.0 * n, 0.0, true);
-    snprintf(kernel, sizeof(kernel), "quantize %s transposed", name);
-    print_row(kernel, "1 64x64 tile", size, median_ms([&] { quantize_fp8_transpose(out, s, x, rows, cols, false, 0); }),
-              3.0 * n, 0.0, true);
+    snprintf(kernel, sizeof(kernel), "quantize %s + transposed", name);
+    print_row(kernel, "1 64x64 tile", size, median_ms([&] { quantize_fp8(out, out_t, s, x, rows, cols, 0); }), 4.0 * n,
+              0.0, true);
     CUDA_CHECK(cudaFree(x));
     CUDA_CHECK(cudaFree(out));
+    CUDA_CHECK(cudaFree(out_t));
     CUDA_CHECK(cudaFree(s));
 }
 

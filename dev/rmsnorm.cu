@@ -18,7 +18,9 @@
 //       --fused_rmsnorm 0)
 //   2 = the first fused kernel (below): one warp per row, 8 rows per block, the row walked in
 //       float4 steps and read twice
-//   3 = the trainer's rmsnorm_forward in kernels.cuh: one block per row, the row in registers
+//   3 = the trainer's rmsnorm_forward in kernels.cuh: one block per row, the row in registers;
+//       validated also with [fp8]'s amax (the largest |normed| onto an FP8 scale, exact), timed
+//       without it (--fp8 0)
 // Backward versions:
 //   1 = the composite's autograd chain in reverse: mul, mul, rsqrt, mean and pow backward (dw, the
 //       gradient of the broadcast weight, summed over rows by atomicAdd into a zero-filled buffer as
@@ -27,7 +29,8 @@
 //   2 = the first fused kernel (below): 256-thread blocks, two per SM, each walking its rows, the
 //       old dresid read after the row's block sum; dw by a (32, 8) scalar column sum
 //   3 = the trainer's rmsnorm_backward in kernels.cuh: blocks of C/8 threads, four per SM, all of a
-//       row's loads before its block sum; dw by a float4 column sum
+//       row's loads before its block sum; dw by a float4 column sum; validated also with [fp8]'s
+//       amax of dresid_bf16, exact
 #include "common.h"
 
 static const float EPS = 1e-5f;
@@ -239,6 +242,7 @@ typedef struct {
     int N, C, copies;
     float *x, *resid_out, *rstd, *w;
     bf16 *branch, *normed;
+    unsigned* amax_bits; // version 3's [fp8] amax (a float's bits)
     RmsScratch scratch;
 } FwdBuffers;
 
@@ -260,17 +264,19 @@ static FwdBuffers fwd_alloc(const std::vector<float>& x, const std::vector<bf16>
     b.x = upload_copies(x, copies), b.branch = upload_copies(branch, copies), b.w = dev_upload(w);
     b.resid_out = dev_alloc<float>(NC * copies), b.normed = dev_alloc<bf16>(NC * copies);
     b.rstd = dev_alloc<float>((size_t)N * copies);
+    b.amax_bits = dev_alloc<unsigned>(1);
     b.scratch = scratch_alloc(N, C);
     return b;
 }
 static void fwd_free(FwdBuffers* b) {
-    void* p[] = {b->x, b->resid_out, b->rstd, b->w, b->branch, b->normed};
+    void* p[] = {b->x, b->resid_out, b->rstd, b->w, b->branch, b->normed, b->amax_bits};
     for (void* q : p) CUDA_CHECK(cudaFree(q));
     scratch_free(&b->scratch);
 }
 
-// Forward version `version` on copy k of the buffers, with the residual add if `add`.
-static void forward(int version, const FwdBuffers* b, int k, bool add) {
+// Forward version `version` on copy k of the buffers, with the residual add if `add` (version 3:
+// and the amax if `amax`).
+static void forward(int version, const FwdBuffers* b, int k, bool add, bool amax = false) {
     size_t off = (size_t)k * b->N * b->C;
     float *rstd = b->rstd + (size_t)k * b->N, *resid_out = b->resid_out + off;
     const bf16* branch = add ? b->branch + off : NULL;
@@ -278,7 +284,7 @@ static void forward(int version, const FwdBuffers* b, int k, bool add) {
     if (version == 1)
         rmsnorm_forward_ops(resid_out, normed, rstd, b->x + off, branch, b->w, b->N, b->C, EPS, &b->scratch, 0);
     else if (version == 2) rmsnorm_forward_v2(resid_out, normed, rstd, b->x + off, branch, b->w, b->N, b->C, EPS);
-    else rmsnorm_forward(resid_out, normed, rstd, b->x + off, branch, b->w, b->N, b->C, EPS, 0);
+    else rmsnorm_forward(resid_out, normed, rstd, b->x + off, branch, b->w, b->N, b->C, EPS, 0, amax ? b->amax_bits : NULL);
 }
 
 // Fewest bytes each version moves; w (C floats) is read once, shared by every row.
@@ -300,11 +306,15 @@ static bool check_forward(int version, bool add, const FwdBuffers* b, const std:
     int N = b->N, C = b->C;
     size_t NC = (size_t)N * C;
     dev_poison(b->normed, NC), dev_poison(b->rstd, N), dev_poison(b->resid_out, NC);
-    forward(version, b, 0, add);
+    CUDA_CHECK(cudaMemset(b->amax_bits, 0, sizeof(unsigned)));
+    forward(version, b, 0, add, true);
     char name[80], what[40];
     snprintf(what, sizeof(what), "%sN=%d C=%d", add ? "add, " : "", N, C);
     snprintf(name, sizeof(name), "fwd v%d normed (%s)", version, what);
-    bool ok = dev_check(name, from_bf16(dev_download(b->normed, NC)), normed, 1e-6f, 1.0f / 128);
+    std::vector<float> got = from_bf16(dev_download(b->normed, NC));
+    bool ok = dev_check(name, got, normed, 1e-6f, 1.0f / 128);
+    snprintf(name, sizeof(name), "fwd v%d amax (%s)", version, what);
+    if (version == 3) ok &= dev_check_amax(name, b->amax_bits, got);
     snprintf(name, sizeof(name), "fwd v%d rstd (%s)", version, what);
     ok &= dev_check(name, dev_download(b->rstd, N), rstd, 0.0f, 1e-5f);
     if (add) {
@@ -354,6 +364,7 @@ typedef struct {
     float *x, *rstd, *dresid;
     float *w, *dw, *dw_partial;
     size_t partial_size;
+    unsigned* amax_bits; // version 3's [fp8] amax
     RmsScratch scratch;
 } BwdBuffers;
 
@@ -368,17 +379,19 @@ static BwdBuffers bwd_alloc(const std::vector<bf16>& dy, const std::vector<float
     b.w = dev_upload(w), b.dw = dev_alloc<float>(C);
     b.partial_size = (size_t)std::max(partial_rows(2, N, sms), partial_rows(3, N, sms)) * C;
     b.dw_partial = dev_alloc<float>(b.partial_size);
+    b.amax_bits = dev_alloc<unsigned>(1);
     b.scratch = scratch_alloc(N, C);
     return b;
 }
 static void bwd_free(BwdBuffers* b) {
-    void* p[] = {b->dy, b->dresid_bf16, b->x, b->rstd, b->dresid, b->w, b->dw, b->dw_partial};
+    void* p[] = {b->dy, b->dresid_bf16, b->x, b->rstd, b->dresid, b->w, b->dw, b->dw_partial, b->amax_bits};
     for (void* q : p) CUDA_CHECK(cudaFree(q));
     scratch_free(&b->scratch);
 }
 
-// Backward version `version` on copy k of the buffers.
-static void backward(int version, const BwdBuffers* b, int k, bool accumulate_dx, bool accumulate_dw) {
+// Backward version `version` on copy k of the buffers (version 3: with the amax if `amax`).
+static void backward(int version, const BwdBuffers* b, int k, bool accumulate_dx, bool accumulate_dw,
+                     bool amax = false) {
     size_t off = (size_t)k * b->N * b->C;
     if (version == 1)
         rmsnorm_backward_ops(b->dresid + off, b->dresid_bf16 + off, b->dw, b->dy + off, b->x + off, b->w,
@@ -387,7 +400,8 @@ static void backward(int version, const BwdBuffers* b, int k, bool accumulate_dx
         rmsnorm_backward_v2(b->dresid + off, b->dresid_bf16 + off, b->dw, b->dw_partial, b->dy + off, b->x + off,
                             b->w, b->rstd + (size_t)k * b->N, b->N, b->C, accumulate_dx, accumulate_dw, b->sms);
     else rmsnorm_backward(b->dresid + off, b->dresid_bf16 + off, b->dw, b->dw_partial, b->dy + off, b->x + off, b->w,
-                          b->rstd + (size_t)k * b->N, b->N, b->C, accumulate_dx, accumulate_dw, b->sms, 0);
+                          b->rstd + (size_t)k * b->N, b->N, b->C, accumulate_dx, accumulate_dw, b->sms, 0,
+                          amax ? b->amax_bits : NULL);
 }
 
 // Fewest bytes each version moves as timed (dx added into dresid, dw written).
@@ -420,7 +434,8 @@ static bool check_backward(int version, const BwdBuffers* b, const BwdRef& ref, 
     if (accumulate_dw) CUDA_CHECK(cudaMemcpy(b->dw, ref.dw0.data(), C * 4, cudaMemcpyHostToDevice));
     else dev_poison(b->dw, C);
     dev_poison(b->dresid_bf16, NC), dev_poison(b->dw_partial, b->partial_size);
-    backward(version, b, 0, accumulate_dx, accumulate_dw);
+    CUDA_CHECK(cudaMemset(b->amax_bits, 0, sizeof(unsigned)));
+    backward(version, b, 0, accumulate_dx, accumulate_dw, true);
 
     std::vector<float> dresid_ref(NC), dw_ref(C), dresid = dev_download(b->dresid, NC), dresid_rounded(NC);
     for (size_t i = 0; i < NC; i++) dresid_ref[i] = (float)((accumulate_dx ? ref.dresid0[i] : 0.0) + ref.dx[i]);
@@ -431,7 +446,10 @@ static bool check_backward(int version, const BwdBuffers* b, const BwdRef& ref, 
     snprintf(name, sizeof(name), "bwd v%d dresid (%s)", version, what);
     bool ok = dev_check(name, dresid, dresid_ref, 1e-5f, 1e-4f);
     snprintf(name, sizeof(name), "bwd v%d dresid_bf16 (%s)", version, what);
-    ok &= dev_check(name, from_bf16(dev_download(b->dresid_bf16, NC)), dresid_rounded, 0.0f, 0.0f);
+    std::vector<float> got_bf16 = from_bf16(dev_download(b->dresid_bf16, NC));
+    ok &= dev_check(name, got_bf16, dresid_rounded, 0.0f, 0.0f);
+    snprintf(name, sizeof(name), "bwd v%d amax (%s)", version, what);
+    if (version == 3) ok &= dev_check_amax(name, b->amax_bits, got_bf16);
     snprintf(name, sizeof(name), "bwd v%d dw (%s)", version, what);
     ok &= dev_check(name, dev_download(b->dw, C), dw_ref, 1e-6f * N, 1e-4f);
     return ok;

@@ -16,6 +16,9 @@
 //      a bf16 (N, F) temp, then a multiply kernel; backward = three kernels, d_up from the saved
 //      silu temp, d_silu, then d_gate from d_silu.
 //   2  the trainer's swiglu(): one pass each way, 8 elements (16 bytes) per thread.
+//   3  the same with [fp8]'s amax: the largest |output| into an FP8 scale's amax as it is written
+//      (a block max and one atomicMax per block), for the FP8 GEMM that reads it; the amax is
+//      checked exact against the largest |output| the kernel wrote, which is checked as above.
 // sizes: LLaMA3.2-1B F = 8192 at N = B*T = 256 (B=4, T=64) and 16384 (B=16, T=1024); validated at
 // N = 34, F = 128 and at N = 256, F = 8192.
 #include "common.h"
@@ -55,21 +58,24 @@ typedef struct {
     bf16 *gate_up, *dact; // inputs: (N, 2F) and (N, F)
     bf16 *act, *dgate_up; // outputs: (N, F) and (N, 2F)
     bf16 *silu, *dsilu;   // version 1's (N, F) temps: silu(g), saved by the forward for the backward, and d_silu
+    unsigned* amax_bits;  // version 3's amax (a float's bits), zeroed before each call
 } SwigluBuffers;
 
 static SwigluBuffers swiglu_alloc(size_t N, size_t F) {
     SwigluBuffers b = {dev_alloc<bf16>(N * 2 * F), dev_alloc<bf16>(N * F), dev_alloc<bf16>(N * F),
-                       dev_alloc<bf16>(N * 2 * F), dev_alloc<bf16>(N * F), dev_alloc<bf16>(N * F)};
+                       dev_alloc<bf16>(N * 2 * F), dev_alloc<bf16>(N * F), dev_alloc<bf16>(N * F),
+                       dev_alloc<unsigned>(1)};
     return b;
 }
 static void swiglu_free(SwigluBuffers& b) {
-    void* all[] = {b.gate_up, b.dact, b.act, b.dgate_up, b.silu, b.dsilu};
+    void* all[] = {b.gate_up, b.dact, b.act, b.dgate_up, b.silu, b.dsilu, b.amax_bits};
     for (void* p : all) CUDA_CHECK(cudaFree(p));
 }
 
 static void swiglu_version(int version, bool backward, const SwigluBuffers& b, int N, int F) {
-    if (version == 2) {
-        swiglu(backward, backward ? b.dgate_up : b.act, b.dact, b.gate_up, N, F, 0);
+    if (version >= 2) {
+        if (version == 3) CUDA_CHECK(cudaMemsetAsync(b.amax_bits, 0, sizeof(unsigned), 0));
+        swiglu(backward, backward ? b.dgate_up : b.act, b.dact, b.gate_up, N, F, 0, version == 3 ? b.amax_bits : NULL);
         return;
     }
     unsigned grid = ceil_div((size_t)N * F, 256);
@@ -117,8 +123,13 @@ static void swiglu_backward_cpu(std::vector<float>& dgate_up, const std::vector<
 //   act and d_up: rtol 2^-6. They round silu to bf16 and then a product of it: where an fp32 ulp
 //           moves silu across a bf16 rounding boundary (about 1 element in 10^5), silu is one
 //           bf16 ulp off and the rounded product can then be two ulps off.
-static void validate(int N, int F, const DevArgs& a, bool* ok) {
-    std::vector<float> gate_up = from_bf16(to_bf16(random_normal((size_t)N * 2 * F)));
+// up_scale multiplies the up half: at 1/64 d_gate (which scales with up) stays under d_up, so
+// version 3's backward amax must come from d_up's half.
+static void validate(int N, int F, const DevArgs& a, bool* ok, float up_scale = 1.0f) {
+    std::vector<float> gate_up = random_normal((size_t)N * 2 * F);
+    for (size_t n = 0; n < (size_t)N; n++)
+        for (int f = F; f < 2 * F; f++) gate_up[n * 2 * F + f] *= up_scale;
+    gate_up = from_bf16(to_bf16(gate_up));
     std::vector<float> dact = from_bf16(to_bf16(random_normal((size_t)N * F)));
     std::vector<float> act_ref((size_t)N * F), dgate_up_ref((size_t)N * 2 * F);
     swiglu_forward_cpu(act_ref, gate_up, N, F);
@@ -129,20 +140,26 @@ static void validate(int N, int F, const DevArgs& a, bool* ok) {
     upload_into(b.gate_up, gate_up);
     upload_into(b.dact, dact);
     const float one_ulp = 1.0f / 128, two_ulps = 1.0f / 64;
+    const char* tag = up_scale == 1.0f ? "" : " (up / 64)";
     char what[96];
-    for (int version = 1; version <= 2; version++) {
+    for (int version = 1; version <= 3; version++) {
         if (!dev_selected(a, version)) continue;
         dev_poison(b.act, (size_t)N * F), dev_poison(b.silu, (size_t)N * F);
         swiglu_version(version, false, b, N, F);
-        snprintf(what, sizeof(what), "v%d forward N=%d F=%d act", version, N, F);
-        ok[version] &= dev_check(what, from_bf16(dev_download(b.act, (size_t)N * F)), act_ref, 0.0f, two_ulps);
+        snprintf(what, sizeof(what), "v%d forward N=%d F=%d%s act", version, N, F, tag);
+        std::vector<float> act = from_bf16(dev_download(b.act, (size_t)N * F));
+        ok[version] &= dev_check(what, act, act_ref, 0.0f, two_ulps);
+        snprintf(what, sizeof(what), "v%d forward N=%d F=%d%s amax", version, N, F, tag);
+        if (version == 3) ok[version] &= dev_check_amax(what, b.amax_bits, act);
         dev_poison(b.dgate_up, (size_t)N * 2 * F), dev_poison(b.dsilu, (size_t)N * F);
         swiglu_version(version, true, b, N, F);
         std::vector<float> got = from_bf16(dev_download(b.dgate_up, (size_t)N * 2 * F));
-        snprintf(what, sizeof(what), "v%d backward N=%d F=%d d_gate", version, N, F);
+        snprintf(what, sizeof(what), "v%d backward N=%d F=%d%s d_gate", version, N, F, tag);
         ok[version] &= dev_check(what, columns(got, N, 2 * F, 0, F), dgate_ref, 0.0f, one_ulp);
-        snprintf(what, sizeof(what), "v%d backward N=%d F=%d d_up", version, N, F);
+        snprintf(what, sizeof(what), "v%d backward N=%d F=%d%s d_up", version, N, F, tag);
         ok[version] &= dev_check(what, columns(got, N, 2 * F, F, F), dup_ref, 0.0f, two_ulps);
+        snprintf(what, sizeof(what), "v%d backward N=%d F=%d%s amax", version, N, F, tag);
+        if (version == 3) ok[version] &= dev_check_amax(what, b.amax_bits, got);
     }
     swiglu_free(b);
 }
@@ -158,8 +175,8 @@ static void time_versions(int B, int T, int F, const DevArgs& a, const bool* ok)
     }
     char size[64];
     snprintf(size, sizeof(size), "B=%d T=%d (N=%d F=%d)", B, T, N, F);
-    const char* labels[3] = {"", "1 unfused", "2 trainer"};
-    for (int version = 1; version <= 2; version++) {
+    const char* labels[4] = {"", "1 unfused", "2 trainer", "3 trainer + amax"};
+    for (int version = 1; version <= 3; version++) {
         if (!dev_selected(a, version)) continue;
         for (int backward = 0; backward <= 1; backward++) {
             if (backward) // version 1's backward reads the silu temp its forward saved
@@ -174,9 +191,10 @@ static void time_versions(int B, int T, int F, const DevArgs& a, const bool* ok)
 }
 
 int main(int argc, char** argv) {
-    DevArgs a = dev_args(argc, argv, 2);
-    bool ok[3] = {true, true, true};
+    DevArgs a = dev_args(argc, argv, 3);
+    bool ok[4] = {true, true, true, true};
     validate(34, 128, a, ok);
+    validate(34, 128, a, ok, 1.0f / 64);
     validate(256, 8192, a, ok);
     if (!a.check_only) {
         copy_ceiling_gbs(); // measured before the table, so its line does not split it

@@ -53,10 +53,12 @@ MUTANTS = [
     ("fp8_weight_scale_is_inputs", "fp8", "train_llama3.cu", "--fp8 1 forward: the input's inverse scale applied "
      "twice, the weight's not at all",
      "&fp8_weight_scale(m, tensor, layer)->scale_inv,\n                   m->B * m->T, out, in, false);",
-     "&f->act_scale[0].scale_inv,\n                   m->B * m->T, out, in, false);"),
-    ("fp8_stale_amax", "fp8", "train_llama3.cu", "--fp8 1: an operand's amax not reset, so its scale comes from the "
-     "largest of the step's earlier operands too",
-     "    CUDA_CHECK(cudaMemsetAsync(scale, 0, sizeof(Fp8Scale), m->stream));\n", ""),
+     "&fp8_act_scale(m, tensor, layer, false)->scale_inv,\n                   m->B * m->T, out, in, false);"),
+    ("fp8_stale_amax", "fp8", "train_llama3.cu", "--fp8 1: one amax slot per linear for every layer, so an "
+     "operand's scale comes from the largest of the earlier layers' too",
+     "((size_t)layer * (P_DOWN - P_QKV + 1) + (tensor - P_QKV)) * 2 + grad", "(size_t)(tensor - P_QKV) * 2 + grad"),
+    ("fp8_amax_not_reset", "fp8", "train_llama3.cu", "--fp8 1: the activation amaxes not reset as the forward "
+     "starts, so each is the largest of every step's so far", "    fp8_reset_scales(m);\n", ""),
     ("fp8_grads_e4m3", "fp8", "train_llama3.cu", "--fp8 1: the output gradients quantised to e4m3 where the GEMMs "
      "read e5m2", "fp8_quantize_operand(m, f->dy, f->dy_t,", "fp8_quantize_operand(m, (e4m3*)f->dy, (e4m3*)f->dy_t,"),
     ("dq_10pct", "kernel", "kernels.cuh", "flash backward: dQ 10 % too large",
@@ -309,9 +311,18 @@ DEV_MUTANTS = [
      "smaller amax turns them into NaN or inf)", "__NV_SATFINITE, Fp8Format<F8>::interp", "__NV_NOSAT, Fp8Format<F8>::interp",
      "dev/fp8_quantize"),
     ("fp8_tile_not_transposed", "fp8", "kernels.cuh", "the transposing quantiser stores its tile untransposed",
-     "tile[c + e][r] = fp8_encode<F8>", "tile[r][c + e] = fp8_encode<F8>", "dev/fp8_quantize"),
+     "tile[c + e][r] = b[e]", "tile[r][c + e] = b[e]", "dev/fp8_quantize"),
     ("fp8_gemm_one_scale_twice", "fp8", "kernels.cuh", "the FP8 GEMM multiplies by one operand's inverse scale twice "
      "(the other's dropped)", "B_SCALE_POINTER, &a_scale_inv,", "B_SCALE_POINTER, &b_scale_inv,", "dev/fp8_gemm"),
+    ("fp8_quantize_straight_skipped", "fp8", "kernels.cuh", "the one-pass quantiser writes only the transposed copy",
+     "        *(uint2*)(out + at) = packed;\n", "", "dev/fp8_quantize"),
+    ("swiglu_amax_gate_only", "fp8", "kernels.cuh", "the SwiGLU backward's fused amax sees d_gate only, not d_up",
+     "fmaxf(fabsf(__bfloat162float(dg.v[e])), fabsf(__bfloat162float(du.v[e])))", "fabsf(__bfloat162float(dg.v[e]))",
+     "dev/swiglu"),
+    ("rmsnorm_amax_unrounded", "fp8", "kernels.cuh", "the RMSNorm forward's fused amax taken before the bf16 "
+     "rounding (the FP8 scale off the tensor the GEMM reads)",
+     "if (amax_bits) block_amax(amax_bits, round_bf16(amax)); // (uniform: every",
+     "if (amax_bits) block_amax(amax_bits, amax); // (uniform: every", "dev/rmsnorm"),
 ]
 
 
