@@ -1287,10 +1287,10 @@ __global__ void swiglu_backward_kernel(bf16* dgate_up, unsigned* amax_bits, cons
 static void swiglu(bool backward, bf16* out, const bf16* dact, const bf16* gate_up, int N, int F, cudaStream_t s,
                    unsigned* amax_bits = NULL) {
     unsigned grid = ceil_div((size_t)N * F / 8, 256);
-    if (backward && amax_bits) swiglu_backward_kernel<true><<<grid, 256, 0, s>>>(out, amax_bits, dact, gate_up, N, F);
-    else if (backward) swiglu_backward_kernel<false><<<grid, 256, 0, s>>>(out, NULL, dact, gate_up, N, F);
-    else if (amax_bits) swiglu_forward_kernel<true><<<grid, 256, 0, s>>>(out, amax_bits, gate_up, N, F);
-    else swiglu_forward_kernel<false><<<grid, 256, 0, s>>>(out, NULL, gate_up, N, F);
+    BOOL_SWITCH(amax_bits != NULL, AMAX, [&] {
+        if (backward) swiglu_backward_kernel<AMAX><<<grid, 256, 0, s>>>(out, amax_bits, dact, gate_up, N, F);
+        else swiglu_forward_kernel<AMAX><<<grid, 256, 0, s>>>(out, amax_bits, gate_up, N, F);
+    });
     LAUNCH_CHECK();
 }
 
@@ -2059,12 +2059,10 @@ template <typename F8> struct Fp8Format;
 template <> struct Fp8Format<__nv_fp8_e4m3> {
     static constexpr float max = 448.0f;
     static constexpr __nv_fp8_interpretation_t interp = __NV_E4M3;
-    static constexpr cudaDataType type = CUDA_R_8F_E4M3;
 };
 template <> struct Fp8Format<__nv_fp8_e5m2> {
     static constexpr float max = 57344.0f;
     static constexpr __nv_fp8_interpretation_t interp = __NV_E5M2;
-    static constexpr cudaDataType type = CUDA_R_8F_E5M2;
 };
 typedef __nv_fp8_e4m3 e4m3;
 typedef __nv_fp8_e5m2 e5m2;
@@ -2089,8 +2087,8 @@ template <typename F8> __device__ inline __nv_fp8_storage_t fp8_encode(float x, 
 }
 
 // amax(|x|) over n bf16 into s->amax_bits (zeroed before): 8 elements per 16-byte load, one
-// atomicMax per block. Memory-bound, 2 bytes per element read: the pass that the SwiGLU kernels
-// save their outputs by computing the amax as they write them (swiglu's amax_bits).
+// atomicMax per block. Memory-bound, 2 bytes per element read: the pass that RMSNorm and SwiGLU
+// spare their outputs by computing the amax as they write them (their amax_bits).
 #define FP8_THREADS 256
 __global__ void amax_kernel(Fp8Scale* s, const bf16* x, size_t n) {
     float m = 0.0f;
