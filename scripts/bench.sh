@@ -4,11 +4,16 @@
 # configs, then one markdown table: ms/step median and spread, tok/s, MFU, peak memory, and the
 # peers' time over ours.
 #   scripts/bench.sh [--ablation] [--no-peers | --peers "eager compile cudagraphs"] [--configs "B:T ..."]
-#                    [--flags "TRAINER FLAGS"] [--write]
+#                    [--flags "TRAINER FLAGS"] [--ranks N] [--write]
 # --flags     also run the trainer with these flags at each config (e.g. "--grad_clip 1"): a row
 #             "llama3.cu FLAGS" beside the plain one, its time over the plain run in the last column
 # --ablation  also the seed report's configurations A..J (cumulative) and ours, at B=4,T=64, then each
 #             setting of ./train_llama3 --list_switches that none of them covers, alone
+# --ranks N   several GPUs of this machine: each implementation at one rank and at N ranks (one process
+#             per GPU, B and T per GPU; ours through NCCL, launched with RANK/WORLD_SIZE/LOCAL_RANK; the
+#             peers under DistributedDataParallel, bench_torch.py --ddp through torchrun; cudagraphs has
+#             no N-rank row), with columns for the ranks, the throughput of N ranks over one rank's, and
+#             the exposed communication (ms/step at N ranks minus at one). NCCL_NVLS_ENABLE=0 for both.
 # --write     append the tables to dev/PERF.md with the date and this command line
 # Steps: 30 trainer steps (median of steps 2..30), 20 PyTorch steps after 5 warm-up steps.
 set -u
@@ -18,6 +23,7 @@ peers="eager compile cudagraphs"
 ablation=0
 write=0
 flags=""
+ranks=1
 cmdline="scripts/bench.sh $*"
 while [ $# -gt 0 ]; do
     case $1 in
@@ -27,11 +33,22 @@ while [ $# -gt 0 ]; do
         --write) write=1 ;;
         --configs) configs=$2; shift ;;
         --flags) flags=$2; shift ;;
+        --ranks) ranks=$2; shift ;;
         *) echo "unknown option $1"; exit 1 ;;
     esac
     shift
 done
+case $ranks in ''|*[!0-9]*|0) echo "--ranks $ranks: want a number of GPUs, 1 or more"; exit 1 ;; esac
+if [ "$ranks" -gt 1 ]; then
+    gpus=$(nvidia-smi -L 2> /dev/null | wc -l)
+    [ "$gpus" -ge "$ranks" ] || { echo "--ranks $ranks: this machine has $gpus GPU(s), one per rank wanted"; exit 1; }
+    [ "$ablation" = 0 ] || { echo "--ablation times one GPU: leave out --ranks"; exit 1; }
+    export NCCL_NVLS_ENABLE=0 # (NVLink multicast off: the device tool's KINDS.md)
+fi
 make -s train_llama3 || exit 1
+if [ "$ranks" -gt 1 ] && ! ldd ./train_llama3 | grep -q libnccl; then
+    echo "--ranks $ranks: ./train_llama3 was built without NCCL (make found none, or DATA_PARALLEL=0)"; exit 1
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -84,48 +101,106 @@ ablation_flags() {
 # FLOP per token: 6 * non-embedding parameters + 12 * L * C * T (attention), against 989 TFLOP/s.
 mfu() { awk -v tok_s="$1" -v T="$2" 'BEGIN { printf "%.1f%%", 100 * tok_s * (6 * 1235814400 + 12 * 16 * 2048 * T) / 989e12 }'; }
 
-# ours B T [flags...]: prints "ms ms_min ms_max tok_s peak_mib" from the JSON log (steps 2..30).
+# ours N B T [flags...]: N ranks (one process per GPU) of B x T tokens each, one micro-step; prints
+# "ms ms_min ms_max tok_s peak_mib" from rank 0's JSON log (steps 2..30; tok/s of all ranks), or "fail".
 ours() {
-    local B=$1 T=$2
-    shift 2
-    ./train_llama3 --batch_size "$B" --sequence_length "$T" --total_batch_size $((B * T)) --num_iteration 30 \
-        --log_file "$tmp/log.json" "$@" > "$tmp/train.log" 2>&1 || { echo "fail"; return; }
+    local n=$1 B=$2 T=$3 r ok=1 pids=() rdv
+    shift 3
+    rm -f "$tmp/log.json"
+    if [ "$n" = 1 ]; then
+        ./train_llama3 --batch_size "$B" --sequence_length "$T" --total_batch_size $((B * T)) --num_iteration 30 \
+            --log_file "$tmp/log.json" "$@" > "$tmp/train.log" 2>&1 || ok=0
+    else
+        rdv=$(mktemp -u "$tmp/rdv.XXXXXX") # (a name no earlier run used: the file must not exist yet)
+        for ((r = 0; r < n; r++)); do
+            RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r ./train_llama3 --batch_size "$B" --sequence_length "$T" \
+                --total_batch_size $((B * T * n)) --num_iteration 30 --rendezvous "file:$rdv" \
+                --log_file "$tmp/log.json" "$@" > "$tmp/train.r$r.log" 2>&1 &
+            pids+=($!)
+        done
+        for r in "${pids[@]}"; do wait "$r" || ok=0; done
+    fi
+    [ "$ok" = 1 ] || { echo "fail"; return; }
     tail -n +2 "$tmp/log.json" | sed -E 's/.*"ms": ([0-9.]+), "tok_per_s": ([0-9.]+), "peak_mib": ([0-9.]+).*/\1 \3/' |
-        sort -g | awk '{ ms[NR] = $1; if ($2 > peak) peak = $2 } END { m = ms[int((NR + 1) / 2)];
-            printf "%.2f %.2f %.2f %.0f %.0f\n", m, ms[1], ms[NR], '"$B"' * '"$T"' / (m / 1000), peak }'
+        sort -g | awk -v tok=$((B * T * n)) '{ ms[NR] = $1; if ($2 > peak) peak = $2 } END { m = ms[int((NR + 1) / 2)];
+            printf "%.2f %.2f %.2f %.0f %.0f\n", m, ms[1], ms[NR], tok / (m / 1000), peak }'
 }
 
-row() { # row CONFIG IMPL "ms min max tok_s peak" T OURS_MS
-    local c=$1 impl=$2 T=$4 ours_ms=$5
+# peer N MODE B T: PyTorch's peer at N ranks (N > 1: DDP under torchrun), as ours prints it, or
+# "fail: " and its last line of errors.
+peer() {
+    local n=$1 mode=$2 B=$3 T=$4 t0=$SECONDS j
+    if [ "$n" = 1 ]; then
+        j=$(python3 scripts/bench_torch.py --mode "$mode" --batch_size "$B" --seq_len "$T" 2> "$tmp/torch.err" | tail -n 1)
+    else
+        j=$(python3 -m torch.distributed.run --standalone --nproc_per_node "$n" scripts/bench_torch.py --ddp \
+            --mode "$mode" --batch_size "$B" --seq_len "$T" 2> "$tmp/torch.err" | tail -n 1)
+    fi
+    echo "pytorch $mode, $n rank(s), B=$B T=$T: $((SECONDS - t0)) s wall (compilation included)" >&2
+    [ -n "$j" ] || { echo "fail: $(tail -n 1 "$tmp/torch.err")"; return; }
+    echo "$j" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["ms"], d["ms_min"], d["ms_max"], d["tok_s"], d["peak_mib"])'
+}
+
+# row CONFIG IMPL "ms min max tok_s peak" T OURS_MS [N ONE]: one table row; with --ranks, N is the
+# row's ranks and ONE the same implementation's result at one rank (scaling and exposed communication).
+row() {
+    local c=$1 impl=$2 T=$4 ours_ms=$5 n=${6:-1} one=${7:-} cols=""
+    if [ "$ranks" -gt 1 ]; then
+        cols=" $n | | |"
+        if [ "$n" -gt 1 ] && [ "${one#fail}" = "$one" ] && [ "${3#fail}" = "$3" ]; then
+            cols=$(awk -v n="$n" -v r="$3" -v o="$one" 'BEGIN { split(r, a, " "); split(o, b, " ");
+                printf " %d | %.2fx | %.2f ms |", n, a[4] / b[4], a[1] - b[1] }')
+        fi
+    fi
+    if [ "${3#fail}" != "$3" ]; then echo "| $c | $impl |$cols ${3/fail/failed} | | | | | |"; return; fi
     set -- $3
-    if [ "$1" = "fail" ]; then echo "| $c | $impl | failed | | | | | |"; return; fi
-    printf "| %s | %s | %.2f | %.2f-%.2f | %.0f | %s | %.0f MiB | %s |\n" "$c" "$impl" "$1" "$2" "$3" "$4" \
-        "$(mfu "$4" "$T")" "$5" "$(awk -v a="$1" -v b="$ours_ms" 'BEGIN { printf "%.2fx", a / b }')"
+    printf "| %s | %s |%s %.2f | %.2f-%.2f | %.0f | %s | %.0f MiB | %s |\n" "$c" "$impl" "$cols" "$1" "$2" "$3" "$4" \
+        "$(mfu "$(awk -v t="$4" -v n="$n" 'BEGIN { print t / n }')" "$T")" "$5" \
+        "$(awk -v a="$1" -v b="$ours_ms" 'BEGIN { printf "%.2fx", a / b }')"
+}
+
+# One config at one rank, and with --ranks at N too: ours, ours with --flags, then each peer; each
+# row's last column against ours at the same ranks.
+config_rows() {
+    local B=$1 T=$2 c="B=$1, T=$2" o oN p r rN
+    o=$(ours 1 "$B" "$T")
+    row "$c" "llama3.cu" "$o" "$T" "${o%% *}" 1
+    if [ "$ranks" -gt 1 ]; then oN=$(ours "$ranks" "$B" "$T"); row "$c" "llama3.cu" "$oN" "$T" "${oN%% *}" "$ranks" "$o"; fi
+    if [ -n "$flags" ]; then
+        # shellcheck disable=SC2086
+        r=$(ours 1 "$B" "$T" $flags)
+        row "$c" "llama3.cu $flags" "$r" "$T" "${o%% *}" 1
+        # shellcheck disable=SC2086
+        [ "$ranks" -gt 1 ] && row "$c" "llama3.cu $flags" "$(ours "$ranks" "$B" "$T" $flags)" "$T" "${oN%% *}" "$ranks" "$r"
+    fi
+    for p in $peers; do
+        r=$(peer 1 "$p" "$B" "$T")
+        row "$c" "pytorch $p" "$r" "$T" "${o%% *}" 1
+        if [ "$ranks" -gt 1 ] && [ "$p" != cudagraphs ]; then
+            rN=$(peer "$ranks" "$p" "$B" "$T")
+            row "$c" "pytorch $p DDP" "$rN" "$T" "${oN%% *}" "$ranks" "$r"
+        fi
+    done
 }
 
 {
-    echo "### Trainer vs PyTorch ($(date +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1))"
+    echo "### Trainer vs PyTorch ($(date +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)$([ "$ranks" -gt 1 ] && echo " x $ranks"))"
     echo
     echo "\`$cmdline\`. Peak memory: ours is device memory in use (cudaMemGetInfo, CUDA context included),"
     echo "PyTorch's is torch.cuda.max_memory_allocated. Last column: that row's ms/step over ours."
-    echo
-    echo "| config | implementation | ms/step | spread | tok/s | MFU | peak memory | time vs ours |"
-    echo "|---|---|---|---|---|---|---|---|"
-    for c in $configs; do
-        B=${c%%:*} T=${c##*:}
-        o=$(ours "$B" "$T")
-        row "B=$B, T=$T" "llama3.cu" "$o" "$T" "${o%% *}"
-        # shellcheck disable=SC2086
-        [ -n "$flags" ] && row "B=$B, T=$T" "llama3.cu $flags" "$(ours "$B" "$T" $flags)" "$T" "${o%% *}"
-        for p in $peers; do
-            t0=$SECONDS
-            j=$(python3 scripts/bench_torch.py --mode "$p" --batch_size "$B" --seq_len "$T" 2>"$tmp/torch.err" | tail -n 1)
-            echo "pytorch $p B=$B T=$T: $((SECONDS - t0)) s wall (compilation included)" >&2
-            if [ -z "$j" ]; then echo "| B=$B, T=$T | pytorch $p | failed: $(tail -n 1 "$tmp/torch.err") | | | | | |"; continue; fi
-            r=$(echo "$j" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["ms"], d["ms_min"], d["ms_max"], d["tok_s"], d["peak_mib"])')
-            row "B=$B, T=$T" "pytorch $p" "$r" "$T" "${o%% *}"
-        done
-    done
+    if [ "$ranks" -gt 1 ]; then
+        echo "B and T per GPU; tok/s of all GPUs, MFU per GPU; rank 0's step times and memory. Scaling: tok/s over the"
+        echo "same implementation's at one rank; exposed communication: its ms/step at N ranks minus at one."
+        echo "Last column against ours at the same ranks."
+        echo
+        echo "| config | implementation | ranks | scaling | exposed comm | ms/step | spread | tok/s | MFU | peak memory | time vs ours |"
+        echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    else
+        echo
+        echo "| config | implementation | ms/step | spread | tok/s | MFU | peak memory | time vs ours |"
+        echo "|---|---|---|---|---|---|---|---|"
+    fi
+    for c in $configs; do config_rows "${c%%:*}" "${c##*:}"; done
 } | tee "$tmp/table.md"
 
 if [ "$ablation" = 1 ]; then
@@ -142,7 +217,7 @@ if [ "$ablation" = 1 ]; then
         base=""
         for i in "${!ABLATION[@]}"; do
             IFS='|' read -r id label _ <<< "${ABLATION[$i]}"
-            o=$(ours 4 64 $(ablation_flags "$i"))
+            o=$(ours 1 4 64 $(ablation_flags "$i"))
             [ -z "$base" ] && base=${o%% *}
             row "$id" "$label" "$o" 64 "$base"
         done

@@ -3,50 +3,111 @@
 of ref_llama3.py's shapes (--shape 3b --tied: the 3.2-3B as released) (random init, untied unless
 --tied, sdpa attention) trained with fp32 master weights under bf16 autocast and fused
 AdamW, on random tokens; with --fp8 its block linears run the trainer's --fp8 1 recipe through
-torch._scaled_mm (ref_llama3.py's use_fp8: e4m3 / e5m2, one dynamic scale per tensor). Prints one JSON line: the median step time over --steps timed steps
-(CUDA events, after --warmup steps), its min and max, tok/s and peak allocated memory.
+torch._scaled_mm (ref_llama3.py's use_fp8: e4m3 / e5m2, one dynamic scale per tensor). With --ddp,
+started by torchrun, each rank trains its own tokens under DistributedDataParallel (NCCL, one GPU
+per rank: its LOCAL_RANK); the timed steps end with a check that every rank holds the same weights.
+Prints one JSON line (rank 0): the median step time over --steps timed steps (CUDA events, after
+--warmup steps), its min and max, tok/s of all ranks and peak allocated memory.
 
     python scripts/bench_torch.py --mode eager --batch_size 4 --seq_len 64
     python scripts/bench_torch.py --mode compile --shape 3b --tied --batch_size 4 --seq_len 1024
     python scripts/bench_torch.py --mode eager --fp8 --batch_size 16 --seq_len 1024
-    modes: eager, compile (torch.compile default), cudagraphs (torch.compile mode=reduce-overhead)
+    python -m torch.distributed.run --standalone --nproc_per_node 2 scripts/bench_torch.py --ddp --mode compile \
+        --batch_size 16 --seq_len 1024
+    modes: eager, compile (torch.compile default), cudagraphs (torch.compile mode=reduce-overhead; not with --ddp)
+--device cpu runs the same on the CPU (gloo between the ranks, wall-clock times): a check that the
+script works on a machine without a GPU (make test's host part), not a benchmark.
 """
 import argparse
 import json
 import os
 import sys
+import time
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
 from ref_llama3 import make_model, use_fp8  # noqa: E402
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["eager", "compile", "cudagraphs"], default="eager")
-    ap.add_argument("--batch_size", type=int, default=4)
+    ap.add_argument("--batch_size", type=int, default=4, help="per rank")
     ap.add_argument("--seq_len", type=int, default=64)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--shape", default="1b", help="a shape of ref_llama3.py (1b, 3b, 8b)")
+    ap.add_argument("--shape", default="1b", help="a shape of ref_llama3.py (1b, 3b, 8b, small)")
     ap.add_argument("--tied", action="store_true", help="lm_head tied to the embedding")
     ap.add_argument("--fp8", action="store_true", help="the block linears in FP8 (torch._scaled_mm), as --fp8 1")
+    ap.add_argument("--ddp", action="store_true", help="one rank of torchrun's launch, DistributedDataParallel")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a check of the script, no timing")
     args = ap.parse_args()
+    if args.ddp and args.mode == "cudagraphs":
+        ap.error("--mode cudagraphs with --ddp: torch.compile's CUDA graphs do not take DDP's collectives")
+    if args.ddp and "RANK" not in os.environ:
+        ap.error("--ddp wants torchrun's RANK, WORLD_SIZE and LOCAL_RANK (python -m torch.distributed.run ...)")
+    return args
+
+
+def start_ranks(args):
+    """(rank, world, device): torchrun's rank on its GPU (its LOCAL_RANK) and the process group; one process alone."""
+    if not args.ddp:
+        return 0, 1, torch.device(args.device)
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if args.device == "cuda":
+        torch.cuda.set_device(local)
+    device = torch.device(args.device, local) if args.device == "cuda" else torch.device("cpu")
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", device_id=device if args.device == "cuda" else None)
+    return rank, world, device
+
+
+def ranks_agree(model, device):
+    """Whether every rank holds the same weights (DDP's averaged gradients, the same AdamW): the sum and the sum
+    of squares of all weights in float64, gathered and compared exactly."""
+    flat = torch.cat([p.detach().double().view(-1) for p in model.parameters()])
+    mine = torch.stack([flat.sum(), flat.square().sum()]).to(device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return all(torch.equal(e, every[0]) for e in every)
+
+
+def timed(step, device):
+    """The milliseconds of one call of step: CUDA events on the GPU, the wall clock on the CPU."""
+    if device.type == "cpu":
+        t0 = time.perf_counter()
+        step()
+        return 1000.0 * (time.perf_counter() - t0)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    step()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def main():
+    args = parse_args()
     B, T = args.batch_size, args.seq_len
-    model, cfg = make_model(args.shape, "cuda", 1337, tied=args.tied)
+    rank, world, device = start_ranks(args)
+    model, cfg = make_model(args.shape, device, 1337, tied=args.tied)
     if args.fp8:
         use_fp8(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     fwd = model
+    if args.ddp:
+        fwd = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
+                                                        gradient_as_bucket_view=True)
     if args.mode != "eager":
-        fwd = torch.compile(model, mode="reduce-overhead" if args.mode == "cudagraphs" else None)
-    x = torch.randint(0, cfg.vocab_size, (B, T), device="cuda")
-    y = torch.randint(0, cfg.vocab_size, (B, T), device="cuda")
+        fwd = torch.compile(fwd, mode="reduce-overhead" if args.mode == "cudagraphs" else None)
+    gen = torch.Generator(device=device).manual_seed(1000 + rank)  # each rank its own tokens
+    x = torch.randint(0, cfg.vocab_size, (B, T), device=device, generator=gen)
+    y = torch.randint(0, cfg.vocab_size, (B, T), device=device, generator=gen)
 
     def step():
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
             logits = fwd(input_ids=x).logits
         loss = F.cross_entropy(logits.float().view(-1, cfg.vocab_size), y.view(-1))
         loss.backward()
@@ -55,21 +116,22 @@ def main():
 
     for _ in range(args.warmup):
         step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(args.steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times = sorted(timed(step, device) for _ in range(args.steps))
     med = times[len(times) // 2]
-    print(json.dumps({"impl": f"pytorch {args.mode}", "shape": args.shape, "tied": args.tied, "fp8": args.fp8, "B": B, "T": T, "ms": med, "ms_min": times[0],
-                      "ms_max": times[-1], "tok_s": B * T / (med / 1000.0),
-                      "peak_mib": torch.cuda.max_memory_allocated() / 2**20}))
+    out = {"impl": f"pytorch {args.mode}" + (" ddp" if args.ddp else ""), "shape": args.shape, "tied": args.tied,
+           "fp8": args.fp8, "ranks": world, "B": B, "T": T, "ms": med, "ms_min": times[0], "ms_max": times[-1],
+           "tok_s": world * B * T / (med / 1000.0),
+           "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None}
+    if args.ddp:
+        out["ranks_agree"] = ranks_agree(model, device)
+        dist.destroy_process_group()
+    if rank == 0:
+        print(json.dumps(out))
+    if not out.get("ranks_agree", True):
+        sys.exit(f"error: rank {rank}: the ranks' weights differ after the timed steps (DDP did not average the gradients)")
 
 
 if __name__ == "__main__":

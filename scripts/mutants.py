@@ -214,6 +214,9 @@ DP_MUTANTS = [
 ]
 
 HOST_MUTANTS = [
+    ("ddp_peer_not_wrapped", "benchmark", "scripts/bench_torch.py", "bench_torch.py --ddp trains each rank's model "
+     "alone (no DistributedDataParallel): the peer of bench.sh --ranks times no communication",
+     "fwd = torch.nn.parallel.DistributedDataParallel(model,", "fwd = model or torch.nn.parallel.DistributedDataParallel(model,"),
     ("llmc_rope_factor_32", "rope", "llama3.h", "llm.c's files read with Llama-3.2's RoPE factor 32, not the 8 "
      "llm.c itself uses", "c.rope_factor = LLMC_ROPE_FACTOR; // its header", "c.rope_factor = LLAMA3_2_ROPE_FACTOR; // its header"),
     ("rope_slot_unread", "rope", "llama3.h", "a seed header's slot 17 not read: every file's RoPE factor 32",

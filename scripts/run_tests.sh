@@ -322,6 +322,19 @@ switch_lists() {
         "not among them:${bad:- (it printed nothing)}"
 }
 
+# bench_torch.py --ddp (the PyTorch DDP peer of scripts/bench.sh --ranks) on the CPU: two gloo ranks
+# through torchrun train the small shape on their own tokens; the script stops when their weights
+# differ after the steps (gradients not averaged across the ranks).
+ddp_peer_on_cpu() {
+    local out ok
+    echo "== bench_torch.py --ddp --device cpu: two ranks through torchrun"
+    out=$(OMP_NUM_THREADS=2 timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node 2 \
+        scripts/bench_torch.py --ddp --device cpu --shape small --batch_size 2 --seq_len 32 --steps 2 --warmup 1 2>&1)
+    grep -q '"ranks_agree": true' <<< "$out" && ok=1 || ok=0
+    check $ok "bench_torch.py --ddp: two gloo ranks of PyTorch's DDP peer, on the CPU, end with the same weights" \
+        "$(grep -m 2 -iE 'error|Traceback' <<< "$out")"
+}
+
 host_parts() {
     part "host unit tests and the trainer's bad-input errors" host_unit_tests
     part "flag table" flag_tables
@@ -335,6 +348,11 @@ host_parts() {
             python3 scripts/mutants.py --plant_check
     fi
     part "plot_log.py" run "plot_log.py: a training log drawn, bad logs refused" python3 scripts/test_plot_log.py
+    if python3 -c "import torch, transformers" > /dev/null 2>&1; then
+        part "bench_torch.py --ddp" ddp_peer_on_cpu
+    else
+        skipped+=("bench_torch.py --ddp: PyTorch's DDP peer on the CPU (python3 has no torch and transformers)")
+    fi
 }
 
 # ---- GPU parts ----
