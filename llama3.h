@@ -78,6 +78,22 @@ static inline Llama3Config llama3_2_1b_config(void) {
     return c;
 }
 
+// [family] The random init's shapes (--shape): LLaMA 3.2-1B (untied, as the seed's files; the
+// released one is tied), 3.2-3B (tied, as released) and 3.1-8B (untied, RoPE factor 8), each with
+// the 1B's vocabulary, norm eps, RoPE theta and 8192 positions. A model file gives its own shape.
+enum { SHAPE_1B, SHAPE_3B, SHAPE_8B };
+#define SHAPE_CHOICES "1b|3b|8b" // (their order: the enum's)
+static const char* const SHAPE_NAMES[] = {"LLaMA 3.2-1B", "LLaMA 3.2-3B", "LLaMA 3.1-8B"};
+static inline Llama3Config family_config(int shape) {
+    Llama3Config c = llama3_2_1b_config();
+    if (shape == SHAPE_3B)
+        c.n_layer = 28, c.n_embd = 3072, c.n_head = 24, c.ffn_dim_multiplier = 1.0f, c.tied_embeddings = 1;
+    if (shape == SHAPE_8B)
+        c.n_layer = 32, c.n_embd = 4096, c.ffn_dim_multiplier = 1.3f, c.multiple_of = 1024, c.rope_factor = 8.0f;
+    c.ffn_hidden = ffn_hidden_dim(c.n_embd, c.ffn_dim_multiplier, c.multiple_of);
+    return c;
+}
+
 // Checks every field of a config read from `source` against its range (bounds far above any
 // LLaMA 3, so that no size computed from them overflows), then derives ffn_hidden. The message
 // names the field, its value and the range.
@@ -682,7 +698,8 @@ static inline size_t moment_bytes(int moments) { return moments == MOMENTS_BF16 
 // The training loop's: its inputs and log, the batch, and how long it runs.
 typedef struct {
     const char* input_bin;     // NULL: the embedded default data set
-    const char* llmc_filepath; // NULL: random init (LLaMA3.2-1B shape, std 0.02, norms 1)
+    const char* llmc_filepath; // NULL: random init (std 0.02, norms 1) of `shape`
+    int shape;                 // --shape: SHAPE_1B, _3B or _8B, the random init's [family]
     const char* log_file;      // NULL: no JSON log
     int batch_size, sequence_length, total_batch_size; // total: of all ranks
     int recompute; // --recompute: RECOMPUTE_NONE, _NORMS or _BLOCKS, what the backward recomputes [recompute]
@@ -825,6 +842,7 @@ typedef struct {
 static const FlagSpec FLAGS[] = {
     {"--input_bin", FLAG_PATH, ARG(loop.input_bin), NULL, 0, 0, NULL, "llm.c token file, uint32 LLaMA-3 or uint16 GPT-2 tokens (default: embedded tiny shakespeare)", NOT_A_SWITCH, NULL},
     {"--llmc_filepath", FLAG_PATH, ARG(loop.llmc_filepath), NULL, 0, 0, NULL, "model file, seed/InfiniTrain or llm.c llama3 format, told apart by size (default: random init)", NOT_A_SWITCH, NULL},
+    {"--shape", FLAG_CHOICE, ARG(loop.shape), "1b", 0, 0, SHAPE_CHOICES, "the random init's shape: LLaMA 3.2-1B (untied, as the seed's), 3.2-3B (tied) or 3.1-8B (untied, RoPE factor 8); a model file or --resume gives its own", NOT_A_SWITCH, NULL},
     {"--num_iteration", FLAG_INT, ARG(optim.sched.total), "100", 1, BIG_INT, NULL, "optimizer steps of the run: the lr schedule's length, and its last step", NOT_A_SWITCH, NULL},
     {"--stop_after", FLAG_INT, ARG(loop.stop_after), "0", 0, BIG_INT, NULL, "end this invocation after step N, to --resume later on the same schedule (0: at --num_iteration)", NOT_A_SWITCH, NULL},
     {"--batch_size", FLAG_INT, ARG(loop.batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", NOT_A_SWITCH, NULL},
@@ -1338,6 +1356,40 @@ static inline int fp8_check(const Llama3Config* c, long long bt, int micro_steps
 static inline int fp8_args_check(const TrainArgs* a, const Llama3Config* c, char* err) {
     long long bt = (long long)a->loop.batch_size * a->loop.sequence_length;
     return fp8_check(c, bt, micro_steps(&a->loop), a->loop.world, &a->sw, err);
+}
+
+// The out-of-memory message's advice: each flag that would shrink this run and that it can take,
+// with what it frees. --fp8 1 takes neither micro-steps nor ranks (fp8_check), so under it the
+// advice names --fp8 0 instead of --total_batch_size and more ranks; recompute frees activations,
+// not the FP8 copies of the inputs that the backward keeps.
+typedef struct {
+    int moments, recompute, fp8;   // this run's --optimizer_state, --recompute and --fp8
+    double acts_blocks_gib;        // the activations at --recompute 2
+    double fp8_gib;                // the FP8 copies (0 without --fp8 1)
+} FitAdvice;
+static inline void fit_advice(const FitAdvice* f, char* out, size_t n) {
+    size_t k = 0;
+#define ADVISE(...) (k += (size_t)snprintf(out + (k < n ? k : n - 1), k < n ? n - k : 1, __VA_ARGS__))
+    out[0] = 0;
+    if (f->moments == MOMENTS_FP32) ADVISE("--optimizer_state bf16 (m and v in half), ");
+    if (f->recompute < RECOMPUTE_BLOCKS) ADVISE("--recompute 2 (activations %.2f GiB), ", f->acts_blocks_gib);
+    if (f->fp8)
+        ADVISE("--fp8 0 (frees the FP8 copies' %.2f GiB), a smaller --batch_size or --sequence_length (the "
+               "activations and the FP8 copies of the inputs scale with B*T)", f->fp8_gib);
+    else
+        ADVISE("a smaller --batch_size or --sequence_length (activations scale with B*T; keep --total_batch_size "
+               "for the same step), more ranks (ZeRO-1 divides m and v)");
+#undef ADVISE
+}
+
+// [family] --shape is the random init's: a model file or a checkpoint brings its own shape, so
+// another --shape beside one is refused (checked before the file is read).
+static inline int shape_args_check(const TrainArgs* a, char* err) {
+    if (a->loop.shape == SHAPE_1B || !(a->loop.llmc_filepath || a->ckpt.resume)) return 0;
+    char shape[16];
+    flag_format(a, flag_find("--shape"), shape, sizeof(shape));
+    return l3_fail(err, "--shape %s: %s gives the model's shape; leave --shape out", shape,
+                   a->ckpt.resume ? "--resume's model.bin" : "--llmc_filepath");
 }
 
 static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, char* err) {

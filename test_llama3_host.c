@@ -600,6 +600,59 @@ static void test_fp8_flags(void) {
                  "must be multiples of 64");
 }
 
+// [family] --shape's configs: the released shapes' parameter counts (3.2-3B 3,212,749,824 with its
+// tie, 3.1-8B 8,030,261,248), and --shape beside a model file or checkpoint refused.
+static void test_family_shapes(void) {
+    const struct { int shape, L, C, NH, F, tied; float factor; size_t total; } want[] = {
+        {SHAPE_1B, 16, 2048, 32, 8192, 0, 32.0f, 1498482688ull},
+        {SHAPE_3B, 28, 3072, 24, 8192, 1, 32.0f, 3212749824ull},
+        {SHAPE_8B, 32, 4096, 32, 14336, 0, 8.0f, 8030261248ull}};
+    char err[L3_ERR_LEN];
+    for (int i = 0; i < 3; i++) {
+        Llama3Config c = family_config(want[i].shape);
+        size_t total = param_layout(&c).total;
+        CHECK(c.n_layer == want[i].L && c.n_embd == want[i].C && c.n_head == want[i].NH && c.n_kv_head == 8 &&
+                  c.ffn_hidden == want[i].F && c.tied_embeddings == want[i].tied && c.rope_factor == want[i].factor &&
+                  total == want[i].total && config_check(&c, "family", err) == 0,
+              "--shape %s: L %d C %d heads %d/%d F %d tied %d factor %g, %zu parameters", SHAPE_NAMES[i], c.n_layer,
+              c.n_embd, c.n_head, c.n_kv_head, c.ffn_hidden, c.tied_embeddings, c.rope_factor, total);
+    }
+    TrainArgs a;
+    int rc = parse(&a, err, "--shape 3b");
+    CHECK(rc == 0 && a.loop.shape == SHAPE_3B && shape_args_check(&a, err) == 0, "--shape 3b alone taken");
+    rc = parse(&a, err, "--shape 3b --llmc_filepath m.bin");
+    expect_error(rc ? rc : shape_args_check(&a, err), err, "--shape 3b with a model file", "--shape 3b: --llmc_filepath",
+                 "leave --shape out");
+    rc = parse(&a, err, "--shape 8b --resume ck");
+    expect_error(rc ? rc : shape_args_check(&a, err), err, "--shape 8b with --resume", "--shape 8b: --resume's model.bin",
+                 NULL);
+    rc = parse(&a, err, "--shape 1b --llmc_filepath m.bin");
+    CHECK(rc == 0 && shape_args_check(&a, err) == 0, "--shape 1b (the default) beside a model file taken");
+}
+
+// The out-of-memory advice names only flags the run can take: under --fp8 1 neither micro-steps nor
+// ranks, but --fp8 0; nothing the run already has.
+static void test_fit_advice(void) {
+    char out[512];
+    FitAdvice bf16 = {MOMENTS_FP32, RECOMPUTE_NONE, 0, 0.13, 0};
+    fit_advice(&bf16, out, sizeof(out));
+    CHECK(strstr(out, "--optimizer_state bf16") && strstr(out, "--recompute 2 (activations 0.13 GiB)") &&
+              strstr(out, "--total_batch_size") && strstr(out, "more ranks") && !strstr(out, "--fp8"),
+          "advice of a bf16 run: \"%s\"", out);
+    FitAdvice fp8 = {MOMENTS_FP32, RECOMPUTE_NORMS, 1, 0.13, 3.62};
+    fit_advice(&fp8, out, sizeof(out));
+    CHECK(strstr(out, "--fp8 0 (frees the FP8 copies' 3.62 GiB)") && strstr(out, "--recompute 2") &&
+              !strstr(out, "--total_batch_size") && !strstr(out, "ranks"),
+          "advice of an --fp8 1 run names neither micro-steps nor ranks: \"%s\"", out);
+    FitAdvice lean = {MOMENTS_BF16, RECOMPUTE_BLOCKS, 1, 0.13, 3.62};
+    fit_advice(&lean, out, sizeof(out));
+    CHECK(!strstr(out, "--optimizer_state") && !strstr(out, "--recompute") && strstr(out, "--batch_size"),
+          "advice of a run with bf16 state and --recompute 2 leaves them out: \"%s\"", out);
+    char tiny[24];
+    fit_advice(&bf16, tiny, sizeof(tiny));
+    CHECK(strlen(tiny) == sizeof(tiny) - 1, "advice cut to a short buffer: \"%s\"", tiny);
+}
+
 // The GPUs the build takes, and the val split beside a user's token file.
 static void test_gpu_and_val_paths(void) {
     char err[L3_ERR_LEN], out[L3_PATH_LEN];
@@ -1787,6 +1840,8 @@ int main(void) {
     test_cli();
     test_user_flags();
     test_fp8_flags();
+    test_fit_advice();
+    test_family_shapes();
     test_gpu_and_val_paths();
     test_json_log();
     test_flag_table();

@@ -407,12 +407,12 @@ static void check_fits(const Model* m) {
     if (memory_total(&parts) <= free_b) return;
     fprintf(stderr, "out of GPU memory: the model needs ");
     memory_print(stderr, &parts);
-    fprintf(stderr, "; %.2f GiB free. Smaller: ", free_b / 1073741824.0);
-    if (m->opt.moments == MOMENTS_FP32) fprintf(stderr, "--optimizer_state bf16 (m and v in half), ");
-    if (m->recompute < RECOMPUTE_BLOCKS)
-        fprintf(stderr, "--recompute 2 (activations %.2f GiB), ", acts_bytes_at(m, RECOMPUTE_BLOCKS) / 1073741824.0);
-    fprintf(stderr, "a smaller --batch_size or --sequence_length (activations scale with B*T; keep "
-                    "--total_batch_size for the same step), more ranks (ZeRO-1 divides m and v)\n");
+    const double G = 1073741824.0;
+    FitAdvice f = {m->opt.moments, m->recompute, m->fp8 != NULL, acts_bytes_at(m, RECOMPUTE_BLOCKS) / G,
+                   parts.fp8 / G};
+    char advice[512];
+    fit_advice(&f, advice, sizeof(advice));
+    fprintf(stderr, "; %.2f GiB free. Smaller: %s\n", free_b / G, advice);
     exit(EXIT_FAILURE);
 }
 
@@ -2073,7 +2073,7 @@ static void check_eval_inputs(const TrainArgs* a, const Llama3Config* cfg, RunIn
 static void check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat* fmt, TokenData* tokens,
                           DataLoader* loader, RunInputs* in, const char* prog) {
     char err[L3_ERR_LEN];
-    if (outputs_check(a, err)) die(err, prog, false);
+    if (outputs_check(a, err) || shape_args_check(a, err)) die(err, prog, false);
     in->model_path = a->loop.llmc_filepath;
     if (a->ckpt.resume) {
         if (checkpoint_resolve(a->ckpt.resume, in->resume_model, in->resume_state, err))
@@ -2267,7 +2267,7 @@ static FILE* open_outputs(const TrainArgs* a, const RunInputs* in, const char* p
 static void print_setup(const TrainArgs* a, const Llama3Config* cfg, ModelFileFormat fmt, const TokenData* tokens,
                         const RunInputs* in) {
     if (in->model_path) printf("model: %s, %s format\n", in->model_path, model_format_name(fmt));
-    else printf("model: LLaMA3.2-1B shape, random init (seed %llu)\n", a->loop.seed);
+    else printf("model: %s shape, random init (seed %llu)\n", SHAPE_NAMES[a->loop.shape], a->loop.seed);
     if (a->ckpt.resume) printf("resume: %s at step %d, data position %llu\n", in->resume_state, in->st.step,
                           (unsigned long long)in->st.loader_pos);
     config_print(stdout, cfg);
@@ -2326,7 +2326,7 @@ int main(int argc, char** argv) {
     a.loop.rank = ranks.rank;
     if (ranks.world > 1) snprintf(rank_tag, sizeof(rank_tag), "rank %d: ", ranks.rank);
     if (ranks.rank > 0 && !freopen("/dev/null", "w", stdout)) die("cannot silence stdout", argv[0], false); // rank 0 prints
-    Llama3Config cfg = llama3_2_1b_config();
+    Llama3Config cfg = family_config(a.loop.shape); // (a model file's header replaces it)
     ModelFileFormat fmt = MODEL_FILE_SEED;
     TokenData tokens = {}; // zeroed: gcc cannot see that load_tokens fills it or exits
     DataLoader loader;

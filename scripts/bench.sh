@@ -4,11 +4,17 @@
 # configs, then one markdown table: ms/step median and spread, tok/s, MFU, peak memory, and the
 # peers' time over ours.
 #   scripts/bench.sh [--ablation] [--no-peers | --peers "eager compile cudagraphs"] [--configs "B:T ..."]
-#                    [--flags "TRAINER FLAGS"] [--ranks N] [--write]
+#                    [--flags "TRAINER FLAGS"] [--peer_flags "BENCH_TORCH FLAGS"] [--ranks N] [--shape 1b|3b|8b]
+#                    [--write]
 # --flags     also run the trainer with these flags at each config (e.g. "--grad_clip 1"): a row
 #             "llama3.cu FLAGS" beside the plain one, its time over the plain run in the last column
 # --ablation  also the seed report's configurations A..J (cumulative) and ours, at B=4,T=64, then each
 #             setting of ./train_llama3 --list_switches that none of them covers, alone
+# --peer_flags  also run each peer with these flags of bench_torch.py (e.g. "--fp8", the --fp8 1
+#             recipe): a row "pytorch MODE FLAGS", timed against ours with --flags when given (--flags
+#             "--fp8 1" --peer_flags "--fp8": both sides of FP8 in one call), else against plain ours
+# --shape S   the model: the trainer's --shape (random init of LLaMA 3.2-1B, 3.2-3B tied, 3.1-8B) and
+#             bench_torch.py's same shape (3b with --tied); MFU from the shape the trainer prints
 # --ranks N   several GPUs of this machine: each implementation at one rank and at N ranks (one process
 #             per GPU, B and T per GPU; ours through NCCL, launched with RANK/WORLD_SIZE/LOCAL_RANK; the
 #             peers under DistributedDataParallel, bench_torch.py --ddp through torchrun; cudagraphs has
@@ -23,7 +29,9 @@ peers="eager compile cudagraphs"
 ablation=0
 write=0
 flags=""
+peer_flags=""
 ranks=1
+shape=1b
 cmdline="scripts/bench.sh $*"
 while [ $# -gt 0 ]; do
     case $1 in
@@ -33,7 +41,9 @@ while [ $# -gt 0 ]; do
         --write) write=1 ;;
         --configs) configs=$2; shift ;;
         --flags) flags=$2; shift ;;
+        --peer_flags) peer_flags=$2; shift ;;
         --ranks) ranks=$2; shift ;;
+        --shape) shape=$2; shift ;;
         *) echo "unknown option $1"; exit 1 ;;
     esac
     shift
@@ -46,6 +56,16 @@ if [ "$ranks" -gt 1 ]; then
     export NCCL_NVLS_ENABLE=0 # (NVLink multicast off: the device tool's KINDS.md)
 fi
 make -s train_llama3 || exit 1
+# The shape's config as the trainer prints it before it looks for a GPU (none visible here): its
+# matmul weights (the blocks' and the head's) give the FLOPs per token.
+start=$(CUDA_VISIBLE_DEVICES= ./train_llama3 --shape "$shape" 2>&1)
+dims=$(grep '^| ' <<< "$start" | tr '|' '\n')
+field() { awk -v k="$1" '$1 == k { print $2 }' <<< "$dims"; }
+L=$(field n_layer) C=$(field n_embd) NH=$(field n_head) KVH=$(field n_kv_head) F=$(field ffn_hidden) V=$(field vocab_size)
+[ -n "$L" ] && [ -n "$V" ] || { echo "--shape $shape: ./train_llama3 printed no config: $(tail -n 1 <<< "$start")"; exit 1; }
+matmul_weights=$((L * (C * (C + 2 * C * KVH / NH) + C * C + 3 * C * F) + V * C))
+peer_shape="--shape $shape"
+[ "$(field tied)" = 1 ] && peer_shape="$peer_shape --tied"
 if [ "$ranks" -gt 1 ] && ! ldd ./train_llama3 | grep -q libnccl; then
     echo "--ranks $ranks: ./train_llama3 was built without NCCL (make found none, or DATA_PARALLEL=0)"; exit 1
 fi
@@ -98,8 +118,11 @@ ablation_flags() {
     echo "$flags"
 }
 
-# FLOP per token: 6 * non-embedding parameters + 12 * L * C * T (attention), against 989 TFLOP/s.
-mfu() { awk -v tok_s="$1" -v T="$2" 'BEGIN { printf "%.1f%%", 100 * tok_s * (6 * 1235814400 + 12 * 16 * 2048 * T) / 989e12 }'; }
+# FLOP per token: 6 * matmul weights + 12 * L * C * T (attention), against 989 TFLOP/s.
+mfu() {
+    awk -v tok_s="$1" -v T="$2" -v W="$matmul_weights" -v L="$L" -v C="$C" \
+        'BEGIN { printf "%.1f%%", 100 * tok_s * (6 * W + 12 * L * C * T) / 989e12 }'
+}
 
 # ours N B T [flags...]: N ranks (one process per GPU) of B x T tokens each, one micro-step; prints
 # "ms ms_min ms_max tok_s peak_mib" from rank 0's JSON log (steps 2..30; tok/s of all ranks), or "fail".
@@ -108,12 +131,12 @@ ours() {
     shift 3
     rm -f "$tmp/log.json"
     if [ "$n" = 1 ]; then
-        ./train_llama3 --batch_size "$B" --sequence_length "$T" --total_batch_size $((B * T)) --num_iteration 30 \
-            --log_file "$tmp/log.json" "$@" > "$tmp/train.log" 2>&1 || ok=0
+        ./train_llama3 --shape "$shape" --batch_size "$B" --sequence_length "$T" --total_batch_size $((B * T)) \
+            --num_iteration 30 --log_file "$tmp/log.json" "$@" > "$tmp/train.log" 2>&1 || ok=0
     else
         rdv=$(mktemp -u "$tmp/rdv.XXXXXX") # (a name no earlier run used: the file must not exist yet)
         for ((r = 0; r < n; r++)); do
-            RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r ./train_llama3 --batch_size "$B" --sequence_length "$T" \
+            RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r ./train_llama3 --shape "$shape" --batch_size "$B" --sequence_length "$T" \
                 --total_batch_size $((B * T * n)) --num_iteration 30 --rendezvous "file:$rdv" \
                 --log_file "$tmp/log.json" "$@" > "$tmp/train.r$r.log" 2>&1 &
             pids+=($!)
@@ -126,17 +149,21 @@ ours() {
             printf "%.2f %.2f %.2f %.0f %.0f\n", m, ms[1], ms[NR], tok / (m / 1000), peak }'
 }
 
-# peer N MODE B T: PyTorch's peer at N ranks (N > 1: DDP under torchrun), as ours prints it, or
-# "fail: " and its last line of errors.
+# peer N MODE B T [flags...]: PyTorch's peer at N ranks (N > 1: DDP under torchrun), as ours prints
+# it, or "fail: " and its last line of errors.
 peer() {
     local n=$1 mode=$2 B=$3 T=$4 t0=$SECONDS j
+    shift 4
     if [ "$n" = 1 ]; then
-        j=$(python3 scripts/bench_torch.py --mode "$mode" --batch_size "$B" --seq_len "$T" 2> "$tmp/torch.err" | tail -n 1)
+        # shellcheck disable=SC2086 # (peer_shape: two flags)
+        j=$(python3 scripts/bench_torch.py $peer_shape --mode "$mode" --batch_size "$B" --seq_len "$T" "$@" \
+            2> "$tmp/torch.err" | tail -n 1)
     else
+        # shellcheck disable=SC2086
         j=$(python3 -m torch.distributed.run --standalone --nproc_per_node "$n" scripts/bench_torch.py --ddp \
-            --mode "$mode" --batch_size "$B" --seq_len "$T" 2> "$tmp/torch.err" | tail -n 1)
+            $peer_shape --mode "$mode" --batch_size "$B" --seq_len "$T" "$@" 2> "$tmp/torch.err" | tail -n 1)
     fi
-    echo "pytorch $mode, $n rank(s), B=$B T=$T: $((SECONDS - t0)) s wall (compilation included)" >&2
+    echo "pytorch $mode $*, $n rank(s), B=$B T=$T: $((SECONDS - t0)) s wall (compilation included)" >&2
     [ -n "$j" ] || { echo "fail: $(tail -n 1 "$tmp/torch.err")"; return; }
     echo "$j" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["ms"], d["ms_min"], d["ms_max"], d["tok_s"], d["peak_mib"])'
 }
@@ -159,32 +186,39 @@ row() {
         "$(awk -v a="$1" -v b="$ours_ms" 'BEGIN { printf "%.2fx", a / b }')"
 }
 
-# One config at one rank, and with --ranks at N too: ours, ours with --flags, then each peer; each
-# row's last column against ours at the same ranks.
+# One config at one rank, and with --ranks at N too: ours, ours with --flags, then each peer (and
+# with --peer_flags); each row's last column against ours (with --flags for a --peer_flags row,
+# when both are given) at the same ranks.
 config_rows() {
-    local B=$1 T=$2 c="B=$1, T=$2" o oN p r rN
-    o=$(ours 1 "$B" "$T")
+    local B=$1 T=$2 c="B=$1, T=$2" o oN of ofN p r rN pf base baseN
+    o=$(ours 1 "$B" "$T") of=$o
     row "$c" "llama3.cu" "$o" "$T" "${o%% *}" 1
-    if [ "$ranks" -gt 1 ]; then oN=$(ours "$ranks" "$B" "$T"); row "$c" "llama3.cu" "$oN" "$T" "${oN%% *}" "$ranks" "$o"; fi
+    if [ "$ranks" -gt 1 ]; then oN=$(ours "$ranks" "$B" "$T") ofN=$oN; row "$c" "llama3.cu" "$oN" "$T" "${oN%% *}" "$ranks" "$o"; fi
     if [ -n "$flags" ]; then
+        # shellcheck disable=SC2086 # (the flags split into words)
+        of=$(ours 1 "$B" "$T" $flags)
+        row "$c" "llama3.cu $flags" "$of" "$T" "${o%% *}" 1
         # shellcheck disable=SC2086
-        r=$(ours 1 "$B" "$T" $flags)
-        row "$c" "llama3.cu $flags" "$r" "$T" "${o%% *}" 1
-        # shellcheck disable=SC2086
-        [ "$ranks" -gt 1 ] && row "$c" "llama3.cu $flags" "$(ours "$ranks" "$B" "$T" $flags)" "$T" "${oN%% *}" "$ranks" "$r"
+        [ "$ranks" -gt 1 ] && ofN=$(ours "$ranks" "$B" "$T" $flags) && row "$c" "llama3.cu $flags" "$ofN" "$T" "${oN%% *}" "$ranks" "$of"
     fi
     for p in $peers; do
-        r=$(peer 1 "$p" "$B" "$T")
-        row "$c" "pytorch $p" "$r" "$T" "${o%% *}" 1
-        if [ "$ranks" -gt 1 ] && [ "$p" != cudagraphs ]; then
-            rN=$(peer "$ranks" "$p" "$B" "$T")
-            row "$c" "pytorch $p DDP" "$rN" "$T" "${oN%% *}" "$ranks" "$r"
-        fi
+        for pf in "" ${peer_flags:+"$peer_flags"}; do
+            base=$o baseN=${oN:-}
+            [ -n "$pf" ] && base=$of baseN=${ofN:-}
+            # shellcheck disable=SC2086
+            r=$(peer 1 "$p" "$B" "$T" $pf)
+            row "$c" "pytorch $p${pf:+ $pf}" "$r" "$T" "${base%% *}" 1
+            if [ "$ranks" -gt 1 ] && [ "$p" != cudagraphs ]; then
+                # shellcheck disable=SC2086
+                rN=$(peer "$ranks" "$p" "$B" "$T" $pf)
+                row "$c" "pytorch $p${pf:+ $pf} DDP" "$rN" "$T" "${baseN%% *}" "$ranks" "$r"
+            fi
+        done
     done
 }
 
 {
-    echo "### Trainer vs PyTorch ($(date +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)$([ "$ranks" -gt 1 ] && echo " x $ranks"))"
+    echo "### Trainer vs PyTorch ($(date +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)$([ "$ranks" -gt 1 ] && echo " x $ranks"), --shape $shape)"
     echo
     echo "\`$cmdline\`. Peak memory: ours is device memory in use (cudaMemGetInfo, CUDA context included),"
     echo "PyTorch's is torch.cuda.max_memory_allocated. Last column: that row's ms/step over ours."

@@ -214,6 +214,12 @@ DP_MUTANTS = [
 ]
 
 HOST_MUTANTS = [
+    ("shape_flag_ignored", "flags", "train_llama3.cu", "--shape is parsed but the random init keeps the 1B's shape",
+     "Llama3Config cfg = family_config(a.loop.shape);", "Llama3Config cfg = family_config(SHAPE_1B);"),
+    ("shape_3b_untied", "flags", "llama3.h", "--shape 3b builds an untied 3B (the released one ties its embedding)",
+     "c.ffn_dim_multiplier = 1.0f, c.tied_embeddings = 1;", "c.ffn_dim_multiplier = 1.0f;"),
+    ("fp8_advice_of_bf16", "flags", "llama3.h", "the out-of-memory advice of an --fp8 1 run names --total_batch_size and "
+     "more ranks, which --fp8 1 refuses", "    if (f->fp8)\n        ADVISE(", "    if (0)\n        ADVISE("),
     ("ddp_peer_not_wrapped", "benchmark", "scripts/bench_torch.py", "bench_torch.py --ddp trains each rank's model "
      "alone (no DistributedDataParallel): the peer of bench.sh --ranks times no communication",
      "fwd = torch.nn.parallel.DistributedDataParallel(model,", "fwd = model or torch.nn.parallel.DistributedDataParallel(model,"),

@@ -251,6 +251,18 @@ user_errors() {
         expect_error "no GPU: CUDA's own error and the compute capability needed" "compute capability 8.0 or newer" \
             ./train_llama3
     fi
+    # --shape: the random init's shape, printed before the GPU is looked at (none visible here)
+    local out
+    out=$(CUDA_VISIBLE_DEVICES= ./train_llama3 --shape 3b 2>&1)
+    [[ "$out" == *"LLaMA 3.2-3B shape"* && "$out" == *"n_layer 28 | n_head 24 | n_kv_head 8"* &&
+        "$out" == *"n_embd 3072 | head_dim 128 | ffn_hidden 8192"* && "$out" == *"(factor 32) | tied 1"* ]] && ok=1 || ok=0
+    check $ok "--shape 3b: LLaMA 3.2-3B's shape, tied, RoPE factor 32" "$(head -n 3 <<< "$out")"
+    out=$(CUDA_VISIBLE_DEVICES= ./train_llama3 --shape 8b 2>&1)
+    [[ "$out" == *"LLaMA 3.1-8B shape"* && "$out" == *"n_layer 32 | n_head 32 | n_kv_head 8"* &&
+        "$out" == *"n_embd 4096 | head_dim 128 | ffn_hidden 14336"* && "$out" == *"(factor 8) | tied 0"* ]] && ok=1 || ok=0
+    check $ok "--shape 8b: LLaMA 3.1-8B's shape, untied, RoPE factor 8" "$(head -n 3 <<< "$out")"
+    expect_error "--shape beside a model file: refused before the file is read" "--shape 8b: --llmc_filepath gives" \
+        ./train_llama3 --shape 8b --llmc_filepath "$tmp/none.bin"
     if command -v cuobjdump > /dev/null; then
         cuobjdump --list-ptx train_llama3 2>&1 | grep -q 'sm_80\|compute_80' && ok=1 || ok=0
         check $ok "train_llama3 carries compute_80 PTX, which the driver compiles for GPUs newer than the build" \
