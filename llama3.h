@@ -704,6 +704,7 @@ typedef struct {
     int batch_size, sequence_length, total_batch_size; // total: of all ranks
     int recompute; // --recompute: RECOMPUTE_NONE, _NORMS or _BLOCKS, what the backward recomputes [recompute]
     int fp8;       // --fp8: the block linears' GEMMs in FP8 [fp8]
+    int fp8_grads; // --fp8_grads: FP8_GRADS_E5M2 or _E4M3, the backward's output gradients' format [fp8]
     int rank, world; // this process's rank, of the ranks the run is spread over (the launcher's, RankEnv;
                      // not flags: train_args_parse sets world, its caller the rank)
     int stop_after; // 0: run to the schedule's last step; else the last step of this invocation
@@ -717,6 +718,8 @@ typedef struct {
 // the down projection, just before its backward). The recomputed values are the saved ones bit for
 // bit: the same kernels on the same inputs.
 enum { RECOMPUTE_NONE, RECOMPUTE_NORMS, RECOMPUTE_BLOCKS };
+enum { FP8_GRADS_E5M2, FP8_GRADS_E4M3 };
+#define FP8_GRADS_CHOICES "e5m2|e4m3" // (their order: the enum's)
 
 // Evaluation's: the val loss and samples between steps.
 typedef struct {
@@ -848,7 +851,8 @@ static const FlagSpec FLAGS[] = {
     {"--batch_size", FLAG_INT, ARG(loop.batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", NOT_A_SWITCH, NULL},
     {"--sequence_length", FLAG_INT, ARG(loop.sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence", NOT_A_SWITCH, NULL},
     {"--recompute", FLAG_INT, ARG(loop.recompute), "0", 0, 2, NULL, "activations recomputed in the backward instead of kept per layer: 0 none; 1 the RMSNorm and SwiGLU outputs; 2 whole blocks (each layer keeps only its input); the same losses bit for bit", NOT_A_SWITCH, NULL},
-    {"--fp8", FLAG_INT, ARG(loop.fp8), "0", 0, 1, NULL, "1: the block linears' GEMMs (qkv, attn_out, gate_up, down) in FP8, e4m3 weights and activations, e5m2 output gradients, one dynamic scale per tensor; lm_head and attention stay bf16 (one micro-step per step, one rank)", NOT_A_SWITCH, NULL},
+    {"--fp8", FLAG_INT, ARG(loop.fp8), "0", 0, 1, NULL, "1: the block linears' GEMMs (qkv, attn_out, gate_up, down) in FP8, e4m3 weights and activations, the output gradients in --fp8_grads, one dynamic scale per tensor; lm_head and attention stay bf16 (one micro-step per step, one rank)", NOT_A_SWITCH, NULL},
+    {"--fp8_grads", FLAG_CHOICE, ARG(loop.fp8_grads), "e5m2", 0, 0, FP8_GRADS_CHOICES, "--fp8 1: the output gradients' format: e5m2 (range: max 57344, 2 mantissa bits) or e4m3 (precision: 3 mantissa bits, max 448; each tensor's dynamic scale maps its amax to 448)", NOT_A_SWITCH, NULL},
     {"--total_batch_size", FLAG_INT, ARG(loop.total_batch_size), "0", 0, BIG_INT, NULL, "tokens per optimizer step on all ranks, a multiple of B*T*ranks: N / (B*T*ranks) micro-steps on each rank accumulate gradients (0: B*T*ranks, one micro-step)", NOT_A_SWITCH, NULL},
     {"--learning_rate", FLAG_FLOAT, ARG(optim.sched.peak_lr), "1e-5", 0.0, 10.0, NULL, "AdamW peak lr", NOT_A_SWITCH, NULL},
     {"--lr_schedule", FLAG_CHOICE, ARG(optim.sched.kind), "constant", 0, 0, "constant|cosine|linear|wsd", "lr after the warmup: constant; cosine or linear to lr*final_lr_frac at the last step; wsd: constant, then linear over the last decay_frac", NOT_A_SWITCH, NULL},
@@ -1421,6 +1425,8 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
                        a->eval.sample_tokens, a->loop.sequence_length - 1);
     if (a->loop.world > 1 && dist_args_check(a, err)) return -1;
     if (a->loop.fp8 && fp8_args_check(a, c, err)) return -1;
+    if (!a->loop.fp8 && a->loop.fp8_grads != FP8_GRADS_E5M2)
+        return l3_fail(err, "--fp8_grads e4m3 takes --fp8 1 (without it no gradient is in FP8)");
     if (a->eval.top_k > c->vocab_size)
         return l3_fail(err, "--top_k %d is more than the vocabulary (%d)", a->eval.top_k, c->vocab_size);
     return 0;

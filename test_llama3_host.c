@@ -567,7 +567,8 @@ static void test_user_flags(void) {
 
 // [fp8] What --fp8 1 takes (the bench configs) and what it refuses, each refusal naming the flag and
 // what to change: B*T or a width not a multiple of 64 (the transposing quantiser's tiles), several
-// micro-steps or ranks, the switches whose buffers it reads off.
+// micro-steps or ranks, the switches whose buffers it reads off; --fp8_grads parsed into its enum,
+// and e4m3 without --fp8 1 refused.
 static void test_fp8_flags(void) {
     TrainArgs a;
     char err[L3_ERR_LEN];
@@ -598,6 +599,15 @@ static void test_fp8_flags(void) {
     rc = parse(&a, err, "--fp8 1");
     expect_error(rc ? rc : train_args_check(&a, &odd, err), err, "--fp8 1 with ffn_hidden 8200", "ffn_hidden 8200",
                  "must be multiples of 64");
+    rc = parse(&a, err, "--fp8 1");
+    CHECK(rc == 0 && a.loop.fp8_grads == FP8_GRADS_E5M2, "--fp8 1: the gradients e5m2 by default");
+    rc = parse(&a, err, "--fp8 1 --fp8_grads e4m3");
+    CHECK(rc == 0 && a.loop.fp8_grads == FP8_GRADS_E4M3 && train_args_check(&a, &c, err) == 0,
+          "--fp8 1 --fp8_grads e4m3 taken (%s)", rc ? err : "ok");
+    expect_error(parse(&a, err, "--fp8 1 --fp8_grads e3m4"), err, "--fp8_grads e3m4", "--fp8_grads", "e3m4");
+    rc = parse(&a, err, "--fp8_grads e4m3");
+    expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--fp8_grads e4m3 without --fp8 1",
+                 "--fp8_grads e4m3 takes --fp8 1", NULL);
 }
 
 // [family] --shape's configs: the released shapes' parameter counts (3.2-3B 3,212,749,824 with its

@@ -196,7 +196,9 @@ typedef struct {
     e4m3* x;             // one forward GEMM's input (N, in)
     e4m3* x_t;           // every block linear's input transposed (in, N), made by the forward for the
                          // backward: layer l's [qkv's | attn_out's | gate_up's | down's] (fp8_input_t)
-    e5m2 *dy, *dy_t;     // one backward GEMM's output gradient (N, out) and its transpose (out, N)
+    unsigned char *dy, *dy_t; // one backward GEMM's output gradient (N, out) and its transpose (out, N),
+                              // in grad_type
+    cudaDataType grad_type;   // --fp8_grads: CUDA_R_8F_E5M2 or CUDA_R_8F_E4M3
     Fp8Scale* act_scale; // per (layer, linear): the input's and the output gradient's (fp8_act_scale),
                          // zeroed as the forward starts
 } Fp8Buffers;
@@ -453,7 +455,7 @@ static void fp8_alloc(Model* m) {
     f->w_t = f->w + W;
     f->x = (e4m3*)device_alloc(X, "fp8 GEMM input");
     f->x_t = (e4m3*)device_alloc(m->cfg.n_layer * fp8_layer_inputs_count(m), "fp8 transposed GEMM inputs");
-    f->dy = (e5m2*)device_alloc(2 * D, "fp8 output gradients");
+    f->dy = (unsigned char*)device_alloc(2 * D, "fp8 output gradients");
     f->dy_t = f->dy + D;
     f->w_scale = (Fp8Scale*)device_alloc(3 * fp8_scale_count(m) * sizeof(Fp8Scale), "fp8 scales");
     f->act_scale = f->w_scale + fp8_scale_count(m);
@@ -539,8 +541,9 @@ static void model_reset_training(Model* m) {
 
 // [fp8] --fp8 1 for this model and batch (llama3.h fp8_check: what train_args_check refuses too, for
 // test_llama3, which comes here without it) on this GPU: FP8 tensor cores (compute capability 8.9:
-// Ada, Hopper and later), or the run stops here, before any output is opened.
-static void fp8_start(Model* m) {
+// Ada, Hopper and later), or the run stops here, before any output is opened. The output gradients
+// in `grads` (--fp8_grads).
+static void fp8_start(Model* m, int grads) {
     char err[L3_ERR_LEN];
     if (fp8_check(&m->cfg, (long long)m->B * m->T, m->grad_accum, m->comm ? m->comm->world : 1, &m->sw, err)) {
         fprintf(stderr, "error: %s\n", err);
@@ -556,19 +559,20 @@ static void fp8_start(Model* m) {
         exit(EXIT_FAILURE);
     }
     m->fp8 = (Fp8Buffers*)calloc(1, sizeof(Fp8Buffers));
+    m->fp8->grad_type = grads == FP8_GRADS_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
 }
 
 // Everything of a model for B x T micro-batches, grad_accum per step, trained with optimizer `opt`
 // and switches `sw` (its weights still to be set: model_init_random or model_load), recomputing
-// `recompute`'s activations in the backward, with the block linears in FP8 when `fp8`, on this rank
-// of `comm` (NULL: one rank).
+// `recompute`'s activations in the backward, with the block linears in FP8 when `fp8` (the output
+// gradients in `fp8_grads`), on this rank of `comm` (NULL: one rank).
 static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* opt, const Switches* sw, int B, int T,
-                         int grad_accum, int recompute, bool fp8, Comm* comm) {
+                         int grad_accum, int recompute, bool fp8, int fp8_grads, Comm* comm) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg, m->opt = *opt, m->sw = switches_for_model(sw, cfg), m->B = B, m->T = T, m->grad_accum = grad_accum;
     m->recompute = recompute;
     m->comm = comm;
-    if (fp8) fp8_start(m);
+    if (fp8) fp8_start(m, fp8_grads);
     sw = &m->sw; // (as they apply to this model)
     int device;
     CUDA_CHECK(cudaGetDevice(&device));
@@ -946,20 +950,27 @@ static void input_grad(const Model* m, int tensor, int layer, bf16* dx, const bf
     matmul(m->gemm, m->stream, dx, dy, weight_bf16(m, tensor, layer), m->B * m->T, in, out, false, false, false);
 }
 
+// [fp8] A block linear's output gradient dy (N, out) quantised, straight and transposed, in the
+// format the GEMMs will read it as (Fp8Buffers.grad_type).
+static void fp8_quantize_grad(const Model* m, int tensor, int layer, const bf16* dy, int out) {
+    Fp8Buffers* f = m->fp8;
+    if (f->grad_type == CUDA_R_8F_E4M3) fp8_quantize_operand(m, (e4m3*)f->dy, (e4m3*)f->dy_t, tensor, layer, true, dy, out);
+    else fp8_quantize_operand(m, (e5m2*)f->dy, (e5m2*)f->dy_t, tensor, layer, true, dy, out);
+}
 // [fp8] A block linear's two backward GEMMs in FP8, in the NT layout its tensor cores take:
 // dW (out, in) = (dy^T)8 (x^T)8^T into the bf16 gradient (one micro-step: fp8_args_check), and
-// dx (N, in) = dy8 (W^T)8^T; dy in e5m2 (the range gradients need), x and W in e4m3, x^T and its
-// scale as the forward made them (a recomputed x has the same bits).
+// dx (N, in) = dy8 (W^T)8^T; dy in e5m2 (the range gradients need) or e4m3 (--fp8_grads), x and W
+// in e4m3, x^T and its scale as the forward made them (a recomputed x has the same bits).
 static void linear_backward_fp8(const Model* m, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in) {
     Fp8Buffers* f = m->fp8;
     int N = m->B * m->T;
     size_t offset = param_offset(m, tensor, layer);
     const float* s_dy = &fp8_act_scale(m, tensor, layer, true)->scale_inv;
-    fp8_quantize_operand(m, f->dy, f->dy_t, tensor, layer, true, dy, out);
-    matmul_fp8(m->gemm, m->stream, grad_bf16(m, offset), f->dy_t, CUDA_R_8F_E5M2, s_dy, fp8_input_t(m, tensor, layer),
+    fp8_quantize_grad(m, tensor, layer, dy, out);
+    matmul_fp8(m->gemm, m->stream, grad_bf16(m, offset), f->dy_t, f->grad_type, s_dy, fp8_input_t(m, tensor, layer),
                CUDA_R_8F_E4M3, &fp8_act_scale(m, tensor, layer, false)->scale_inv, out, in, N, false);
     grad_written(m, offset, (size_t)out * in);
-    matmul_fp8(m->gemm, m->stream, dx, f->dy, CUDA_R_8F_E5M2, s_dy, f->w_t + fp8_weight_at(m, tensor, layer),
+    matmul_fp8(m->gemm, m->stream, dx, f->dy, f->grad_type, s_dy, f->w_t + fp8_weight_at(m, tensor, layer),
                CUDA_R_8F_E4M3, &fp8_weight_scale(m, tensor, layer)->scale_inv, N, in, out, false);
 }
 // Both gradients of a block linear y = x W^T from dy: the weight's (written, or accumulated onto the
@@ -2338,7 +2349,7 @@ int main(int argc, char** argv) {
 
     Model m;
     model_create(&m, &cfg, &a.optim, &a.sw, a.loop.batch_size, a.loop.sequence_length, micro_steps(&a.loop),
-                 a.loop.recompute, a.loop.fp8, comm);
+                 a.loop.recompute, a.loop.fp8, a.loop.fp8_grads, comm);
     print_model(&m, &a);
     model_start(&m, &a, fmt, &in, &loader, argv[0]);
     static Saver saver;

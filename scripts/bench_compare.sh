@@ -4,9 +4,10 @@
 # --log_file), the two runs of a config back to back so that the board's clocks and power state
 # are alike; one markdown table, new over old in the last column. For dev/PERF.md: a change keeps
 # its speed, or the table shows what it costs.
-#   scripts/bench_compare.sh [REV (default HEAD) | FOLDER] [--configs "B:T[:--flag=value] ..."]
+#   scripts/bench_compare.sh [REV (default HEAD) | FOLDER] [--configs "B:T[:--flag=value[:--flag=value ...]] ..."]
 # A FOLDER holds the other tree (as `git archive REV | tar -x -C FOLDER` writes it), for a machine
-# that has the working tree but not the history.
+# that has the working tree but not the history (copied with its times, so a train_llama3 built
+# there is used as it is).
 # The default configs are the three bench configs and the clipped B=4,T=64 run.
 set -u
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 if [ -d "$rev" ]; then
-    cp -r "$rev"/. "$tmp" || { echo "error: cannot copy the tree in $rev"; exit 1; }
+    cp -a "$rev"/. "$tmp" || { echo "error: cannot copy the tree in $rev"; exit 1; }
 else
     git archive "$rev" | tar -x -C "$tmp" || { echo "error: cannot export revision $rev"; exit 1; }
 fi
@@ -46,7 +47,8 @@ echo "| config | $rev ms/step | this tree ms/step | new / old |"
 echo "|---|---|---|---|"
 for c in $configs; do
     IFS=: read -r B T flags <<< "$c"
-    old=$(median "$tmp/train_llama3" "$B" "$T" ${flags:+"$flags"})
-    new=$(median ./train_llama3 "$B" "$T" ${flags:+"$flags"})
-    echo "| B=$B T=$T ${flags:+$flags} | $old | $new | $(awk -v a="$new" -v b="$old" 'BEGIN { if (b + 0 > 0 && a + 0 > 0) printf "%.3f", a / b; else print "-" }') |"
+    IFS=: read -r -a flag_args <<< "$flags"
+    old=$(median "$tmp/train_llama3" "$B" "$T" "${flag_args[@]}")
+    new=$(median ./train_llama3 "$B" "$T" "${flag_args[@]}")
+    echo "| B=$B T=$T ${flags:+${flags//:/ }} | $old | $new | $(awk -v a="$new" -v b="$old" 'BEGIN { if (b + 0 > 0 && a + 0 > 0) printf "%.3f", a / b; else print "-" }') |"
 done

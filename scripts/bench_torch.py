@@ -3,7 +3,7 @@
 of ref_llama3.py's shapes (--shape 3b --tied: the 3.2-3B as released) (random init, untied unless
 --tied, sdpa attention) trained with fp32 master weights under bf16 autocast and fused
 AdamW, on random tokens; with --fp8 its block linears run the trainer's --fp8 1 recipe through
-torch._scaled_mm (ref_llama3.py's use_fp8: e4m3 / e5m2, one dynamic scale per tensor). With --ddp,
+torch._scaled_mm (ref_llama3.py's use_fp8: e4m3, the gradients in --fp8_grads, one dynamic scale per tensor). With --ddp,
 started by torchrun, each rank trains its own tokens under DistributedDataParallel (NCCL, one GPU
 per rank: its LOCAL_RANK); the timed steps end with a check that every rank holds the same weights.
 Prints one JSON line (rank 0): the median step time over --steps timed steps (CUDA events, after
@@ -42,6 +42,8 @@ def parse_args():
     ap.add_argument("--shape", default="1b", help="a shape of ref_llama3.py (1b, 3b, 8b, small)")
     ap.add_argument("--tied", action="store_true", help="lm_head tied to the embedding")
     ap.add_argument("--fp8", action="store_true", help="the block linears in FP8 (torch._scaled_mm), as --fp8 1")
+    ap.add_argument("--fp8_grads", choices=["e5m2", "e4m3"], default="e5m2", help="--fp8: the output gradients' "
+                    "format, as the trainer's --fp8_grads")
     ap.add_argument("--ddp", action="store_true", help="one rank of torchrun's launch, DistributedDataParallel")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a check of the script, no timing")
     args = ap.parse_args()
@@ -94,7 +96,7 @@ def main():
     rank, world, device = start_ranks(args)
     model, cfg = make_model(args.shape, device, 1337, tied=args.tied)
     if args.fp8:
-        use_fp8(model)
+        use_fp8(model, args.fp8_grads)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     fwd = model
     if args.ddp:
@@ -122,7 +124,8 @@ def main():
     times = sorted(timed(step, device) for _ in range(args.steps))
     med = times[len(times) // 2]
     out = {"impl": f"pytorch {args.mode}" + (" ddp" if args.ddp else ""), "shape": args.shape, "tied": args.tied,
-           "fp8": args.fp8, "ranks": world, "B": B, "T": T, "ms": med, "ms_min": times[0], "ms_max": times[-1],
+           "fp8": args.fp8, "fp8_grads": args.fp8_grads if args.fp8 else None, "ranks": world, "B": B, "T": T,
+           "ms": med, "ms_min": times[0], "ms_max": times[-1],
            "tok_s": world * B * T / (med / 1000.0),
            "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None}
     if args.ddp:

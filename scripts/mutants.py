@@ -60,7 +60,14 @@ MUTANTS = [
     ("fp8_amax_not_reset", "fp8", "train_llama3.cu", "--fp8 1: the activation amaxes not reset as the forward "
      "starts, so each is the largest of every step's so far", "    fp8_reset_scales(m);\n", ""),
     ("fp8_grads_e4m3", "fp8", "train_llama3.cu", "--fp8 1: the output gradients quantised to e4m3 where the GEMMs "
-     "read e5m2", "fp8_quantize_operand(m, f->dy, f->dy_t,", "fp8_quantize_operand(m, (e4m3*)f->dy, (e4m3*)f->dy_t,"),
+     "read e5m2", "else fp8_quantize_operand(m, (e5m2*)f->dy, (e5m2*)f->dy_t,",
+     "else fp8_quantize_operand(m, (e4m3*)f->dy, (e4m3*)f->dy_t,"),
+    ("fp8_e4m3_grads_as_e5m2", "fp8", "train_llama3.cu", "--fp8_grads e4m3: the output gradients quantised to e5m2 "
+     "where the GEMMs read e4m3", "CUDA_R_8F_E4M3) fp8_quantize_operand(m, (e4m3*)f->dy, (e4m3*)f->dy_t,",
+     "CUDA_R_8F_E4M3) fp8_quantize_operand(m, (e5m2*)f->dy, (e5m2*)f->dy_t,"),
+    ("fp8_grads_flag_ignored", "fp8", "train_llama3.cu", "--fp8_grads e4m3 ignored: the gradients stay e5m2",
+     "m->fp8->grad_type = grads == FP8_GRADS_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;",
+     "m->fp8->grad_type = CUDA_R_8F_E5M2;"),
     ("dq_10pct", "kernel", "kernels.cuh", "flash backward: dQ 10 % too large",
      "store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, scale);",
      "store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, 1.1f * scale);"),
@@ -437,7 +444,8 @@ def main():
     pool_of = HOST_MUTANTS if args.host_only else DP_MUTANTS if args.data_parallel else MUTANTS
     mutants = [m for m in pool_of if not args.only or m[0] in args.only]
     refs = () if args.host_only else ("small_t64",) if args.data_parallel else (
-        "small_t64", "small_t1024", "small_b8", "small_accum", "small_dense", "small_tied", "small_hd128", "small_fp8")
+        "small_t64", "small_t1024", "small_b8", "small_accum", "small_dense", "small_tied", "small_hd128", "small_fp8",
+        "small_fp8_e4m3")
     for ref in refs:
         if not os.path.exists(os.path.join(ROOT, "ref", f"{ref}_state.bin")):
             sys.exit(f"ref/{ref}_state.bin is missing: run `make test` on this GPU machine first")

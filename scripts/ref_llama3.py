@@ -124,9 +124,14 @@ def to_fp8(t, dtype):
     return q, scale.reciprocal()
 
 
+FP8_GRADS = {"e5m2": torch.float8_e5m2, "e4m3": torch.float8_e4m3fn}  # the trainer's --fp8_grads
+
+
 class Fp8Linear(torch.autograd.Function):
     """y = x w^T as the trainer's --fp8 1 computes it, through torch._scaled_mm: x and w in e4m3, the output
-    gradient in e5m2, one dynamic scale per tensor, fp32 accumulation, bf16 out; the weight gradient bf16."""
+    gradient in grad_dtype (--fp8_grads), one dynamic scale per tensor, fp32 accumulation, bf16 out; the weight
+    gradient bf16."""
+    grad_dtype = torch.float8_e5m2
 
     @staticmethod
     def forward(ctx, x, w):
@@ -141,7 +146,7 @@ class Fp8Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x8, sx, w8, sw = ctx.saved_tensors
-        dy8, sdy = to_fp8(dy.reshape(-1, dy.shape[-1]).to(torch.bfloat16), torch.float8_e5m2)
+        dy8, sdy = to_fp8(dy.reshape(-1, dy.shape[-1]).to(torch.bfloat16), Fp8Linear.grad_dtype)
         col = lambda t: t.t().contiguous().t()  # _scaled_mm's second operand column-major
         dx = torch._scaled_mm(dy8, col(w8), scale_a=sdy, scale_b=sw, out_dtype=torch.bfloat16)
         dw = torch._scaled_mm(dy8.t().contiguous(), col(x8), scale_a=sdy, scale_b=sx, out_dtype=torch.bfloat16)
@@ -167,8 +172,10 @@ def fp8_fused(linears):
         lin.forward = part(i)
 
 
-def use_fp8(model):
-    """--fp8: every block linear through Fp8Linear (lm_head and attention stay bf16), as the trainer's --fp8 1."""
+def use_fp8(model, grads="e5m2"):
+    """--fp8: every block linear through Fp8Linear (lm_head and attention stay bf16), as the trainer's --fp8 1, the
+    output gradients in `grads` (--fp8_grads)."""
+    Fp8Linear.grad_dtype = FP8_GRADS[grads]
     for layer in model.model.layers:
         a, mlp = layer.self_attn, layer.mlp
         for group in ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]):
@@ -358,6 +365,8 @@ def main():
                     "8b, 32 for the others, and 8 with --llmc); the seed header's slot 17")
     ap.add_argument("--fp8", action="store_true", help="the block linears in FP8 through torch._scaled_mm, as the "
                     "trainer's --fp8 1 (a GPU of compute capability 8.9 or newer)")
+    ap.add_argument("--fp8_grads", choices=list(FP8_GRADS), default="e5m2", help="--fp8: the output gradients' "
+                    "format, as the trainer's --fp8_grads")
     ap.add_argument("--model_only", action="store_true", help="write only NAME_model.bin (no training)")
     ap.add_argument("--llmc", action="store_true", help="also write the model in llm.c's format (RoPE factor 8, "
                     "as llm.c reads it)")
@@ -375,6 +384,8 @@ def main():
     args.rope_factor = rope_factor_of(args.shape, args.rope_factor, args.llmc)
     if args.fp8 and not args.device.startswith("cuda"):
         ap.error("--fp8 needs a CUDA device (torch._scaled_mm)")
+    if args.fp8_grads != "e5m2" and not args.fp8:
+        ap.error(f"--fp8_grads {args.fp8_grads} takes --fp8")
     args.dense_embedding |= args.tied
     dev, B, T, A, n = args.device, args.batch_size, args.seq_len, args.grad_accum, args.steps
     model, cfg = make_model(args.shape, dev, args.seed, args.qk_std, args.vocab, args.tied, args.rope_factor)
@@ -398,7 +409,7 @@ def main():
     with torch.no_grad():  # context for the bf16 errors: the same model's logits in plain fp32
         logits_fp32 = model(input_ids=x[0, 0].to(dev)).logits.float().cpu().numpy()
     if args.fp8:
-        use_fp8(model)
+        use_fp8(model, args.fp8_grads)
     header = np.zeros(256, dtype=np.int32)
     header[:8] = [STATE_MAGIC, STATE_VERSION, B, T, n, cfg.vocab_size, 0 if args.dense_embedding else 1, A]
     header[8:10] = [SCHEDULES.index(args.lr_schedule), args.warmup_iters]

@@ -399,10 +399,11 @@ SMALL_REFS=(
 # [fp8] compute capability 8.9 or newer (Ada, Hopper): torch._scaled_mm and the trainer's --fp8 1
 fp8_gpu() { nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -n 1 | awk '{ exit !($1 >= 8.9) }'; }
 if fp8_gpu; then
-    SMALL_REFS+=("small_fp8 --shape small --batch_size 4 --seq_len 64 --steps 5 --fp8")
+    SMALL_REFS+=("small_fp8 --shape small --batch_size 4 --seq_len 64 --steps 5 --fp8"
+                 "small_fp8_e4m3 --shape small --batch_size 4 --seq_len 64 --steps 5 --fp8 --fp8_grads e4m3")
 fi
 # The trainer's flags that a reference was made for (test_llama3 and train_llama3 on it take them too).
-ref_flags() { case $1 in small_fp8) echo "--fp8 1" ;; esac; }
+ref_flags() { case $1 in small_fp8) echo "--fp8 1" ;; small_fp8_e4m3) echo "--fp8 1 --fp8_grads e4m3" ;; esac; }
 BIG_REF="1b --shape 1b --batch_size 4 --seq_len 64 --steps 2"
 # Every setting of the switches other than their defaults, from the trainer (llama3.h LLAMA3_SWITCHES),
 # each a test_llama3 run on small_t64; all but --sparse_embedding 0: test_llama3 takes the embedding's
@@ -550,10 +551,18 @@ default_runs() {
     check $ok "--batch_size 8 alone trains (one micro-step of 512 tokens)" "$(tail -n 2 "$tmp/bt.out")"
     # Two processes, the same seed and flags (graph, deferred AdamW, sparse embedding on): every
     # logged loss the same (test_llama3 compares weights and losses bit for bit).
-    for run in 1 2; do ./train_llama3 --num_iteration 50 --log_file "$tmp/det$run.jsonl" > /dev/null 2>&1; done
-    [ -s "$tmp/det1.jsonl" ] && cmp -s <(grep -o '"loss": [^,]*' "$tmp/det1.jsonl") \
-        <(grep -o '"loss": [^,]*' "$tmp/det2.jsonl") && [ "$(wc -l < "$tmp/det1.jsonl")" -eq 50 ] && ok=1 || ok=0
-    check $ok "two runs of 50 steps with the same seed log the same losses"
+    # On failure: each run's exit code and last line (one that did not finish), and the first losses
+    # that differ.
+    local codes="" detail=""
+    for run in 1 2; do
+        ./train_llama3 --num_iteration 50 --log_file "$tmp/det$run.jsonl" > "$tmp/det$run.out" 2>&1
+        codes+=" $?"
+    done
+    det_losses() { grep -o '"step": [0-9]*, "loss": [^,]*' "$tmp/det$1.jsonl" 2> /dev/null; }
+    [ "$(det_losses 1 | wc -l)" -eq 50 ] && [ "$(det_losses 1)" = "$(det_losses 2)" ] && ok=1 || ok=0
+    [ $ok = 1 ] || detail="exit codes$codes; last lines: $(tail -n 1 "$tmp/det1.out") | $(tail -n 1 "$tmp/det2.out");\
+ first difference: $(diff <(det_losses 1) <(det_losses 2) | grep '^[<>]' | head -n 2 | tr '\n' ' ')"
+    check $ok "two runs of 50 steps with the same seed log the same losses" "$detail"
 }
 
 # with_switch REF SWITCH: test_llama3 on REF with one switch off.
@@ -616,7 +625,7 @@ nccl_version() {
 # The parts on the references, each test_llama3 run its own part.
 gpu_parts_on_refs() {
     local spec name s
-    fp8_gpu || skipped+=("test_llama3 and train_llama3 on small_fp8 (--fp8 1 needs compute capability 8.9 or newer; this GPU has less)")
+    fp8_gpu || skipped+=("test_llama3 and train_llama3 on small_fp8 and small_fp8_e4m3 (--fp8 1 needs compute capability 8.9 or newer; this GPU has less)")
     for spec in "${SMALL_REFS[@]}"; do
         name=${spec%% *}
         part "test_llama3 $name" test_ref "$name"
@@ -638,6 +647,8 @@ gpu_parts_on_refs() {
         small_t1024) part "recompute small_t1024" recompute_same small_t1024 1 ;;
         small_fp8) part "train_llama3 small_fp8" trainer_run "small_fp8, the block linears in FP8" small_fp8 \
             ref/small_fp8_model.bin ref/small_fp8_tokens.bin ;;
+        small_fp8_e4m3) part "train_llama3 small_fp8_e4m3" trainer_run "small_fp8_e4m3, FP8 with e4m3 gradients" \
+            small_fp8_e4m3 ref/small_fp8_e4m3_model.bin ref/small_fp8_e4m3_tokens.bin ;;
         small_tied)
             part "recompute small_tied" recompute_same small_tied 2
             for s in "${TIED_SWITCHES[@]}"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
