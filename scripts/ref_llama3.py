@@ -131,11 +131,10 @@ class Fp8Linear(torch.autograd.Function):
     """y = x w^T as the trainer's --fp8 1 computes it, through torch._scaled_mm: x and w in e4m3, the output
     gradient in grad_dtype (--fp8_grads), one dynamic scale per tensor, fp32 accumulation, bf16 out; the weight
     gradient bf16."""
-    grad_dtype = torch.float8_e5m2
 
     @staticmethod
-    def forward(ctx, x, w):
-        ctx.dtypes = (x.dtype, w.dtype)
+    def forward(ctx, x, w, grad_dtype):
+        ctx.dtypes, ctx.grad_dtype = (x.dtype, w.dtype), grad_dtype
         x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         x8, sx = to_fp8(x2, torch.float8_e4m3fn)
         w8, sw = to_fp8(w.to(torch.bfloat16), torch.float8_e4m3fn)
@@ -146,24 +145,24 @@ class Fp8Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x8, sx, w8, sw = ctx.saved_tensors
-        dy8, sdy = to_fp8(dy.reshape(-1, dy.shape[-1]).to(torch.bfloat16), Fp8Linear.grad_dtype)
+        dy8, sdy = to_fp8(dy.reshape(-1, dy.shape[-1]).to(torch.bfloat16), ctx.grad_dtype)
         col = lambda t: t.t().contiguous().t()  # _scaled_mm's second operand column-major
         dx = torch._scaled_mm(dy8, col(w8), scale_a=sdy, scale_b=sw, out_dtype=torch.bfloat16)
         dw = torch._scaled_mm(dy8.t().contiguous(), col(x8), scale_a=sdy, scale_b=sx, out_dtype=torch.bfloat16)
-        return dx.reshape(*dy.shape[:-1], x8.shape[1]).to(ctx.dtypes[0]), dw.to(ctx.dtypes[1])
+        return dx.reshape(*dy.shape[:-1], x8.shape[1]).to(ctx.dtypes[0]), dw.to(ctx.dtypes[1]), None
 
 
-def fp8_fused(linears):
+def fp8_fused(linears, grad_dtype):
     """The linears that read one input (q, k, v; gate, up) as the trainer's one fused weight: the first one's
     forward runs one Fp8Linear on their weights concatenated (one scale for the fused weight and one for the fused
-    output gradient, as the trainer's qkv and gate_up tensors have), the others return their slice of it. HF
-    calls them in this order on the same input."""
+    output gradient, in grad_dtype, as the trainer's qkv and gate_up tensors have), the others return their slice
+    of it. HF calls them in this order on the same input."""
     held = {}
 
     def part(i):
         def forward(x):
             if i == 0:
-                y = Fp8Linear.apply(x, torch.cat([lin.weight for lin in linears]))
+                y = Fp8Linear.apply(x, torch.cat([lin.weight for lin in linears]), grad_dtype)
                 held["out"], held["x"] = y.split([lin.out_features for lin in linears], dim=-1), x
             assert held["x"] is x, "fp8_fused: the fused linears must read the same input, first one first"
             return held["out"][i]
@@ -175,11 +174,10 @@ def fp8_fused(linears):
 def use_fp8(model, grads="e5m2"):
     """--fp8: every block linear through Fp8Linear (lm_head and attention stay bf16), as the trainer's --fp8 1, the
     output gradients in `grads` (--fp8_grads)."""
-    Fp8Linear.grad_dtype = FP8_GRADS[grads]
     for layer in model.model.layers:
         a, mlp = layer.self_attn, layer.mlp
         for group in ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]):
-            fp8_fused(group)
+            fp8_fused(group, FP8_GRADS[grads])
 
 
 def to_meta_rows(w, n_heads):
