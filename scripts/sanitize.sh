@@ -21,12 +21,20 @@ command -v compute-sanitizer > /dev/null || { echo "error: compute-sanitizer is 
 nvidia-smi -L > /dev/null 2>&1 || { echo "error: make sanitize needs a GPU (nvidia-smi finds none)"; exit 1; }
 
 # The small model (2 layers, C=256, vocab 1000) and its token file, from the PyTorch reference script
-# (make test writes the same files; they are made here when missing).
-if [ ! -f ref/small_t64_model.bin ] || [ ! -f ref/small_t64_tokens.bin ]; then
+# (make test writes the same files; they are made here when missing), and two more of its shapes as
+# model files alone: tied embeddings, and head_dim 128 (C=512, 4 heads; the same vocabulary).
+ref_model() { # NAME FLAGS...: ref/NAME_model.bin (and more) from ref_llama3.py, unless it exists
+    local name=$1
+    shift
+    [ -f "ref/${name}_model.bin" ] && return
     mkdir -p ref
-    python3 scripts/ref_llama3.py --name small_t64 --shape small --batch_size 4 --seq_len 64 --llmc \
-        --out_dir ref > "$out/ref.log" 2>&1 || { echo "error: the small model: $(tail -n 3 "$out/ref.log")"; exit 1; }
-fi
+    python3 scripts/ref_llama3.py --name "$name" --out_dir ref "$@" > "$out/ref_$name.log" 2>&1 ||
+        { echo "error: the model $name: $(tail -n 3 "$out/ref_$name.log")"; exit 1; }
+}
+[ -f ref/small_t64_tokens.bin ] || rm -f ref/small_t64_model.bin
+ref_model small_t64 --shape small --batch_size 4 --seq_len 64 --llmc
+ref_model sanitize_tied --shape small --tied --model_only
+ref_model sanitize_hd128 --shape small_hd128 --rope_factor 8 --model_only
 small="--llmc_filepath ref/small_t64_model.bin --input_bin ref/small_t64_tokens.bin --batch_size 4 --sequence_length 64"
 
 # Every switch off: the last setting of each that ./train_llama3 --list_switches prints (for
@@ -40,13 +48,33 @@ all_off=$(./train_llama3 --list_switches | awk '{ if (!($1 in v)) order[++n] = $
 # graph replayed from step 2, deferred and overlapped AdamW, sparse embedding, flash attention, fused
 # RMSNorm, bf16 weight gradients); the other paths with AdamW still overlapping the backward (2
 # micro-steps accumulating fp32 gradients, unfused attention, separate RMSNorm ops, dense embedding
-# AdamW, scalar AdamW, fills); and every switch off (also casts before the GEMMs, shapes copied to
-# the device, AdamW after the backward).
+# AdamW, scalar AdamW, fills); every switch off (also casts before the GEMMs, shapes copied to the
+# device, AdamW after the backward); the modes: tied embeddings (with 2 micro-steps), head_dim 128,
+# recompute 1 and 2 (with bf16 AdamW moments and clipping), FP8 block linears with either gradient
+# format (compute capability 8.9+), and two ranks sharing the GPU (ZeRO-1; a trainer built with
+# NCCL >= 2.30, each rank under the tool: compute-sanitizer follows the launcher's children).
+tokens="--input_bin ref/small_t64_tokens.bin"
+ranks="env NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0 bash -c 'for r in 0 1; do RANK=\$r WORLD_SIZE=2\
+ LOCAL_RANK=\$r ./train_llama3 $small --num_iteration 3 --grad_clip 1 --nccl_timeout 240 --rendezvous file:$out/rdv.\$\$ & done; wait -n && wait -n'"
 cases=("train_default ./train_llama3 $small --num_iteration 3 --total_batch_size 256"
     "train_other_paths ./train_llama3 $small --num_iteration 2 --total_batch_size 512 --flash_attention 0\
  --fused_rmsnorm 0 --sparse_embedding 0 --vector_adam 0 --delete_fills 0 --grad_zeroing fill --cuda_graph 0"
-    "train_all_off ./train_llama3 $small --num_iteration 2 --total_batch_size 512$all_off")
-for src in dev/*.cu; do cases+=("dev_$(basename "${src%.cu}") ${src%.cu} --check"); done
+    "train_all_off ./train_llama3 $small --num_iteration 2 --total_batch_size 512$all_off"
+    "train_tied ./train_llama3 --llmc_filepath ref/sanitize_tied_model.bin $tokens --batch_size 4 --sequence_length 64\
+ --num_iteration 3 --total_batch_size 512"
+    "train_hd128 ./train_llama3 --llmc_filepath ref/sanitize_hd128_model.bin $tokens --batch_size 1 --sequence_length 256\
+ --num_iteration 3"
+    "train_recompute1 ./train_llama3 $small --num_iteration 3 --recompute 1 --optimizer_state bf16 --grad_clip 1"
+    "train_recompute2 ./train_llama3 $small --num_iteration 3 --recompute 2 --optimizer_state bf16 --total_batch_size 512"
+    "train_fp8 ./train_llama3 $small --num_iteration 3 --fp8 1"
+    "train_fp8_e4m3 ./train_llama3 $small --num_iteration 3 --fp8 1 --fp8_grads e4m3 --recompute 2"
+    "train_ranks $ranks")
+for src in dev/*.cu; do
+    [ "$src" = dev/nccl.cu ] && continue
+    cases+=("dev_$(basename "${src%.cu}") ${src%.cu} --check")
+done
+# dev/nccl (built when make found NCCL): its two ranks forked, sharing the GPU as the trainer's do.
+[ -x dev/nccl ] && cases+=("dev_nccl env NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0 dev/nccl --check --ranks 2")
 
 run_case() { # TOOL NAME CMD...: one case under one tool; writes NAME.TOOL.log and .rc
     local tool=$1 name=$2
@@ -55,7 +83,7 @@ run_case() { # TOOL NAME CMD...: one case under one tool; writes NAME.TOOL.log a
     # library code, and hours under the slower tools; they check its version 1 (the trainer's matmul).
     [ "$name" = dev_gemm ] && [ "$tool" != memcheck ] && set -- "$@" 1
     # --nvtx: matmul() marks each GEMM output written (NVTX's memory extension), for initcheck.
-    timeout "${SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" --nvtx true --print-limit 100000 \
+    timeout "${SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" --target-processes all --nvtx true --print-limit 100000 \
         --log-file "$out/$name.$tool.log" "$@" > "$out/$name.$tool.stdout" 2>&1
     echo $? > "$out/$name.$tool.rc"
 }

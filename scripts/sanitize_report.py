@@ -6,9 +6,9 @@ attributed to our kernels or to NVIDIA's libraries by the kernel the report name
     python3 scripts/sanitize_report.py DIR memcheck racecheck initcheck synccheck
 
 A report is one block of the log: a line "========= <what happened>" and its indented lines. The
-library kernels are cuBLASLt's GEMMs (nvjet_*, cutlass/xmma kernels) and CUB's radix sort, which the
-token sort of the sparse embedding gradient instantiates: their code is NVIDIA's, we cannot change
-it, and their results are checked against the references by make test. A case passes when it
+library kernels are cuBLASLt's GEMMs (nvjet_*, cutlass/xmma kernels), CUB's radix sort, which the
+token sort of the sparse embedding gradient instantiates, and NCCL's collectives (two ranks): their
+code is NVIDIA's, we cannot change it, and their results are checked by make test. A case passes when it
 finished (a summary line, within the time limit), its program exited 0, and no report names a
 kernel of ours. Ends with "N passed, M failed"; exits 1 if any case failed.
 """
@@ -17,7 +17,7 @@ import os
 import re
 import sys
 
-LIBRARY = re.compile(r"nvjet|cublas|cutlass|xmma|\bsm\d\d_|cub::|CUB_\d")
+LIBRARY = re.compile(r"nvjet|cublas|cutlass|xmma|\bsm\d\d_|cub::|CUB_\d|nccl")
 NOT_A_REPORT = re.compile(r"COMPUTE-SANITIZER|(ERROR|RACECHECK|LEAK) SUMMARY|Target application returned|"
                           r"process didn't terminate successfully")
 SUMMARY = re.compile(r"(ERROR|RACECHECK) SUMMARY")
@@ -93,7 +93,7 @@ def main():
     for (tool, who, what, kernel), n in sorted(groups.items()):
         print(f"{who:7s} {tool:9s} {n:6d} x {what} | {kernel}")
     if any(who == "library" for _, who, _, _ in groups):
-        print("library: reports inside cuBLASLt's or CUB's own kernels, not code of this project")
+        print("library: reports inside cuBLASLt's, CUB's or NCCL's own kernels, not code of this project")
     for tool in tools:
         print(f"{tool}: {totals[(tool, 'ours')]} reports in our kernels, {totals[(tool, 'library')]} in NVIDIA's libraries")
     print(f"logs in {out}")
