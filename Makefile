@@ -24,7 +24,7 @@ NCCL_FLAGS = -DLLAMA3_NCCL=1 -I$(NCCL_HOME)/include -L$(dir $(NCCL_LIB)) -l:libn
 DEV_SOURCES = $(filter-out $(if $(NCCL_LIB),,dev/nccl.cu),$(wildcard dev/*.cu))
 DEV_BINARIES = $(DEV_SOURCES:.cu=)
 
-.PHONY: all dev test sanitize clean bench-kernels
+.PHONY: all dev test sanitize clean bench-kernels test-recipes
 all: train_llama3 test_llama3 test_llama3_host dev
 
 # The default data set is linked into the trainer as binary blobs (symbols
@@ -81,6 +81,10 @@ test:
 # dev/ kernel check; error counts per tool, ours apart from NVIDIA's libraries (needs a GPU).
 sanitize: train_llama3 dev
 	bash scripts/sanitize.sh
+
+# The README's recipes run as written (needs a GPU; minutes, and ~40 GB of disk for the 1B's checkpoints).
+test-recipes: train_llama3
+	bash scripts/test_recipes.sh
 
 # Every dev/ microbenchmark, validated then timed, and one table of all rows (needs a GPU).
 bench-kernels: dev

@@ -777,7 +777,7 @@ typedef enum { NOT_A_SWITCH, SWITCH_PASSES, SWITCH_OPTIMIZER } SwitchScope;
       "AdamW of layers 0..N-1 in the next step's forward (not given: 12, or every layer of a smaller model; with "    \
       "grad_clip every group; only with overlap_optimizer 1 and grad_zeroing none)")                                  \
     X(delete_fills, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                       \
-      "1: no fill before a kernel that overwrites its whole output; 0: the seed's fills before the attention and "    \
+      "1: no fill before a kernel that overwrites its whole output; 0: InfiniTrain's fills before the attention and " \
       "head-permute backward")
 #define BIG_INT (1 << 30)
 
@@ -844,8 +844,8 @@ typedef struct {
     {"--" #field, kind, ARG(sw.field), def, 0, hi, choices, help, scope, values},
 static const FlagSpec FLAGS[] = {
     {"--input_bin", FLAG_PATH, ARG(loop.input_bin), NULL, 0, 0, NULL, "llm.c token file, uint32 LLaMA-3 or uint16 GPT-2 tokens (default: embedded tiny shakespeare)", NOT_A_SWITCH, NULL},
-    {"--llmc_filepath", FLAG_PATH, ARG(loop.llmc_filepath), NULL, 0, 0, NULL, "model file, seed/InfiniTrain or llm.c llama3 format, told apart by size (default: random init)", NOT_A_SWITCH, NULL},
-    {"--shape", FLAG_CHOICE, ARG(loop.shape), "1b", 0, 0, SHAPE_CHOICES, "the random init's shape: LLaMA 3.2-1B (untied, as the seed's), 3.2-3B (tied) or 3.1-8B (untied, RoPE factor 8); a model file or --resume gives its own", NOT_A_SWITCH, NULL},
+    {"--llmc_filepath", FLAG_PATH, ARG(loop.llmc_filepath), NULL, 0, 0, NULL, "model file: this trainer's format (convert_hf.py's, a checkpoint's model.bin, InfiniTrain's) or llm.c's llama3 format, told apart by size (default: random init)", NOT_A_SWITCH, NULL},
+    {"--shape", FLAG_CHOICE, ARG(loop.shape), "1b", 0, 0, SHAPE_CHOICES, "the random init's shape: LLaMA 3.2-1B (untied), 3.2-3B (tied) or 3.1-8B (untied, RoPE factor 8); a model file or --resume gives its own", NOT_A_SWITCH, NULL},
     {"--num_iteration", FLAG_INT, ARG(optim.sched.total), "100", 1, BIG_INT, NULL, "optimizer steps of the run: the lr schedule's length, and its last step", NOT_A_SWITCH, NULL},
     {"--stop_after", FLAG_INT, ARG(loop.stop_after), "0", 0, BIG_INT, NULL, "end this invocation after step N, to --resume later on the same schedule (0: at --num_iteration)", NOT_A_SWITCH, NULL},
     {"--batch_size", FLAG_INT, ARG(loop.batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", NOT_A_SWITCH, NULL},
@@ -882,8 +882,8 @@ static const FlagSpec FLAGS[] = {
     {"--resume", FLAG_PATH, ARG(ckpt.resume), NULL, 0, 0, NULL, "continue a run: a checkpoint folder, or a --checkpoint_dir (its newest complete checkpoint)", NOT_A_SWITCH, NULL},
     {"--rendezvous", FLAG_PATH, ARG(dist.rendezvous), NULL, 0, 0, NULL, "several ranks: how they share NCCL's id, file:PATH (a new file every rank sees) or tcp:HOST:PORT (rank 0's host, a free port)", NOT_A_SWITCH, NULL},
     {"--nccl_timeout", FLAG_INT, ARG(dist.timeout_s), "300", 1, 86400, NULL, "several ranks: seconds a rank waits for the others (the rendezvous, NCCL's start, a step) before it stops the run", NOT_A_SWITCH, NULL},
-    {"--dtype", FLAG_ONLY, 0, NULL, 0, 0, "bfloat16", "accepted for the seed's command line: the only precision (bf16 matmuls, fp32 master weights)", NOT_A_SWITCH, NULL},
-    {"--device", FLAG_ONLY, 0, NULL, 0, 0, "cuda", "accepted for the seed's command line: the only device", NOT_A_SWITCH, NULL},
+    {"--dtype", FLAG_ONLY, 0, NULL, 0, 0, "bfloat16", "accepted for InfiniTrain's command line: the only precision (bf16 matmuls, fp32 master weights)", NOT_A_SWITCH, NULL},
+    {"--device", FLAG_ONLY, 0, NULL, 0, 0, "cuda", "accepted for InfiniTrain's command line: the only device", NOT_A_SWITCH, NULL},
     LLAMA3_SWITCHES(SWITCH_FLAG)
 };
 #undef SWITCH_FLAG

@@ -322,6 +322,25 @@ flag_tables() {
     expect_error "flag_table.py --check: a README without its end marker" "occurs 0 times" \
         python3 scripts/flag_table.py --check "$readme"
     switch_lists
+    readme_recipes
+}
+
+# The README's recipes (scripts/test_recipes.sh --list, which make test-recipes runs on a GPU): each
+# parses, and on a machine without a GPU each ./train_llama3 command that needs no file an earlier
+# command makes passes every check before the GPU (its flags and values) and stops only for want of it.
+readme_recipes() {
+    local list n cmd out ok
+    list=$(bash scripts/test_recipes.sh --list 2>&1)
+    n=$(echo "$list" | grep -c '^recipe ')
+    ! echo "$list" | grep -q '^error ' && [ "$n" -ge 6 ] && ok=1 || ok=0
+    check $ok "the README's $n recipes parse (scripts/test_recipes.sh --list)" "$(echo "$list" | grep -v '^cmd ' | head -n 3)"
+    nvidia-smi -L > /dev/null 2>&1 && return
+    mkdir -p "$tmp/recipes" && ln -sf "$PWD/train_llama3" "$tmp/recipes/"
+    while IFS= read -r cmd; do
+        out=$(cd "$tmp/recipes" && timeout 60 bash -c "$cmd" 2>&1)
+        echo "$out" | grep -q "^error: no CUDA device found" && ok=1 || ok=0
+        check $ok "a recipe's flags pass every check before the GPU: ${cmd:0:70}..." "$(echo "$out" | grep -m 1 '^error')"
+    done < <(echo "$list" | sed -n 's/^cmd \(\.\/train_llama3 .*\)/\1/p' | grep -v -- '--resume\|--llmc_filepath')
 }
 
 # switch_lists: --list_switches gives the settings of every switch, and each of CLIP_SWITCHES and

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# GPU test: the README's recipes, run as written. A recipe is the ```bash block after a line
+# "<!-- recipe NAME -->" in README.md; "<!-- recipe NAME; the test appends: ARGS -->" adds ARGS to
+# each ./train_llama3 command of it (a long run cut short with --stop_after), and "<!-- recipe NAME:
+# not run (WHY) -->" lists it as skipped. Every command runs in a scratch folder where train_llama3
+# and scripts/ are links to this tree's and data/ a folder of links to its files (prepare_data.py
+# writes there), so that no output lands in the tree. What a machine without network cannot run is
+# replaced, and said: `hf` (the gated download) is not run; Llama-3.2-1B/ is instead a small random
+# model of the LLaMA-3 vocabulary (ref_llama3.py --model_only, exported by export_hf.py) with a
+# tokenizer.json made from data/llama3_vocab.bin, and my_texts/ is Tiny Shakespeare decoded from
+# data/. A command with --shape 8b needs a GPU of 120 GiB or more (the README's table), else it is
+# skipped. A recipe passes when each command exits 0 and its outputs are whole (check_NAME below).
+#   scripts/test_recipes.sh [NAME...]   the recipes named (default: all), then "N passed, M failed"
+#   scripts/test_recipes.sh --list      the recipes and their commands, as the test reads them
+#   RECIPES_KEEP=DIR                    keep the scratch folder (outputs and each command's log) there
+set -u
+cd "$(dirname "$0")/.."
+repo=$PWD
+usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+list=0 names=()
+for a in "$@"; do
+    case $a in
+    -h | --help) usage; exit 0 ;;
+    --list) list=1 ;;
+    -*) echo "scripts/test_recipes.sh: unknown argument '$a' (--help lists them)" >&2; exit 2 ;;
+    *) names+=("$a") ;;
+    esac
+done
+
+# The recipes, one line each: "recipe NAME", "skip WHY", "cmd COMMAND" (continuations joined,
+# comments dropped, the appended ARGS in place).
+recipes() {
+    python3 - README.md <<'PY'
+import re, sys
+lines = open(sys.argv[1]).read().split("\n")
+for i, line in enumerate(lines):
+    m = re.match(r"<!-- recipe (\w+)(?:; the test appends: (.*?))?(?:: not run \((.*)\))? -->$", line)
+    if not m:
+        continue
+    name, append, skip = m.groups()
+    print("recipe", name)
+    if skip:
+        print("skip", skip)
+    if lines[i + 1] != "```bash":
+        print("error", f"README.md:{i + 2}: the recipe's ```bash block must follow its marker")
+    body = lines[i + 2:lines.index("```", i + 2)]
+    for cmd in re.sub(r"\\\n\s*", "", "\n".join(body)).split("\n"):
+        cmd = re.sub(r"\s+#.*$", "", cmd).strip()
+        if cmd and not cmd.startswith("#"):
+            print("cmd", cmd + (" " + append if append and cmd.startswith("./train_llama3") else ""))
+PY
+}
+if [ "$list" = 1 ]; then recipes; exit; fi
+nvidia-smi -L > /dev/null 2>&1 || { echo "error: scripts/test_recipes.sh needs a GPU (nvidia-smi finds none)" >&2; exit 1; }
+[ -x train_llama3 ] || { echo "error: no ./train_llama3: run make train_llama3 first" >&2; exit 1; }
+
+work=${RECIPES_KEEP:-$(mktemp -d)}
+mkdir -p "$work/data" || exit 1
+[ -n "${RECIPES_KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
+ln -sf "$repo/train_llama3" "$repo/scripts" "$work/"
+for f in data/*; do ln -sf "$repo/$f" "$work/data/"; done
+gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+
+# What the download would bring: a small model in Hugging Face's layout with the LLaMA-3 vocabulary,
+# its tokenizer.json (the ranks are the ids of data/llama3_vocab.bin, the specials from 128000), and
+# text to fine-tune on.
+stand_ins() {
+    python3 scripts/ref_llama3.py --name tiny --shape small --vocab 128256 --model_only --out_dir "$work" &&
+        python3 scripts/export_hf.py "$work/tiny_model.bin" "$work/Llama-3.2-1B" && python3 - "$work" <<'PY'
+import json, os, sys
+import numpy as np
+sys.path.insert(0, "scripts")
+import prepare_data as pd
+work = sys.argv[1]
+raw = open("data/llama3_vocab.bin", "rb").read()
+n = int(np.frombuffer(raw[:12], "<i4")[2])
+offsets = np.frombuffer(raw[1024:1024 + 4 * (n + 1)], "<u4")
+body = raw[1024 + 4 * (n + 1):]
+token = [body[offsets[i]:offsets[i + 1]] for i in range(n)]
+char = {b: c for c, b in pd.gpt2_unicode_to_byte().items()}
+vocab = {"".join(char[b] for b in token[i]): i for i in range(pd.LLAMA3_BOS)}
+added = [{"id": i, "content": name, "special": True} for name, i in pd.llama3_specials(pd.LLAMA3_BOS).items()]
+tok = {"version": "1.0", "added_tokens": added, "normalizer": None,
+       "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+           {"type": "Split", "pattern": {"Regex": pd.PAT_STR}, "behavior": "Isolated", "invert": False},
+           {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+       "model": {"type": "BPE", "vocab": vocab, "merges": []}}
+json.dump(tok, open(os.path.join(work, "Llama-3.2-1B", "tokenizer.json"), "w"))
+ids = np.frombuffer(open("data/tiny_shakespeare_train.bin", "rb").read()[1024:], "<u4")
+text = b"".join(token[i] for i in ids if i < pd.LLAMA3_BOS)
+os.makedirs(os.path.join(work, "my_texts"))
+for k in range(4):  # four documents
+    part = text[k * len(text) // 4:(k + 1) * len(text) // 4]
+    open(os.path.join(work, "my_texts", f"part{k}.txt"), "wb").write(part)
+PY
+}
+
+# The outputs each recipe leaves, checked after its commands (steps STEPS of LOG, each once).
+steps_once() { # LOG STEPS: the log's step lines are 1..STEPS, each once
+    [ "$(grep -o '"step": [0-9]*, "loss"' "$work/$1" 2> /dev/null | cut -d' ' -f2 | tr '\n' ' ')" = "$(seq -s ' ' 1 "$2") " ]
+}
+check_embedded() { steps_once run.jsonl 2000 && tail -n 1 "$work/run.jsonl" | grep -q '"val_loss"' && [ -s "$work/run.png" ]; }
+check_resume() { steps_once parts.jsonl 2000 && [ -f "$work/ckpt/step_00002000/state.bin" ]; }
+check_finetune() {
+    steps_once mine.jsonl 200 && grep -q '"val_loss"' "$work/mine.jsonl" &&
+        for f in config.json model.safetensors tokenizer.json; do [ -s "$work/my-llama/$f" ] || return 1; done
+}
+check_larger() { :; }
+check_fp8() { :; }
+
+passed=0 failed=0
+result() { # OK NAME DETAIL
+    if [ "$1" = 1 ]; then echo "ok   $2"; passed=$((passed + 1)); else echo "FAIL $2: $3"; failed=$((failed + 1)); fi
+}
+# run_recipe NAME: its commands in order in the scratch folder, each logged to NAME.K.log; stops at
+# the first that fails.
+run_recipe() {
+    local name=$1 k=0 cmd t0 why
+    t0=$SECONDS
+    while IFS= read -r cmd; do
+        k=$((k + 1))
+        why=""
+        case $cmd in
+        "hf "*) echo "     $name: not run, no network here (Llama-3.2-1B/ is the test's small model): $cmd"; continue ;;
+        *"--shape 8b"*) [ "$gpu_mib" -ge 122880 ] || why="needs a GPU of 120 GiB or more; this one has $gpu_mib MiB" ;;
+        *"--fp8 1"*) nvidia-smi --query-gpu=compute_cap --format=csv,noheader | awk '{ exit !($1 >= 8.9) }' ||
+            why="needs compute capability 8.9 or newer" ;;
+        esac
+        if [ -n "$why" ]; then echo "skipped: recipe $name, $cmd ($why)"; continue; fi
+        if ! (cd "$work" && timeout 900 bash -c "$cmd") > "$work/$name.$k.log" 2>&1; then
+            result 0 "recipe $name" "'$cmd' failed: $(tail -n 2 "$work/$name.$k.log" | tr '\n' ' ')"
+            return
+        fi
+        echo "     $name: $cmd ($(grep -E '^(steady state|done:)' "$work/$name.$k.log" | tail -n 1))"
+    done < <(recipes | awk -v n="$name" '$1 == "recipe" { on = ($2 == n) } on && $1 == "cmd" { sub(/^cmd /, ""); print }')
+    if "check_$name"; then result 1 "recipe $name ($((SECONDS - t0)) s)"; else result 0 "recipe $name" "its outputs are not whole"; fi
+}
+
+all=$(recipes)
+if echo "$all" | grep -q '^error '; then echo "$all" | grep '^error ' | sed 's/^error /error: /'; exit 1; fi
+[ ${#names[@]} -gt 0 ] || mapfile -t names < <(echo "$all" | awk '$1 == "recipe" { print $2 }')
+for name in "${names[@]}"; do
+    echo "$all" | grep -qx "recipe $name" || { echo "error: README.md has no recipe '$name'" >&2; exit 2; }
+    skip=$(echo "$all" | awk -v n="$name" '$1 == "recipe" { on = ($2 == n) } on && $1 == "skip" { sub(/^skip /, ""); print }')
+    if [ -n "$skip" ]; then echo "skipped: recipe $name ($skip)"; continue; fi
+    if [ "$name" = finetune ] && [ ! -d "$work/Llama-3.2-1B" ]; then
+        stand_ins > "$work/stand_ins.log" 2>&1 || { result 0 "recipe $name" "the stand-in model: $(tail -n 2 "$work/stand_ins.log")"; continue; }
+    fi
+    run_recipe "$name"
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
