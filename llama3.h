@@ -287,6 +287,12 @@ static inline long long file_size_of(const char* path) {
     return stat(path, &st) == 0 ? (long long)st.st_size : -1;
 }
 
+// What a file that is not a regular one is, for messages ("is a directory").
+static inline const char* file_kind(mode_t mode) {
+    return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a pipe or FIFO" : S_ISCHR(mode) ? "a character device"
+           : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
+}
+
 // Opens `path` (a `what`: "model file", "token file") for reading if it is a regular file, with its
 // size. Anything else is refused by name: a FIFO would block in open (so it is opened
 // non-blocking and looked at first), a directory reads as empty, a pipe such as <(cat f) has no
@@ -304,12 +310,9 @@ static inline FILE* open_regular(const char* path, const char* what, long long* 
         return NULL;
     }
     if (!S_ISREG(st.st_mode)) {
-        const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a pipe or FIFO" :
-                           S_ISCHR(st.st_mode) ? "a character device" : S_ISBLK(st.st_mode) ? "a block device" :
-                           S_ISSOCK(st.st_mode) ? "a socket" : "not a regular file";
         close(fd);
-        l3_fail(err, "%s: is %s, not a %s (a regular file, whose size is checked against its header)", path, kind,
-                what);
+        l3_fail(err, "%s: is %s, not a %s (a regular file, whose size is checked against its header)", path,
+                file_kind(st.st_mode), what);
         return NULL;
     }
     *size = (long long)st.st_size;
@@ -319,6 +322,12 @@ static inline FILE* open_regular(const char* path, const char* what, long long* 
         l3_fail(err, "%s: cannot open %s: %s", path, what, strerror(errno));
     }
     return f;
+}
+
+// A file shorter than its format's header is no file of that format (a text file, an empty one): said
+// so by every reader, rather than "truncated".
+static inline int shorter_than_header(const char* path, const char* what, size_t size, size_t header, char* err) {
+    return l3_fail(err, "%s: not a %s (%zu bytes, shorter than the %zu-byte header)", path, what, size, header);
 }
 
 static inline int32_t read_i32(const unsigned char* b, int byte) { int32_t v; memcpy(&v, b + byte, 4); return v; }
@@ -369,7 +378,7 @@ static inline int model_header_read(const char* path, Llama3Config* cfg, ModelFi
     unsigned char h[2048] = {0};
     size_t got = fread(h, 1, sizeof(h), f);
     fclose(f);
-    if (got < 1024) return l3_fail(err, "%s: truncated: %zu bytes, shorter than a model header", path, got);
+    if (got < 1024) return shorter_than_header(path, "model file", got, 1024, err);
     if (read_i32(h, 0) != MODEL_MAGIC)
         return l3_fail(err, "%s: bad magic %d (expected %d, a LLaMA 3 model file)", path, read_i32(h, 0), MODEL_MAGIC);
     int version = read_i32(h, 4);
@@ -500,7 +509,7 @@ typedef struct {
 // the token width (4 or 2 bytes), and the count must fill the file exactly.
 static inline int tokens_header_check(const unsigned char* h, size_t nbytes, const char* name, size_t* width,
                                       size_t* count, char* err) {
-    if (nbytes < 1024) return l3_fail(err, "%s: truncated: %zu bytes, shorter than the 1024-byte header", name, nbytes);
+    if (nbytes < 1024) return shorter_than_header(name, "token file", nbytes, 1024, err);
     int32_t magic = read_i32(h, 0), version = read_i32(h, 4), n = read_i32(h, 8);
     if (magic == TOKENS_MAGIC_LLAMA3 && version == 7) *width = 4;
     else if (magic == TOKENS_MAGIC_GPT2 && version == 1) *width = 2;
@@ -1306,6 +1315,22 @@ static inline int writable_check(const char* flag, const char* path, char* err) 
     return 0;
 }
 
+// What an existing --log_file may be: a file that takes the log's lines as they come (a regular file, a
+// pipe such as >(jq .), a character device such as /dev/null or /dev/full); never a directory (which
+// no open for writing takes), a block device (whose bytes the log would overwrite) or a socket. A
+// resumed run reads and cuts its log (log_open): a regular file only. Checked without opening it.
+static inline int log_file_kind_check(const char* path, int resumed, char* err) {
+    struct stat st;
+    if (stat(path, &st) != 0 || S_ISREG(st.st_mode)) return 0;
+    if (resumed)
+        return l3_fail(err, "--log_file %s: is %s, not a regular file (a resumed run reads its log to continue it)",
+                       path, file_kind(st.st_mode));
+    if (!S_ISFIFO(st.st_mode) && !S_ISCHR(st.st_mode))
+        return l3_fail(err, "--log_file %s: is %s, not a file to write the log to (a regular file, a pipe, or a "
+                       "device such as /dev/null)", path, file_kind(st.st_mode));
+    return 0;
+}
+
 // No output may be one of the inputs: a --log_file naming the model or the token file (directly or
 // through a link) would empty it before anything is read. Each output can be written.
 static inline int outputs_check(const TrainArgs* a, char* err) {
@@ -1321,6 +1346,7 @@ static inline int outputs_check(const TrainArgs* a, char* err) {
     if (a->ckpt.dir && stat(a->ckpt.dir, &st) == 0 && !S_ISDIR(st.st_mode))
         return l3_fail(err, "--checkpoint_dir %s: exists and is not a directory", a->ckpt.dir);
     if (a->ckpt.dir && writable_check("--checkpoint_dir", a->ckpt.dir, err)) return -1;
+    if (a->loop.log_file && log_file_kind_check(a->loop.log_file, a->ckpt.resume != NULL, err)) return -1;
     if (a->loop.log_file && writable_check("--log_file", a->loop.log_file, err)) return -1;
     return 0;
 }
@@ -1627,8 +1653,7 @@ static inline int vocab_offsets_check(const Vocab* v, uint32_t total, const char
 // read with memcpy) once the header matches the size; then checks every offset.
 static inline int vocab_parse(Vocab* v, const unsigned char* data, size_t size, const char* name, char* err) {
     *v = (Vocab){0, NULL, NULL};
-    if (size < 1024)
-        return l3_fail(err, "%s: truncated: %zu bytes, shorter than the 1024-byte header", name, size);
+    if (size < 1024) return shorter_than_header(name, "vocabulary table", size, 1024, err);
     int32_t magic = read_i32(data, 0), version = read_i32(data, 4);
     int32_t n = read_i32(data, 8), total = read_i32(data, 12);
     if (magic != VOCAB_MAGIC)
@@ -1991,7 +2016,7 @@ static inline int state_header_read(const char* path, size_t n_params, Checkpoin
     unsigned char h[CKPT_HEADER_BYTES];
     size_t got = fread(h, 1, sizeof(h), f);
     fclose(f);
-    if (got < sizeof(h)) return l3_fail(err, "%s: truncated: %zu bytes, shorter than its header", path, got);
+    if (got < sizeof(h)) return shorter_than_header(path, "checkpoint state file", got, sizeof(h), err);
     memcpy(st, h, sizeof(*st));
     if (st->magic != CKPT_MAGIC)
         return l3_fail(err, "%s: bad magic %d (expected %d, a checkpoint state file)", path, st->magic, CKPT_MAGIC);

@@ -1100,6 +1100,54 @@ static void test_hostile_sizes(void) {
           "new outputs in existing folders pass the check, which creates neither");
 }
 
+// A text file shorter than a format's header, given as a model, token or state file (issue 45): each
+// reader says it is no file of its kind and why, in the same words, not that it is truncated.
+static void test_shorter_than_header(void) {
+    char err[L3_ERR_LEN];
+    const char* text = "a text file, 42 bytes, where one was meant";
+    const char* path = tmp_path("text42.txt");
+    write_file(path, text, strlen(text), NULL, 0);
+    Llama3Config c;
+    ModelFileFormat fmt;
+    TokenData d;
+    CheckpointState st;
+    Vocab v;
+    expect_error(model_header_read(path, &c, &fmt, err), err, "a 42-byte text file as a model file",
+                 "text42.txt: not a model file (42 bytes, shorter than the 1024-byte header)", NULL);
+    expect_error(tokens_load_file(&d, path, 1000, err), err, "a 42-byte text file as a token file",
+                 "text42.txt: not a token file (42 bytes, shorter than the 1024-byte header)", NULL);
+    expect_error(state_header_read(path, 1000, &st, err), err, "a 42-byte text file as a checkpoint state file",
+                 "text42.txt: not a checkpoint state file (42 bytes, shorter than the 256-byte header)", NULL);
+    expect_error(vocab_parse(&v, (const unsigned char*)text, strlen(text), "text42.txt", err), err,
+                 "42 bytes as a vocabulary table", "text42.txt: not a vocabulary table (42 bytes, shorter", NULL);
+}
+
+// An existing --log_file that cannot take the log (issue 45: a directory passed every check and failed
+// after the GPU start): refused by outputs_check, before the GPU; a pipe or a device such as /dev/full
+// (make test's log that fails on write) passes, but not under --resume, which reads and cuts the log.
+static void test_log_file_kinds(void) {
+    char err[L3_ERR_LEN];
+    TrainArgs a = train_args_default();
+    a.loop.log_file = tmpdir;
+    expect_error(outputs_check(&a, err), err, "--log_file naming a directory", "--log_file",
+                 "is a directory, not a file to write the log to");
+    const char* fifo = tmp_path("log_fifo");
+    int made = mkfifo(fifo, 0600) == 0;
+    const char* fine[] = {"/dev/null", "/dev/full", fifo, tmp_path("new_log.jsonl")};
+    for (int i = 0; i < 4; i++) {
+        a.loop.log_file = fine[i];
+        int rc = outputs_check(&a, err);
+        CHECK((i != 2 || made) && rc == 0, "--log_file %s passes the check (%s)", fine[i], rc ? err : "ok");
+    }
+    a.ckpt.resume = tmp_path("ckpt");
+    a.loop.log_file = fifo;
+    expect_error(outputs_check(&a, err), err, "--resume with a FIFO as --log_file", "is a pipe or FIFO, not a regular "
+                 "file (a resumed run reads its log", NULL);
+    a.loop.log_file = "/dev/null";
+    expect_error(outputs_check(&a, err), err, "--resume with /dev/null as --log_file", "is a character device, not a "
+                 "regular file", NULL);
+    unlink(fifo);
+}
 
 // llm.c's bf16 files (version 5): each value widened exactly (bf16 is the top half of an fp32).
 static void test_llmc_bf16_file(void) {
@@ -1309,7 +1357,8 @@ static void test_checkpoint_errors(void) {
     write_file(path, bytes, size - 4, NULL, 0);
     expect_error(state_header_read(path, n, &rd, err), err, "state file cut by 4 bytes", "truncated", "cut_state.bin");
     write_file(path, bytes, 100, NULL, 0);
-    expect_error(state_header_read(path, n, &rd, err), err, "state file shorter than its header", "truncated", NULL);
+    expect_error(state_header_read(path, n, &rd, err), err, "state file shorter than its header",
+                 "not a checkpoint state file (100 bytes, shorter than the 256-byte header)", NULL);
     bytes[0] ^= 1;
     write_file(path, bytes, size, NULL, 0);
     expect_error(state_header_read(path, n, &rd, err), err, "state file with a bad magic", "bad magic", NULL);
@@ -1866,6 +1915,8 @@ int main(void) {
     test_rope();
     test_hostile_values();
     test_hostile_sizes();
+    test_shorter_than_header();
+    test_log_file_kinds();
     corpus_models();
     corpus_tokens();
     corpus_odd_files();

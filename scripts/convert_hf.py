@@ -45,6 +45,18 @@ def named_list(names):
 
 # ---- the config ----
 
+def config_file(hf_dir):
+    """HF_DIR/config.json, once HF_DIR is a folder: one that does not exist, or a file, is named as that (not
+    as a folder without config.json)."""
+    what = "HF_DIR: a Hugging Face model's folder, with config.json and model.safetensors"
+    if not os.path.isdir(hf_dir):
+        fail(hf_dir, f"{'not a folder' if os.path.exists(hf_dir) else 'no such folder'} ({what})")
+    config_path = os.path.join(hf_dir, "config.json")
+    if not os.path.isfile(config_path):
+        fail(hf_dir, f"no config.json ({what})")
+    return config_path
+
+
 def ffn_params(n_embd, intermediate_size, cfg, path):
     """(ffn_dim_multiplier, multiple_of) that llama3.h's ffn_hidden_dim turns into intermediate_size: the
     pair config.json names (export_hf.py writes it), else the first of LLaMA 3.x's own pairs that fits
@@ -228,9 +240,7 @@ def main():
     ap.add_argument("hf_dir", help="folder of config.json and model.safetensors (or an index and shards)")
     ap.add_argument("out", help="the model file to write (seed format, fp32)")
     args = ap.parse_args()
-    config_path = os.path.join(args.hf_dir, "config.json")
-    if not os.path.isfile(config_path):
-        fail(args.hf_dir, "no config.json")
+    config_path = config_file(args.hf_dir)
     hf_cfg = read_json(config_path)
     files = safetensors_files(args.hf_dir)
     tensors = tensor_index(files)

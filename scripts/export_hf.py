@@ -11,7 +11,8 @@ OUT_DIR/model.safetensors (q and k rows back to HF's half-rotation order; --dtyp
 is lossless, bfloat16 rounds to nearest even) and OUT_DIR/config.json (rope_type llama3 with its
 constants and the header's factor, or no scaling; tie_word_embeddings as the file's header says, and a tied file's export has no
 lm_head.weight; ffn_dim_multiplier and multiple_of kept so that convert_hf.py writes the same header
-back). OUT_DIR is made when missing.
+back). OUT_DIR is made when missing, in a folder that exists (a missing parent is refused before the model
+is read, as the trainer's --checkpoint_dir).
 
 --tokenizer_from HF_DIR (the folder the model came from, convert_hf.py's input) also copies its
 tokenizer.json, tokenizer_config.json, special_tokens_map.json and generation_config.json, those it
@@ -36,7 +37,7 @@ from llama3_files import (BOS_ID, EOS_ID, LLAMA3_ROPE, LLMC_HEADER_BYTES, MODEL_
                           SEED_HEADER_BYTES, bf16_to_f32, config_problem, f32_text, layout_bytes,
                           llmc_header_config, llmc_layout, read_json, safetensors_chunks, seed_header_config,
                           seed_layout, to_hf_rows)
-from safe_write import write_atomic
+from safe_write import check_new_folder, make_folder, write_atomic
 
 VERSIONS = {3: "fp32", 5: "bf16"}  # seed files are version 3 only
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -59,7 +60,7 @@ def read_header(path):
     with open(path, "rb") as f:
         h = f.read(LLMC_HEADER_BYTES)
     if size < SEED_HEADER_BYTES:
-        fail(path, f"truncated: {size} bytes, shorter than a model header")
+        fail(path, f"not a model file ({size} bytes, shorter than the {SEED_HEADER_BYTES}-byte header)")
     magic, version = (int(x) for x in np.frombuffer(h[:8], "<i4"))
     if magic != MODEL_MAGIC:
         fail(path, f"bad magic {magic} (expected {MODEL_MAGIC}, a LLaMA 3 model file)")
@@ -195,15 +196,6 @@ def copy_tokenizer(src, src_cfg, out_dir, model, c):
               "so is its export: tie_word_embeddings false, lm_head.weight a tensor of its own")
 
 
-def make_folder(path):
-    if os.path.exists(path) and not os.path.isdir(path):
-        fail(path, "exists and is not a folder")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        fail(path, f"cannot make the folder: {e.strerror}")
-
-
 def write_model(args, c, tensors):
     """OUT_DIR/model.safetensors and OUT_DIR/config.json."""
     weights = os.path.join(args.out_dir, "model.safetensors")
@@ -227,6 +219,7 @@ def main():
                     help="also copy the tokenizer and generation config from this HF folder (the model's "
                     "source)")
     args = ap.parse_args()
+    check_new_folder(args.out_dir)
     c, fmt, version = read_header(args.model)
     tensors = read_tensors(args.model, c, fmt, version)
     if fmt == "llmc":

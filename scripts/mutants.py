@@ -311,6 +311,22 @@ HOST_MUTANTS = [
     ("flag_default_undocumented", "flags", "llama3.h", "--checkpoint_keep's default changed to 3 in FLAGS: the "
      "README's flag table still says 2",
      '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "2",', '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "3",'),
+    # issue 45's last bad inputs: each refused in one line, before the GPU or before any work
+    ("log_file_directory_taken", "log", "llama3.h", "a --log_file that is a directory passes the checks (and fails "
+     "only when it opens, after the GPU start and the model load)",
+     "    if (a->loop.log_file && log_file_kind_check(a->loop.log_file, a->ckpt.resume != NULL, err)) return -1;\n", ""),
+    ("short_token_file_truncated", "inputs", "llama3.h", "a token file shorter than its header is read as one (a "
+     "42-byte text file: a bad magic, or a count against a size less the header)",
+     "    if (nbytes < 1024) return shorter_than_header(name, \"token file\", nbytes, 1024, err);\n", ""),
+    ("out_dir_parents_made", "scripts", "scripts/safe_write.py", "an output folder whose parent is missing passes "
+     "the check: prepare_data.py and export_hf.py stop only after their work, when the folder is made",
+     '("does not exist" if not os.path.exists(parent) else', '(None if not os.path.exists(parent) else'),
+    ("out_dir_made_before_work", "scripts", "scripts/prepare_data.py", "prepare_data.py makes --out_dir before "
+     "tokenizing: a run that then stops leaves an empty folder",
+     "            refuse_input(out, files + inputs)\n    tokens, starts",
+     "            refuse_input(out, files + inputs)\n    make_folders(args)\n    tokens, starts"),
+    ("hf_dir_missing_as_no_config", "scripts", "scripts/convert_hf.py", "convert_hf.py on a folder that does not "
+     "exist says it has no config.json", "    if not os.path.isdir(hf_dir):\n", "    if os.path.isfile(hf_dir):\n"),
 ]
 
 # Bugs of a kernel caught by its dev/ benchmark's --check (the last field): --dev builds only that

@@ -28,7 +28,8 @@ The val split is the first documents: up to the document boundary nearest to the
 of 2 of the target, else at exactly the target, inside a document; --val_tokens 0 makes no val split
 (every token is train). Each split must hold at least 257 tokens (one batch of the trainer's default
 B=4 x T=64, plus the last target), so a val split needs 514 tokens in all. Output in --out_dir (made
-when missing): NAME_val.bin (not with --val_tokens 0) and NAME_train.bin (--name; default: the one
+when missing, in a folder that exists: a missing parent is refused before any work, as the trainer's
+--checkpoint_dir): NAME_val.bin (not with --val_tokens 0) and NAME_train.bin (--name; default: the one
 input's name, or "data").
 
 --tokenizer (default: tokenizer.model of the llama-models package) is told apart by its content:
@@ -66,7 +67,7 @@ except ModuleNotFoundError as e:
     sys.exit(f"error: prepare_data.py needs the Python package {e.name}: "
              "python3 -m pip install -r requirements.txt")
 
-from safe_write import refuse_input, write_atomic
+from safe_write import check_new_folder, make_folder, refuse_input, write_atomic
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TOKENIZER_SHA256 = "82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55"
@@ -399,20 +400,22 @@ def write_vocab(path, enc, inputs):
     print(f"wrote the table of {len(tokens):,} tokens to {path} ({os.path.getsize(path):,} bytes)")
 
 
-def make_folder(path, flag):
-    """The output folder of `flag`, made when missing; one that cannot be made stops the run."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        fail(f"{flag} {path}: not a folder")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        fail(f"{flag} {path}: cannot make the folder ({e.strerror})")
+def output_folders(args):
+    """(folder, flag) of the outputs: --out_dir, and --vocab_out's folder when given."""
+    return [(args.out_dir, "--out_dir")] + ([(os.path.dirname(args.vocab_out) or ".", "--vocab_out's folder")]
+                                            if args.vocab_out else [])
+
+
+def check_folders(args):
+    """Before any work: each output folder exists, or can be made (its parent exists; safe_write's rule)."""
+    for folder, flag in output_folders(args):
+        check_new_folder(folder, flag)
 
 
 def make_folders(args):
-    make_folder(args.out_dir, "--out_dir")
-    if args.vocab_out:
-        make_folder(os.path.dirname(args.vocab_out) or ".", "--vocab_out")
+    """The output folders, made when the first file is about to be written."""
+    for folder, flag in output_folders(args):
+        make_folder(folder, flag)
 
 
 # ---- main ----
@@ -434,10 +437,10 @@ def shakespeare_text(path):
 
 
 def shakespeare(args, enc, inputs):
-    make_folders(args)
     tokens = shakespeare_tokens(shakespeare_text(args.text), enc)
     sections = int((tokens == enc.encode_single_token(BOS_NAME)).sum())
     print(f"{sections:,} sections, {len(tokens):,} tokens, max token id {tokens.max()}")
+    make_folders(args)
     write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_val.bin"), tokens[:VAL_TOKENS], inputs)
     write_datafile(os.path.join(args.out_dir, "tiny_shakespeare_train.bin"), tokens[VAL_TOKENS:], inputs)
     write_vocab(args.vocab_out or os.path.join(args.out_dir, VOCAB_NAME), enc, inputs)
@@ -479,13 +482,13 @@ def own_data(args, enc, inputs):
     for out in (train_out, val_out, args.vocab_out):  # before any work (write_atomic checks again)
         if out:
             refuse_input(out, files + inputs)
-    make_folders(args)
     tokens, starts, n_docs, empty = encode_documents(enc, files, args.text_field)
     if n_docs == 0:
         fail(f"no text: {len(files)} input files hold {empty} documents, all empty")
     print(f"{n_docs:,} documents from {len(files):,} files ({empty:,} empty, skipped), "
           f"{len(tokens):,} tokens, max token id {tokens.max()}")
     cut = val_end(args, starts, len(tokens))
+    make_folders(args)
     if cut:
         write_datafile(val_out, tokens[:cut], files + inputs)
     else:
@@ -535,6 +538,7 @@ def parse_args(argv):
 def main(argv=None, llama3_only=True):
     """llama3_only=False (tests only) takes any byte-level BPE with a <|begin_of_text|> token."""
     args = parse_args(argv)
+    check_folders(args)
     tokenizer = args.tokenizer or default_tokenizer_path()
     enc, what = load_tokenizer(tokenizer)
     print(f"tokenizer: {tokenizer}: {what}, n_vocab {enc.n_vocab}")

@@ -25,7 +25,8 @@ the loss moves. The small shape's vocabulary is 1000 (--vocab N: N): its ids are
 (the q and k projections N(0, --qk_std)), norm weights U(0.5, 1.5) (all 1 would hide a norm reading
 another norm's weight).
 
-Writes into OUT_DIR, each file to a temporary name, fsynced, then renamed:
+Writes into OUT_DIR (made when missing, in a folder that exists), each file to a temporary name, fsynced, then
+renamed:
   NAME_model.bin       the random model, seed/InfiniTrain format (q/k rows in Meta's pair order)
   NAME_model_llmc.bin  the same model, llm.c llama3 format (--llmc)
   NAME_tokens.bin      the token stream the steps consume, llm.c uint32 format
@@ -46,7 +47,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 import llama3_files
-from safe_write import write_atomic
+from safe_write import check_new_folder, make_folder, write_atomic
 
 SHAPES = {  # n_layer, n_embd, n_head, n_kv_head, vocab_size, max_seq_len, ffn_dim_multiplier, multiple_of
     "small": (2, 256, 8, 2, 1000, 8192, 1.5, 256),
@@ -385,10 +386,11 @@ def main():
     if args.fp8_grads != "e5m2" and not args.fp8:
         ap.error(f"--fp8_grads {args.fp8_grads} takes --fp8")
     args.dense_embedding |= args.tied
+    check_new_folder(args.out_dir, "--out_dir")
     dev, B, T, A, n = args.device, args.batch_size, args.seq_len, args.grad_accum, args.steps
     model, cfg = make_model(args.shape, dev, args.seed, args.qk_std, args.vocab, args.tied, args.rope_factor)
     out = lambda suffix: os.path.join(args.out_dir, f"{args.name}_{suffix}")
-    os.makedirs(args.out_dir, exist_ok=True)
+    make_folder(args.out_dir, "--out_dir")
     inputs = [TEXT]
 
     tokens = text_tokens(cfg.vocab_size, n * A * B * T + 1)  # the loader's x, y windows, pos += B*T

@@ -285,6 +285,11 @@ trainer_errors() {
     expect_error "sequence too long" "longer than the model allows" ./train_llama3 --sequence_length 8193
     expect_error "too few tokens" "not enough tokens for one batch" ./train_llama3 --input_bin data/tiny_shakespeare_val.bin --batch_size 8 --sequence_length 8192 --total_batch_size 65536
     expect_error "unwritable log file" "cannot open for writing" ./train_llama3 --log_file "$tmp/no/such/dir/log.json"
+    expect_error "a directory as --log_file, before the GPU" "--log_file $tmp: is a directory, not a file to write" \
+        ./train_llama3 --log_file "$tmp"
+    printf 'a text file, 42 bytes, where one was meant' > "$tmp/text42.txt"
+    expect_error "a 42-byte text file as --input_bin" "not a token file (42 bytes, shorter than the 1024-byte header)" \
+        ./train_llama3 --input_bin "$tmp/text42.txt"
     bad_checkpoints
     user_errors
     # Every script the README names runs as it is named: executable, with a #! line.

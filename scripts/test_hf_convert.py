@@ -389,7 +389,8 @@ def check_export_refusals(d, seed):
     data = read_bytes(seed)
     cases = [("bad magic", b"\x01\x02\x03\x04" + data[4:], "bad magic 67305985"),
              ("a file cut 4 bytes short", data[:-4], "truncated or corrupt"),
-             ("a file shorter than a header", data[:100], "truncated: 100 bytes"),
+             ("a file shorter than a header", data[:100],
+              "not a model file (100 bytes, shorter than the 1024-byte header)"),
              ("version 4", data[:4] + struct.pack("<i", 4) + data[8:], "unknown version 4"),
              ("n_head 0", data[:20] + struct.pack("<i", 0) + data[24:], "n_head 0 is out of range")]
     for i, (what, content, fragment) in enumerate(cases):
@@ -414,6 +415,23 @@ def check_unwritable(d, seed):
     rc, _, err = run("export_hf.py", seed, under_file)
     check(rc != 0 and len(err.strip().splitlines()) == 1 and under_file in err and "Traceback" not in err,
           f"export into a folder that cannot be made: one line naming it ({err.strip()})")
+    check_missing_folders(d, seed)
+
+
+def check_missing_folders(d, seed):
+    """A folder that is not there is named as such: convert's HF_DIR missing or a file (not "no config.json"),
+    and export's OUT_DIR in a missing folder, refused before the model is read (here a bad one) with nothing
+    made, as the trainer's --checkpoint_dir."""
+    missing = os.path.join(d, "Llama-3.2-1B")
+    expect_refusal("convert_hf.py", [missing, os.path.join(d, "out.bin")], f"{missing}: no such folder",
+                   "convert from a folder that does not exist")
+    expect_refusal("convert_hf.py", [seed, os.path.join(d, "out.bin")], f"{seed}: not a folder",
+                   "convert from a file, not a folder")
+    nested, bad = os.path.join(d, "a", "b", "c"), os.path.join(d, "not_a_model.bin")
+    write_bytes(bad, b"x" * 42)
+    expect_refusal("export_hf.py", [bad, nested],
+                   f"{nested}: cannot make the folder: its parent {os.path.dirname(nested)} does not exist",
+                   "export into a missing folder, before the model is read", absent=os.path.join(d, "a"))
 
 
 def fake_tokenizer_folder(d, tied, names):

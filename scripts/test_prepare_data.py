@@ -8,10 +8,10 @@ keeps its sections and split. The id-to-bytes table (--vocab_out) of either toke
 the tokenizer's bytes for every id and give a text back from its tokens. The checks run
 prepare_data.main(..., llama3_only=False), since the command line takes the LLaMA-3 vocabulary only
 (also checked). Every failure must be one line "error: ..." (a missing package, the default tokenizer
-not installed, a download that fails, an unreadable input, an output folder that cannot be made, too
-little text), and --val_tokens 0 must write NAME_train.bin alone. Without numpy or tiktoken, only the
-checks that need neither run (the requirements files, the missing-package error) and the rest is
-skipped ("skipped: ..."). Ends with "N passed, M failed"."""
+not installed, a download that fails, an unreadable input, an output folder that cannot be made or whose
+parent is missing, too little text), and --val_tokens 0 must write NAME_train.bin alone. Without numpy or
+tiktoken, only the checks that need neither run (the requirements files, the missing-package error) and the
+rest is skipped ("skipped: ..."). Ends with "N passed, M failed"."""
 import base64, json, os, random, re, socket, subprocess, sys, tempfile
 from collections import Counter
 
@@ -338,6 +338,28 @@ def check_failures_are_one_line(d, model, hf, text_file):
     rc, _, err = run_cli("--input", text_file, "--tokenizer", bad_regex, "--out_dir", d)
     check(one_error(rc, err, "regex.json", "tiktoken cannot use it"),
           f"a tokenizer.json whose regex does not compile: {err.strip()[:110]}")
+    check_missing_parents(d, hf, text_file)
+
+
+def check_missing_parents(d, hf, text_file):
+    """An output folder whose parent is missing is refused before any work (here before the tokenizer, which
+    does not exist, is read) and nothing is made, as the trainer's --checkpoint_dir; the last folder alone is
+    made (check_no_val), and only when a file is written."""
+    nested = os.path.join(d, "a", "b", "c")
+    absent = os.path.join(d, "no_tokenizer.json")
+    rc, _, err = run_cli("--input", text_file, "--tokenizer", absent, "--out_dir", nested)
+    check(one_error(rc, err, f"--out_dir {nested}: cannot make the folder: its parent {os.path.dirname(nested)} "
+                    "does not exist") and not os.path.exists(os.path.join(d, "a")),
+          f"an --out_dir in a missing folder: refused before any work, nothing made: {err.strip()}")
+    vocab = os.path.join(d, "x", "y", "v.bin")
+    rc, _, err = run_cli("--input", text_file, "--tokenizer", absent, "--out_dir", d, "--vocab_out", vocab)
+    check(one_error(rc, err, "--vocab_out's folder", "its parent", "does not exist")
+          and not os.path.exists(os.path.join(d, "x")), f"a --vocab_out in a missing folder: {err.strip()}")
+    tiny, new = os.path.join(d, "few_words.txt"), os.path.join(d, "new_out")
+    open(tiny, "w").write("a few words\n")
+    rc, _, err = run_cli("--input", tiny, "--tokenizer", hf, "--out_dir", new, "--val_tokens", "0")
+    check(one_error(rc, err, "too little text") and not os.path.exists(new),
+          f"a new --out_dir is not made by a run that stops before writing: {err.strip()[:60]}...")
 
 
 def check_requirements():

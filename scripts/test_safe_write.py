@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Host test of scripts/safe_write.py (no GPU, no numpy): the file appears whole or not at all, an
 input is never an output, no temporary file is left, and a write that cannot be made stops with one
-line naming the output (not the temporary file). Ends with "N passed, M failed"."""
+line naming the output (not the temporary file). An output folder is made when missing, but a missing
+parent is refused in one line and not made (the trainer's --checkpoint_dir rule). Ends with "N passed, M
+failed"."""
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from safe_write import write_atomic  # noqa: E402
+from safe_write import check_new_folder, make_folder, write_atomic  # noqa: E402
 
 results = []
 
@@ -41,6 +43,29 @@ def check_unwritable(d):
           f"onto a folder: one line naming it, no temporary left ({said})")
 
 
+def said_by(f, *args):
+    """The SystemExit message of f(*args), or None when it returns."""
+    try:
+        f(*args)
+    except SystemExit as e:
+        return str(e)
+    return None
+
+
+def check_folders(d):
+    new, nested = os.path.join(d, "new_out"), os.path.join(d, "a", "b", "c")
+    check(said_by(check_new_folder, new, "--out_dir") is None and not os.path.exists(new)
+          and said_by(make_folder, new, "--out_dir") is None and os.path.isdir(new),
+          "a new folder in one that exists: passes the check (which makes nothing), then is made")
+    said = said_by(check_new_folder, nested, "--out_dir")
+    check(said == f"error: --out_dir {nested}: cannot make the folder: its parent {os.path.dirname(nested)} does "
+          "not exist (only the last folder of a path is made, as the trainer makes --checkpoint_dir)"
+          and not os.path.exists(os.path.join(d, "a")),
+          f"a folder whose parent is missing: refused, nothing made ({said})")
+    said = said_by(check_new_folder, os.path.join(d, "out.bin"))
+    check(said and said.endswith("out.bin: exists and is not a folder"), f"a file where the folder would be ({said})")
+
+
 def failing_chunks():
     yield b"new start"
     raise OSError("an input cannot be read (simulated)")
@@ -70,5 +95,6 @@ with tempfile.TemporaryDirectory() as d:
     os.remove(link)
     os.remove(src)
     check_unwritable(d)
+    check_folders(d)
 print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
 sys.exit(0 if all(results) else 1)
