@@ -21,7 +21,6 @@ NCCL_HOME names) and runs only scripts/test_ranks.sh, on the small model of ref/
 replaces a piece of code that must occur exactly once: when the code moves, the script stops and
 says which to update.
 """
-import argparse
 import concurrent.futures as cf
 import os
 import re
@@ -29,6 +28,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+
+from cli import ArgumentParser
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 GENCODE = "-gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=compute_80"  # (make test checks the PTX)
@@ -425,7 +426,7 @@ def run_tests(dest, name, gpu_only, host_only, data_parallel):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = ArgumentParser(__file__, description="\n\n".join(__doc__.split("\n\n")[:2]))  # (what, and examples)
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--only", nargs="*", help="mutant names")
     ap.add_argument("--gpu_only", action="store_true", help="leave the host tests out")
