@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# usage: scripts/run_tests.sh      (takes no arguments; make test runs it after make all)
+# Example: LLAMA3_TEST_SHAPES=small scripts/run_tests.sh
 # The driver of `make test` (run after `make all`). Everywhere: the scripts' Python packages
 # installed when missing (requirements.txt), the host unit tests of llama3.h, the scripts' tests,
 # the trainer's bad-input errors and the README's flag tables against its --help. On a machine with
@@ -17,6 +19,8 @@
 #   LLAMA3_MUTANT=NAME          this tree carries a planted bug: the mutants plant check is left out (scripts/mutants.py)
 #   LLAMA3_TEST_JOBS=N          parts run at once (default: the CPU cores, at most 8)
 set -u
+. "$(dirname "$0")/cli.sh"
+no_arguments "$@"
 cd "$(dirname "$0")/.."
 passed=0
 failed=0
