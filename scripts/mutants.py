@@ -312,6 +312,19 @@ HOST_MUTANTS = [
     ("flag_default_undocumented", "flags", "llama3.h", "--checkpoint_keep's default changed to 3 in FLAGS: the "
      "README's flag table still says 2",
      '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "2",', '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "3",'),
+    # The scripts' --help and argument errors (scripts/test_help.py).
+    ("help_runs_the_script", "scripts", "scripts/check_loss_falls.sh", "check_loss_falls.sh does not look at its "
+     "arguments: --help launches the trainer", 'no_arguments "$@"\n', ""),
+    ("shell_argument_ignored", "scripts", "scripts/cli.sh", "a shell script that takes no arguments ignores an "
+     "unknown one and does its work", '-h | --help) usage ;; *) unknown_argument "$1" ;; esac',
+     "-h | --help) usage ;; esac"),
+    ("python_argument_ignored", "scripts", "scripts/cli.py", "the Python scripts take an unknown argument and go on "
+     "without it", "        for a in args:\n", "        return self.parse_known_args(args, namespace)[0]\n        for a in args:\n"),
+    ("torch_before_arguments", "scripts", "scripts/ref_llama3.py", "ref_llama3.py imports torch before it parses its "
+     "arguments: no --help without torch",
+     "    ARGS = parse_args()  # (before torch's import", "    import torch\n    ARGS = parse_args()  # (before torch's import"),
+    ("checkpoint_dir_unchecked", "scripts", "scripts/bench_checkpoint.sh", "bench_checkpoint.sh takes a folder of "
+     "another run's checkpoints, and deletes them at its end", 'if [ -n "$dir" ] && [ -e "$dir" ] &&', "if false &&"),
 ]
 
 # Bugs of a kernel caught by its dev/ benchmark's --check (the last field): --dev builds only that

@@ -364,6 +364,8 @@ host_parts() {
             python3 scripts/mutants.py --plant_check
     fi
     part "plot_log.py" run "plot_log.py: a training log drawn, bad logs refused" python3 scripts/test_plot_log.py
+    part "scripts' --help" run "every script's --help and a bad argument: usage or one line, nothing done (scripts/test_help.py)" \
+        python3 scripts/test_help.py
     if python3 -c "import torch, transformers" > /dev/null 2>&1; then
         part "bench_torch.py --ddp" ddp_peer_on_cpu
     else
