@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
+# usage: scripts/bench.sh [--ablation] [--no-peers | --peers "eager compile cudagraphs"] [--configs "B:T ..."]
+#                         [--flags "TRAINER FLAGS"] [--peer_flags "BENCH_TORCH FLAGS"] [--ranks N] [--shape 1b|3b|8b]
+#                         [--write]
 # Benchmark, one run on the current GPU: the trainer and its PyTorch peers (HF LlamaForCausalLM,
-# bf16 autocast, fused AdamW: eager, torch.compile, torch.compile CUDA graphs) at the same
-# configs, then one markdown table: ms/step median and spread, tok/s, MFU, peak memory, and the
-# peers' time over ours.
-#   scripts/bench.sh [--ablation] [--no-peers | --peers "eager compile cudagraphs"] [--configs "B:T ..."]
-#                    [--flags "TRAINER FLAGS"] [--peer_flags "BENCH_TORCH FLAGS"] [--ranks N] [--shape 1b|3b|8b]
-#                    [--write]
+# bf16 autocast, fused AdamW: eager, torch.compile, torch.compile CUDA graphs; scripts/bench_torch.py,
+# which needs torch) at the same configs (default "4:64 4:1024 16:1024"), then one markdown table:
+# ms/step median and spread, tok/s, MFU, peak memory, and the peers' time over ours.
 # --flags     also run the trainer with these flags at each config (e.g. "--grad_clip 1"): a row
 #             "llama3.cu FLAGS" beside the plain one, its time over the plain run in the last column
 # --ablation  also the seed report's configurations A..J (cumulative) and ours, at B=4,T=64, then each
@@ -21,8 +21,11 @@
 #             no N-rank row), with columns for the ranks, the throughput of N ranks over one rank's, and
 #             the exposed communication (ms/step at N ranks minus at one). NCCL_NVLS_ENABLE=0 for both.
 # --write     append the tables to dev/PERF.md with the date and this command line
-# Steps: 30 trainer steps (median of steps 2..30), 20 PyTorch steps after 5 warm-up steps.
+# Steps: 30 trainer steps (median of steps 2..30), 20 PyTorch steps after 5 warm-up steps. Builds
+# ./train_llama3 first (make).
+# Example: scripts/bench.sh --configs "4:1024" --flags "--fp8 1" --peer_flags "--fp8"
 set -u
+. "$(dirname "$0")/cli.sh"
 cd "$(dirname "$0")/.."
 configs="4:64 4:1024 16:1024"
 peers="eager compile cudagraphs"
@@ -35,24 +38,26 @@ shape=1b
 cmdline="scripts/bench.sh $*"
 while [ $# -gt 0 ]; do
     case $1 in
+        -h | --help) usage ;;
         --ablation) ablation=1 ;;
         --no-peers) peers="" ;;
-        --peers) peers=$2; shift ;;
         --write) write=1 ;;
+        --peers | --configs | --flags | --peer_flags | --ranks | --shape) needs_value "$@" ;;&
+        --peers) peers=$2; shift ;;
         --configs) configs=$2; shift ;;
         --flags) flags=$2; shift ;;
         --peer_flags) peer_flags=$2; shift ;;
         --ranks) ranks=$2; shift ;;
         --shape) shape=$2; shift ;;
-        *) echo "unknown option $1"; exit 1 ;;
+        *) unknown_argument "$1" ;;
     esac
     shift
 done
-case $ranks in ''|*[!0-9]*|0) echo "--ranks $ranks: want a number of GPUs, 1 or more"; exit 1 ;; esac
+case $ranks in ''|*[!0-9]*|0) bad_argument "--ranks $ranks: want a number of GPUs, 1 or more" ;; esac
+[ "$ablation" = 0 ] || [ "$ranks" = 1 ] || bad_argument "--ablation times one GPU: leave out --ranks"
 if [ "$ranks" -gt 1 ]; then
     gpus=$(nvidia-smi -L 2> /dev/null | wc -l)
     [ "$gpus" -ge "$ranks" ] || { echo "--ranks $ranks: this machine has $gpus GPU(s), one per rank wanted"; exit 1; }
-    [ "$ablation" = 0 ] || { echo "--ablation times one GPU: leave out --ranks"; exit 1; }
     export NCCL_NVLS_ENABLE=0 # (NVLink multicast off: the device tool's KINDS.md)
 fi
 make -s train_llama3 || exit 1

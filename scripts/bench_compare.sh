@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
+# usage: scripts/bench_compare.sh [REV | FOLDER] [--configs "B:T[:--flag=value[:--flag=value ...]] ..."]
 # The trainer of another revision against this tree's, on the same GPU in one call: both built
 # (train_llama3 only), then at each config each binary's 30 steps (median ms of steps 2..30, from
 # --log_file), the two runs of a config back to back so that the board's clocks and power state
 # are alike; one markdown table, new over old in the last column. For dev/PERF.md: a change keeps
 # its speed, or the table shows what it costs.
-#   scripts/bench_compare.sh [REV (default HEAD) | FOLDER] [--configs "B:T[:--flag=value[:--flag=value ...]] ..."]
-# A FOLDER holds the other tree (as `git archive REV | tar -x -C FOLDER` writes it), for a machine
-# that has the working tree but not the history (copied with its times, so a train_llama3 built
-# there is used as it is).
-# The default configs are the three bench configs and the clipped B=4,T=64 run.
+#   REV       a revision of this repository (default HEAD: the last commit against the working tree)
+#   FOLDER    the other tree instead (as `git archive REV | tar -x -C FOLDER` writes it), for a machine
+#             that has the working tree but not the history (copied with its times, so a train_llama3
+#             built there is used as it is)
+#   --configs the configs (default: the three bench configs and the clipped B=4,T=64 run,
+#             "4:64 4:1024 16:1024 4:64:--grad_clip=1")
+# Example: scripts/bench_compare.sh HEAD~1 --configs "4:64 4:64:--optimizer_state=bf16"
 set -u
-cd "$(dirname "$0")/.."
-rev=HEAD
+. "$(dirname "$0")/cli.sh"
+rev=""
 configs="4:64 4:1024 16:1024 4:64:--grad_clip=1"
 while [ $# -gt 0 ]; do
     case $1 in
-        --configs) configs=$2; shift ;;
-        *) rev=$1 ;;
+        -h | --help) usage ;;
+        --configs) needs_value "$@"; configs=$2; shift ;;
+        -*) unknown_argument "$1" ;;
+        *) [ -z "$rev" ] || unknown_argument "$1"; rev=$1 ;;
     esac
     shift
 done
+rev=${rev:-HEAD}
+[ -d "$rev" ] && rev=$(realpath -- "$rev") # (the folder as given, from this cwd)
+cd "$(dirname "$0")/.."
+[ -d "$rev" ] || git rev-parse --verify --quiet "$rev^{commit}" > /dev/null ||
+    bad_argument "$rev: neither a folder nor a revision of this repository"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 if [ -d "$rev" ]; then

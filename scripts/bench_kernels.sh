@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# make bench-kernels: every dev/ microbenchmark (validate, then time), then one table of all rows.
+# usage: scripts/bench_kernels.sh      (make bench-kernels builds dev/ and runs it; needs a GPU)
+# Every dev/ microbenchmark (validate, then time), then one markdown table of all their rows.
+# Takes no arguments; exits non-zero when a benchmark's validation failed.
 set -u
+. "$(dirname "$0")/cli.sh"
+no_arguments "$@"
 cd "$(dirname "$0")/.."
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

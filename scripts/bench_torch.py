@@ -12,28 +12,24 @@ Prints one JSON line (rank 0): the median step time over --steps timed steps (CU
     python scripts/bench_torch.py --mode eager --batch_size 4 --seq_len 64
     python scripts/bench_torch.py --mode compile --shape 3b --tied --batch_size 4 --seq_len 1024
     python scripts/bench_torch.py --mode eager --fp8 --batch_size 16 --seq_len 1024
-    python -m torch.distributed.run --standalone --nproc_per_node 2 scripts/bench_torch.py --ddp --mode compile \
+    python -m torch.distributed.run --standalone --nproc_per_node 2 scripts/bench_torch.py --ddp --mode compile \\
         --batch_size 16 --seq_len 1024
     modes: eager, compile (torch.compile default), cudagraphs (torch.compile mode=reduce-overhead; not with --ddp)
 --device cpu runs the same on the CPU (gloo between the ranks, wall-clock times): a check that the
 script works on a machine without a GPU (make test's host part), not a benchmark.
 """
-import argparse
 import json
 import os
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-
-sys.path.insert(0, os.path.dirname(__file__))
-from ref_llama3 import make_model, use_fp8  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli  # noqa: E402
 
 
 def parse_args():
-    ap = argparse.ArgumentParser()
+    what, examples = __doc__.split("\n\n")[:2]
+    ap = cli.ArgumentParser(__file__, description=what, epilog=f"examples:\n{examples}")
     ap.add_argument("--mode", choices=["eager", "compile", "cudagraphs"], default="eager")
     ap.add_argument("--batch_size", type=int, default=4, help="per rank")
     ap.add_argument("--seq_len", type=int, default=64)
@@ -52,6 +48,18 @@ def parse_args():
     if args.ddp and "RANK" not in os.environ:
         ap.error("--ddp wants torchrun's RANK, WORLD_SIZE and LOCAL_RANK (python -m torch.distributed.run ...)")
     return args
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # (before torch's import: --help and a bad argument on any machine)
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+except ModuleNotFoundError as e:
+    cli.missing_package(__file__, e, "requirements-gpu.txt")
+
+from ref_llama3 import make_model, use_fp8  # noqa: E402
 
 
 def start_ranks(args):
@@ -90,8 +98,7 @@ def timed(step, device):
     return start.elapsed_time(end)
 
 
-def main():
-    args = parse_args()
+def main(args):
     B, T = args.batch_size, args.seq_len
     rank, world, device = start_ranks(args)
     model, cfg = make_model(args.shape, device, 1337, tied=args.tied)
@@ -138,4 +145,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -16,16 +16,28 @@ from HF's half-rotation order to Meta's adjacent pairs.
 The output is written to a temporary name, fsynced and renamed; it may not be one of the inputs, and
 its folder must exist (a write that fails stops with one line naming OUT.bin).
 """
-import argparse
 import math
 import os
 import sys
 
+import cli
+
+
+def parse_args():
+    ap = cli.ArgumentParser(__file__, description=__doc__.split("\n\n")[0],
+                            epilog="example: python3 scripts/convert_hf.py Llama-3.2-1B llama3.2_1b.bin")
+    ap.add_argument("hf_dir", metavar="HF_DIR",
+                    help="folder of config.json and model.safetensors (or an index and shards)")
+    ap.add_argument("out", metavar="OUT", help="the model file to write (seed format, fp32); its folder must exist")
+    return ap.parse_args()
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # (before numpy's import: --help and a bad argument on any machine)
 try:
     import numpy as np
 except ModuleNotFoundError as e:
-    sys.exit(f"error: convert_hf.py needs the Python package {e.name}: "
-             "python3 -m pip install -r requirements.txt")
+    cli.missing_package(__file__, e)
 
 from llama3_files import (LLAMA3_2_ROPE_FACTOR, LLAMA3_ROPE, Config, config_problem, ffn_hidden_dim, kernel_problem,
                           read_f32, read_json, safetensors_index, seed_header, seed_layout, to_meta_rows)
@@ -234,12 +246,7 @@ def seed_chunks(c, tensors, tied):
         yield read_f32(tensors["lm_head.weight"])
 
 
-def main():
-    ap = argparse.ArgumentParser(description="Hugging Face LLaMA 3.x safetensors -> the trainer's "
-                                             "seed-format model file (fp32)")
-    ap.add_argument("hf_dir", help="folder of config.json and model.safetensors (or an index and shards)")
-    ap.add_argument("out", help="the model file to write (seed format, fp32)")
-    args = ap.parse_args()
+def main(args):
     config_path = config_file(args.hf_dir)
     hf_cfg = read_json(config_path)
     files = safetensors_files(args.hf_dir)
@@ -258,4 +265,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -21,17 +21,35 @@ works; HF_DIR/config.json, if there, must have the model's vocab_size, and when 
 and the model file does not (a file of before tied files) the export says that it comes back untied. Every file goes through a temporary file, fsynced and
 renamed; none may be MODEL.bin or a file of HF_DIR. Needs numpy (pip install -r requirements.txt).
 """
-import argparse
 import json
 import math
 import os
 import sys
 
+import cli
+
+
+def parse_args():
+    ap = cli.ArgumentParser(__file__, description=__doc__.split("\n\n")[0],
+                            epilog="example: python3 scripts/export_hf.py ckpt/step_00001000/model.bin my_llama "
+                                   "--tokenizer_from Llama-3.2-1B")
+    ap.add_argument("model", metavar="MODEL", help="seed-format or llm.c llama3 model file")
+    ap.add_argument("out_dir", metavar="OUT_DIR",
+                    help="folder for config.json and model.safetensors (made if missing; its parent must exist)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="of the written tensors (default float32: the trainer's fp32 weights, lossless)")
+    ap.add_argument("--tokenizer_from", metavar="HF_DIR",
+                    help="also copy the tokenizer and generation config from this HF folder (the model's "
+                    "source)")
+    return ap.parse_args()
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # (before numpy's import: --help and a bad argument on any machine)
 try:
     import numpy as np
 except ModuleNotFoundError as e:
-    sys.exit(f"error: export_hf.py needs the Python package {e.name}: "
-             "python3 -m pip install -r requirements.txt")
+    cli.missing_package(__file__, e)
 
 from llama3_files import (BOS_ID, EOS_ID, LLAMA3_ROPE, LLMC_HEADER_BYTES, MODEL_MAGIC, REAL_VOCAB,
                           SEED_HEADER_BYTES, bf16_to_f32, config_problem, f32_text, layout_bytes,
@@ -208,17 +226,7 @@ def write_model(args, c, tensors):
           f"(q/k rows in HF's half-rotation order); {config}")
 
 
-def main():
-    ap = argparse.ArgumentParser(description="the trainer's model file -> a Hugging Face LlamaForCausalLM "
-                                             "folder")
-    ap.add_argument("model", help="seed-format or llm.c llama3 model file")
-    ap.add_argument("out_dir", help="folder for config.json and model.safetensors (made if missing)")
-    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                    help="of the written tensors (default float32: the trainer's fp32 weights, lossless)")
-    ap.add_argument("--tokenizer_from", metavar="HF_DIR",
-                    help="also copy the tokenizer and generation config from this HF folder (the model's "
-                    "source)")
-    args = ap.parse_args()
+def main(args):
     check_new_folder(args.out_dir)
     c, fmt, version = read_header(args.model)
     tensors = read_tensors(args.model, c, fmt, version)
@@ -234,4 +242,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

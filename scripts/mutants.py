@@ -21,7 +21,6 @@ NCCL_HOME names) and runs only scripts/test_ranks.sh, on the small model of ref/
 replaces a piece of code that must occur exactly once: when the code moves, the script stops and
 says which to update.
 """
-import argparse
 import concurrent.futures as cf
 import os
 import re
@@ -29,6 +28,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+
+from cli import ArgumentParser
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 GENCODE = "-gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=compute_80"  # (make test checks the PTX)
@@ -327,6 +328,19 @@ HOST_MUTANTS = [
      "            refuse_input(out, files + inputs)\n    make_folders(args)\n    tokens, starts"),
     ("hf_dir_missing_as_no_config", "scripts", "scripts/convert_hf.py", "convert_hf.py on a folder that does not "
      "exist says it has no config.json", "    if not os.path.isdir(hf_dir):\n", "    if os.path.isfile(hf_dir):\n"),
+    # The scripts' --help and argument errors (scripts/test_help.py).
+    ("help_runs_the_script", "scripts", "scripts/check_loss_falls.sh", "check_loss_falls.sh does not look at its "
+     "arguments: --help launches the trainer", 'no_arguments "$@"\n', ""),
+    ("shell_argument_ignored", "scripts", "scripts/cli.sh", "a shell script that takes no arguments ignores an "
+     "unknown one and does its work", '-h | --help) usage ;; *) unknown_argument "$1" ;; esac',
+     "-h | --help) usage ;; esac"),
+    ("python_argument_ignored", "scripts", "scripts/cli.py", "the Python scripts take an unknown argument and go on "
+     "without it", "        for a in args:\n", "        return self.parse_known_args(args, namespace)[0]\n        for a in args:\n"),
+    ("torch_before_arguments", "scripts", "scripts/ref_llama3.py", "ref_llama3.py imports torch before it parses its "
+     "arguments: no --help without torch",
+     "    ARGS = parse_args()  # (before torch's import", "    import torch\n    ARGS = parse_args()  # (before torch's import"),
+    ("checkpoint_dir_unchecked", "scripts", "scripts/bench_checkpoint.sh", "bench_checkpoint.sh takes a folder of "
+     "another run's checkpoints, and deletes them at its end", 'if [ -n "$dir" ] && [ -e "$dir" ] &&', "if false &&"),
 ]
 
 # Bugs of a kernel caught by its dev/ benchmark's --check (the last field): --dev builds only that
@@ -441,7 +455,7 @@ def run_tests(dest, name, gpu_only, host_only, data_parallel):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = ArgumentParser(__file__, description="\n\n".join(__doc__.split("\n\n")[:2]))  # (what, and examples)
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--only", nargs="*", help="mutant names")
     ap.add_argument("--gpu_only", action="store_true", help="leave the host tests out")

@@ -15,7 +15,6 @@ stops with its file and line number. OUT's suffix is the format: png, pdf, svg, 
 matplotlib writes (an unknown one is refused). The figure goes to a temporary name, is fsynced and
 renamed, and may not be one of the logs. Needs matplotlib (pip install -r requirements.txt).
 """
-import argparse
 import io
 import json
 import math
@@ -23,6 +22,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cli import ArgumentParser  # noqa: E402
 from safe_write import write_atomic  # noqa: E402
 
 
@@ -117,7 +117,8 @@ def plot(plt, runs, title, fmt):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(__file__, description=__doc__.split("\n\n")[0],
+                        epilog="example: python3 scripts/plot_log.py bf16.jsonl fp32.jsonl cmp.png --label bf16 --label fp32")
     ap.add_argument("logs", nargs="+", metavar="log")
     ap.add_argument("out", help="the figure; its suffix is the format (png, pdf, svg, ...)")
     ap.add_argument("--label", action="append", help="a run's name in the legend: one per log, in order")

@@ -55,17 +55,58 @@ be a token. data/llama3_vocab.bin is made with Meta's tokenizer.model by the def
 
 Every failure (a missing package, a download that fails, an input that cannot be read or is not what it
 should be, an output folder that cannot be made, too little text) stops with one line "error: ..."
-naming the file or flag, exit status 1; a bad flag stops with argparse's usage and message, exit 2.
+naming the file or flag, exit status 1; a bad flag stops with one line naming it, exit 2.
 """
-import argparse, base64, bisect, hashlib, http.client, importlib.util, json, os, struct, sys, urllib.request
+import base64, bisect, hashlib, http.client, importlib.util, json, os, struct, sys, urllib.request
 from pathlib import Path
 
+import cli
+
+VOCAB_MAGIC, VOCAB_VERSION, VOCAB_NAME = 20241202, 1, "llama3_vocab.bin"
+
+
+def parse_args(argv):
+    what, examples = __doc__.split("\n\n")[:2]  # (the rest of the docstring: the splits, the tokenizers, the files)
+    ap = cli.ArgumentParser(__file__, description=what, epilog=f"examples:\n{examples}")
+    ap.add_argument("--text", help="local text file for Tiny Shakespeare (default: download it)")
+    ap.add_argument("--input", nargs="+", action="extend", metavar="PATH",
+                    help="your own text: files, folders of them, .jsonl files (instead of Tiny Shakespeare)")
+    ap.add_argument("--text_field", help="the document's field in a .jsonl line (default: text)")
+    ap.add_argument("--name", help="with --input: output names NAME_{val,train}.bin")
+    split = ap.add_mutually_exclusive_group()
+    split.add_argument("--val_fraction", type=float,
+                       help="with --input: val's share of the tokens (default 0.005)")
+    split.add_argument("--val_tokens", type=int,
+                       help="with --input: val's size in tokens; 0: no val split, NAME_train.bin only")
+    ap.add_argument("--tokenizer",
+                    help="LLaMA-3 tokenizer.model or tokenizer.json (default: Meta's, from the package "
+                    "llama-models: pip install -r requirements-data.txt)")
+    ap.add_argument("--out_dir", default="data",
+                    help="folder of the token files, made when missing in a folder that exists (default: data)")
+    ap.add_argument("--vocab_out", metavar="PATH", help="also write the tokenizer's id-to-bytes table here "
+                    f"(Tiny Shakespeare's default: OUT_DIR/{VOCAB_NAME})")
+    args = ap.parse_args(argv)
+    own = [f for f in ("text_field", "name", "val_fraction", "val_tokens") if getattr(args, f) is not None]
+    if args.input is None and own:
+        ap.error(f"--{own[0]} applies to --input only")
+    if args.input is not None and args.text:
+        ap.error("--text (Tiny Shakespeare) and --input exclude each other")
+    if args.val_fraction is not None and not 0 < args.val_fraction < 1:
+        ap.error(f"--val_fraction {args.val_fraction}: not in (0, 1)")
+    if args.val_tokens is not None and args.val_tokens < 0:
+        ap.error(f"--val_tokens {args.val_tokens}: negative")
+    args.text_field = args.text_field or "text"
+    args.val_fraction = args.val_fraction or 0.005
+    return args
+
+
+if __name__ == "__main__":
+    ARGS = parse_args(None)  # (before numpy's and tiktoken's imports: --help and a bad flag on any machine)
 try:
     import numpy as np
     import tiktoken
 except ModuleNotFoundError as e:
-    sys.exit(f"error: prepare_data.py needs the Python package {e.name}: "
-             "python3 -m pip install -r requirements.txt")
+    cli.missing_package(__file__, e)
 
 from safe_write import check_new_folder, make_folder, refuse_input, write_atomic
 
@@ -79,7 +120,6 @@ NAMED_SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_tok
                  "<|python_tag|>", "<|image|>"]
 BOS_NAME, LLAMA3_BOS, LLAMA3_VOCAB = "<|begin_of_text|>", 128000, 128256
 MAGIC, VERSION, VAL_TOKENS = 20240801, 7, 32768
-VOCAB_MAGIC, VOCAB_VERSION, VOCAB_NAME = 20241202, 1, "llama3_vocab.bin"
 MIN_SPLIT_TOKENS = 4 * 64 + 1
 ONE_BATCH = "tokens (one batch of the trainer's default B=4 x T=64, plus the last target)"
 CHUNK_CHARS = 1 << 20  # a text file is read and encoded in pieces of about this many characters
@@ -499,45 +539,8 @@ def own_data(args, enc, inputs):
         write_vocab(args.vocab_out, enc, files + inputs)
 
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    ap.add_argument("--text", help="local text file for Tiny Shakespeare (default: download it)")
-    ap.add_argument("--input", nargs="+", action="extend", metavar="PATH",
-                    help="your own text: files, folders of them, .jsonl files (instead of Tiny Shakespeare)")
-    ap.add_argument("--text_field", help="the document's field in a .jsonl line (default: text)")
-    ap.add_argument("--name", help="with --input: output names NAME_{val,train}.bin")
-    split = ap.add_mutually_exclusive_group()
-    split.add_argument("--val_fraction", type=float,
-                       help="with --input: val's share of the tokens (default 0.005)")
-    split.add_argument("--val_tokens", type=int,
-                       help="with --input: val's size in tokens; 0: no val split, NAME_train.bin only")
-    ap.add_argument("--tokenizer",
-                    help="LLaMA-3 tokenizer.model or tokenizer.json (default: Meta's, from the package "
-                    "llama-models: pip install -r requirements-data.txt)")
-    ap.add_argument("--out_dir", default="data",
-                    help="folder of the token files, made when missing (default: data)")
-    ap.add_argument("--vocab_out", metavar="PATH", help="also write the tokenizer's id-to-bytes table here "
-                    f"(Tiny Shakespeare's default: OUT_DIR/{VOCAB_NAME})")
-    args = ap.parse_args(argv)
-    own = [f for f in ("text_field", "name", "val_fraction", "val_tokens") if getattr(args, f) is not None]
-    if args.input is None and own:
-        ap.error(f"--{own[0]} applies to --input only")
-    if args.input is not None and args.text:
-        ap.error("--text (Tiny Shakespeare) and --input exclude each other")
-    if args.val_fraction is not None and not 0 < args.val_fraction < 1:
-        ap.error(f"--val_fraction {args.val_fraction}: not in (0, 1)")
-    if args.val_tokens is not None and args.val_tokens < 0:
-        ap.error(f"--val_tokens {args.val_tokens}: negative")
-    args.text_field = args.text_field or "text"
-    args.val_fraction = args.val_fraction or 0.005
-    return args
-
-
-def main(argv=None, llama3_only=True):
-    """llama3_only=False (tests only) takes any byte-level BPE with a <|begin_of_text|> token."""
-    args = parse_args(argv)
+def main(args, llama3_only=True):
+    """args: parse_args's; llama3_only=False (tests only) takes any byte-level BPE with a <|begin_of_text|> token."""
     check_folders(args)
     tokenizer = args.tokenizer or default_tokenizer_path()
     enc, what = load_tokenizer(tokenizer)
@@ -555,4 +558,4 @@ def main(argv=None, llama3_only=True):
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -19,6 +19,8 @@ import re
 import sys
 from collections import defaultdict
 
+from cli import ArgumentParser
+
 STEP_START = "adamw_next_step_kernel"
 PHASE_FROM = {"embedding_forward_kernel": "forward", "cross_entropy_kernel": "backward"}
 
@@ -53,7 +55,11 @@ def base_name(demangled):
 def read_kernels(path):
     """(name, ms) of every kernel in launch order; lines that are not rows of ncu's table are skipped."""
     header, kernels = None, []
-    with open(path, newline="") as f:
+    try:
+        f = open(path, newline="", errors="replace")
+    except OSError as e:
+        sys.exit(f"error: {path}: cannot read: {e.strerror}")
+    with f:
         for row in csv.reader(line for line in f if line.startswith('"')):
             if header is None:
                 if "Kernel Name" in row and "Metric Value" in row:
@@ -82,12 +88,16 @@ def table(title, rows):
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: scripts/profile_step.py NCU_OUTPUT")
-    kernels = read_kernels(sys.argv[1])
+    ap = ArgumentParser(__file__, description=__doc__.split("\n\n")[0],
+                        epilog="example: PROFILE_CSV=ncu.csv scripts/profile.sh 4 64   (ncu, then this script on ncu.csv);\n"
+                               "         scripts/profile_step.py ncu.csv   (that step's table again)")
+    ap.add_argument("ncu_output", metavar="NCU_OUTPUT", help="the stdout of ncu --metrics gpu__time_duration.sum "
+                    "--csv ./train_llama3 ... (scripts/profile.sh's PROFILE_CSV)")
+    path = ap.parse_args().ncu_output
+    kernels = read_kernels(path)
     starts = [i for i, (name, _) in enumerate(kernels) if name == STEP_START]
     if not starts:
-        sys.exit(f"{sys.argv[1]}: no {STEP_START}, so no step to report")
+        sys.exit(f"{path}: no {STEP_START}, so no step to report")
     if len(starts) >= 2:
         begin, end = starts[-2], starts[-1]
         which = f"step {len(starts) - 1} of {len(starts)} (the last one a next step bounds)"
@@ -111,7 +121,7 @@ def main():
         per_name[name][1] += ms
     total = sum(ms for _, ms in step)
 
-    print(f"{sys.argv[1]}: {which}, {len(step)} kernels, {total:.3f} ms of kernel time")
+    print(f"{path}: {which}, {len(step)} kernels, {total:.3f} ms of kernel time")
     print("(serialized durations: the step's GPU work without overlap, not its time)\n")
     by_time = sorted(groups.items(), key=lambda kv: -kv[1][1])
     table(["group", "kernels in step", "GPU ms", "% of kernel time"],

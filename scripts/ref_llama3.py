@@ -14,7 +14,7 @@ schedule (--lr_schedule, --warmup_iters, ...) and, with --grad_clip, torch.nn.ut
     python scripts/ref_llama3.py --name small_b8 --shape small --batch_size 8 --seq_len 128 --vocab 8000
     python scripts/ref_llama3.py --name small_tied --shape small --tied   # tied: dense embedding AdamW, no lm_head
     python scripts/ref_llama3.py --name 1b_tied --shape 1b --tied --model_only  # only NAME_model.bin (a bench model)
-    python scripts/ref_llama3.py --name small_hd128 --shape small_hd128 --batch_size 2 --seq_len 1024 --qk_std 0.07 \
+    python scripts/ref_llama3.py --name small_hd128 --shape small_hd128 --batch_size 2 --seq_len 1024 --qk_std 0.07 \\
         --rope_factor 8                                                            # head_dim 128, Llama-3.1's RoPE
     python scripts/ref_llama3.py --name 3b --shape 3b --tied --model_only          # LLaMA 3.2-3B's shape, 12.8 GB
 
@@ -36,18 +36,10 @@ renamed:
                        AdamW's exp_avg and exp_avg_sq after the last step, and every step's gradient
                        norm and lr (layout: ref_state_read in test_llama3.cu)
 """
-import argparse
 import math
 import os
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-import llama3_files
-from safe_write import check_new_folder, make_folder, write_atomic
+import cli
 
 SHAPES = {  # n_layer, n_embd, n_head, n_kv_head, vocab_size, max_seq_len, ffn_dim_multiplier, multiple_of
     "small": (2, 256, 8, 2, 1000, 8192, 1.5, 256),
@@ -56,6 +48,76 @@ SHAPES = {  # n_layer, n_embd, n_head, n_kv_head, vocab_size, max_seq_len, ffn_d
     "3b": (28, 3072, 24, 8, 128256, 8192, 1.0, 256),  # LLaMA 3.2-3B's shape (released tied: --tied)
     "8b": (32, 4096, 32, 8, 128256, 8192, 1.3, 1024),  # LLaMA 3.1-8B's
 }
+SCHEDULES = ["constant", "cosine", "linear", "wsd"]  # the trainer's --lr_schedule, in its order
+FP8_GRADS = {"e5m2": "float8_e5m2", "e4m3": "float8_e4m3fn"}  # the trainer's --fp8_grads: torch's dtypes
+
+
+def parse_args():
+    what, examples = __doc__.split("\n\n")[:2]
+    ap = cli.ArgumentParser(__file__, description=what, epilog=f"examples:\n{examples}")
+    ap.add_argument("--name", required=True, help="file prefix in --out_dir")
+    ap.add_argument("--shape", choices=SHAPES, default="small")
+    ap.add_argument("--out_dir", default="ref", help="made when missing (default: ref)")
+    ap.add_argument("--batch_size", type=int, default=4)
+    ap.add_argument("--seq_len", type=int, default=64)
+    ap.add_argument("--grad_accum", type=int, default=1, help="micro-steps per optimizer step")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--beta1", type=float, default=0.9)
+    ap.add_argument("--beta2", type=float, default=0.95)
+    ap.add_argument("--eps", type=float, default=1e-8)
+    ap.add_argument("--weight_decay", type=float, default=0.1)
+    ap.add_argument("--lr_schedule", choices=SCHEDULES, default="constant")
+    ap.add_argument("--warmup_iters", type=int, default=0)
+    ap.add_argument("--final_lr_frac", type=float, default=0.0)
+    ap.add_argument("--decay_frac", type=float, default=0.2)
+    ap.add_argument("--grad_clip", type=float, default=0.0, help="max global gradient norm (0: no clipping)")
+    ap.add_argument("--vocab", type=int, default=0,
+                    help="vocabulary size (0: the shape's), a multiple of 8: the text's N - 1 most frequent tokens "
+                         "and 0 for the rest (above 4096 the cross-entropy kernel's threads take more than one load)")
+    ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--qk_std", type=float, default=0.02,
+                    help="init std of the q and k projections: larger peaks the attention, so that a row's max "
+                         "moves between key tiles (at 0.02 the scores are ~N(0, 0.1) and the softmax nearly flat)")
+    ap.add_argument("--dense_embedding", action="store_true", help="plain AdamW on the embedding too")
+    ap.add_argument("--tied", action="store_true", help="tied embeddings: wte is also lm_head (its AdamW dense, as "
+                    "the trainer's: the head's gradient reaches every row)")
+    ap.add_argument("--rope_factor", type=float, help="llama3 RoPE scaling's factor (default: the shape's, 8 for "
+                    "8b, 32 for the others, and 8 with --llmc); the seed header's slot 17")
+    ap.add_argument("--fp8", action="store_true", help="the block linears in FP8 through torch._scaled_mm, as the "
+                    "trainer's --fp8 1 (a GPU of compute capability 8.9 or newer)")
+    ap.add_argument("--fp8_grads", choices=list(FP8_GRADS), default="e5m2", help="--fp8: the output gradients' "
+                    "format, as the trainer's --fp8_grads")
+    ap.add_argument("--model_only", action="store_true", help="write only NAME_model.bin (no training)")
+    ap.add_argument("--llmc", action="store_true", help="also write the model in llm.c's format (RoPE factor 8, "
+                    "as llm.c reads it)")
+    ap.add_argument("--device", help="torch's device (default: cuda when torch finds a GPU, else cpu)")
+    args = ap.parse_args()
+    if args.vocab % 8 or args.vocab < 0 or args.vocab > 128256:
+        ap.error(f"--vocab {args.vocab}: a multiple of 8 up to 128256 (the trainer's kernels take V % 8 == 0)")
+    if args.tied and args.llmc:
+        ap.error("--tied with --llmc: llm.c's model format has no tied embeddings")
+    if args.rope_factor is not None and not 1.0 <= args.rope_factor <= 1024.0:
+        ap.error(f"--rope_factor {args.rope_factor}: in [1, 1024], as llama3.h's config_check takes")
+    if args.fp8_grads != "e5m2" and not args.fp8:
+        ap.error(f"--fp8_grads {args.fp8_grads} takes --fp8")
+    return args
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # (before torch's import: --help and a bad argument on any machine)
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+except ModuleNotFoundError as e:
+    cli.missing_package(__file__, e, "requirements-gpu.txt")
+
+import llama3_files  # noqa: E402
+from safe_write import check_new_folder, make_folder, write_atomic  # noqa: E402
+
 ROPE_FACTORS = {"8b": 8.0}  # llama3 RoPE scaling's factor: Llama-3.1's 8; the others 3.2's 32 (--rope_factor)
 
 
@@ -67,7 +129,6 @@ def rope_factor_of(shape, given=None, llmc=False):
 NORM_EPS, ROPE_THETA = 1e-5, 500000.0
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "tiny_shakespeare_train.bin")
 STATE_MAGIC, STATE_VERSION = 20241129, 5
-SCHEDULES = ["constant", "cosine", "linear", "wsd"]  # the trainer's --lr_schedule, in its order
 
 
 def lr_at(args, t):
@@ -125,9 +186,6 @@ def to_fp8(t, dtype):
     return q, scale.reciprocal()
 
 
-FP8_GRADS = {"e5m2": torch.float8_e5m2, "e4m3": torch.float8_e4m3fn}  # the trainer's --fp8_grads
-
-
 class Fp8Linear(torch.autograd.Function):
     """y = x w^T as the trainer's --fp8 1 computes it, through torch._scaled_mm: x and w in e4m3, the output
     gradient in grad_dtype (--fp8_grads), one dynamic scale per tensor, fp32 accumulation, bf16 out; the weight
@@ -178,7 +236,7 @@ def use_fp8(model, grads="e5m2"):
     for layer in model.model.layers:
         a, mlp = layer.self_attn, layer.mlp
         for group in ([a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]):
-            fp8_fused(group, FP8_GRADS[grads])
+            fp8_fused(group, getattr(torch, FP8_GRADS[grads]))
 
 
 def to_meta_rows(w, n_heads):
@@ -331,60 +389,14 @@ def train(model, cfg, args, x, y, dev):
                adam_moments(model, cfg, opt, lazy))
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--name", required=True, help="file prefix in --out_dir")
-    ap.add_argument("--shape", choices=SHAPES, default="small")
-    ap.add_argument("--out_dir", default="ref")
-    ap.add_argument("--batch_size", type=int, default=4)
-    ap.add_argument("--seq_len", type=int, default=64)
-    ap.add_argument("--grad_accum", type=int, default=1, help="micro-steps per optimizer step")
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--beta1", type=float, default=0.9)
-    ap.add_argument("--beta2", type=float, default=0.95)
-    ap.add_argument("--eps", type=float, default=1e-8)
-    ap.add_argument("--weight_decay", type=float, default=0.1)
-    ap.add_argument("--lr_schedule", choices=SCHEDULES, default="constant")
-    ap.add_argument("--warmup_iters", type=int, default=0)
-    ap.add_argument("--final_lr_frac", type=float, default=0.0)
-    ap.add_argument("--decay_frac", type=float, default=0.2)
-    ap.add_argument("--grad_clip", type=float, default=0.0, help="max global gradient norm (0: no clipping)")
-    ap.add_argument("--vocab", type=int, default=0,
-                    help="vocabulary size (0: the shape's), a multiple of 8: the text's N - 1 most frequent tokens "
-                         "and 0 for the rest (above 4096 the cross-entropy kernel's threads take more than one load)")
-    ap.add_argument("--seed", type=int, default=1337)
-    ap.add_argument("--qk_std", type=float, default=0.02,
-                    help="init std of the q and k projections: larger peaks the attention, so that a row's max "
-                         "moves between key tiles (at 0.02 the scores are ~N(0, 0.1) and the softmax nearly flat)")
-    ap.add_argument("--dense_embedding", action="store_true", help="plain AdamW on the embedding too")
-    ap.add_argument("--tied", action="store_true", help="tied embeddings: wte is also lm_head (its AdamW dense, as "
-                    "the trainer's: the head's gradient reaches every row)")
-    ap.add_argument("--rope_factor", type=float, help="llama3 RoPE scaling's factor (default: the shape's, 8 for "
-                    "8b, 32 for the others, and 8 with --llmc); the seed header's slot 17")
-    ap.add_argument("--fp8", action="store_true", help="the block linears in FP8 through torch._scaled_mm, as the "
-                    "trainer's --fp8 1 (a GPU of compute capability 8.9 or newer)")
-    ap.add_argument("--fp8_grads", choices=list(FP8_GRADS), default="e5m2", help="--fp8: the output gradients' "
-                    "format, as the trainer's --fp8_grads")
-    ap.add_argument("--model_only", action="store_true", help="write only NAME_model.bin (no training)")
-    ap.add_argument("--llmc", action="store_true", help="also write the model in llm.c's format (RoPE factor 8, "
-                    "as llm.c reads it)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = ap.parse_args()
-    if args.vocab % 8 or args.vocab < 0 or args.vocab > 128256:
-        ap.error(f"--vocab {args.vocab}: a multiple of 8 up to 128256 (the trainer's kernels take V % 8 == 0)")
-    if args.tied and args.llmc:
-        ap.error("--tied with --llmc: llm.c's model format has no tied embeddings")
-    if args.rope_factor is not None and not 1.0 <= args.rope_factor <= 1024.0:
-        ap.error(f"--rope_factor {args.rope_factor}: in [1, 1024], as llama3.h's config_check takes")
+def main(args):
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.llmc and rope_factor_of(args.shape, args.rope_factor, True) != llama3_files.LLMC_ROPE_FACTOR:
-        ap.error(f"--llmc with --rope_factor {args.rope_factor}: llm.c's header has no field for it, and llm.c "
-                 f"(and this trainer) read its files as {llama3_files.LLMC_ROPE_FACTOR:g}")
-    args.rope_factor = rope_factor_of(args.shape, args.rope_factor, args.llmc)
+        cli.argument_error(__file__, f"--llmc with --rope_factor {args.rope_factor}: llm.c's header has no field "
+                           f"for it, and llm.c (and this trainer) read its files as {llama3_files.LLMC_ROPE_FACTOR:g}")
     if args.fp8 and not args.device.startswith("cuda"):
-        ap.error("--fp8 needs a CUDA device (torch._scaled_mm)")
-    if args.fp8_grads != "e5m2" and not args.fp8:
-        ap.error(f"--fp8_grads {args.fp8_grads} takes --fp8")
+        cli.argument_error(__file__, "--fp8 needs a CUDA device (torch._scaled_mm)")
+    args.rope_factor = rope_factor_of(args.shape, args.rope_factor, args.llmc)
     args.dense_embedding |= args.tied
     check_new_folder(args.out_dir, "--out_dir")
     dev, B, T, A, n = args.device, args.batch_size, args.seq_len, args.grad_accum, args.steps
@@ -431,4 +443,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# usage: scripts/run_tests.sh      (takes no arguments; make test runs it after make all)
+# Example: LLAMA3_TEST_SHAPES=small scripts/run_tests.sh
 # The driver of `make test` (run after `make all`). Everywhere: the scripts' Python packages
 # installed when missing (requirements.txt), the host unit tests of llama3.h, the scripts' tests,
 # the trainer's bad-input errors and the README's flag tables against its --help. On a machine with
@@ -17,6 +19,8 @@
 #   LLAMA3_MUTANT=NAME          this tree carries a planted bug: the mutants plant check is left out (scripts/mutants.py)
 #   LLAMA3_TEST_JOBS=N          parts run at once (default: the CPU cores, at most 8)
 set -u
+. "$(dirname "$0")/cli.sh"
+no_arguments "$@"
 cd "$(dirname "$0")/.."
 passed=0
 failed=0
@@ -384,6 +388,8 @@ host_parts() {
             python3 scripts/mutants.py --plant_check
     fi
     part "plot_log.py" run "plot_log.py: a training log drawn, bad logs refused" python3 scripts/test_plot_log.py
+    part "scripts' --help" run "every script's --help and a bad argument: usage or one line, nothing done (scripts/test_help.py)" \
+        python3 scripts/test_help.py
     if python3 -c "import torch, transformers" > /dev/null 2>&1; then
         part "bench_torch.py --ddp" ddp_peer_on_cpu
     else

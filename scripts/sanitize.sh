@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make sanitize (GPU machine): compute-sanitizer's four tools over small-shape training runs and every
+# usage: scripts/sanitize.sh      (make sanitize builds the trainer and dev/, then runs it; needs a GPU)
+# compute-sanitizer's four tools over small-shape training runs and every
 # dev/ kernel check. memcheck: out-of-bounds and misaligned accesses, and CUDA API errors; racecheck:
 # shared-memory hazards; initcheck: reads of global memory nothing wrote; synccheck: barriers that
 # not every thread reaches. Each report is attributed to the kernel it names: ours, or NVIDIA's
@@ -12,13 +13,16 @@
 #                                        racecheck training runs were killed by signal 9, alone they finish)
 #   SANITIZE_CASES="train_default dev_cast"  a subset of the cases (names as in the table)
 #   SANITIZE_OUT=DIR                     keep every sanitizer log there (default: a temporary folder)
+# Takes no arguments. Example: SANITIZE_TOOLS=memcheck SANITIZE_CASES=train_default scripts/sanitize.sh
 set -u
+. "$(dirname "$0")/cli.sh"
+no_arguments "$@"
 cd "$(dirname "$0")/.."
 tools=${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
-out=${SANITIZE_OUT:-$(mktemp -d)}
-mkdir -p "$out"
 command -v compute-sanitizer > /dev/null || { echo "error: compute-sanitizer is not on the PATH"; exit 1; }
 nvidia-smi -L > /dev/null 2>&1 || { echo "error: make sanitize needs a GPU (nvidia-smi finds none)"; exit 1; }
+out=${SANITIZE_OUT:-$(mktemp -d)}
+mkdir -p "$out"
 
 # The small model (2 layers, C=256, vocab 1000) and its token file, from the PyTorch reference script
 # (make test writes the same files; they are made here when missing), and two more of its shapes as
@@ -27,7 +31,6 @@ ref_model() { # NAME FLAGS...: ref/NAME_model.bin (and more) from ref_llama3.py,
     local name=$1
     shift
     [ -f "ref/${name}_model.bin" ] && return
-    mkdir -p ref
     python3 scripts/ref_llama3.py --name "$name" --out_dir ref "$@" > "$out/ref_$name.log" 2>&1 ||
         { echo "error: the model $name: $(tail -n 3 "$out/ref_$name.log")"; exit 1; }
 }

@@ -17,6 +17,8 @@ import os
 import re
 import sys
 
+from cli import ArgumentParser
+
 LIBRARY = re.compile(r"nvjet|cublas|cutlass|xmma|\bsm\d\d_|cub::|CUB_\d|nccl")
 NOT_A_REPORT = re.compile(r"COMPUTE-SANITIZER|(ERROR|RACECHECK|LEAK) SUMMARY|Target application returned|"
                           r"process didn't terminate successfully")
@@ -72,8 +74,19 @@ def status_of(ours, rc_text, finished):
 
 
 def main():
-    out, tools = sys.argv[1], sys.argv[2:]
+    ap = ArgumentParser(__file__, description=__doc__.split("\n\n")[0],
+                        epilog="example: scripts/sanitize_report.py /tmp/sanitize memcheck racecheck\n"
+                               "         (SANITIZE_OUT=/tmp/sanitize scripts/sanitize.sh keeps the logs there)")
+    ap.add_argument("dir", metavar="DIR", help="the folder of CASE.TOOL.log and CASE.TOOL.rc (sanitize.sh's SANITIZE_OUT)")
+    ap.add_argument("tools", metavar="TOOL", nargs="+", choices=("memcheck", "racecheck", "initcheck", "synccheck"),
+                    help="the tools to report: memcheck, racecheck, initcheck, synccheck")
+    args = ap.parse_args()
+    out, tools = args.dir, args.tools
+    if not os.path.isdir(out):
+        sys.exit(f"error: {out}: not a folder")
     cases = sorted({f.rsplit(".", 2)[0] for f in os.listdir(out) if f.endswith(".rc")})
+    if not cases:
+        sys.exit(f"error: {out}: no CASE.TOOL.rc files (scripts/sanitize.sh writes them)")
     groups = collections.Counter()
     totals = collections.Counter()
     passed = failed = 0

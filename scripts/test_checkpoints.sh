@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# GPU test of checkpoints on the small model (ref/small_t64's files, made by ref_llama3.py when
-# missing), with the CUDA graph, deferred AdamW and sparse embedding on (the defaults), on a warmup +
+# usage: scripts/test_checkpoints.sh     (make test runs it on a GPU machine; needs ./train_llama3)
+# GPU test of checkpoints on the small model (ref/small_t64's files, written by scripts/ref_llama3.py
+# when missing, which needs torch): exact resume, the log continued, bad resumes refused, bf16 moments,
+# tied embeddings, SIGKILL during saves. Takes no arguments; its files go to a temporary folder.
+# Prints "ok ..." or "FAIL ..." per check, then "N passed, M failed".
+
+# The checks, with the CUDA graph, deferred AdamW and sparse embedding on (the defaults), on a warmup +
 # cosine schedule with clipping that clips (so the lr of every step, and the norm, must resume right):
 #  - exact resume: 20 steps straight, 20 with a save every 5 steps, and 10 (--stop_after 10) +
 #    --resume + 10 leave the same bytes in step_00000020/model.bin and state.bin, and log the same
@@ -15,14 +20,14 @@
 #    0.3, 0.6 and 0.9 s after the first one is complete: a resume from the folder takes its newest
 #    complete checkpoint (latest's, or a newer one whose save was killed between state.bin and
 #    latest) and logs the losses the straight run logged for the same steps.
-# Ends with "N passed, M failed".
 set -u
+. "$(dirname "$0")/cli.sh"
+no_arguments "$@"
 cd "$(dirname "$0")/.."
 passed=0 failed=0
 c=$(mktemp -d)
 trap 'rm -rf "$c"' EXIT
 if [ ! -f ref/small_t64_model.bin ] || [ ! -f ref/small_t64_tokens.bin ]; then
-    mkdir -p ref
     python3 scripts/ref_llama3.py --name small_t64 --shape small --batch_size 4 --seq_len 64 --llmc \
         --out_dir ref > "$c/ref.log" 2>&1 || { echo "FAIL the small model: $(tail -n 3 "$c/ref.log")"; exit 1; }
 fi

@@ -22,6 +22,11 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cli import ArgumentParser  # noqa: E402
+
+if __name__ == "__main__":  # (before numpy's import: --help on any machine)
+    ArgumentParser(__file__, description=__doc__, epilog="example: python3 scripts/test_hf_convert.py").parse_args()
 try:
     import numpy as np
     import safetensors

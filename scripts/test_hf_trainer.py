@@ -40,18 +40,33 @@ is one micro-step, so batch k starts at (k-1)*B*T, read as (B, T) row-major, and
 Tolerance: test_llama3.cu's TOL_LOSS, 1e-2 absolute (the loss of a step whose weights equal PyTorch's;
 about 1.5e-3 relative at this model's loss of ~6.9). Ends with "N passed, M failed".
 """
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
 
-import torch
-import torch.nn.functional as F
-from transformers import LlamaForCausalLM
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli  # noqa: E402
+
+
+def parse_args():
+    what, example = __doc__.split("\n\n")[:2]
+    ap = cli.ArgumentParser(__file__, description=what, epilog=f"example:\n{example}")
+    ap.add_argument("--work_dir", help="keep the files here, a folder made when missing (default: a temporary "
+                    "folder)")
+    return ap.parse_args()
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # (before torch's import: --help and a bad argument on any machine)
+try:
+    import torch
+    import torch.nn.functional as F
+    from transformers import LlamaForCausalLM
+except ModuleNotFoundError as e:
+    cli.missing_package(__file__, e, "requirements-gpu.txt")
+
 import ref_llama3  # noqa: E402
 from llama3_files import safetensors_index  # noqa: E402
 from safe_write import write_atomic  # noqa: E402
@@ -250,12 +265,9 @@ def main(work):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--work_dir", help="keep the files here (default: a temporary folder)")
-    args = ap.parse_args()
-    if args.work_dir:
-        os.makedirs(args.work_dir, exist_ok=True)
-        main(args.work_dir)
+    if ARGS.work_dir:
+        os.makedirs(ARGS.work_dir, exist_ok=True)
+        main(ARGS.work_dir)
     else:
         with tempfile.TemporaryDirectory() as d:
             main(d)

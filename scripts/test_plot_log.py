@@ -12,6 +12,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cli import ArgumentParser  # noqa: E402
+
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plot_log.py")
 passed = failed = 0
 
@@ -109,6 +112,7 @@ def check_several_logs(d, log):
 
 
 def main():
+    ArgumentParser(__file__, description=__doc__, epilog="example: python3 scripts/test_plot_log.py").parse_args()
     d = tempfile.mkdtemp()
     log, png = os.path.join(d, "log.jsonl"), os.path.join(d, "out.png")
     write_log(log, 5, False)

@@ -17,6 +17,10 @@ from collections import Counter
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, SCRIPTS)
+from cli import ArgumentParser  # noqa: E402
+
+if __name__ == "__main__":  # (before numpy's import: --help on any machine)
+    ArgumentParser(__file__, description=__doc__, epilog="example: python3 scripts/test_prepare_data.py").parse_args()
 try:
     import numpy as np
     import tiktoken  # noqa: F401 (prepare_data's dependency)
@@ -124,7 +128,7 @@ def run_cli(*args, strict=False, blocked=None, env=None):
     else:
         block = f"sys.modules[{blocked!r}] = None; " if blocked else ""
         cmd = [sys.executable, "-c", f"import sys; {block}sys.path.insert(0, {SCRIPTS!r}); "
-               "import prepare_data; prepare_data.main(sys.argv[1:], llama3_only=False)", *args]
+               "import prepare_data as p; p.main(p.parse_args(sys.argv[1:]), llama3_only=False)", *args]
     p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **(env or {})))
     return p.returncode, p.stdout, p.stderr
 

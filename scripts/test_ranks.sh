@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
-# GPU test of the data-parallel trainer (train_llama3 built with DATA_PARALLEL=1) with two ranks,
-# launched as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK). On a one-GPU machine the two share it,
-# which needs NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1 (set here): correctness only, no speed.
+# usage: scripts/test_ranks.sh     (make test runs it on a GPU machine; needs ./train_llama3 built with NCCL)
+# GPU test of the data-parallel trainer with two ranks, launched as torchrun would (RANK, WORLD_SIZE,
+# LOCAL_RANK), and by mpirun where one is found: two ranks against one, save and resume, a rank with
+# another configuration, a rank killed; on a one-GPU machine both ranks share it. Takes no arguments;
+# the small model is ref/small_t64's (written by scripts/ref_llama3.py when missing, which needs
+# torch), the other files go to a temporary folder. Prints "ok ..." or "FAIL ..." per check,
+# then "N passed, M failed".
+#   MPIRUN=PATH          the mpirun to use (default: the one on PATH; none: those checks are skipped)
+#   LLAMA3_FAIL_FAST=1   stop at the first failed check
+
+# The two ranks (train_llama3 built with DATA_PARALLEL=1) on a one-GPU machine share it, which needs
+# NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1 (set here): correctness only, no speed.
 #  - 2 ranks of one micro-step against 1 rank of two, 10 steps of the same global batch with warmup,
 #    cosine decay and clipping, and without clipping, on the small model (ref/small_t64's files,
 #    made by ref_llama3.py when missing: its checkpoints take kilobytes where the 1B's take 18 GB,
@@ -27,8 +36,9 @@
 #  - a rank with another --learning_rate: both stop, naming the configuration (tcp rendezvous).
 #  - rank 1 killed during the run: rank 0 stops within --nccl_timeout (20 s) and 15 s more.
 # Every process runs under `timeout`: a hang fails its check instead of the whole test.
-# Ends with "N passed, M failed".
 set -u
+. "$(dirname "$0")/cli.sh"
+no_arguments "$@"
 cd "$(dirname "$0")/.."
 passed=0 failed=0
 d=$(mktemp -d)
@@ -82,7 +92,6 @@ PY
 }
 
 if [ ! -f ref/small_t64_model.bin ] || [ ! -f ref/small_t64_tokens.bin ]; then
-    mkdir -p ref
     python3 scripts/ref_llama3.py --name small_t64 --shape small --batch_size 4 --seq_len 64 --llmc \
         --out_dir ref > "$d/ref.log" 2>&1 || { echo "FAIL the small model: $(tail -n 3 "$d/ref.log")"; exit 1; }
 fi

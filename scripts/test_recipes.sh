@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU test: the README's recipes, run as written. A recipe is the ```bash block after a line
+# usage: scripts/test_recipes.sh [--list] [NAME ...]     (make test-recipes; needs a GPU)
+# The README's recipes, run as written. A recipe is the ```bash block after a line
 # "<!-- recipe NAME -->" in README.md; "<!-- recipe NAME; the test appends: ARGS -->" adds ARGS to
 # each ./train_llama3 command of it (a long run cut short with --stop_after), and "<!-- recipe NAME:
 # not run (WHY) -->" lists it as skipped. Every command runs in a scratch folder where train_llama3
@@ -10,22 +11,23 @@
 # tokenizer.json made from data/llama3_vocab.bin, and my_texts/ is Tiny Shakespeare decoded from
 # data/. A command with --shape 8b needs a GPU of 120 GiB or more (the README's table), else it is
 # skipped. A recipe passes when each command exits 0 and its outputs are whole (check_NAME below).
-#   scripts/test_recipes.sh [NAME...]   the recipes named (default: all), then "N passed, M failed"
-#   scripts/test_recipes.sh --list      the recipes and their commands, as the test reads them
-#   RECIPES_KEEP=DIR                    keep the scratch folder (outputs and each command's log) there
+#   NAME ...         the recipes to run (default: all), then "N passed, M failed"
+#   --list           the recipes and their commands as the test reads them, and exit (no GPU needed)
+#   RECIPES_KEEP=DIR keep the scratch folder (outputs and each command's log) there
+# Example: scripts/test_recipes.sh embedded finetune
 set -u
-cd "$(dirname "$0")/.."
-repo=$PWD
-usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+. "$(dirname "$0")/cli.sh"
 list=0 names=()
 for a in "$@"; do
     case $a in
-    -h | --help) usage; exit 0 ;;
+    -h | --help) usage ;;
     --list) list=1 ;;
-    -*) echo "scripts/test_recipes.sh: unknown argument '$a' (--help lists them)" >&2; exit 2 ;;
+    -*) unknown_argument "$a" ;;
     *) names+=("$a") ;;
     esac
 done
+cd "$(dirname "$0")/.."
+repo=$PWD
 
 # The recipes, one line each: "recipe NAME", "skip WHY", "cmd COMMAND" (continuations joined,
 # comments dropped, the appended ARGS in place).

@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cli import ArgumentParser  # noqa: E402
 from safe_write import check_new_folder, make_folder, write_atomic  # noqa: E402
 
 results = []
@@ -71,30 +72,36 @@ def failing_chunks():
     raise OSError("an input cannot be read (simulated)")
 
 
-with tempfile.TemporaryDirectory() as d:
-    out, src, link = os.path.join(d, "out.bin"), os.path.join(d, "in.bin"), os.path.join(d, "link.bin")
-    write_atomic(out, [b"abc", memoryview(b"def")])
-    check(open(out, "rb").read() == b"abcdef" and os.listdir(d) == ["out.bin"], "written whole, no temporary left")
-    try:
-        write_atomic(out, failing_chunks())
-        raised = False
-    except OSError:
-        raised = True
-    check(raised and open(out, "rb").read() == b"abcdef" and os.listdir(d) == ["out.bin"],
-          "an error making a chunk midway passes through as it is, the old file whole and no temporary")
-    open(src, "wb").write(b"input")
-    os.symlink(src, link)
-    for target in (src, link):
+def main():
+    ArgumentParser(__file__, description=__doc__, epilog="example: python3 scripts/test_safe_write.py").parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        out, src, link = os.path.join(d, "out.bin"), os.path.join(d, "in.bin"), os.path.join(d, "link.bin")
+        write_atomic(out, [b"abc", memoryview(b"def")])
+        check(open(out, "rb").read() == b"abcdef" and os.listdir(d) == ["out.bin"], "written whole, no temporary left")
         try:
-            write_atomic(target, [b"x"], inputs=[src])
-            refused = False
-        except SystemExit as e:
-            refused = "not overwritten" in str(e)
-        check(refused and open(src, "rb").read() == b"input", f"an output naming the input ({os.path.basename(target)})"
-              " is refused, the input unchanged")
-    os.remove(link)
-    os.remove(src)
-    check_unwritable(d)
-    check_folders(d)
-print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
-sys.exit(0 if all(results) else 1)
+            write_atomic(out, failing_chunks())
+            raised = False
+        except OSError:
+            raised = True
+        check(raised and open(out, "rb").read() == b"abcdef" and os.listdir(d) == ["out.bin"],
+              "an error making a chunk midway passes through as it is, the old file whole and no temporary")
+        open(src, "wb").write(b"input")
+        os.symlink(src, link)
+        for target in (src, link):
+            try:
+                write_atomic(target, [b"x"], inputs=[src])
+                refused = False
+            except SystemExit as e:
+                refused = "not overwritten" in str(e)
+            check(refused and open(src, "rb").read() == b"input", f"an output naming the input ({os.path.basename(target)})"
+                  " is refused, the input unchanged")
+        os.remove(link)
+        os.remove(src)
+        check_unwritable(d)
+        check_folders(d)
+    print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
+    sys.exit(0 if all(results) else 1)
+
+
+if __name__ == "__main__":
+    main()
