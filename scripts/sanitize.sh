@@ -9,8 +9,13 @@
 # zero reports in our kernels, finished within its time limit).
 #   SANITIZE_TOOLS="memcheck racecheck"  a subset of the tools
 #   SANITIZE_TIMEOUT=900                 seconds per case (initcheck and racecheck are the slow ones)
-#   SANITIZE_JOBS=4                      cases run at once (timing is not measured; at 12 and 16 at once the
-#                                        racecheck training runs were killed by signal 9, alone they finish)
+#   SANITIZE_JOBS=4                      cases run at once (timing is not measured), besides the racecheck
+#                                        training runs, which have a pool of their own:
+#   SANITIZE_HEAVY_JOBS=1                racecheck training runs at once (the two ranks count as one). Under
+#                                        racecheck each trainer process's host memory grows about 1.3 GB/s, to
+#                                        53-66 GB at the kernel's OOM kills; on a 128 GiB H100 machine, of 4 at
+#                                        once 8 of 10 cases were killed, the last 2 (then alone) finished; the
+#                                        two ranks' case is two such processes at once (one was killed)
 #   SANITIZE_CASES="train_default dev_cast"  a subset of the cases (names as in the table)
 #   SANITIZE_OUT=DIR                     keep every sanitizer log there (default: a temporary folder)
 # Takes no arguments. Example: SANITIZE_TOOLS=memcheck SANITIZE_CASES=train_default scripts/sanitize.sh
@@ -32,12 +37,15 @@ ref_model() { # NAME FLAGS...: ref/NAME_model.bin (and more) from ref_llama3.py,
     shift
     [ -f "ref/${name}_model.bin" ] && return
     python3 scripts/ref_llama3.py --name "$name" --out_dir ref "$@" > "$out/ref_$name.log" 2>&1 ||
-        { echo "error: the model $name: $(tail -n 3 "$out/ref_$name.log")"; exit 1; }
+        { echo "error: the model $name: $(tail -n 3 "$out/ref_$name.log")"; return 1; }
 }
 [ -f ref/small_t64_tokens.bin ] || rm -f ref/small_t64_model.bin
-ref_model small_t64 --shape small --batch_size 4 --seq_len 64 --llmc
-ref_model sanitize_tied --shape small --tied --model_only
-ref_model sanitize_hd128 --shape small_hd128 --rope_factor 8 --model_only
+mkdir -p ref
+# the three at once: each is mostly the start of PyTorch (one after another: about 45 s on the H100 machine)
+ref_model small_t64 --shape small --batch_size 4 --seq_len 64 --llmc &
+ref_model sanitize_tied --shape small --tied --model_only &
+ref_model sanitize_hd128 --shape small_hd128 --rope_factor 8 --model_only &
+for _ in 1 2 3; do wait -n || exit 1; done
 small="--llmc_filepath ref/small_t64_model.bin --input_bin ref/small_t64_tokens.bin --batch_size 4 --sequence_length 64"
 
 # Every switch off: the last setting of each that ./train_llama3 --list_switches prints (for
@@ -55,10 +63,12 @@ all_off=$(./train_llama3 --list_switches | awk '{ if (!($1 in v)) order[++n] = $
 # device, AdamW after the backward); the modes: tied embeddings (with 2 micro-steps), head_dim 128,
 # recompute 1 and 2 (with bf16 AdamW moments and clipping), FP8 block linears with either gradient
 # format (compute capability 8.9+), and two ranks sharing the GPU (ZeRO-1; a trainer built with
-# NCCL >= 2.30, each rank under the tool: compute-sanitizer follows the launcher's children).
+# NCCL >= 2.30, each rank under the tool: compute-sanitizer follows the launcher's children; a rank
+# that fails ends the other, which would otherwise wait in NCCL until --nccl_timeout).
 tokens="--input_bin ref/small_t64_tokens.bin"
 ranks="env NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0 bash -c 'for r in 0 1; do RANK=\$r WORLD_SIZE=2\
- LOCAL_RANK=\$r ./train_llama3 $small --num_iteration 3 --grad_clip 1 --nccl_timeout 240 --rendezvous file:$out/rdv.\$\$ & done; wait -n && wait -n'"
+ LOCAL_RANK=\$r ./train_llama3 $small --num_iteration 3 --grad_clip 1 --nccl_timeout 240 --rendezvous file:$out/rdv.\$\$ & done;\
+ wait -n || { kill \$(jobs -p) 2> /dev/null; wait; exit 1; }; wait -n'"
 cases=("train_default ./train_llama3 $small --num_iteration 3 --total_batch_size 256"
     "train_other_paths ./train_llama3 $small --num_iteration 2 --total_batch_size 512 --flash_attention 0\
  --fused_rmsnorm 0 --sparse_embedding 0 --vector_adam 0 --delete_fills 0 --grad_zeroing fill --cuda_graph 0"
@@ -79,8 +89,8 @@ done
 # dev/nccl (built when make found NCCL): its two ranks forked, sharing the GPU as the trainer's do.
 [ -x dev/nccl ] && cases+=("dev_nccl env NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0 dev/nccl --check --ranks 2")
 
-run_case() { # TOOL NAME CMD...: one case under one tool; writes NAME.TOOL.log and .rc
-    local tool=$1 name=$2
+run_case() { # TOOL NAME CMD...: one case under one tool; writes NAME.TOOL.log, .rc and .seconds
+    local tool=$1 name=$2 t0=$SECONDS
     shift 2
     # dev/gemm's version 2 validates eight of cuBLASLt's candidate kernels at B=16,T=1024 sizes: only
     # library code, and hours under the slower tools; they check its version 1 (the trainer's matmul).
@@ -89,13 +99,30 @@ run_case() { # TOOL NAME CMD...: one case under one tool; writes NAME.TOOL.log a
     timeout "${SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" --target-processes all --nvtx true --print-limit 100000 \
         --log-file "$out/$name.$tool.log" "$@" > "$out/$name.$tool.stdout" 2>&1
     echo $? > "$out/$name.$tool.rc"
+    echo $((SECONDS - t0)) > "$out/$name.$tool.seconds"
 }
 export -f run_case
 export out
-for tool in $tools; do
-    for c in "${cases[@]}"; do
-        [ -z "${SANITIZE_CASES:-}" ] || [[ " $SANITIZE_CASES " == *" ${c%% *} "* ]] && echo "$tool $c"
-    done
-done | tr '\n' '\0' | xargs -0 -P "${SANITIZE_JOBS:-4}" -I{} bash -c 'run_case {}'
+# Two pools at once: the racecheck training runs (heavy: racecheck's memory per process; the ranks'
+# case first, the longest) in SANITIZE_HEAVY_JOBS slots, everything else in SANITIZE_JOBS slots.
+jobs_of() { # heavy|light: that pool's jobs, one a line
+    local tool c name
+    for tool in $tools; do
+        for c in "${cases[@]}"; do
+            name=${c%% *}
+            [ -z "${SANITIZE_CASES:-}" ] || [[ " $SANITIZE_CASES " == *" $name "* ]] || continue
+            if [ "$tool" = racecheck ] && [[ $name == train_* ]]; then [ "$1" = heavy ] || continue
+            else [ "$1" = light ] || continue; fi
+            echo "$tool $c"
+        done
+    done | awk '$2 == "train_ranks" { print; next } { rest[++n] = $0 }
+        END { for (i = 1; i <= n; i++) print rest[i] }'
+}
+pool() { # heavy|light SLOTS
+    jobs_of "$1" | tr '\n' '\0' | xargs -0 -r -P "$2" -I{} bash -c 'run_case {}'
+}
+pool heavy "${SANITIZE_HEAVY_JOBS:-1}" &
+pool light "${SANITIZE_JOBS:-4}"
+wait
 
 python3 scripts/sanitize_report.py "$out" $tools

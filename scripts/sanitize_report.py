@@ -8,9 +8,12 @@ attributed to our kernels or to NVIDIA's libraries by the kernel the report name
 A report is one block of the log: a line "========= <what happened>" and its indented lines. The
 library kernels are cuBLASLt's GEMMs (nvjet_*, cutlass/xmma kernels), CUB's radix sort, which the
 token sort of the sparse embedding gradient instantiates, and NCCL's collectives (two ranks): their
-code is NVIDIA's, we cannot change it, and their results are checked by make test. A case passes when it
-finished (a summary line, within the time limit), its program exited 0, and no report names a
-kernel of ours. Ends with "N passed, M failed"; exits 1 if any case failed.
+code is NVIDIA's, we cannot change it, and their results are checked by make test. A CUDA API error
+that follows a library kernel's fault in the same log ("Program hit cudaErrorLaunchFailure": memcheck
+and synccheck end the faulting kernel, and the next synchronization reports it) is counted with the
+library. A case passes when it finished (a summary line, within the time limit), its program exited
+0, and no report names a kernel of ours. The table gives each case's seconds (CASE.TOOL.seconds).
+Ends with "N passed, M failed"; exits 1 if any case failed.
 """
 import collections
 import os
@@ -23,11 +26,14 @@ LIBRARY = re.compile(r"nvjet|cublas|cutlass|xmma|\bsm\d\d_|cub::|CUB_\d|nccl")
 NOT_A_REPORT = re.compile(r"COMPUTE-SANITIZER|(ERROR|RACECHECK|LEAK) SUMMARY|Target application returned|"
                           r"process didn't terminate successfully")
 SUMMARY = re.compile(r"(ERROR|RACECHECK) SUMMARY")
+API_ERROR = re.compile(r"^Program hit cudaError")
+KILLED = re.compile(r"process didn't terminate successfully")
 
 
 def reports(log_text):
     """The blocks of a compute-sanitizer log, each its lines without the ========= prefix; only the
-    device-side part (before the host backtrace), which names the kernel."""
+    device-side part (before the host backtrace), which names the kernel, except for a host API
+    access (initcheck's "Host API memory access error"), which names no kernel: its host frames."""
     blocks, current = [], None
     for line in log_text.splitlines():
         if not line.startswith("========="):
@@ -38,7 +44,7 @@ def reports(log_text):
             if not NOT_A_REPORT.search(body):
                 current = [body.strip()]
                 blocks.append(current)
-        elif current is not None and "host backtrace" in body:
+        elif current is not None and "host backtrace" in body and not current[0].startswith("Host API"):
             current = None
         elif current is not None and body.strip():
             current.append(body.strip())
@@ -46,7 +52,12 @@ def reports(log_text):
 
 
 def kernel_of(block):
-    """The first kernel the block names (the text before its argument list), or the first line."""
+    """The first kernel the block names (the text before its argument list), or the first line; for
+    a host API access, the first two host functions of its backtrace (caller last)."""
+    if block[0].startswith("Host API"):
+        frames = [re.sub(r"\(.*", "", line.split("Host Frame:", 1)[1].strip()) for line in block if "Host Frame:" in line]
+        frames = [(re.search(r"[\w:~]+(?:<[^()\s]*>)?$", f) or re.search(".*", f)).group(0) for f in frames]
+        return " <- ".join(frames[:2])[:90] if frames else block[0][:90]
     for line in block:
         m = re.search(r"(?:at|in) (?:void )?([A-Za-z_][\w:<>, ]*?)(?:\(|\+0x)", line)
         if m:
@@ -54,23 +65,35 @@ def kernel_of(block):
     return block[0][:90]
 
 
+def read_file(path, default=""):
+    return open(path, errors="replace").read().strip() if os.path.exists(path) else default
+
+
 def read_case(path_stem):
-    text = open(path_stem + ".log", errors="replace").read() if os.path.exists(path_stem + ".log") else ""
-    rc_text = open(path_stem + ".rc").read().strip() if os.path.exists(path_stem + ".rc") else "?"
+    text = read_file(path_stem + ".log")
+    rc_text = read_file(path_stem + ".rc", "?")
     ours, library = [], []
     for block in reports(text):
-        (library if LIBRARY.search("\n".join(block)) else ours).append(block)
-    return ours, library, rc_text, bool(SUMMARY.search(text))
+        # an API error after a library kernel's fault is that fault's consequence
+        is_library = LIBRARY.search("\n".join(block)) or (API_ERROR.search(block[0]) and library)
+        (library if is_library else ours).append(block)
+    return ours, library, rc_text, bool(SUMMARY.search(text)), bool(KILLED.search(text))
 
 
-def status_of(ours, rc_text, finished):
+def status_of(ours, library, rc_text, finished, killed):
     if rc_text == "124":
         return "timed out"
+    if rc_text == "?":
+        return "not finished (no exit status: the whole run was stopped)"
     if not finished:
         return f"no summary (exit {rc_text})"
     if ours:
         return "FAIL"
-    return "ok" if rc_text == "0" else f"exit {rc_text}"
+    if rc_text == "0":
+        return "ok"
+    if rc_text == "9" and killed:
+        return "killed (signal 9)"
+    return f"exit {rc_text}" + (" (after the library's fault)" if library else "")
 
 
 def main():
@@ -84,24 +107,27 @@ def main():
     out, tools = args.dir, args.tools
     if not os.path.isdir(out):
         sys.exit(f"error: {out}: not a folder")
-    cases = sorted({f.rsplit(".", 2)[0] for f in os.listdir(out) if f.endswith(".rc")})
+    cases = sorted({f.rsplit(".", 2)[0] for f in os.listdir(out) if f.endswith(".log") and f.count(".") == 2})
     if not cases:
-        sys.exit(f"error: {out}: no CASE.TOOL.rc files (scripts/sanitize.sh writes them)")
+        sys.exit(f"error: {out}: no CASE.TOOL.log files (scripts/sanitize.sh writes them)")
     groups = collections.Counter()
     totals = collections.Counter()
     passed = failed = 0
-    print("| tool | case | reports in our kernels | in NVIDIA libraries | status |")
-    print("|---|---|---|---|---|")
+    print("| tool | case | reports in our kernels | in NVIDIA libraries | status | s |")
+    print("|---|---|---|---|---|---|")
     for tool in tools:
         for case in cases:
-            ours, library, rc_text, finished = read_case(os.path.join(out, f"{case}.{tool}"))
-            status = status_of(ours, rc_text, finished)
-            print(f"| {tool} | {case} | {len(ours)} | {len(library)} | {status} |")
+            stem = os.path.join(out, f"{case}.{tool}")
+            if not os.path.exists(stem + ".log"):
+                continue  # not run under this tool (SANITIZE_CASES)
+            ours, library, rc_text, finished, killed = read_case(stem)
+            status = status_of(ours, library, rc_text, finished, killed)
+            print(f"| {tool} | {case} | {len(ours)} | {len(library)} | {status} | {read_file(stem + '.seconds', '?')} |")
             totals[(tool, "ours")] += len(ours)
             totals[(tool, "library")] += len(library)
             for who, blocks in (("OURS", ours), ("library", library)):
                 for b in blocks:
-                    groups[(tool, who, b[0][:70], kernel_of(b))] += 1
+                    groups[(tool, who, re.sub(r"0x[0-9a-f]+", "0x..", b[0])[:70], kernel_of(b))] += 1
             passed, failed = (passed + 1, failed) if status == "ok" else (passed, failed + 1)
     for (tool, who, what, kernel), n in sorted(groups.items()):
         print(f"{who:7s} {tool:9s} {n:6d} x {what} | {kernel}")
