@@ -311,6 +311,12 @@ HOST_MUTANTS = [
     ("flag_default_undocumented", "flags", "llama3.h", "--checkpoint_keep's default changed to 3 in FLAGS: the "
      "README's flag table still says 2",
      '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "2",', '{"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "3",'),
+    # A case that blocks fails by its own time limit (test_llama3_host.c CASE_LIMIT_S), not by a hang.
+    ("fifo_open_blocks", "files", "llama3.h", "model and token files opened blocking: the open of a FIFO waits for "
+     "a writer that never comes", "int fd = open(path, O_RDONLY | O_NONBLOCK);", "int fd = open(path, O_RDONLY);"),
+    ("rendezvous_file_waits_forever", "data parallel", "llama3.h", "a rank waiting for rank 0's rendezvous file never "
+     "gives up", "        if (monotonic_seconds() > end)\n            return l3_fail(err, \"--rendezvous file:%s: rank 0",
+     "        if (0)\n            return l3_fail(err, \"--rendezvous file:%s: rank 0"),
 ]
 
 # Bugs of a kernel caught by its dev/ benchmark's --check (the last field): --dev builds only that
