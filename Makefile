@@ -27,20 +27,25 @@ DEV_BINARIES = $(DEV_SOURCES:.cu=)
 .PHONY: all dev test sanitize clean bench-kernels test-recipes
 all: train_llama3 test_llama3 test_llama3_host dev
 
+# BUILD_LOG=FILE (make test sets it): each build command's output goes to FILE, and one line per
+# target to the screen (scripts/build_step.sh). Unset, the commands print as usual.
+BUILD_LOG ?=
+STEP = $(if $(BUILD_LOG),@bash scripts/build_step.sh $(BUILD_LOG) $@ ,)
+
 # The default data set is linked into the trainer as binary blobs (symbols
 # _binary_data_tiny_shakespeare_train_bin_start/_end, and _val_ for the val split), so
 # ./train_llama3 needs no files.
 build/default_data.o: data/tiny_shakespeare_train.bin
 	@mkdir -p build
-	ld -r -b binary -z noexecstack -o $@ $<
+	$(STEP)ld -r -b binary -z noexecstack -o $@ $<
 build/default_val.o: data/tiny_shakespeare_val.bin
 	@mkdir -p build
-	ld -r -b binary -z noexecstack -o $@ $<
+	$(STEP)ld -r -b binary -z noexecstack -o $@ $<
 # The LLaMA-3 id-to-bytes table (scripts/prepare_data.py), for printing generated tokens as text:
 # _binary_data_llama3_vocab_bin_start/_end.
 build/vocab.o: data/llama3_vocab.bin
 	@mkdir -p build
-	ld -r -b binary -z noexecstack -o $@ $<
+	$(STEP)ld -r -b binary -z noexecstack -o $@ $<
 
 BLOBS = build/default_data.o build/default_val.o build/vocab.o
 # The trainer's data-parallel step (several ranks through NCCL, ZeRO-1) is built when NCCL is found
@@ -50,32 +55,37 @@ DATA_PARALLEL ?= $(if $(NCCL_LIB),1,0)
 TRAIN_NCCL = $(if $(filter 1,$(DATA_PARALLEL)),$(if $(NCCL_LIB),$(NCCL_FLAGS),$(error DATA_PARALLEL=1: no NCCL found (NCCL_HOME, the CUDA toolkit, PyTorch's wheel))))
 ONE_GPU_NOTE = @$(if $(TRAIN_NCCL),:,echo "$@: built without NCCL ($(if $(NCCL_LIB),DATA_PARALLEL=0,none found in NCCL_HOME, the CUDA toolkit or PyTorch's wheel)): one GPU, one rank")
 train_llama3: train_llama3.cu kernels.cuh llama3.h $(BLOBS)
-	$(NVCC) $(NVCC_FLAGS) $(TRAIN_NCCL) train_llama3.cu $(BLOBS) $(LIBS) -o $@
+	$(STEP)$(NVCC) $(NVCC_FLAGS) $(TRAIN_NCCL) train_llama3.cu $(BLOBS) $(LIBS) -o $@
 	$(ONE_GPU_NOTE)
 
 test_llama3: test_llama3.cu train_llama3.cu kernels.cuh llama3.h
-	$(NVCC) $(NVCC_FLAGS) $(TRAIN_NCCL) test_llama3.cu $(LIBS) -o $@
+	$(STEP)$(NVCC) $(NVCC_FLAGS) $(TRAIN_NCCL) test_llama3.cu $(LIBS) -o $@
 	$(ONE_GPU_NOTE)
 
 # The host tests run under AddressSanitizer and UndefinedBehaviorSanitizer: a hostile file must end
 # in an error message, never in a sanitizer report (-fno-sanitize-recover: a report fails the run).
 SANITIZE = -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -g
 test_llama3_host: test_llama3_host.c llama3.h
-	$(CC) $(CFLAGS) $(SANITIZE) test_llama3_host.c -lm -o $@
+	$(STEP)$(CC) $(CFLAGS) $(SANITIZE) test_llama3_host.c -lm -o $@
 
 dev: $(DEV_BINARIES)
 dev/%: dev/%.cu dev/common.h kernels.cuh llama3.h
-	$(NVCC) $(NVCC_FLAGS) $< $(LIBS) -o $@
+	$(STEP)$(NVCC) $(NVCC_FLAGS) $< $(LIBS) -o $@
 dev/nccl: dev/nccl.cu dev/common.h kernels.cuh llama3.h
-	$(NVCC) $(NVCC_FLAGS) $(NCCL_FLAGS) $< $(LIBS) -o $@
+	$(STEP)$(NVCC) $(NVCC_FLAGS) $(NCCL_FLAGS) $< $(LIBS) -o $@
 
-# Builds everything (JOBS compilers at once: the CPU cores), installs the scripts' missing Python
-# packages, runs the host tests, and on a GPU machine the reference comparison and the dev/ kernel
-# checks. Ends with "N passed, M failed, K skipped".
+# Builds everything (JOBS compilers at once: the CPU cores; the compiler's lines in
+# build/make_test_build.log, one line per target on the screen), installs the scripts' missing
+# Python packages, runs the host tests, and on a GPU machine the reference comparison and the dev/
+# kernel checks. Ends with "N passed, M failed, K skipped".
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+TEST_BUILD_LOG = build/make_test_build.log
 test:
-	$(MAKE) --no-print-directory -j$(JOBS) all
-	bash scripts/run_tests.sh
+	@mkdir -p build && : > $(TEST_BUILD_LOG)
+	@echo "== build: $(JOBS) targets at once, the compiler's lines in $(TEST_BUILD_LOG)"
+	@$(MAKE) --no-print-directory -s -j$(JOBS) all BUILD_LOG=$(TEST_BUILD_LOG) || \
+		{ echo "the build failed: the compiler's lines are in $(TEST_BUILD_LOG)"; exit 1; }
+	@bash scripts/run_tests.sh
 
 # compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over small-shape training runs and every
 # dev/ kernel check; error counts per tool, ours apart from NVIDIA's libraries (needs a GPU).

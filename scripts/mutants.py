@@ -341,6 +341,12 @@ HOST_MUTANTS = [
      "    ARGS = parse_args()  # (before torch's import", "    import torch\n    ARGS = parse_args()  # (before torch's import"),
     ("checkpoint_dir_unchecked", "scripts", "scripts/bench_checkpoint.sh", "bench_checkpoint.sh takes a folder of "
      "another run's checkpoints, and deletes them at its end", 'if [ -n "$dir" ] && [ -e "$dir" ] &&', "if false &&"),
+    # A case that blocks fails by its own time limit (test_llama3_host.c CASE_LIMIT_S), not by a hang.
+    ("fifo_open_blocks", "files", "llama3.h", "model and token files opened blocking: the open of a FIFO waits for "
+     "a writer that never comes", "int fd = open(path, O_RDONLY | O_NONBLOCK);", "int fd = open(path, O_RDONLY);"),
+    ("rendezvous_file_waits_forever", "data parallel", "llama3.h", "a rank waiting for rank 0's rendezvous file never "
+     "gives up", "        if (monotonic_seconds() > end)\n            return l3_fail(err, \"--rendezvous file:%s: rank 0",
+     "        if (0)\n            return l3_fail(err, \"--rendezvous file:%s: rank 0"),
 ]
 
 # Bugs of a kernel caught by its dev/ benchmark's --check (the last field): --dev builds only that

@@ -9,7 +9,8 @@
 # files, the training runs, and every dev/ kernel check. Independent parts run at once (several fit
 # on the GPU together), each into its own output, printed with its time in the order they started,
 # as soon as it and those before it have ended. Ends with "N passed, M failed, K skipped" after the
-# list of skipped parts and why; exits non-zero if anything failed.
+# list of skipped parts and why (without a GPU, also that the GPU parts' skips are expected there and
+# how to run them); exits non-zero if anything failed.
 #   LLAMA3_TEST_SHAPES="small"  leaves the 1B shape out (its reference writes ~42 GB to ref/)
 #   LLAMA3_DEV_CHECKS=0         leaves the dev/ kernel checks out
 #   LLAMA3_HOST_TESTS=0         leaves the host unit tests and the bad-input errors out (scripts/mutants.py
@@ -25,13 +26,25 @@ cd "$(dirname "$0")/.."
 passed=0
 failed=0
 skipped=()
+NO_GPU="(no GPU on this machine)" # the reason of the GPU parts skipped on a machine without one (finish counts them)
 jobs_max=${LLAMA3_TEST_JOBS:-$(n=$(nproc 2>/dev/null || echo 2); echo $((n < 8 ? n : 8)))}
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
 t_start=$SECONDS
 
 finish() {
-    for s in "${skipped[@]+"${skipped[@]}"}"; do echo "SKIPPED $s"; done
+    local s n_gpu=0
+    for s in "${skipped[@]+"${skipped[@]}"}"; do
+        echo "SKIPPED $s"
+        [[ $s == *"$NO_GPU" ]] && n_gpu=$((n_gpu + 1))
+    done
+    if [ "$n_gpu" -gt 0 ]; then # (the sentence a user without a GPU reads: nothing is wrong)
+        local others=$((${#skipped[@]} - n_gpu))
+        echo "$n_gpu of the ${#skipped[@]} skipped parts are the GPU parts, skipped as expected on a machine without a GPU$(
+            [ "$others" -gt 0 ] && echo " (the other $others say why)")."
+        echo "To run them: \`make test\` on a machine with a CUDA GPU (compute capability 8.0 or newer) and python3"
+        echo "with torch and transformers (requirements-gpu.txt)."
+    fi
     echo "test time: $((SECONDS - t_start)) s"
     echo "$passed passed, $failed failed, ${#skipped[@]} skipped"
     [ "$failed" -eq 0 ]
@@ -48,12 +61,12 @@ run() {
     out=$("$@" 2>&1)
     rc=$?
     echo "$out"
-    line=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
+    line=$(echo "$out" | grep -aE '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
     p=0 f=0
     if [ -n "$line" ]; then p=${line%% passed*}; f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/'); fi
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "FAIL $name exited with $rc"; fi
     if echo "$out" | grep -qE "ERROR: (Address|Leak)Sanitizer|runtime error:"; then f=$((f + 1)); echo "FAIL $name: a sanitizer report"; fi
-    while IFS= read -r s; do skipped+=("${s#skipped: } ($name)"); done < <(echo "$out" | grep '^skipped: ')
+    while IFS= read -r s; do skipped+=("${s#skipped: } ($name)"); done < <(echo "$out" | grep -a '^skipped: ')
     passed=$((passed + p))
     count_failure "$f"
 }
@@ -65,18 +78,20 @@ expect_error() {
     out=$("$@" 2>&1)
     rc=$?
     if [ "$rc" -ne 0 ] && echo "$out" | grep -qF -- "$frag"; then
-        echo "ok   $name: $(echo "$out" | grep -F -- "$frag" | head -n 1)"
+        echo "ok   $name: $(echo "$out" | grep -aF -- "$frag" | head -n 1)"
         passed=$((passed + 1))
     else
-        echo "FAIL $name (exit $rc, wanted '$frag'): $(echo "$out" | head -n 3)"
+        echo "FAIL $name (exit $rc, wanted '$frag'): $(echo "$out" | head -n 3 | one_line)"
         count_failure 1
     fi
 }
 
 # check OK NAME DETAIL: one pass or failure of a test written inline.
 check() {
-    if [ "$1" = 1 ]; then echo "ok   $2"; passed=$((passed + 1)); else echo "FAIL $2${3:+: $3}"; count_failure 1; fi
+    if [ "$1" = 1 ]; then echo "ok   $2"; passed=$((passed + 1)); else echo "FAIL $2${3:+: $(one_line <<< "$3")}"; count_failure 1; fi
 }
+# one_line: its input's lines joined by " | ", so that a FAIL line that quotes output stays one line.
+one_line() { sed ':a;N;$!ba;s/\n/ | /g'; }
 
 # ---- parts: independent pieces run at once ----
 # part NAME FUNC ARGS...: FUNC runs in the background with its own counts, its output to a file;
@@ -105,13 +120,13 @@ collect() {
         if [ "${1:-}" = ready ] && kill -0 "${part_pids[$k]}" 2> /dev/null; then break; fi
         wait "${part_pids[$k]}" 2> /dev/null # (one that wait -n took already has ended)
         out="$tmp/part$k.out"
-        grep -v '^@@' "$out"
-        sum=$(grep '^@@part ' "$out" | tail -n 1)
+        grep -av '^@@' "$out" # (-a: a line with bytes that are not text is printed, not dropped)
+        sum=$(grep -a '^@@part ' "$out" | tail -n 1)
         if [ -z "$sum" ]; then echo "FAIL part ${part_names[$k]} ended without its counts"; p=0 f=1 secs=0
         else read -r _ p f secs end <<< "$sum"; fi
         echo "-- part ${part_names[$k]}: $p passed, $f failed, ${secs} s (ended at ${end:-?} s)"
         passed=$((passed + p)) failed=$((failed + f))
-        while IFS= read -r s; do skipped+=("${s#@@skip }"); done < <(grep '^@@skip ' "$out")
+        while IFS= read -r s; do skipped+=("${s#@@skip }"); done < <(grep -a '^@@skip ' "$out")
         collected=$((k + 1))
         if [ "$f" -gt 0 ] && [ "${LLAMA3_FAIL_FAST:-0}" = 1 ]; then finish; fi
     done
@@ -742,14 +757,14 @@ else
     host_parts
 fi
 if ! nvidia-smi -L > /dev/null 2>&1; then
-    for s in "${GPU_REF_PARTS[@]}"; do skipped+=("$s (no GPU on this machine)"); done
-    skipped+=("test_llama3 --sampling: the sampler's top-k set and frequencies on fixed logits (no GPU on this machine)"
-        "test_llama3 --bf16_moments: AdamW with bf16 m and v against float64 (no GPU on this machine)"
-        "training smoke run, /dev/full, no visible GPU, B and T alone (no GPU on this machine)"
-        "two runs of 50 steps log the same losses (no GPU on this machine)"
-        "--val_every and --sample_every leave the 20 losses unchanged, with and without clipping (no GPU on this machine)")
-    for bin in $dev_binaries dev/nccl; do skipped+=("$bin --check (no GPU on this machine)"); done
-    skipped+=("two ranks of the data-parallel trainer, scripts/test_ranks.sh (no GPU on this machine)")
+    for s in "${GPU_REF_PARTS[@]}"; do skipped+=("$s $NO_GPU"); done
+    skipped+=("test_llama3 --sampling: the sampler's top-k set and frequencies on fixed logits $NO_GPU"
+        "test_llama3 --bf16_moments: AdamW with bf16 m and v against float64 $NO_GPU"
+        "training smoke run, /dev/full, no visible GPU, B and T alone $NO_GPU"
+        "two runs of 50 steps log the same losses $NO_GPU"
+        "--val_every and --sample_every leave the 20 losses unchanged, with and without clipping $NO_GPU")
+    for bin in $dev_binaries dev/nccl; do skipped+=("$bin --check $NO_GPU"); done
+    skipped+=("two ranks of the data-parallel trainer, scripts/test_ranks.sh $NO_GPU")
 elif [ "${LLAMA3_GPU_TESTS:-1}" = 0 ]; then
     skipped+=("every GPU part (left out by LLAMA3_GPU_TESTS=0)")
 else

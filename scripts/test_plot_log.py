@@ -21,6 +21,7 @@ passed = failed = 0
 
 def check(ok, what):
     global passed, failed
+    what = " | ".join(what.splitlines())  # one line per result, also when it quotes several lines of output
     print(f"{'ok  ' if ok else 'FAIL'} {what}")
     passed, failed = passed + ok, failed + (not ok)
 
