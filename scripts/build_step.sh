@@ -1,22 +1,14 @@
 #!/usr/bin/env bash
-# One target of `make test`'s build, quietly: the command's own output (the compiler's lines) is
-# appended to LOG between a line naming the target and its command and a line with its exit code,
-# and the screen gets one line: the target and its time, or on a failure the target's last lines
-# and where the rest is. The Makefile runs each build command through it when BUILD_LOG is set
-# (make test sets it); `make train_llama3` and the other targets print their commands as usual.
+# usage: scripts/build_step.sh LOG TARGET COMMAND...      (the Makefile's, when make test sets BUILD_LOG)
+# One target of `make test`'s build, quietly: COMMAND's own output (the compiler's lines) is appended
+# to LOG between a line naming TARGET and its command and a line with its exit code, and the screen
+# gets one line: the target and its time, or on a failure its last 20 lines and LOG's path. Exits
+# with COMMAND's code. `make train_llama3` and the other targets print their commands as usual.
+# Example: scripts/build_step.sh build/make_test_build.log train_llama3 nvcc ... -o train_llama3
 set -u
-usage() {
-    cat << 'EOF'
-usage: scripts/build_step.sh LOG TARGET COMMAND...
-  Runs COMMAND (the build of TARGET) with its output appended to LOG, and prints one line: the
-  target and its time, or on a failure its last 20 lines and LOG's path. Exits with COMMAND's code.
-EOF
-}
-case ${1:-} in -h | --help) usage; exit 0 ;; esac
-if [ $# -lt 3 ]; then
-    echo "error: build_step.sh: LOG TARGET COMMAND... wanted, $# arguments given (--help)" >&2
-    exit 2
-fi
+. "$(dirname "$0")/cli.sh"
+case ${1:-} in -h | --help) usage ;; -*) unknown_argument "$1" ;; esac
+[ $# -ge 3 ] || bad_argument "LOG TARGET COMMAND... wanted, $# arguments given (--help)"
 log=$1 target=$2
 shift 2
 out=$(mktemp) || exit 1
