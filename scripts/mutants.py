@@ -341,6 +341,9 @@ HOST_MUTANTS = [
      "    ARGS = parse_args()  # (before torch's import", "    import torch\n    ARGS = parse_args()  # (before torch's import"),
     ("checkpoint_dir_unchecked", "scripts", "scripts/bench_checkpoint.sh", "bench_checkpoint.sh takes a folder of "
      "another run's checkpoints, and deletes them at its end", 'if [ -n "$dir" ] && [ -e "$dir" ] &&', "if false &&"),
+    # The README's recipes (run_tests.sh readme_recipes; make test-recipes runs them on a GPU).
+    ("recipe_flag_typo", "docs", "README.md", "a README recipe names a flag the trainer does not have",
+     "--warmup_iters 50 --grad_clip 1", "--warmup_iter 50 --grad_clip 1"),
     # A case that blocks fails by its own time limit (test_llama3_host.c CASE_LIMIT_S), not by a hang.
     ("fifo_open_blocks", "files", "llama3.h", "model and token files opened blocking: the open of a FIFO waits for "
      "a writer that never comes", "int fd = open(path, O_RDONLY | O_NONBLOCK);", "int fd = open(path, O_RDONLY);"),
