@@ -32,19 +32,18 @@ mkdir -p "$out"
 # The small model (2 layers, C=256, vocab 1000) and its token file, from the PyTorch reference script
 # (make test writes the same files; they are made here when missing), and two more of its shapes as
 # model files alone: tied embeddings, and head_dim 128 (C=512, 4 heads; the same vocabulary).
-ref_model() { # NAME FLAGS...: ref/NAME_model.bin (and more) from ref_llama3.py, unless it exists
-    local name=$1
-    shift
-    [ -f "ref/${name}_model.bin" ] && return
+ref_model() { # LAST NAME FLAGS...: ref/NAME_*.bin from ref_llama3.py, unless LAST (its last file) exists
+    local last=$1 name=$2
+    shift 2
+    [ -f "ref/$last" ] && return
     python3 scripts/ref_llama3.py --name "$name" --out_dir ref "$@" > "$out/ref_$name.log" 2>&1 ||
         { echo "error: the model $name: $(tail -n 3 "$out/ref_$name.log")"; return 1; }
 }
-[ -f ref/small_t64_tokens.bin ] || rm -f ref/small_t64_model.bin
 mkdir -p ref
 # the three at once: each is mostly the start of PyTorch (one after another: about 45 s on the H100 machine)
-ref_model small_t64 --shape small --batch_size 4 --seq_len 64 --llmc &
-ref_model sanitize_tied --shape small --tied --model_only &
-ref_model sanitize_hd128 --shape small_hd128 --rope_factor 8 --model_only &
+ref_model small_t64_tokens.bin small_t64 --shape small --batch_size 4 --seq_len 64 --llmc &
+ref_model sanitize_tied_model.bin sanitize_tied --shape small --tied --model_only &
+ref_model sanitize_hd128_model.bin sanitize_hd128 --shape small_hd128 --rope_factor 8 --model_only &
 for _ in 1 2 3; do wait -n || exit 1; done
 small="--llmc_filepath ref/small_t64_model.bin --input_bin ref/small_t64_tokens.bin --batch_size 4 --sequence_length 64"
 

@@ -69,25 +69,19 @@ gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | he
 stand_ins() {
     python3 scripts/ref_llama3.py --name tiny --shape small --vocab 128256 --model_only --out_dir "$work" &&
         python3 scripts/export_hf.py "$work/tiny_model.bin" "$work/Llama-3.2-1B" && python3 - "$work" <<'PY'
-import json, os, sys
+import os, sys
 import numpy as np
 sys.path.insert(0, "scripts")
 import prepare_data as pd
+from test_prepare_data import write_tokenizer_json
 work = sys.argv[1]
 raw = open("data/llama3_vocab.bin", "rb").read()
 n = int(np.frombuffer(raw[:12], "<i4")[2])
 offsets = np.frombuffer(raw[1024:1024 + 4 * (n + 1)], "<u4")
 body = raw[1024 + 4 * (n + 1):]
 token = [body[offsets[i]:offsets[i + 1]] for i in range(n)]
-char = {b: c for c, b in pd.gpt2_unicode_to_byte().items()}
-vocab = {"".join(char[b] for b in token[i]): i for i in range(pd.LLAMA3_BOS)}
-added = [{"id": i, "content": name, "special": True} for name, i in pd.llama3_specials(pd.LLAMA3_BOS).items()]
-tok = {"version": "1.0", "added_tokens": added, "normalizer": None,
-       "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-           {"type": "Split", "pattern": {"Regex": pd.PAT_STR}, "behavior": "Isolated", "invert": False},
-           {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
-       "model": {"type": "BPE", "vocab": vocab, "merges": []}}
-json.dump(tok, open(os.path.join(work, "Llama-3.2-1B", "tokenizer.json"), "w"))
+ranks = {token[i]: i for i in range(pd.LLAMA3_BOS)}  # (the specials follow, numbered from 128000)
+write_tokenizer_json(os.path.join(work, "Llama-3.2-1B", "tokenizer.json"), ranks, merges=[])
 ids = np.frombuffer(open("data/tiny_shakespeare_train.bin", "rb").read()[1024:], "<u4")
 text = b"".join(token[i] for i in ids if i < pd.LLAMA3_BOS)
 os.makedirs(os.path.join(work, "my_texts"))
