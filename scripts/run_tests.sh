@@ -358,6 +358,7 @@ readme_recipes() {
     n=$(echo "$list" | grep -c '^recipe ')
     ! echo "$list" | grep -q '^error ' && [ "$n" -ge 6 ] && ok=1 || ok=0
     check $ok "the README's $n recipes parse (scripts/test_recipes.sh --list)" "$(echo "$list" | grep -v '^cmd ' | head -n 3)"
+    recipe_checks
     nvidia-smi -L > /dev/null 2>&1 && return
     mkdir -p "$tmp/recipes" && ln -sf "$PWD/train_llama3" "$tmp/recipes/"
     while IFS= read -r cmd; do
@@ -365,6 +366,25 @@ readme_recipes() {
         echo "$out" | grep -q "^error: no CUDA device found" && ok=1 || ok=0
         check $ok "a recipe's flags pass every check before the GPU: ${cmd:0:70}..." "$(echo "$out" | grep -m 1 '^error')"
     done < <(echo "$list" | sed -n 's/^cmd \(\.\/train_llama3 .*\)/\1/p' | grep -v -- '--resume\|--llmc_filepath')
+}
+
+# The checks test_recipes.sh makes of a recipe's outputs pass on a folder holding what the recipe
+# leaves (log lines as the trainer writes them), and fail on one whose log repeats a step (a resume
+# that logged step 1000 twice).
+recipe_checks() {
+    local d=$tmp/recipe_outputs ok s
+    mkdir -p "$d/ckpt/step_00002000" "$d/my-llama"
+    for s in $(seq 1 2000); do echo "{\"step\": $s, \"loss\": 5.1, \"lr\": 3e-4, \"ms\": 17.9}"; done > "$d/parts.jsonl"
+    cp "$d/parts.jsonl" "$d/run.jsonl" && echo '{"step": 2000, "val_loss": 5.6}' >> "$d/run.jsonl"
+    for s in $(seq 1 200); do echo "{\"step\": $s, \"loss\": 3.2}"; done > "$d/mine.jsonl"
+    echo '{"step": 200, "val_loss": 3.3}' >> "$d/mine.jsonl"
+    touch "$d/ckpt/step_00002000/state.bin" && echo x > "$d/run.png"
+    for s in config.json model.safetensors tokenizer.json; do echo x > "$d/my-llama/$s"; done
+    ok=1
+    for s in embedded resume finetune; do bash scripts/test_recipes.sh --check $s "$d" || ok=0; done
+    sed -i '1000p' "$d/parts.jsonl"
+    ! bash scripts/test_recipes.sh --check resume "$d" || ok=0
+    check $ok "test_recipes.sh's output checks pass on whole outputs (embedded, resume, finetune) and fail on a log with a step twice"
 }
 
 # switch_lists: --list_switches gives the settings of every switch, and each of CLIP_SWITCHES and

@@ -12,10 +12,13 @@
 #   SANITIZE_JOBS=4                      cases run at once (timing is not measured), besides the racecheck
 #                                        training runs, which have a pool of their own:
 #   SANITIZE_HEAVY_JOBS=1                racecheck training runs at once (the two ranks count as one). Under
-#                                        racecheck each trainer process's host memory grows about 1.3 GB/s, to
-#                                        53-66 GB at the kernel's OOM kills; on a 128 GiB H100 machine, of 4 at
-#                                        once 8 of 10 cases were killed, the last 2 (then alone) finished; the
-#                                        two ranks' case is two such processes at once (one was killed)
+#                                        racecheck each trainer process's host memory grows 1.3-1.8 GB/s, and a
+#                                        step of the small model takes about 25 s: alone on a 128 GiB H100
+#                                        machine, 3 steps of --recompute 2 reached 128 GB and were killed, and so
+#                                        was a rank of the two. So under racecheck the training runs take 2
+#                                        steps (the eager step, then the graph's capture and replay) and the
+#                                        ranks 1: racecheck looks for hazards inside each launch, and step 1
+#                                        launches every kernel a rank has
 #   SANITIZE_CASES="train_default dev_cast"  a subset of the cases (names as in the table)
 #   SANITIZE_OUT=DIR                     keep every sanitizer log there (default: a temporary folder)
 # Takes no arguments. Example: SANITIZE_TOOLS=memcheck SANITIZE_CASES=train_default scripts/sanitize.sh
@@ -112,7 +115,9 @@ jobs_of() { # heavy|light: that pool's jobs, one a line
             [ -z "${SANITIZE_CASES:-}" ] || [[ " $SANITIZE_CASES " == *" $name "* ]] || continue
             if [ "$tool" = racecheck ] && [[ $name == train_* ]]; then [ "$1" = heavy ] || continue
             else [ "$1" = light ] || continue; fi
-            echo "$tool $c"
+            if [ "$tool" = racecheck ] && [[ $name == train_ranks ]]; then echo "$tool ${c//--num_iteration 3/--num_iteration 1}"
+            elif [ "$tool" = racecheck ] && [[ $name == train_* ]]; then echo "$tool ${c//--num_iteration 3/--num_iteration 2}"
+            else echo "$tool $c"; fi
         done
     done | awk '$2 == "train_ranks" { print; next } { rest[++n] = $0 }
         END { for (i = 1; i <= n; i++) print rest[i] }'

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# usage: scripts/test_recipes.sh [--list] [NAME ...]     (make test-recipes; needs a GPU)
+# usage: scripts/test_recipes.sh [--list | --check NAME DIR] [NAME ...]   (make test-recipes; needs a GPU)
 # The README's recipes, run as written. A recipe is the ```bash block after a line
 # "<!-- recipe NAME -->" in README.md; "<!-- recipe NAME; the test appends: ARGS -->" adds ARGS to
 # each ./train_llama3 command of it (a long run cut short with --stop_after), and "<!-- recipe NAME:
@@ -13,18 +13,26 @@
 # skipped. A recipe passes when each command exits 0 and its outputs are whole (check_NAME below).
 #   NAME ...         the recipes to run (default: all), then "N passed, M failed"
 #   --list           the recipes and their commands as the test reads them, and exit (no GPU needed)
+#   --check NAME DIR whether DIR holds what recipe NAME leaves (check_NAME below), exit 0 or 1 (no GPU
+#                    needed: make test checks the checks on made-up folders)
 #   RECIPES_KEEP=DIR keep the scratch folder (outputs and each command's log) there
 # Example: scripts/test_recipes.sh embedded finetune
 set -u
 . "$(dirname "$0")/cli.sh"
-list=0 names=()
-for a in "$@"; do
-    case $a in
+list=0 names=() check_only=""
+while [ $# -gt 0 ]; do
+    case $1 in
     -h | --help) usage ;;
     --list) list=1 ;;
-    -*) unknown_argument "$a" ;;
-    *) names+=("$a") ;;
+    --check)
+        [ $# -ge 3 ] || { echo "error: --check needs a recipe's name and a folder" >&2; exit 2; }
+        check_only=$2
+        work=$(cd "$3" 2> /dev/null && pwd) || { echo "error: --check $2 $3: no such folder" >&2; exit 2; }
+        shift 2 ;;
+    -*) unknown_argument "$1" ;;
+    *) names+=("$1") ;;
     esac
+    shift
 done
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -53,6 +61,24 @@ for i, line in enumerate(lines):
 PY
 }
 if [ "$list" = 1 ]; then recipes; exit; fi
+
+# The outputs each recipe leaves, checked after its commands (steps STEPS of LOG, each once).
+steps_once() { # LOG STEPS: the log's step lines are 1..STEPS, each once
+    [ "$(grep -o '"step": [0-9]*, "loss"' "$work/$1" 2> /dev/null | tr -dc '0-9\n' | tr '\n' ' ')" = "$(seq -s ' ' 1 "$2") " ]
+}
+check_embedded() { steps_once run.jsonl 2000 && tail -n 1 "$work/run.jsonl" | grep -q '"val_loss"' && [ -s "$work/run.png" ]; }
+check_resume() { steps_once parts.jsonl 2000 && [ -f "$work/ckpt/step_00002000/state.bin" ]; }
+check_finetune() {
+    steps_once mine.jsonl 200 && grep -q '"val_loss"' "$work/mine.jsonl" &&
+        for f in config.json model.safetensors tokenizer.json; do [ -s "$work/my-llama/$f" ] || return 1; done
+}
+check_larger() { :; }
+check_fp8() { :; }
+if [ -n "$check_only" ]; then
+    declare -F "check_$check_only" > /dev/null || { echo "error: no check for a recipe '$check_only'" >&2; exit 2; }
+    "check_$check_only"
+    exit
+fi
 nvidia-smi -L > /dev/null 2>&1 || { echo "error: scripts/test_recipes.sh needs a GPU (nvidia-smi finds none)" >&2; exit 1; }
 [ -x train_llama3 ] || { echo "error: no ./train_llama3: run make train_llama3 first" >&2; exit 1; }
 
@@ -90,19 +116,6 @@ for k in range(4):  # four documents
     open(os.path.join(work, "my_texts", f"part{k}.txt"), "wb").write(part)
 PY
 }
-
-# The outputs each recipe leaves, checked after its commands (steps STEPS of LOG, each once).
-steps_once() { # LOG STEPS: the log's step lines are 1..STEPS, each once
-    [ "$(grep -o '"step": [0-9]*, "loss"' "$work/$1" 2> /dev/null | cut -d' ' -f2 | tr '\n' ' ')" = "$(seq -s ' ' 1 "$2") " ]
-}
-check_embedded() { steps_once run.jsonl 2000 && tail -n 1 "$work/run.jsonl" | grep -q '"val_loss"' && [ -s "$work/run.png" ]; }
-check_resume() { steps_once parts.jsonl 2000 && [ -f "$work/ckpt/step_00002000/state.bin" ]; }
-check_finetune() {
-    steps_once mine.jsonl 200 && grep -q '"val_loss"' "$work/mine.jsonl" &&
-        for f in config.json model.safetensors tokenizer.json; do [ -s "$work/my-llama/$f" ] || return 1; done
-}
-check_larger() { :; }
-check_fp8() { :; }
 
 passed=0 failed=0
 result() { # OK NAME DETAIL
