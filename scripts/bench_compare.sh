@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# usage: scripts/bench_compare.sh [REV | FOLDER] [--configs "B:T[:--flag=value[:--flag=value ...]] ..."]
+# usage: scripts/bench_compare.sh [REV | FOLDER] [--bits] [--configs "B:T[:--flag=value[:--flag=value ...]] ..."]
 # The trainer of another revision against this tree's, on the same GPU in one call: both built
 # (train_llama3 only), then at each config each binary's 30 steps (median ms of steps 2..30, from
 # --log_file), the two runs of a config back to back so that the board's clocks and power state
@@ -11,14 +11,21 @@
 #             built there is used as it is)
 #   --configs the configs (default: the three bench configs and the clipped B=4,T=64 run,
 #             "4:64 4:1024 16:1024 4:64:--grad_clip=1")
+#   --bits    instead of timing: whether a change left the numbers alone. Each config runs 6 steps of
+#             each binary with a checkpoint at the last, and the table says whether the logged losses,
+#             norms and learning rates are the same text and model.bin and state.bin the same bytes.
+#             The default configs then use the small reference model (ref/small_t64_*, made by make
+#             test): one micro-step, 2 (accumulating), clipping, --recompute 2 with bf16 moments, FP8
+#             (on a GPU of compute capability 8.9+).
 # Example: scripts/bench_compare.sh HEAD~1 --configs "4:64 4:64:--optimizer_state=bf16"
 set -u
 . "$(dirname "$0")/cli.sh"
-rev=""
-configs="4:64 4:1024 16:1024 4:64:--grad_clip=1"
+rev="" bits=0
+configs=""
 while [ $# -gt 0 ]; do
     case $1 in
         -h | --help) usage ;;
+        --bits) bits=1 ;;
         --configs) needs_value "$@"; configs=$2; shift ;;
         -*) unknown_argument "$1" ;;
         *) [ -z "$rev" ] || unknown_argument "$1"; rev=$1 ;;
@@ -26,6 +33,10 @@ while [ $# -gt 0 ]; do
     shift
 done
 rev=${rev:-HEAD}
+small="--llmc_filepath=ref/small_t64_model.bin:--input_bin=ref/small_t64_tokens.bin"
+[ "$bits" = 0 ] || configs=${configs:-"4:64:$small 4:64:$small:--total_batch_size=512 4:64:$small:--grad_clip=1\
+ 4:64:$small:--recompute=2:--optimizer_state=bf16 4:64:$small:--fp8=1"}
+configs=${configs:-"4:64 4:1024 16:1024 4:64:--grad_clip=1"}
 [ -d "$rev" ] && rev=$(realpath -- "$rev") # (the folder as given, from this cwd)
 cd "$(dirname "$0")/.."
 [ -d "$rev" ] || git rev-parse --verify --quiet "$rev^{commit}" > /dev/null ||
@@ -52,6 +63,43 @@ median() {
         awk '{ ms[NR] = $1 } END { printf "%.2f\n", ms[int((NR + 1) / 2)] }'
 }
 
+# bits_run BIN DIR B T [flags]: BIN's 6 steps into DIR: the log, and the last step's checkpoint.
+bits_run() {
+    local bin=$1 dir=$2 B=$3 T=$4
+    shift 4
+    rm -rf "$dir" && mkdir -p "$dir" &&
+        "$bin" --batch_size "$B" --sequence_length "$T" --num_iteration 6 --log_file "$dir/log.json" \
+            --checkpoint_dir "$dir/ckpt" "$@" > "$dir/run.log" 2>&1
+}
+# same WHAT A B: "same", "differ", or "fail" when either is missing.
+same() {
+    if [ ! -s "$2" ] || [ ! -s "$3" ]; then echo fail; elif cmp -s "$2" "$3"; then echo same; else echo differ; fi
+}
+if [ "$bits" = 1 ]; then
+    echo "### $rev against this tree, bit for bit ($(date +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1))"
+    echo "| config | losses, norms, lr | model.bin | state.bin |"
+    echo "|---|---|---|---|"
+    differ=0
+    for c in $configs; do
+        IFS=: read -r B T flags <<< "$c"
+        IFS=: read -r -a flag_args <<< "$flags"
+        for side in old new; do
+            bin=./train_llama3
+            [ $side = new ] || bin=$tmp/train_llama3
+            bits_run "$bin" "$tmp/$side" "$B" "$T" "${flag_args[@]}"
+            # the step lines without their times (ms, tok/s) and memory
+            sed -E 's/, "ms":.*//' "$tmp/$side/log.json" > "$tmp/$side/numbers" 2> /dev/null
+        done
+        row=""
+        for f in numbers ckpt/step_00000006/model.bin ckpt/step_00000006/state.bin; do
+            r=$(same "$f" "$tmp/old/$f" "$tmp/new/$f")
+            [ "$r" = same ] || differ=1
+            row="$row | $r"
+        done
+        echo "| B=$B T=$T ${flags:+${flags//:/ }}$row |"
+    done
+    exit $differ
+fi
 echo "### $rev against this tree ($(date +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1))"
 echo "| config | $rev ms/step | this tree ms/step | new / old |"
 echo "|---|---|---|---|"
