@@ -200,6 +200,98 @@ static inline ParamLayout param_layout(const Llama3Config* c) {
     return p;
 }
 
+// ---- the tensor table ----
+// The step handles the weights slice by slice: a whole unstacked tensor, or one layer of a stacked
+// one. Where each slice sits in each of the step's per-slice arrays is decided here, once, from the
+// layout: its update group (when AdamW takes it), its slot of partial sums of squares (clipping),
+// its FP8 slot (a block linear's scales) and its FP8 buffers' places. Nothing else depends on the
+// order of the P_* enum, or counts slots.
+#define FP8_LINEARS 4 // [fp8] the block linears whose GEMMs read FP8: qkv, attn_out, gate_up, down
+
+typedef struct {
+    int tensor, layer;
+    size_t offset, n;      // in the parameter block
+    int out, in;           // a matmul weight's (out, in) as its GEMMs read it (wte: as a tied head); 0 for a norm
+    int group;             // the AdamW update group: wte 0, layer l 1 + l, the head (final norm, lm_head) last
+    int sumsq_slot;        // [clipping] its partial sums of squares: wte 0, lm_head 1 (kept, empty, when tied),
+                           // the final norm 2, then layer by layer qkv .. ffn_norm
+    int fp8_slot;          // [fp8] a block linear's: layer * FP8_LINEARS + which; -1 for every other slice
+    size_t fp8_weight_at;  // [fp8] its place among the block linears' FP8 copies (elements)
+    size_t fp8_input_cols; // [fp8] where its input's transpose starts among every layer's, in columns of N tokens
+} TensorSlice;
+
+typedef struct {
+    TensorSlice* slice;           // in the parameter block's order: a stacked tensor's layers consecutive
+    int n_slices;
+    int first[NUM_PARAM_TENSORS]; // each tensor's layer-0 slice (its layer l: first + l); -1 when empty
+    int* in_group;                // the slices group by group: group g's are in_group[group_start[g] ..
+    int* group_start;             // group_start[g + 1]), in the order AdamW takes them
+    int n_groups, n_sumsq_slots, n_fp8_slots;
+    size_t fp8_weights;           // [fp8] elements of the block linears' weights
+    size_t fp8_input_cols;        // [fp8] columns of every layer's block linear inputs: L (3C + F)
+} TensorTable;
+
+// Within a group, AdamW takes its slices in this order (the backward writes a layer's linears'
+// gradients before its norms'; the head's norm before lm_head).
+static const int GROUP_ORDER[NUM_PARAM_TENSORS] = {P_WTE, P_QKV, P_ATTN_OUT, P_GATE_UP, P_DOWN,
+                                                   P_ATTN_NORM, P_FFN_NORM, P_FINAL_NORM, P_LM_HEAD};
+
+static inline TensorTable tensor_table(const Llama3Config* c) {
+    ParamLayout p = param_layout(c);
+    TensorTable tab;
+    memset(&tab, 0, sizeof(tab));
+    int L = c->n_layer, C = c->n_embd, F = c->ffn_hidden, V = c->vocab_size;
+    const int out[NUM_PARAM_TENSORS] = {V, V, qkv_dim(c), C, 2 * F, C, 0, 0, 0};
+    const int in[NUM_PARAM_TENSORS] = {C, C, C, C, C, F, 0, 0, 0};
+    const int per_layer = P_FFN_NORM - P_QKV + 1; // a layer's tensors, each with a sum-of-squares slot
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) tab.n_slices += p.slices[t];
+    tab.slice = (TensorSlice*)malloc(sizeof(TensorSlice) * tab.n_slices);
+    tab.n_groups = L + 2;
+    tab.n_sumsq_slots = 3 + L * per_layer;
+    tab.n_fp8_slots = L * FP8_LINEARS;
+    tab.fp8_input_cols = (size_t)L * (3 * C + F);
+    int k = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        tab.first[t] = p.slices[t] ? k : -1;
+        for (int l = 0; l < p.slices[t]; l++, k++) {
+            TensorSlice* s = &tab.slice[k];
+            bool stacked = t >= P_QKV && t <= P_FFN_NORM, linear = t >= P_QKV && t <= P_DOWN;
+            s->tensor = t, s->layer = l;
+            s->offset = p.offset[t] + (size_t)l * p.layer_size[t], s->n = p.layer_size[t];
+            s->out = out[t], s->in = in[t];
+            s->group = t == P_WTE ? 0 : stacked ? 1 + l : L + 1;
+            s->sumsq_slot = stacked ? 3 + l * per_layer + (t - P_QKV) : t == P_FINAL_NORM ? 2 : t;
+            s->fp8_slot = linear ? l * FP8_LINEARS + (t - P_QKV) : -1;
+            s->fp8_weight_at = linear ? tab.fp8_weights : 0;
+            s->fp8_input_cols = linear ? (size_t)l * (3 * C + F) + (size_t)(t - P_QKV) * C : 0;
+            if (linear) tab.fp8_weights += s->n;
+        }
+    }
+    // the groups: each one's size, where each starts, then the slices dealt out in GROUP_ORDER
+    tab.in_group = (int*)malloc(sizeof(int) * tab.n_slices);
+    tab.group_start = (int*)calloc(tab.n_groups + 1, sizeof(int));
+    int* filled = (int*)calloc(tab.n_groups, sizeof(int));
+    for (int j = 0; j < tab.n_slices; j++) tab.group_start[tab.slice[j].group + 1]++;
+    for (int g = 0; g < tab.n_groups; g++) tab.group_start[g + 1] += tab.group_start[g];
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        int t = GROUP_ORDER[i];
+        for (int l = 0; l < p.slices[t]; l++) {
+            int g = tab.slice[tab.first[t] + l].group;
+            tab.in_group[tab.group_start[g] + filled[g]++] = tab.first[t] + l;
+        }
+    }
+    free(filled);
+    return tab;
+}
+static inline void tensor_table_free(TensorTable* tab) {
+    free(tab->slice), free(tab->in_group), free(tab->group_start);
+    memset(tab, 0, sizeof(*tab));
+}
+// Tensor `tensor`'s slice of layer `layer` (0 for an unstacked tensor).
+static inline const TensorSlice* slice_of(const TensorTable* tab, int tensor, int layer) {
+    return &tab->slice[tab->first[tensor] + layer];
+}
+
 // ---- model files ----
 // Two formats share magic 20240803 and version 3 (fp32); see the README's "File formats".
 // seed: InfiniTrain's llmc_filepath file, 1024-byte header, tensors in the order of

@@ -299,16 +299,16 @@ static void check_blocks(const Model* m, const char* what, const float* ours, co
 // cur - prev. After a flush nothing is pending.
 static void check_step_weights(const Model* m, const char* what, const float* ours, const float* prev,
                                const float* cur) {
-    const ParamLayout* p = &m->layout;
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++)
-        for (int l = 0; l < p->slices[t]; l++) {
-            size_t off = p->offset[t] + (size_t)l * p->layer_size[t], n = p->layer_size[t];
-            bool deferred = m->pending.updates && group_deferred(m, update_group(m, t, l));
-            char name[96];
-            snprintf(name, sizeof(name), "%s %s[%d]%s", what, PARAM_NAMES[t], l, deferred ? " (deferred: p_t-1)" : "");
-            double e = rel_err(ours + off, (deferred ? prev : cur) + off, cur + off, prev + off, n);
-            check(e <= TOL_ADAMW, name, e, TOL_ADAMW);
-        }
+    for (int j = 0; j < m->tab.n_slices; j++) {
+        const TensorSlice* w = &m->tab.slice[j];
+        size_t off = w->offset;
+        bool deferred = m->pending.updates && group_deferred(m, w->group);
+        char name[96];
+        snprintf(name, sizeof(name), "%s %s[%d]%s", what, PARAM_NAMES[w->tensor], w->layer,
+                 deferred ? " (deferred: p_t-1)" : "");
+        double e = rel_err(ours + off, (deferred ? prev : cur) + off, cur + off, prev + off, w->n);
+        check(e <= TOL_ADAMW, name, e, TOL_ADAMW);
+    }
 }
 
 static uint16_t bf16_bits_rne(float x) { // host round-to-nearest-even, as __float2bfloat16_rn

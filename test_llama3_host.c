@@ -114,6 +114,65 @@ static void test_config_and_layout(void) {
     expect_error(config_check(&bad, "cfg", err), err, "n_layer past its bound", "out of range", "n_layer 1073741824");
 }
 
+// The tensor table, for the small shape (untied and tied) and the 1B, 3B and 8B: the slices tile the
+// parameter block in order; the groups are the step plan's (wte, each layer, the head) and hold
+// every slice once; the sum-of-squares slots are distinct and in range, in the order the reduction
+// over them has always had (wte 0, lm_head 1, final norm 2, layer l's qkv .. ffn_norm at 3 + 6 l ..),
+// so that the norm keeps its bits; the FP8 slots 0..4L-1 once each, on the block linears only, and
+// their FP8 copies and transposed inputs tile their buffers.
+static void check_tensor_table(const Llama3Config* c, const char* name) {
+    ParamLayout p = param_layout(c);
+    TensorTable tab = tensor_table(c);
+    int L = c->n_layer, C = c->n_embd, F = c->ffn_hidden, errors = 0;
+    size_t next = 0, fp8_next = 0;
+    int* sumsq_seen = calloc(tab.n_sumsq_slots, sizeof(int));
+    int* fp8_seen = calloc(tab.n_fp8_slots, sizeof(int));
+    int* group_seen = calloc(tab.n_slices, sizeof(int));
+    for (int j = 0; j < tab.n_slices; j++) {
+        const TensorSlice* s = &tab.slice[j];
+        int t = s->tensor, l = s->layer;
+        bool stacked = t >= P_QKV && t <= P_FFN_NORM, linear = t >= P_QKV && t <= P_DOWN;
+        errors += s->offset != next || s->n != p.layer_size[t] || slice_of(&tab, t, l) != s;
+        next = s->offset + s->n;
+        errors += s->group != (t == P_WTE ? 0 : stacked ? 1 + l : L + 1);
+        int slot = t == P_WTE ? 0 : t == P_LM_HEAD ? 1 : t == P_FINAL_NORM ? 2 : 3 + 6 * l + (t - P_QKV);
+        errors += s->sumsq_slot != slot || s->sumsq_slot >= tab.n_sumsq_slots || sumsq_seen[s->sumsq_slot]++;
+        errors += linear != (s->fp8_slot >= 0);
+        if (linear) {
+            errors += s->fp8_slot >= tab.n_fp8_slots || fp8_seen[s->fp8_slot]++ || s->fp8_weight_at != fp8_next;
+            errors += (size_t)s->out * s->in != s->n;
+            size_t cols_before = (size_t)l * (3 * C + F) + (size_t)(t == P_DOWN ? 3 : t - P_QKV) * C;
+            errors += s->fp8_input_cols != cols_before || s->fp8_input_cols + s->in > tab.fp8_input_cols;
+            fp8_next += s->n;
+        }
+    }
+    for (int g = 0; g < tab.n_groups; g++)
+        for (int k = tab.group_start[g]; k < tab.group_start[g + 1]; k++)
+            errors += tab.slice[tab.in_group[k]].group != g || group_seen[tab.in_group[k]]++;
+    for (int j = 0; j < tab.n_slices; j++) errors += group_seen[j] != 1;
+    for (int i = 0; i < tab.n_fp8_slots; i++) errors += fp8_seen[i] != 1;
+    const TensorSlice* head = &tab.slice[tab.in_group[tab.group_start[L + 1]]];
+    CHECK(errors == 0 && next == p.total && fp8_next == tab.fp8_weights &&
+              tab.fp8_weights == p.offset[P_ATTN_NORM] - p.offset[P_QKV] && tab.n_groups == L + 2 &&
+              tab.group_start[tab.n_groups] == tab.n_slices && tab.group_start[L + 2] - tab.group_start[L + 1] ==
+              (c->tied_embeddings ? 1 : 2) && head->tensor == P_FINAL_NORM &&
+              tab.in_group[tab.group_start[1]] == tab.first[P_QKV] && tab.first[P_LM_HEAD] == (c->tied_embeddings ? -1 : 1),
+          "tensor table, %s: %d slices tile the block, %d groups, %d sum-of-squares slots, %d FP8 slots (%d errors)",
+          name, tab.n_slices, tab.n_groups, tab.n_sumsq_slots, tab.n_fp8_slots, errors);
+    free(sumsq_seen), free(fp8_seen), free(group_seen);
+    tensor_table_free(&tab);
+}
+static void test_tensor_table(void) {
+    Llama3Config c = small_config();
+    check_tensor_table(&c, "small");
+    c.tied_embeddings = 1;
+    check_tensor_table(&c, "small, tied");
+    for (int shape = SHAPE_1B; shape <= SHAPE_8B; shape++) {
+        c = family_config(shape);
+        check_tensor_table(&c, SHAPE_NAMES[shape]);
+    }
+}
+
 // Every parameter is written by exactly one segment of both file formats.
 static void test_segments_cover_params(void) {
     Llama3Config c = small_config();
@@ -1948,6 +2007,7 @@ int main(void) {
     snprintf(corpus_dir, sizeof(corpus_dir), "%s", keep ? keep : tmpdir);
     if (keep) mkdir(keep, 0700);
     test_config_and_layout();
+    test_tensor_table();
     test_segments_cover_params();
     test_seed_model_file();
     test_tied_embeddings();

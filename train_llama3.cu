@@ -190,22 +190,23 @@ typedef struct {
 // quantises each output gradient, straight and transposed, in one pass. Amaxes come from a pass of
 // their own, or (fp8_amax_fused) from the kernel that writes the tensor.
 typedef struct {
-    e4m3 *w, *w_t;       // the block linears' weights W (out, in) and W^T (in, out), at their parameter
-                         // offset less offset[P_QKV]
-    Fp8Scale* w_scale;   // one per weight: (tensor - P_QKV) * n_layer + layer
+    e4m3 *w, *w_t;       // the block linears' weights W (out, in) and W^T (in, out), each at its slice's
+                         // fp8_weight_at (llama3.h tensor_table)
+    Fp8Scale* w_scale;   // one per block linear weight, at its slice's fp8_slot
     e4m3* x;             // one forward GEMM's input (N, in)
     e4m3* x_t;           // every block linear's input transposed (in, N), made by the forward for the
                          // backward: layer l's [qkv's | attn_out's | gate_up's | down's] (fp8_input_t)
     unsigned char *dy, *dy_t; // one backward GEMM's output gradient (N, out) and its transpose (out, N),
                               // in grad_type
     cudaDataType grad_type;   // --fp8_grads: CUDA_R_8F_E5M2 or CUDA_R_8F_E4M3
-    Fp8Scale* act_scale; // per (layer, linear): the input's and the output gradient's (fp8_act_scale),
+    Fp8Scale* act_scale; // per fp8_slot: the input's and the output gradient's (fp8_act_scale),
                          // zeroed as the forward starts
 } Fp8Buffers;
 
 typedef struct {
     Llama3Config cfg;
     ParamLayout layout;
+    TensorTable tab; // every weight slice's update group and slots (llama3.h tensor_table)
     OptimConfig opt;
     Switches sw; // which optimisations are on (all, except in the ablation)
     const StepPlan* plan; // when each AdamW group runs, for the whole run (step_plan)
@@ -232,7 +233,7 @@ typedef struct {
     TokenSorter sorter;   // [sparse rows] sized for grad_accum*N tokens
     StepStats* stats;      // device: the step's loss, gradient norm, lr, NaN guard counts
     StepStats* stats_host; // pinned, two slots
-    float* sumsq;          // [clipping] SUMSQ_BLOCKS partial sums of squares per gradient tensor (sumsq_slot)
+    float* sumsq;          // [clipping] SUMSQ_BLOCKS partial sums of squares per gradient slice (sumsq_of)
     Gemm* gemm;            // cuBLASLt and its plans (made on each shape's first use)
     cudaStream_t stream;
     // [streams] the optimizer stream, and the events that order it against the main stream
@@ -278,24 +279,25 @@ static const bf16* weight_bf16(const Model* m, int tensor, int layer) {
     return m->cast_weight;
 }
 // AdamW update groups, in the order the forward reads them: wte, layer l at 1 + l, then the head
-// (final norm and lm_head); the plan says when each is updated (llama3.h step_plan).
+// (final norm and lm_head); the table says which slices each holds (llama3.h tensor_table), the
+// plan when each is updated (step_plan).
 static int num_groups(const Model* m) { return m->plan->n_groups; }
 static int head_group(const Model* m) { return num_groups(m) - 1; }
-static int update_group(const Model* m, int tensor, int layer) {
-    if (tensor == P_WTE) return 0;
-    return tensor == P_LM_HEAD || tensor == P_FINAL_NORM ? head_group(m) : 1 + layer;
+// Update group g's slices (indices into the table) in the order AdamW takes them; returns how many.
+static int group_slices(const Model* m, int g, const int** slices) {
+    *slices = m->tab.in_group + m->tab.group_start[g];
+    return m->tab.group_start[g + 1] - m->tab.group_start[g];
 }
 // [deferred AdamW] Whether the plan defers update group g's AdamW to the next step.
 static bool group_deferred(const Model* m, int g) { return m->plan->timing[g] == ADAMW_DEFERRED; }
-// [clipping] Where a gradient tensor's partial sums of squares go: wte, lm_head, final norm, then
-// the layer tensors (P_QKV..P_FFN_NORM, consecutive) layer by layer.
-static int sumsq_slot(int tensor, int layer) {
-    if (tensor == P_WTE || tensor == P_LM_HEAD) return tensor;
-    return tensor == P_FINAL_NORM ? 2 : 3 + layer * (P_FFN_NORM - P_QKV + 1) + (tensor - P_QKV);
+// [clipping] The partial sums of squares of a gradient slice: SUMSQ_BLOCKS at its slot (the table's
+// sumsq_slot).
+static float* sumsq_of(const Model* m, int tensor, int layer) {
+    return m->sumsq + (size_t)slice_of(&m->tab, tensor, layer)->sumsq_slot * SUMSQ_BLOCKS;
 }
 // All the partial sums: SUMSQ_BLOCKS for each slot; [data parallel] then as many for the slots'
 // tails (rank 0 sums the tails, which every rank holds alike).
-static size_t sumsq_slots(const Model* m) { return 3 + (size_t)m->cfg.n_layer * (P_FFN_NORM - P_QKV + 1); }
+static size_t sumsq_slots(const Model* m) { return m->tab.n_sumsq_slots; }
 static size_t sumsq_count(const Model* m) { return sumsq_slots(m) * SUMSQ_BLOCKS * (m->comm ? 2 : 1); }
 // Floats of AdamW's m (and of v) on this rank.
 static size_t state_count(const Model* m) { return m->comm ? m->comm->zero.state_total : m->layout.total; }
@@ -327,12 +329,14 @@ static void* device_alloc(size_t bytes, const char* what) {
     return p;
 }
 
-// Bytes of bf16 weights: the shadow block, or the largest single weight to cast into (ablation).
-static size_t bf16_weight_bytes(const ParamLayout* p, const Switches* sw) {
-    if (sw->shadow_weights) return (p->matmul_end - p->shadow_begin) * 2;
+// Bytes of bf16 weights: the shadow block, or the largest single weight a GEMM reads, to cast into
+// (ablation; wte counts as a tied head's weight).
+static size_t bf16_weight_bytes(const Model* m) {
+    const ParamLayout* p = &m->layout;
+    if (m->sw.shadow_weights) return (p->matmul_end - p->shadow_begin) * 2;
     size_t largest = 0;
-    for (int t = P_WTE; t <= P_DOWN; t++) // (wte: a tied head's weight)
-        largest = p->layer_size[t] > largest ? p->layer_size[t] : largest;
+    for (int j = 0; j < m->tab.n_slices; j++)
+        if (m->tab.slice[j].out && m->tab.slice[j].n > largest) largest = m->tab.slice[j].n;
     return largest * 2;
 }
 
@@ -354,31 +358,28 @@ typedef struct {
     size_t workspace;   // cuBLASLt's
     size_t fp8;         // [fp8] the weights' FP8 copies, the inputs' transposes, one GEMM's operands (0: --fp8 0)
 } MemoryParts;
-// [fp8] The FP8 buffers' sizes: the block linears' weights, the widest GEMM input (C or F), a
-// layer's four inputs (3C + F) and the widest output gradient (QKV or 2F; C, the others', is
-// narrower than QKV) of N tokens.
-static size_t fp8_weight_count(const ParamLayout* p) { return p->offset[P_ATTN_NORM] - p->offset[P_QKV]; }
+// [fp8] The FP8 buffers' sizes (besides the table's weights and scales): the widest GEMM input (C
+// or F), every layer's four inputs (3C + F each) and the widest output gradient (QKV or 2F; C, the
+// others', is narrower than QKV) of N tokens.
 static size_t fp8_input_count(const Model* m) {
     size_t N = (size_t)m->B * m->T, C = m->cfg.n_embd, F = m->cfg.ffn_hidden;
     return N * (C > F ? C : F);
 }
-static size_t fp8_layer_inputs_count(const Model* m) {
-    return (size_t)m->B * m->T * (3 * (size_t)m->cfg.n_embd + m->cfg.ffn_hidden);
-}
+static size_t fp8_layer_inputs_count(const Model* m) { return (size_t)m->B * m->T * m->tab.fp8_input_cols; }
 static size_t fp8_grad_count(const Model* m) {
     size_t N = (size_t)m->B * m->T, F2 = 2 * (size_t)m->cfg.ffn_hidden, QKV = qkv_dim(&m->cfg);
     return N * (QKV > F2 ? QKV : F2);
 }
-static size_t fp8_scale_count(const Model* m) { return (size_t)(P_DOWN - P_QKV + 1) * m->cfg.n_layer; }
+static size_t fp8_scale_count(const Model* m) { return m->tab.n_fp8_slots; }
 static size_t fp8_bytes(const Model* m) {
     if (!m->fp8) return 0;
-    return 2 * fp8_weight_count(&m->layout) + fp8_input_count(m) + m->cfg.n_layer * fp8_layer_inputs_count(m) +
+    return 2 * m->tab.fp8_weights + fp8_input_count(m) + fp8_layer_inputs_count(m) +
            2 * fp8_grad_count(m) + 3 * fp8_scale_count(m) * sizeof(Fp8Scale);
 }
 static MemoryParts memory_parts(const Model* m) {
     const ParamLayout* p = &m->layout;
     size_t f32_n = grads_f32_count(p, uses_bf16_grads(&m->sw, m->grad_accum)); // the rest are bf16
-    MemoryParts parts = {p->total * 4 + bf16_weight_bytes(p, &m->sw), 2 * moments_bytes(m),
+    MemoryParts parts = {p->total * 4 + bf16_weight_bytes(m), 2 * moments_bytes(m),
                          f32_n * 4 + (p->total - f32_n) * 2, m->acts_bytes, GEMM_WORKSPACE_BYTES, fp8_bytes(m)};
     return parts;
 }
@@ -450,11 +451,11 @@ static void sorter_create(TokenSorter* ts, size_t n, int vocab_size) {
 // [fp8] The FP8 buffers (Fp8Buffers), their scales 16-byte aligned as cuBLASLt needs (cudaMalloc's are).
 static void fp8_alloc(Model* m) {
     Fp8Buffers* f = m->fp8;
-    size_t W = fp8_weight_count(&m->layout), X = fp8_input_count(m), D = fp8_grad_count(m);
+    size_t W = m->tab.fp8_weights, X = fp8_input_count(m), D = fp8_grad_count(m);
     f->w = (e4m3*)device_alloc(2 * W, "fp8 weights");
     f->w_t = f->w + W;
     f->x = (e4m3*)device_alloc(X, "fp8 GEMM input");
-    f->x_t = (e4m3*)device_alloc(m->cfg.n_layer * fp8_layer_inputs_count(m), "fp8 transposed GEMM inputs");
+    f->x_t = (e4m3*)device_alloc(fp8_layer_inputs_count(m), "fp8 transposed GEMM inputs");
     f->dy = (unsigned char*)device_alloc(2 * D, "fp8 output gradients");
     f->dy_t = f->dy + D;
     f->w_scale = (Fp8Scale*)device_alloc(3 * fp8_scale_count(m) * sizeof(Fp8Scale), "fp8 scales");
@@ -473,7 +474,7 @@ static void model_alloc(Model* m) {
     if (m->opt.moments == MOMENTS_BF16) moments[0] = (void**)&m->adam_m_bf16, moments[1] = (void**)&m->adam_v_bf16;
     *moments[0] = device_alloc(moments_bytes(m), "AdamW m");
     *moments[1] = device_alloc(moments_bytes(m), "AdamW v");
-    size_t bf16_bytes = bf16_weight_bytes(&m->layout, &m->sw);
+    size_t bf16_bytes = bf16_weight_bytes(m);
     if (m->sw.shadow_weights) m->shadow = (bf16*)device_alloc(bf16_bytes, "bf16 shadow weights");
     else m->cast_weight = (bf16*)device_alloc(bf16_bytes, "bf16 weight cast buffer");
     if (!m->sw.metadata_by_value) m->shape_in_memory = (HeadShape*)device_alloc(sizeof(HeadShape), "shape metadata");
@@ -578,6 +579,7 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, device));
     m->layout = param_layout(cfg);
+    m->tab = tensor_table(cfg);
     if (comm) comm->zero = zero_layout(&m->layout, comm->rank, comm->world, sw->sparse_embedding);
     char err[L3_ERR_LEN];
     if (kernel_limits_check(cfg, sw->flash_attention, "model", err)) { // test_llama3 comes here without train_args_check
@@ -623,6 +625,7 @@ static void model_free(Model* m) {
     free(m->group_updated);
     free((void*)m->plan);
     free(m->gemm);
+    tensor_table_free(&m->tab);
     if (!m->comm) return;
     void* comm_device[] = {m->comm->sumsq_total, m->comm->count, m->comm->all_tokens, m->comm->union_grads,
                            m->comm->union_sorter.sorted_tokens, m->comm->union_sorter.temp};
@@ -631,28 +634,24 @@ static void model_free(Model* m) {
 
 // [fp8] The block linears' FP8 weights.
 
-static bool fp8_linear(const Model* m, int tensor) { return m->fp8 && tensor >= P_QKV && tensor <= P_DOWN; }
-// The block linear's (out, in): qkv (QKV, C), attn_out (C, C), gate_up (2F, C), down (C, F).
-static void linear_shape(const Model* m, int tensor, int* out, int* in) {
-    int C = m->cfg.n_embd, F = m->cfg.ffn_hidden;
-    *out = tensor == P_QKV ? qkv_dim(&m->cfg) : tensor == P_GATE_UP ? 2 * F : C;
-    *in = tensor == P_DOWN ? F : C;
+// Whether a GEMM of this weight reads FP8: --fp8 1 and a block linear (the slice has an FP8 slot).
+static bool fp8_linear(const Model* m, int tensor, int layer) {
+    return m->fp8 && slice_of(&m->tab, tensor, layer)->fp8_slot >= 0;
 }
 static size_t fp8_weight_at(const Model* m, int tensor, int layer) {
-    return param_offset(m, tensor, layer) - m->layout.offset[P_QKV];
+    return slice_of(&m->tab, tensor, layer)->fp8_weight_at;
 }
 static Fp8Scale* fp8_weight_scale(const Model* m, int tensor, int layer) {
-    return m->fp8->w_scale + (size_t)(tensor - P_QKV) * m->cfg.n_layer + layer;
+    return m->fp8->w_scale + slice_of(&m->tab, tensor, layer)->fp8_slot;
 }
-// Layer `layer`'s block linear input, transposed (in, N): qkv's, attn_out's and gate_up's N x C
-// each, then down's N x F.
+// A block linear's input, transposed (in, N), as the forward left it for the backward: layer l's
+// qkv's, attn_out's and gate_up's N x C each, then down's N x F.
 static e4m3* fp8_input_t(const Model* m, int tensor, int layer) {
-    size_t NC = (size_t)m->B * m->T * m->cfg.n_embd;
-    return m->fp8->x_t + layer * fp8_layer_inputs_count(m) + (tensor - P_QKV) * NC;
+    return m->fp8->x_t + (size_t)m->B * m->T * slice_of(&m->tab, tensor, layer)->fp8_input_cols;
 }
 // The scale of a block linear's input (grad false) or output gradient (true) in layer `layer`.
 static Fp8Scale* fp8_act_scale(const Model* m, int tensor, int layer, bool grad) {
-    return m->fp8->act_scale + ((size_t)layer * (P_DOWN - P_QKV + 1) + (tensor - P_QKV)) * 2 + grad;
+    return m->fp8->act_scale + (size_t)slice_of(&m->tab, tensor, layer)->fp8_slot * 2 + grad;
 }
 // The operands whose amax the kernel writing them computes as it goes: the SwiGLU output (down's
 // input) and its backward's (gate_up's output gradient), and [fused RMSNorm] the RMSNorm outputs
@@ -666,7 +665,7 @@ static bool fp8_amax_fused(const Model* m, int tensor, bool grad) {
 }
 // Where the producing kernel puts that amax, or NULL (--fp8 0, or an operand without it).
 static unsigned* fp8_producer_amax(const Model* m, int tensor, int layer, bool grad) {
-    if (!fp8_linear(m, tensor) || !fp8_amax_fused(m, tensor, grad)) return NULL;
+    if (!fp8_linear(m, tensor, layer) || !fp8_amax_fused(m, tensor, grad)) return NULL;
     return &fp8_act_scale(m, tensor, layer, grad)->amax_bits;
 }
 // The RMSNorm `tensor` of `layer`'s: the forward's output is the next linear's input (attention
@@ -685,19 +684,20 @@ static unsigned* fp8_norm_amax(const Model* m, int tensor, int layer, bool backw
 // AdamW has written the shadow, on AdamW's stream, so that the forward's wait for the update group
 // [deferred AdamW] covers them too. 6 bytes per weight: the amax pass reads 2, quantize_fp8 4.
 static void fp8_quantize_weight(const Model* m, int tensor, int layer, cudaStream_t s) {
-    int out, in;
-    linear_shape(m, tensor, &out, &in);
-    const bf16* w = m->shadow + (param_offset(m, tensor, layer) - m->layout.shadow_begin);
+    const TensorSlice* w_slice = slice_of(&m->tab, tensor, layer);
+    const bf16* w = m->shadow + (w_slice->offset - m->layout.shadow_begin);
     Fp8Scale* scale = fp8_weight_scale(m, tensor, layer);
-    size_t at = fp8_weight_at(m, tensor, layer), n = (size_t)out * in;
+    size_t at = w_slice->fp8_weight_at;
     CUDA_CHECK(cudaMemsetAsync(scale, 0, sizeof(Fp8Scale), s));
-    fp8_amax(scale, w, n, m->sms, s);
-    quantize_fp8(m->fp8->w + at, m->fp8->w_t + at, scale, w, out, in, s);
+    fp8_amax(scale, w, w_slice->n, m->sms, s);
+    quantize_fp8(m->fp8->w + at, m->fp8->w_t + at, scale, w, w_slice->out, w_slice->in, s);
 }
 // Every block linear's, after the shadow was made or rewritten whole.
 static void fp8_quantize_weights(const Model* m, cudaStream_t s) {
-    for (int t = P_QKV; t <= P_DOWN; t++)
-        for (int l = 0; l < m->cfg.n_layer; l++) fp8_quantize_weight(m, t, l, s);
+    for (int j = 0; j < m->tab.n_slices; j++) {
+        const TensorSlice* w_slice = &m->tab.slice[j];
+        if (w_slice->fp8_slot >= 0) fp8_quantize_weight(m, w_slice->tensor, w_slice->layer, s);
+    }
 }
 
 // The bf16 shadow of the matmul weights, made once after the masters are set; from then on the
@@ -770,7 +770,7 @@ static void fp8_reset_scales(const Model* m) {
 // [fp8] for a block linear x and W in e4m3 (fp32 accumulation: with cuBLASLt's fast accumulation,
 // torchao's forward, the comparison with PyTorch's own loses a digit, dev/PERF.md issue 24).
 static void linear_forward(const Model* m, bf16* y, const bf16* x, int tensor, int layer, int out, int in) {
-    if (fp8_linear(m, tensor)) {
+    if (fp8_linear(m, tensor, layer)) {
         Fp8Buffers* f = m->fp8;
         fp8_quantize_operand(m, f->x, fp8_input_t(m, tensor, layer), tensor, layer, false, x, in);
         matmul_fp8(m->gemm, m->stream, y, f->x, CUDA_R_8F_E4M3, &fp8_act_scale(m, tensor, layer, false)->scale_inv,
@@ -977,7 +977,7 @@ static void linear_backward_fp8(const Model* m, int tensor, int layer, bf16* dx,
 // earlier micro-steps') and dx.
 static void linear_backward(const Model* m, int tensor, int layer, bf16* dx, const bf16* dy, const bf16* x, int out,
                             int in, bool accumulate) {
-    if (fp8_linear(m, tensor)) return linear_backward_fp8(m, tensor, layer, dx, dy, out, in);
+    if (fp8_linear(m, tensor, layer)) return linear_backward_fp8(m, tensor, layer, dx, dy, out, in);
     weight_grad(m, tensor, layer, dy, x, out, in, accumulate);
     input_grad(m, tensor, layer, dx, dy, out, in);
 }
@@ -1083,9 +1083,8 @@ static void block_backward(const Model* m, int l, bool accumulate) {
 
 static void adamw_tensor(const Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s); // in the optimizer section
 static void grad_sum_squares(const Model* m, int tensor, int layer, cudaStream_t s);
-static void shard_group_reduce(const Model* m, const int* tensors, int n, int layer);
-static void shard_group_update(const Model* m, const int* tensors, int n, int layer, const AdamWParams* h);
-static const int LAYER_TENSORS[] = {P_QKV, P_ATTN_OUT, P_GATE_UP, P_DOWN, P_ATTN_NORM, P_FFN_NORM};
+static void shard_group_reduce(const Model* m, const int* slices, int n);
+static void shard_group_update(const Model* m, const int* slices, int n, const AdamWParams* h);
 
 // [streams] With AdamW overlapped (the plan's ADAMW_OVERLAPPED groups), it runs on the optimizer
 // stream as soon as the backward pass has written a group of gradients (lm_head first, then layer
@@ -1102,20 +1101,21 @@ static void main_stream_waits(const Model* m) {
     CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->opt_done));
 }
 
-// [streams] The step's last backward has just written the gradients of `tensors` (of layer
-// `layer`, one update group). On the optimizer stream, as the plan has it: [data parallel] sharded,
-// their reduction over the ranks first; with clipping their sums of squares (AdamW then waits for
-// the global norm), else their AdamW if it is overlapped or sharded.
-static void gradients_done(const Model* m, const int* tensors, int n, int layer) {
+// [streams] The step's last backward has just written the gradients of n `slices` (table indices,
+// of one update group). On the optimizer stream, as the plan has it: [data parallel] sharded, their
+// reduction over the ranks first; with clipping their sums of squares (AdamW then waits for the
+// global norm), else their AdamW if it is overlapped or sharded.
+static void gradients_done(const Model* m, const int* slices, int n) {
     const StepPlan* p = m->plan;
-    AdamWTiming timing = p->timing[update_group(m, tensors[0], layer)];
+    AdamWTiming timing = p->timing[m->tab.slice[slices[0]].group];
     if (timing != ADAMW_OVERLAPPED && timing != ADAMW_SHARDED && !p->measure_norm) return;
     optimizer_stream_waits(m);
-    if (timing == ADAMW_SHARDED) shard_group_reduce(m, tensors, n, layer);
-    if (timing == ADAMW_SHARDED && !p->measure_norm) return shard_group_update(m, tensors, n, layer, &m->adam->latest);
+    if (timing == ADAMW_SHARDED) shard_group_reduce(m, slices, n);
+    if (timing == ADAMW_SHARDED && !p->measure_norm) return shard_group_update(m, slices, n, &m->adam->latest);
     for (int i = 0; i < n; i++) {
-        if (p->measure_norm) grad_sum_squares(m, tensors[i], layer, m->opt_stream);
-        else adamw_tensor(m, tensors[i], layer, &m->adam->latest, m->opt_stream);
+        const TensorSlice* g = &m->tab.slice[slices[i]];
+        if (p->measure_norm) grad_sum_squares(m, g->tensor, g->layer, m->opt_stream);
+        else adamw_tensor(m, g->tensor, g->layer, &m->adam->latest, m->opt_stream);
     }
 }
 
@@ -1127,27 +1127,29 @@ static void backward(const Model* m, const int* inputs, bool accumulate, bool to
     const Llama3Config* c = &m->cfg;
     int N = m->B * m->T, C = c->n_embd, V = c->vocab_size, L = c->n_layer;
     size_t NC = (size_t)N * C;
-    static const int lm_head[] = {P_LM_HEAD}, final_norm[] = {P_FINAL_NORM}, wte[] = {P_WTE};
-    auto done = [&](const int* tensors, int n, int layer) {
-        if (to_optimizer) gradients_done(m, tensors, n, layer);
+    const int* first = m->tab.first; // (a tensor's layer-0 slice: a list of one)
+    auto done = [&](const int* slices, int n) {
+        if (to_optimizer) gradients_done(m, slices, n);
     };
     bf16* dlogits = m->acts.logits;
     int head = m->layout.head; // [tied embeddings] wte: its gradient starts here, the embedding's rows are added last
     weight_grad(m, head, 0, dlogits, m->acts.normed_final, V, C, accumulate);
     input_grad(m, head, 0, m->acts.branch, dlogits, V, C); // reads the head's shadow: before its AdamW
-    if (head == P_LM_HEAD) done(lm_head, 1, 0);
+    if (head == P_LM_HEAD) done(&first[P_LM_HEAD], 1);
     norm_backward(m, P_FINAL_NORM, 0, m->acts.resid + L * NC, m->acts.rstd_final, false, accumulate);
-    done(final_norm, 1, 0);
+    done(&first[P_FINAL_NORM], 1);
     for (int l = L - 1; l >= 0; l--) {
         block_backward(m, l, accumulate);
-        done(LAYER_TENSORS, 6, l);
+        const int* layer_slices;
+        int n = group_slices(m, 1 + l, &layer_slices);
+        done(layer_slices, n);
     }
     token_sort(&m->sorter, inputs, N, m->stream);
     embedding_backward(grad_f32(m, m->layout.offset[P_WTE]), m->acts.dresid, &m->sorter, N, C, m->stream);
     grad_written(m, m->layout.offset[P_WTE], m->layout.size[P_WTE]);
     if (to_optimizer && m->grad_accum > 1) // [sparse rows] the rows of all micro-steps: AdamW's and the norm's
         token_sort(&m->sorter, m->tokens, m->grad_accum * N, m->stream);
-    done(wte, 1, 0);
+    done(&first[P_WTE], 1);
     NVTX_POP();
 }
 
@@ -1197,7 +1199,7 @@ static void adamw_tensor(const Model* m, int tensor, int layer, const AdamWParam
     if (tensor == P_WTE) return adamw_embedding(m, h, s);
     size_t begin = param_offset(m, tensor, layer);
     adamw_range(m, begin, begin + m->layout.layer_size[tensor], begin, h, s);
-    if (fp8_linear(m, tensor)) fp8_quantize_weight(m, tensor, layer, s); // [fp8] from the new shadow
+    if (fp8_linear(m, tensor, layer)) fp8_quantize_weight(m, tensor, layer, s); // [fp8] from the new shadow
 }
 
 // ---- data parallel: the sharded optimizer (ZeRO-1) ----
@@ -1276,19 +1278,21 @@ static void shard_gather(const Model* m, int tensor, int layer) {
     if (offset < m->layout.matmul_begin || offset >= m->layout.matmul_end) gather(m->params + offset);
 }
 
-// An update group's reduction (one NCCL launch for its tensors; wte's union has kernels between its
-// collectives, so it runs alone).
-static void shard_group_reduce(const Model* m, const int* tensors, int n, int layer) {
-    if (sparse_wte(m, tensors[0])) return reduce_union_rows(m);
+// The reduction of n slices of an update group (one NCCL launch for them; wte's union has kernels
+// between its collectives, so it runs alone).
+static void shard_group_reduce(const Model* m, const int* slices, int n) {
+    const TensorSlice* s = m->tab.slice;
+    if (sparse_wte(m, s[slices[0]].tensor)) return reduce_union_rows(m);
     comm_group(true);
-    for (int i = 0; i < n; i++) shard_reduce(m, tensors[i], layer);
+    for (int i = 0; i < n; i++) shard_reduce(m, s[slices[i]].tensor, s[slices[i]].layer);
     comm_group(false);
 }
-// An update group's AdamW on this rank's parts, then its all-gathers (one NCCL launch).
-static void shard_group_update(const Model* m, const int* tensors, int n, int layer, const AdamWParams* h) {
-    for (int i = 0; i < n; i++) shard_adamw(m, tensors[i], layer, h);
+// Their AdamW on this rank's parts, then their all-gathers (one NCCL launch).
+static void shard_group_update(const Model* m, const int* slices, int n, const AdamWParams* h) {
+    const TensorSlice* s = m->tab.slice;
+    for (int i = 0; i < n; i++) shard_adamw(m, s[slices[i]].tensor, s[slices[i]].layer, h);
     comm_group(true);
-    for (int i = 0; i < n; i++) shard_gather(m, tensors[i], layer);
+    for (int i = 0; i < n; i++) shard_gather(m, s[slices[i]].tensor, s[slices[i]].layer);
     comm_group(false);
 }
 
@@ -1297,7 +1301,7 @@ static void shard_group_update(const Model* m, const int* tensors, int n, int la
 // (rank 0's alone). clip_guard then reads the ranks' sums (norm_all_reduce).
 static void shard_sum_squares(const Model* m, int tensor, int layer, cudaStream_t s) {
     const Comm* c = m->comm;
-    float* partial = m->sumsq + (size_t)sumsq_slot(tensor, layer) * SUMSQ_BLOCKS;
+    float* partial = sumsq_of(m, tensor, layer);
     if (sparse_wte(m, tensor)) {
         if (c->rank == 0)
             sum_squares_rows(partial, grad_f32(m, m->layout.offset[P_WTE]), c->union_sorter.sorted_tokens, n_union(m),
@@ -1311,22 +1315,12 @@ static void shard_sum_squares(const Model* m, int tensor, int layer, cudaStream_
     }
 }
 
-// The tensors of update group g and their layer (see update groups at head_group; update_group is
-// the inverse).
-static int group_tensors(const Model* m, int g, const int** tensors, int* layer) {
-    static const int wte[] = {P_WTE}, head[] = {P_FINAL_NORM, P_LM_HEAD};
-    *layer = g == 0 || g == head_group(m) ? 0 : g - 1;
-    if (g == 0) return *tensors = wte, 1;
-    if (g == head_group(m)) return *tensors = head, m->layout.slices[P_LM_HEAD] ? 2 : 1; // (tied: no lm_head)
-    return *tensors = LAYER_TENSORS, 6;
-}
-
 // [clipping] Under several ranks, once the norm is known: every group's sharded update.
 static void shard_update_after_norm(const Model* m) {
     for (int g = 0; g < num_groups(m); g++) {
-        const int* tensors;
-        int layer, n = group_tensors(m, g, &tensors, &layer);
-        shard_group_update(m, tensors, n, layer, &m->adam->latest);
+        const int* slices;
+        int n = group_slices(m, g, &slices);
+        shard_group_update(m, slices, n, &m->adam->latest);
     }
 }
 
@@ -1360,7 +1354,7 @@ static void ranks_agree_on_loss(const Model* m) {
 static void grad_sum_squares(const Model* m, int tensor, int layer, cudaStream_t s) {
     if (m->comm) return shard_sum_squares(m, tensor, layer, s);
     size_t offset = param_offset(m, tensor, layer), n = m->layout.layer_size[tensor];
-    float* partial = m->sumsq + (size_t)sumsq_slot(tensor, layer) * SUMSQ_BLOCKS;
+    float* partial = sumsq_of(m, tensor, layer);
     if (tensor == P_WTE && m->sw.sparse_embedding)
         sum_squares_rows(partial, grad_f32(m, offset), m->sorter.sorted_tokens, m->grad_accum * m->B * m->T,
                          m->cfg.n_embd, s);
@@ -1383,9 +1377,9 @@ static void optimizer_step(const Model* m) {
 
 // One update group's AdamW (see update groups at head_group).
 static void adamw_group(const Model* m, int g, const AdamWParams* h, cudaStream_t s) {
-    const int* tensors;
-    int layer, n = group_tensors(m, g, &tensors, &layer);
-    for (int i = 0; i < n; i++) adamw_tensor(m, tensors[i], layer, h, s);
+    const int* slices;
+    int n = group_slices(m, g, &slices);
+    for (int i = 0; i < n; i++) adamw_tensor(m, m->tab.slice[slices[i]].tensor, m->tab.slice[slices[i]].layer, h, s);
 }
 
 // [deferred AdamW] The updates of the plan's deferred groups, which the previous step left, in the
@@ -1599,12 +1593,14 @@ static void saver_join(Saver* s) {
 static void gather_masters(const Model* m) {
     optimizer_stream_waits(m);
     comm_group(true);
-    for (int t = P_LM_HEAD; t <= P_DOWN; t++)
-        for (int l = 0; l < m->layout.slices[t]; l++) {
-            RangeShard sh = m->comm->zero.shard[t];
-            float* slice = m->params + param_offset(m, t, l);
-            if (sh.part) all_gather(m->comm->nccl, slice + (size_t)m->comm->rank * sh.part, slice, sh.part, m->opt_stream);
-        }
+    for (int j = 0; j < m->tab.n_slices; j++) {
+        const TensorSlice* w = &m->tab.slice[j];
+        RangeShard sh = m->comm->zero.shard[w->tensor];
+        float* slice = m->params + w->offset;
+        bool matmul = w->offset >= m->layout.matmul_begin && w->offset < m->layout.matmul_end; // (not a tied wte)
+        if (matmul && sh.part)
+            all_gather(m->comm->nccl, slice + (size_t)m->comm->rank * sh.part, slice, sh.part, m->opt_stream);
+    }
     comm_group(false);
     main_stream_waits(m);
 }

@@ -57,7 +57,7 @@ MUTANTS = [
      "&fp8_act_scale(m, tensor, layer, false)->scale_inv,\n                   m->B * m->T, out, in, false);"),
     ("fp8_stale_amax", "fp8", "train_llama3.cu", "--fp8 1: one amax slot per linear for every layer, so an "
      "operand's scale comes from the largest of the earlier layers' too",
-     "((size_t)layer * (P_DOWN - P_QKV + 1) + (tensor - P_QKV)) * 2 + grad", "(size_t)(tensor - P_QKV) * 2 + grad"),
+     "(size_t)slice_of(&m->tab, tensor, layer)->fp8_slot * 2 + grad", "(size_t)slice_of(&m->tab, tensor, 0)->fp8_slot * 2 + grad"),
     ("fp8_amax_not_reset", "fp8", "train_llama3.cu", "--fp8 1: the activation amaxes not reset as the forward "
      "starts, so each is the largest of every step's so far", "    fp8_reset_scales(m);\n", ""),
     ("fp8_grads_e4m3", "fp8", "train_llama3.cu", "--fp8 1: the output gradients quantised to e4m3 where the GEMMs "
@@ -89,8 +89,8 @@ MUTANTS = [
      "adamw_deferred(m, &m->adam->previous, m->opt_stream)", "adamw_deferred(m, &m->adam->latest, m->opt_stream)"),
     ("overlapped_wrong_step", "optimizer path", "train_llama3.cu", "overlapped per-layer AdamW with the "
      "previous step's hyperparameters",
-     "else adamw_tensor(m, tensors[i], layer, &m->adam->latest, m->opt_stream);",
-     "else adamw_tensor(m, tensors[i], layer, &m->adam->previous, m->opt_stream);"),
+     "else adamw_tensor(m, g->tensor, g->layer, &m->adam->latest, m->opt_stream);",
+     "else adamw_tensor(m, g->tensor, g->layer, &m->adam->previous, m->opt_stream);"),
     ("previous_step_not_kept", "optimizer path", "kernels.cuh", "the step counter kernel does not keep the "
      "previous step's hyperparameters for the deferred layers",
      "    h->previous = h->latest;\n", ""),
@@ -209,10 +209,11 @@ DP_MUTANTS = [
      "        if (sh.part) reduce_scatter(c->nccl, g, sh.part, c->rank, m->opt_stream);\n", ""),
     ("gather_before_adamw", "data parallel", "train_llama3.cu", "a group's all-gather issued before its AdamW: the "
      "ranks read each other's parts as they were before the step",
-     "    for (int i = 0; i < n; i++) shard_adamw(m, tensors[i], layer, h);\n    comm_group(true);\n"
-     "    for (int i = 0; i < n; i++) shard_gather(m, tensors[i], layer);\n    comm_group(false);\n",
-     "    comm_group(true);\n    for (int i = 0; i < n; i++) shard_gather(m, tensors[i], layer);\n"
-     "    comm_group(false);\n    for (int i = 0; i < n; i++) shard_adamw(m, tensors[i], layer, h);\n"),
+     "    for (int i = 0; i < n; i++) shard_adamw(m, s[slices[i]].tensor, s[slices[i]].layer, h);\n"
+     "    comm_group(true);\n    for (int i = 0; i < n; i++) shard_gather(m, s[slices[i]].tensor, s[slices[i]].layer);\n"
+     "    comm_group(false);\n",
+     "    comm_group(true);\n    for (int i = 0; i < n; i++) shard_gather(m, s[slices[i]].tensor, s[slices[i]].layer);\n"
+     "    comm_group(false);\n    for (int i = 0; i < n; i++) shard_adamw(m, s[slices[i]].tensor, s[slices[i]].layer, h);\n"),
     ("model_file_not_gathered", "data parallel", "train_llama3.cu", "a save of two ranks writes model.bin without "
      "the all-gather of the fp32 weights: the parts rank 1 updates are stale in rank 0's copy",
      "    if (m->comm) gather_masters(m);\n", ""),
@@ -347,6 +348,12 @@ HOST_MUTANTS = [
     ("recipe_check_step_commas", "docs", "scripts/test_recipes.sh", "the recipes' log check reads the step "
      "numbers with their commas (\"1,\"), so that no whole log passes (as on the H100, 2026-12-06)",
      "| tr -dc '0-9\\n' |", "| cut -d' ' -f2 |"),
+    # The tensor table (llama3.h tensor_table): what a slot or group change would do to the step.
+    ("sumsq_slots_by_tensor", "layout", "llama3.h", "the sum-of-squares slots numbered tensor by tensor instead "
+     "of layer by layer: still one each, but the norm's reduction order, and so its bits, change",
+     "s->sumsq_slot = stacked ? 3 + l * per_layer + (t - P_QKV) :", "s->sumsq_slot = stacked ? 3 + (t - P_QKV) * L + l :"),
+    ("head_group_lm_head_first", "layout", "llama3.h", "lm_head taken before the final norm in the head's update group",
+     "P_ATTN_NORM, P_FFN_NORM, P_FINAL_NORM, P_LM_HEAD};", "P_ATTN_NORM, P_FFN_NORM, P_LM_HEAD, P_FINAL_NORM};"),
     # A case that blocks fails by its own time limit (test_llama3_host.c CASE_LIMIT_S), not by a hang.
     ("fifo_open_blocks", "files", "llama3.h", "model and token files opened blocking: the open of a FIFO waits for "
      "a writer that never comes", "int fd = open(path, O_RDONLY | O_NONBLOCK);", "int fd = open(path, O_RDONLY);"),
