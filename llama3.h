@@ -1,5 +1,8 @@
-// llama3.h: the host-side C of the LLaMA 3 trainer. Config, parameter layout, the two model
-// file formats, llm.c token files and the data loader, the RoPE table, and the command line.
+// llama3.h: the host-side C of the LLaMA 3 trainer, in the order a run uses it: the flags and the
+// model's config (config, lr schedule, each part's settings, the command line); the weights' layout
+// (parameter layout, tensor table, the step's plan, RoPE); files (model files, the vocabulary); data
+// (token files, the loader); the checks before the GPU; checkpoints and the JSON log; ranks (launch
+// variables, ZeRO-1 shards, the configuration hash, the rendezvous).
 // No CUDA in here: `gcc -x c test_llama3_host.c` builds its unit tests on a machine without a GPU.
 // Functions that can fail on bad input return 0 on success and -1 with a message in `err`
 // (L3_ERR_LEN bytes) that names the file or flag and what is wrong; callers decide to exit.
@@ -27,6 +30,13 @@
 #define MODEL_VERSION_BF16 5 // llm.c's bf16 llama3 files
 #define TOKENS_MAGIC_LLAMA3 20240801 // uint32 tokens, version 7
 #define TOKENS_MAGIC_GPT2 20240520   // uint16 tokens, version 1
+
+// FNV-1a, 64-bit: the checkpoint's hash of the data and the ranks' hash of their configuration.
+#define FNV1A_OFFSET 1469598103934665603ULL
+static inline uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char*)data)[i]) * 1099511628211ULL;
+    return h;
+}
 
 static inline int l3_fail(char* err, const char* fmt, ...) {
     va_list ap;
@@ -138,6 +148,530 @@ static inline void config_print(FILE* f, const Llama3Config* c) {
     fprintf(f, " | tied %d |\n", c->tied_embeddings);
 }
 
+// Rows of the qkv weight: C query rows, then the key and value rows of the KV heads.
+static inline int qkv_dim(const Llama3Config* c) { return c->n_embd + 2 * c->n_kv_head * (c->n_embd / c->n_head); }
+
+// ---- learning-rate schedule ----
+// The lr of optimizer step t (1 = the first update, total = the run's last step): a linear warmup
+// to the peak over the first `warmup` steps (peak * t / warmup, never 0), then constant; cosine or
+// linear from the peak down to peak * final_frac at step total; or wsd (warmup, stable, decay): the
+// peak until the last decay_frac of the run, then linear down to peak * final_frac at step total.
+// Compiled for the host and, by nvcc, for the device, where the step's first kernel evaluates it
+// from the step counter (so a captured step replays with each step's own lr).
+enum { LR_CONSTANT, LR_COSINE, LR_LINEAR, LR_WSD };
+typedef struct {
+    int kind;   // LR_CONSTANT, LR_COSINE, LR_LINEAR, LR_WSD
+    int warmup; // --warmup_iters
+    int total;  // --num_iteration: the run's optimizer steps, in one invocation or several (--stop_after)
+    float peak_lr, final_frac, decay_frac;
+} LrSchedule;
+#ifdef __CUDACC__
+#define L3_HOST_DEVICE __host__ __device__
+#else
+#define L3_HOST_DEVICE
+#endif
+static inline L3_HOST_DEVICE float lr_at(LrSchedule s, int t) {
+    if (t <= s.warmup) return (float)((double)s.peak_lr * t / s.warmup);
+    if (s.kind == LR_CONSTANT) return s.peak_lr;
+    double start = s.warmup, wsd_start = s.total - (double)s.decay_frac * s.total; // where the decay starts
+    if (s.kind == LR_WSD && wsd_start > start) start = wsd_start;
+    if (t <= start) return s.peak_lr;
+    double p = (t - start) / (s.total - start); // (0, 1] up to the last step
+    if (!(p <= 1)) p = 1;
+    double f = s.kind == LR_COSINE ? 0.5 * (1.0 + cos(M_PI * p)) : 1.0 - p; // 1 -> 0
+    return (float)(s.peak_lr * (s.final_frac + (1.0 - s.final_frac) * f));
+}
+
+// ---- configuration ----
+// Each part of the trainer owns one struct of settings, and the command line's table (FLAGS, below)
+// parses every flag straight into its field there: one copy of each value, nothing repacked.
+
+// The optimizer's: AdamW as torch.optim.AdamW, its lr schedule, and gradient clipping.
+typedef struct {
+    LrSchedule sched;
+    float beta1, beta2, eps, weight_decay;
+    float grad_clip; // 0: no clipping (and no gradient norm)
+    int moments;     // --optimizer_state: MOMENTS_FP32, or MOMENTS_BF16 [bf16 moments] (m and v in bf16)
+} OptimConfig;
+enum { MOMENTS_FP32, MOMENTS_BF16 };
+// Bytes of one value of AdamW's m (or v).
+static inline size_t moment_bytes(int moments) { return moments == MOMENTS_BF16 ? 2 : 4; }
+
+// The training loop's: its inputs and log, the batch, and how long it runs.
+typedef struct {
+    const char* input_bin;     // NULL: the embedded default data set
+    const char* llmc_filepath; // NULL: random init (std 0.02, norms 1) of `shape`
+    int shape;                 // --shape: SHAPE_1B, _3B or _8B, the random init's [family]
+    const char* log_file;      // NULL: no JSON log
+    int batch_size, sequence_length, total_batch_size; // total: of all ranks
+    int recompute; // --recompute: RECOMPUTE_NONE, _NORMS or _BLOCKS, what the backward recomputes [recompute]
+    int fp8;       // --fp8: the block linears' GEMMs in FP8 [fp8]
+    int fp8_grads; // --fp8_grads: FP8_GRADS_E5M2 or _E4M3, the backward's output gradients' format [fp8]
+    int rank, world; // this process's rank, of the ranks the run is spread over (the launcher's, RankEnv;
+                     // not flags: train_args_parse sets world, its caller the rank)
+    int stop_after; // 0: run to the schedule's last step; else the last step of this invocation
+    int overfit_single_batch;
+    unsigned long long seed;
+    int max_bad_steps; // skipped steps in a row that stop the run
+} LoopConfig;
+// [recompute] Activations the backward recomputes instead of keeping one copy per layer: none; the
+// RMSNorm outputs and SwiGLU's (each layer keeps its residuals, q k v, attention output and gate_up);
+// or whole blocks (each layer keeps only its input, resid; the block's forward runs again, all but
+// the down projection, just before its backward). The recomputed values are the saved ones bit for
+// bit: the same kernels on the same inputs.
+enum { RECOMPUTE_NONE, RECOMPUTE_NORMS, RECOMPUTE_BLOCKS };
+enum { FP8_GRADS_E5M2, FP8_GRADS_E4M3 };
+#define FP8_GRADS_CHOICES "e5m2|e4m3" // (their order: the enum's)
+
+// Evaluation's: the val loss and samples between steps.
+typedef struct {
+    const char* val_bin; // NULL: the embedded tiny shakespeare val split
+    int val_every, val_tokens; // val_every 0: no validation
+    int sample_every, sample_tokens, top_k; // sample_every 0: no sampling
+    float temperature;                      // 0: greedy
+} EvalConfig;
+
+// Data parallel's: how the ranks find each other, and how long any of them waits for the others.
+typedef struct {
+    const char* rendezvous; // file:PATH or tcp:HOST:PORT (rendezvous, below); needed under several ranks
+    int timeout_s;          // the rendezvous, NCCL's start, and any step
+} DistConfig;
+
+// Checkpoints'.
+typedef struct {
+    const char* dir; // NULL: no checkpoints
+    int every;       // 0: only after the last step
+    int keep;        // complete checkpoints kept
+    const char* resume; // NULL: a fresh run; else a checkpoint folder or a --checkpoint_dir
+} CheckpointConfig;
+
+// Optimisations that can be switched off, one by one, for the ablation (scripts/bench.sh). A switch
+// is its row here and the code that reads it: its Switches field, its flag and --help line, the
+// scripts' list (--list_switches), the printed configuration, the checkpoint's record and the
+// test's choice of what to re-check all come from the row. A row: field (and flag) name, flag
+// kind, default, upper bound (ints), choices, what it changes (SWITCH_PASSES: the forward or
+// backward pass; SWITCH_OPTIMIZER: only when and how AdamW runs), the values the tests and the
+// ablation run it at, help.
+enum { GRAD_ZERO_NONE, GRAD_ZERO_MEMSET, GRAD_ZERO_FILL };
+typedef enum { NOT_A_SWITCH, SWITCH_PASSES, SWITCH_OPTIMIZER } SwitchScope;
+#define LLAMA3_SWITCHES(X)                                                                                             \
+    X(shadow_weights, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                     \
+      "1: AdamW writes bf16 copies of the weights; 0: cast each weight to bf16 before every GEMM that reads it")       \
+    X(vector_adam, FLAG_BOOL, "1", 0, NULL, SWITCH_OPTIMIZER, "0", "1: 128-bit AdamW; 0: scalar AdamW kernels")       \
+    X(grad_zeroing, FLAG_CHOICE, "none", 0, "none|memset|fill", SWITCH_PASSES, "memset fill",                          \
+      "none: the first gradient GEMM writes; memset or fill: zero every gradient tensor each step and accumulate")    \
+    X(metadata_by_value, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                  \
+      "1: shapes as kernel arguments; 0: copied host-to-device before each launch that takes them")                   \
+    X(sparse_embedding, FLAG_BOOL, "1", 0, NULL, SWITCH_OPTIMIZER, "0",                                                \
+      "1: lazy AdamW on the embedding rows the step touched; 0: dense embedding gradient and AdamW")                  \
+    X(overlap_optimizer, FLAG_BOOL, "1", 0, NULL, SWITCH_OPTIMIZER, "0",                                               \
+      "1: AdamW of each layer on a second stream during the backward; 0: after the backward pass")                    \
+    X(flash_attention, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                    \
+      "1: flash attention; 0: unfused (batched GEMMs, T x T scores and P in memory)")                                 \
+    X(bf16_grads, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                         \
+      "1: matmul weight gradients in bf16 when one micro-step makes the step; 0: fp32")                               \
+    X(cuda_graph, FLAG_BOOL, "1", 0, NULL, SWITCH_OPTIMIZER, "0",                                                      \
+      "1: steps 2.. replay one CUDA graph (not with metadata_by_value 0, whose copies a graph cannot hold); "         \
+      "0: every kernel launched from the host")                                                                       \
+    X(fused_rmsnorm, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                      \
+      "1: one kernel per RMSNorm forward/backward, residual add inside; 0: the separate ops autograd runs")           \
+    X(deferred_adamw, FLAG_INT, "-1", BIG_INT, NULL, SWITCH_OPTIMIZER, "0 1",                                          \
+      "AdamW of layers 0..N-1 in the next step's forward (not given: 12, or every layer of a smaller model; with "    \
+      "grad_clip every group; only with overlap_optimizer 1 and grad_zeroing none)")                                  \
+    X(delete_fills, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                       \
+      "1: no fill before a kernel that overwrites its whole output; 0: InfiniTrain's fills before the attention and " \
+      "head-permute backward")
+#define BIG_INT (1 << 30)
+
+typedef struct {
+#define SWITCH_FIELD(field, ...) int field;
+    LLAMA3_SWITCHES(SWITCH_FIELD)
+#undef SWITCH_FIELD
+} Switches;
+
+// The switches as they apply to model c, the one place a model overrides a flag: [tied embeddings]
+// sparse_embedding off, since the head GEMM writes every row of a tied wte's gradient (no sparse
+// rows to update lazily). The trainer prints what this changed (print_model).
+static inline Switches switches_for_model(const Switches* sw, const Llama3Config* c) {
+    Switches s = *sw;
+    if (c->tied_embeddings) s.sparse_embedding = 0;
+    return s;
+}
+
+typedef struct {
+    LoopConfig loop;
+    OptimConfig optim;
+    EvalConfig eval;
+    CheckpointConfig ckpt;
+    DistConfig dist;
+    Switches sw;
+    int help;          // --help or -h: print the usage and exit
+    int list_switches; // --list_switches: print each switch's ablation settings and exit
+} TrainArgs;
+
+// What model creation takes of a run besides the model's config: the micro-batch (B rows of T
+// tokens) and the micro-steps per optimizer step, recompute, the precision recipe (--fp8 and its
+// gradients' format), the optimizer and the switches. The trainer's comes from its flags
+// (run_config, after train_args_resolve); test_llama3's from a reference's own values.
+typedef struct {
+    int B, T, grad_accum;
+    int recompute;      // RECOMPUTE_NONE, _NORMS or _BLOCKS
+    int fp8, fp8_grads; // --fp8 1: the block linears' GEMMs in FP8; FP8_GRADS_E5M2 or _E4M3
+    const OptimConfig* opt;
+    const Switches* sw;
+} RunConfig;
+
+// The last step this invocation runs: --stop_after, or the schedule's last step.
+static inline int last_step(const TrainArgs* a) { return a->loop.stop_after ? a->loop.stop_after : a->optim.sched.total; }
+
+// ---- command line ----
+// The seed report's flags (gflags style: --flag value or --flag=value) plus our own.
+//
+// One table drives parsing, the defaults, the usage text and the printed configuration: a new
+// flag is one row. A row names the field its value lands in (by offset into TrainArgs, inside its
+// consumer's struct), how the value parses, its default as it would be typed (applied without the
+// range check: deferred_adamw's -1 means "not given"), its range or choices, and its help.
+typedef enum {
+    FLAG_INT,    // int in [lo, hi]
+    FLAG_U64,    // unsigned long long in [lo, hi]
+    FLAG_FLOAT,  // float in [lo, hi], as a 32-bit float
+    FLAG_BOOL,   // 0, 1, true, false; given bare: 1
+    FLAG_PATH,   // a non-empty path (default NULL: none)
+    FLAG_CHOICE, // one of choices ("none|memset|fill"); stores its index
+    FLAG_ONLY,   // accepted for the seed's command line: choices is the only value taken
+} FlagKind;
+
+typedef struct {
+    const char* name;
+    FlagKind kind;
+    size_t offset;
+    const char* def; // NULL: no default (a path: none)
+    double lo, hi;
+    const char* choices;
+    const char* help;
+    SwitchScope scope;          // a switch (an optimisation, on by default, off for the ablation), or not
+    const char* ablation_values; // a switch's values other than its default that the tests and the ablation run
+} FlagSpec;
+
+#define ARG(field) offsetof(TrainArgs, field)
+#define SWITCH_FLAG(field, kind, def, hi, choices, scope, values, help) \
+    {"--" #field, kind, ARG(sw.field), def, 0, hi, choices, help, scope, values},
+static const FlagSpec FLAGS[] = {
+    {"--input_bin", FLAG_PATH, ARG(loop.input_bin), NULL, 0, 0, NULL, "llm.c token file, uint32 LLaMA-3 or uint16 GPT-2 tokens (default: embedded tiny shakespeare)", NOT_A_SWITCH, NULL},
+    {"--llmc_filepath", FLAG_PATH, ARG(loop.llmc_filepath), NULL, 0, 0, NULL, "model file: this trainer's format (convert_hf.py's, a checkpoint's model.bin, InfiniTrain's) or llm.c's llama3 format, told apart by size (default: random init)", NOT_A_SWITCH, NULL},
+    {"--shape", FLAG_CHOICE, ARG(loop.shape), "1b", 0, 0, SHAPE_CHOICES, "the random init's shape: LLaMA 3.2-1B (untied), 3.2-3B (tied) or 3.1-8B (untied, RoPE factor 8); a model file or --resume gives its own", NOT_A_SWITCH, NULL},
+    {"--num_iteration", FLAG_INT, ARG(optim.sched.total), "100", 1, BIG_INT, NULL, "optimizer steps of the run: the lr schedule's length, and its last step", NOT_A_SWITCH, NULL},
+    {"--stop_after", FLAG_INT, ARG(loop.stop_after), "0", 0, BIG_INT, NULL, "end this invocation after step N, to --resume later on the same schedule (0: at --num_iteration)", NOT_A_SWITCH, NULL},
+    {"--batch_size", FLAG_INT, ARG(loop.batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", NOT_A_SWITCH, NULL},
+    {"--sequence_length", FLAG_INT, ARG(loop.sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence", NOT_A_SWITCH, NULL},
+    {"--recompute", FLAG_INT, ARG(loop.recompute), "0", 0, 2, NULL, "activations recomputed in the backward instead of kept per layer: 0 none; 1 the RMSNorm and SwiGLU outputs; 2 whole blocks (each layer keeps only its input); the same losses bit for bit", NOT_A_SWITCH, NULL},
+    {"--fp8", FLAG_INT, ARG(loop.fp8), "0", 0, 1, NULL, "1: the block linears' GEMMs (qkv, attn_out, gate_up, down) in FP8, e4m3 weights and activations, the output gradients in --fp8_grads, one dynamic scale per tensor; lm_head and attention stay bf16 (one micro-step per step, one rank)", NOT_A_SWITCH, NULL},
+    {"--fp8_grads", FLAG_CHOICE, ARG(loop.fp8_grads), "e5m2", 0, 0, FP8_GRADS_CHOICES, "--fp8 1: the output gradients' format: e5m2 (range: max 57344, 2 mantissa bits) or e4m3 (precision: 3 mantissa bits, max 448; each tensor's dynamic scale maps its amax to 448)", NOT_A_SWITCH, NULL},
+    {"--total_batch_size", FLAG_INT, ARG(loop.total_batch_size), "0", 0, BIG_INT, NULL, "tokens per optimizer step on all ranks, a multiple of B*T*ranks: N / (B*T*ranks) micro-steps on each rank accumulate gradients (0: B*T*ranks, one micro-step)", NOT_A_SWITCH, NULL},
+    {"--learning_rate", FLAG_FLOAT, ARG(optim.sched.peak_lr), "1e-5", 0.0, 10.0, NULL, "AdamW peak lr", NOT_A_SWITCH, NULL},
+    {"--lr_schedule", FLAG_CHOICE, ARG(optim.sched.kind), "constant", 0, 0, "constant|cosine|linear|wsd", "lr after the warmup: constant; cosine or linear to lr*final_lr_frac at the last step; wsd: constant, then linear over the last decay_frac", NOT_A_SWITCH, NULL},
+    {"--warmup_iters", FLAG_INT, ARG(optim.sched.warmup), "0", 0, BIG_INT, NULL, "steps of linear warmup from lr/N to lr", NOT_A_SWITCH, NULL},
+    {"--final_lr_frac", FLAG_FLOAT, ARG(optim.sched.final_frac), "0", 0.0, 1.0, NULL, "cosine, linear, wsd: the last step's lr over the peak", NOT_A_SWITCH, NULL},
+    {"--decay_frac", FLAG_FLOAT, ARG(optim.sched.decay_frac), "0.2", 0.0, 1.0, NULL, "wsd: the fraction of the run that decays", NOT_A_SWITCH, NULL},
+    {"--weight_decay", FLAG_FLOAT, ARG(optim.weight_decay), "0", 0.0, 10.0, NULL, "AdamW decoupled weight decay (matrices and wte; not the norm weights)", NOT_A_SWITCH, NULL},
+    {"--grad_clip", FLAG_FLOAT, ARG(optim.grad_clip), "0", 0.0, 1e9, NULL, "clip the global gradient L2 norm to this, as clip_grad_norm_ (0: off; also measures the norm, printed and logged)", NOT_A_SWITCH, NULL},
+    {"--max_bad_steps", FLAG_INT, ARG(loop.max_bad_steps), "5", 1, BIG_INT, NULL, "NaN guard: stop after this many steps in a row skipped for a non-finite loss or grad norm", NOT_A_SWITCH, NULL},
+    {"--optimizer_state", FLAG_CHOICE, ARG(optim.moments), "fp32", 0, 0, "fp32|bf16", "AdamW's m and v: fp32, or bf16 with stochastic rounding (22 instead of 30 bytes of AdamW traffic per weight, 4 instead of 8 of memory; the weights stay fp32)", NOT_A_SWITCH, NULL},
+    {"--beta1", FLAG_FLOAT, ARG(optim.beta1), "0.9", 0.0, 0.999999, NULL, "AdamW beta1", NOT_A_SWITCH, NULL},
+    {"--beta2", FLAG_FLOAT, ARG(optim.beta2), "0.999", 0.0, 0.9999999403953552, NULL, "AdamW beta2", NOT_A_SWITCH, NULL},
+    {"--eps", FLAG_FLOAT, ARG(optim.eps), "1e-8", 1e-30, 1.0, NULL, "AdamW eps", NOT_A_SWITCH, NULL},
+    {"--seed", FLAG_U64, ARG(loop.seed), "42", 0, 9.2233720368547758e18, NULL, "random init seed", NOT_A_SWITCH, NULL},
+    {"--overfit_single_batch", FLAG_BOOL, ARG(loop.overfit_single_batch), "0", 0, 0, NULL, "train on the first batch only", NOT_A_SWITCH, NULL},
+    {"--log_file", FLAG_PATH, ARG(loop.log_file), NULL, 0, 0, NULL, "one JSON line per step (step, loss, lr, grad_norm with clipping, val_loss when measured, skipped, ms, tok_per_s, peak_mib; non-finite: null) and per sample; continued by --resume", NOT_A_SWITCH, NULL},
+    {"--val_bin", FLAG_PATH, ARG(eval.val_bin), NULL, 0, 0, NULL, "llm.c token file for the val loss (default: NAME_val.bin beside an --input_bin NAME_train.bin, else the embedded val split)", NOT_A_SWITCH, NULL},
+    {"--val_every", FLAG_INT, ARG(eval.val_every), "0", 0, BIG_INT, NULL, "val loss every N steps and after the last (0: never)", NOT_A_SWITCH, NULL},
+    {"--val_tokens", FLAG_INT, ARG(eval.val_tokens), "32768", 1, BIG_INT, NULL, "tokens of val data per val loss (whole batches of B*T)", NOT_A_SWITCH, NULL},
+    {"--sample_every", FLAG_INT, ARG(eval.sample_every), "0", 0, BIG_INT, NULL, "generate text from BOS every N steps and after the last, printed decoded (0: never)", NOT_A_SWITCH, NULL},
+    {"--sample_tokens", FLAG_INT, ARG(eval.sample_tokens), "32", 1, BIG_INT, NULL, "tokens generated per sample (at most sequence_length - 1)", NOT_A_SWITCH, NULL},
+    {"--temperature", FLAG_FLOAT, ARG(eval.temperature), "1", 0.0, 100.0, NULL, "sampling temperature (0: greedy)", NOT_A_SWITCH, NULL},
+    {"--top_k", FLAG_INT, ARG(eval.top_k), "0", 0, BIG_INT, NULL, "sample from the k most likely tokens (0: all)", NOT_A_SWITCH, NULL},
+    {"--checkpoint_dir", FLAG_PATH, ARG(ckpt.dir), NULL, 0, 0, NULL, "save checkpoints there (PATH/step_N/, PATH/latest), always after the last step", NOT_A_SWITCH, NULL},
+    {"--checkpoint_every", FLAG_INT, ARG(ckpt.every), "0", 0, BIG_INT, NULL, "also save every N steps (0: only after the last)", NOT_A_SWITCH, NULL},
+    {"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "2", 1, BIG_INT, NULL, "complete checkpoints kept, older ones deleted once a newer one is complete", NOT_A_SWITCH, NULL},
+    {"--resume", FLAG_PATH, ARG(ckpt.resume), NULL, 0, 0, NULL, "continue a run: a checkpoint folder, or a --checkpoint_dir (its newest complete checkpoint)", NOT_A_SWITCH, NULL},
+    {"--rendezvous", FLAG_PATH, ARG(dist.rendezvous), NULL, 0, 0, NULL, "several ranks: how they share NCCL's id, file:PATH (a new file every rank sees) or tcp:HOST:PORT (rank 0's host, a free port)", NOT_A_SWITCH, NULL},
+    {"--nccl_timeout", FLAG_INT, ARG(dist.timeout_s), "300", 1, 86400, NULL, "several ranks: seconds a rank waits for the others (the rendezvous, NCCL's start, a step) before it stops the run", NOT_A_SWITCH, NULL},
+    {"--dtype", FLAG_ONLY, 0, NULL, 0, 0, "bfloat16", "accepted for InfiniTrain's command line: the only precision (bf16 matmuls, fp32 master weights)", NOT_A_SWITCH, NULL},
+    {"--device", FLAG_ONLY, 0, NULL, 0, 0, "cuda", "accepted for InfiniTrain's command line: the only device", NOT_A_SWITCH, NULL},
+    LLAMA3_SWITCHES(SWITCH_FLAG)
+};
+#undef SWITCH_FLAG
+#undef ARG
+#define NUM_FLAGS ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
+
+// A number as the flag's value must start with a digit, '-' or '.': strtoll and strtod would also
+// take leading spaces and '+', which a typo can produce.
+static inline int number_start(const char* s) { return (*s >= '0' && *s <= '9') || *s == '-' || *s == '.'; }
+
+static inline int parse_int(const char* flag, const char* s, long long lo, long long hi, long long* out, char* err) {
+    char* end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!number_start(s) || errno || end == s || *end || v < lo || v > hi)
+        return l3_fail(err, "%s: bad value '%s' (an integer in [%lld, %lld])", flag, s, lo, hi);
+    *out = v;
+    return 0;
+}
+
+// The range holds for the value as the trainer uses it, a 32-bit float: --beta2 0.99999999 rounds
+// to 1 (AdamW's bias correction would divide by zero), --learning_rate 1e-50 to 0.
+static inline int parse_float(const char* flag, const char* s, double lo, double hi, float* out, char* err) {
+    char* end;
+    errno = 0;
+    double v = strtod(s, &end);
+    float f = (float)v;
+    if (!number_start(s) || errno || end == s || *end || !(f >= lo && f <= hi))
+        return l3_fail(err, "%s: bad value '%s' (a number in [%.10g, %.10g] as a 32-bit float)", flag, s, lo, hi);
+    if (v != 0.0 && !(fabsf(f) >= 1.17549435e-38f)) // 0 or subnormal in float: FLT_MIN
+        return l3_fail(err, "%s: bad value '%s' (too small for a 32-bit float: it becomes %g)", flag, s, f);
+    *out = f;
+    return 0;
+}
+
+// A file flag's value: a path, not empty.
+static inline int parse_path(const char* flag, const char* s, const char** out, char* err) {
+    if (!*s) return l3_fail(err, "%s: empty path", flag);
+    *out = s;
+    return 0;
+}
+
+static inline int parse_bool(const char* flag, const char* s, int* out, char* err) {
+    if (!strcmp(s, "1") || !strcmp(s, "true")) *out = 1;
+    else if (!strcmp(s, "0") || !strcmp(s, "false")) *out = 0;
+    else return l3_fail(err, "%s: bad value '%s' (0, 1, true or false)", flag, s);
+    return 0;
+}
+
+// The index of `val` among choices "a|b|c", or -1.
+static inline int choice_index(const char* choices, const char* val) {
+    size_t n = strlen(val);
+    for (int i = 0; *choices; i++) {
+        const char* bar = strchr(choices, '|');
+        size_t len = bar ? (size_t)(bar - choices) : strlen(choices);
+        if (len == n && !strncmp(choices, val, n)) return i;
+        if (!bar) break;
+        choices = bar + 1;
+    }
+    return -1;
+}
+
+// Parses `val` for flag f into its field of *a; `check_range` is off for the table's own defaults.
+static inline int flag_set(TrainArgs* a, const FlagSpec* f, const char* val, int check_range, char* err) {
+    char* field = (char*)a + f->offset;
+    double lo = check_range ? f->lo : -INFINITY, hi = check_range ? f->hi : INFINITY;
+    long long v = 0;
+    switch (f->kind) {
+    case FLAG_INT:
+        if (parse_int(f->name, val, check_range ? (long long)f->lo : INT_MIN, check_range ? (long long)f->hi : INT_MAX,
+                      &v, err))
+            return -1;
+        *(int*)field = (int)v;
+        return 0;
+    case FLAG_U64:
+        if (parse_int(f->name, val, 0, 0x7fffffffffffffffLL, &v, err)) return -1;
+        *(unsigned long long*)field = (unsigned long long)v;
+        return 0;
+    case FLAG_FLOAT: return parse_float(f->name, val, lo, hi, (float*)field, err);
+    case FLAG_BOOL: return parse_bool(f->name, val, (int*)field, err);
+    case FLAG_PATH: return parse_path(f->name, val, (const char**)field, err);
+    case FLAG_CHOICE: {
+        int i = choice_index(f->choices, val);
+        if (i < 0) return l3_fail(err, "%s: bad value '%s' (%s)", f->name, val, f->choices);
+        *(int*)field = i;
+        return 0;
+    }
+    case FLAG_ONLY:
+        return strcmp(val, f->choices) ? l3_fail(err, "%s: '%s' is not supported (only %s)", f->name, val, f->choices)
+                                       : 0;
+    }
+    return l3_fail(err, "%s: unknown flag kind", f->name);
+}
+
+static inline const FlagSpec* flag_find(const char* name) {
+    for (int i = 0; i < NUM_FLAGS; i++)
+        if (!strcmp(FLAGS[i].name, name)) return &FLAGS[i];
+    return NULL;
+}
+
+// Edit distance between two flag names (insertions, deletions, substitutions), capped at 3.
+static inline int flag_distance(const char* x, const char* y) {
+    int nx = (int)strlen(x), ny = (int)strlen(y), row[64], prev;
+    if (nx > 62 || ny > 62 || abs(nx - ny) > 2) return 3;
+    for (int j = 0; j <= ny; j++) row[j] = j;
+    for (int i = 1; i <= nx; i++) {
+        prev = row[0], row[0] = i;
+        for (int j = 1; j <= ny; j++) {
+            int sub = prev + (x[i - 1] != y[j - 1]), del = row[j] + 1, ins = row[j - 1] + 1, was = row[j];
+            row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+            prev = was;
+        }
+    }
+    return row[ny] < 3 ? row[ny] : 3;
+}
+
+// The flag a typo most likely meant: the nearest name within 2 edits, or NULL.
+static inline const FlagSpec* flag_nearest(const char* name) {
+    const FlagSpec* best = NULL;
+    int best_d = 3;
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        int d = flag_distance(name, FLAGS[i].name);
+        if (d < best_d) best = &FLAGS[i], best_d = d;
+    }
+    return best;
+}
+
+// Every field at the table's default as typed (total_batch_size 0 means "B*T"); the rest zero.
+static inline TrainArgs flag_defaults(void) {
+    TrainArgs a;
+    memset(&a, 0, sizeof(a));
+    char err[L3_ERR_LEN];
+    for (int i = 0; i < NUM_FLAGS; i++)
+        if (FLAGS[i].def) flag_set(&a, &FLAGS[i], FLAGS[i].def, 0, err);
+    return a;
+}
+
+// Values that follow from others once every flag is read: --total_batch_size not given (0) is one
+// micro-step of B*T tokens on each rank, as in llm.c (a total too large for an int is refused by
+// train_args_check).
+static inline void train_args_resolve(TrainArgs* a, int world) {
+    LoopConfig* l = &a->loop;
+    long long total = (long long)l->batch_size * l->sequence_length * world;
+    l->world = world;
+    if (l->total_batch_size == 0 && total <= INT_MAX) l->total_batch_size = (int)total;
+}
+
+// The arguments of a command line with no flags, on one rank.
+static inline TrainArgs train_args_default(void) {
+    TrainArgs a = flag_defaults();
+    train_args_resolve(&a, 1);
+    return a;
+}
+
+// Micro-steps each rank runs per optimizer step: the total batch over B*T*ranks (train_args_check
+// has refused one that does not divide).
+static inline int micro_steps(const LoopConfig* l) {
+    return l->total_batch_size / (l->batch_size * l->sequence_length * l->world);
+}
+
+// The run as the flags give it (pointing into `a`, which must outlive it).
+static inline RunConfig run_config(const TrainArgs* a) {
+    const LoopConfig* l = &a->loop;
+    RunConfig r = {l->batch_size, l->sequence_length, micro_steps(l), l->recompute, l->fp8, l->fp8_grads,
+                   &a->optim, &a->sw};
+    return r;
+}
+
+static inline void print_usage(FILE* f, const char* prog) {
+    static const char* const META[] = {"N", "N", "F", "0/1", "PATH", "MODE", "VALUE"};
+    fprintf(f, "usage: %s [flags]  (--flag value or --flag=value)\n  %-26s the usage text, and exit\n", prog,
+            "--help, -h");
+    fprintf(f, "  %-26s each optimisation's ablation settings, one per line, and exit\n", "--list_switches");
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        const FlagSpec* g = &FLAGS[i];
+        char head[64];
+        if (g->scope && (i == 0 || !FLAGS[i - 1].scope))
+            fprintf(f, "optimisations (all on by default; off for the ablation):\n");
+        snprintf(head, sizeof(head), "%s %s", g->name, g->kind == FLAG_ONLY ? g->choices : META[g->kind]);
+        fprintf(f, "  %-26s %s", head, g->help);
+        if (g->kind == FLAG_CHOICE) fprintf(f, " (%s)", g->choices);
+        // [default; lo..hi]: the default as typed (none for a path; deferred_adamw's -1 is "not
+        // given", which its help explains), and a number's range
+        bool has_def = g->def && strcmp(g->def, "-1"), numeric = g->kind == FLAG_INT || g->kind == FLAG_FLOAT;
+        if (numeric) fprintf(f, " [%s%s%.10g..%.10g]", has_def ? g->def : "", has_def ? "; " : "", g->lo, g->hi);
+        else if (has_def) fprintf(f, " [%s]", g->def);
+        fprintf(f, "\n");
+    }
+}
+
+// The value of flag f in *a, as it would be typed.
+static inline void flag_format(const TrainArgs* a, const FlagSpec* f, char* out, size_t len) {
+    const char* field = (const char*)a + f->offset;
+    switch (f->kind) {
+    case FLAG_INT: snprintf(out, len, "%d", *(const int*)field); break;
+    case FLAG_U64: snprintf(out, len, "%llu", *(const unsigned long long*)field); break;
+    case FLAG_FLOAT: snprintf(out, len, "%g", *(const float*)field); break;
+    case FLAG_BOOL: snprintf(out, len, "%d", *(const int*)field); break;
+    case FLAG_PATH: snprintf(out, len, "%s", *(const char* const*)field ? *(const char* const*)field : "-"); break;
+    case FLAG_CHOICE: {
+        const char* c = f->choices;
+        for (int i = *(const int*)field; i > 0 && strchr(c, '|'); i--) c = strchr(c, '|') + 1;
+        snprintf(out, len, "%.*s", (int)(strchr(c, '|') ? strchr(c, '|') - c : (long)strlen(c)), c);
+        break;
+    }
+    case FLAG_ONLY: snprintf(out, len, "%s", f->choices); break;
+    }
+}
+
+// The run's flags, every row of the table with its value: "flags: --num_iteration 100 | ..." and
+// "optimisations: ..." (as given; main prints which of them take effect).
+static inline void train_args_print(FILE* f, const TrainArgs* a) {
+    char value[256];
+    for (int group = 0; group < 2; group++) {
+        fprintf(f, "%s", group ? "optimisations:" : "flags:");
+        for (int i = 0; i < NUM_FLAGS; i++) {
+            if ((FLAGS[i].scope != NOT_A_SWITCH) != group || FLAGS[i].kind == FLAG_ONLY) continue;
+            flag_format(a, &FLAGS[i], value, sizeof(value));
+            fprintf(f, " %s %s |", FLAGS[i].name + 2, value);
+        }
+        fprintf(f, "\n");
+    }
+}
+
+// The value of switch f (a row with a scope) in *sw.
+static inline int switch_value(const Switches* sw, const FlagSpec* f) {
+    return *(const int*)((const char*)sw + (f->offset - offsetof(TrainArgs, sw)));
+}
+
+// Every setting of an optimisation other than its default, one per line ("--flash_attention 0"),
+// in the table's order: the scripts' list of what to test and ablate (run_tests.sh, bench.sh,
+// sanitize.sh read it from the binary).
+static inline void print_switches(FILE* f) {
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        if (!FLAGS[i].scope) continue;
+        char values[256];
+        snprintf(values, sizeof(values), "%s", FLAGS[i].ablation_values);
+        for (char* v = strtok(values, " "); v; v = strtok(NULL, " ")) fprintf(f, "%s %s\n", FLAGS[i].name, v);
+    }
+}
+
+// --flag value or --flag=value; a bool flag given without a value (next arg absent or a flag)
+// means true. --help or -h (--list_switches) stops the parse with a->help (a->list_switches) set.
+// The command line of one of `world` ranks (1: a run on one GPU).
+static inline int train_args_parse(TrainArgs* a, int argc, char** argv, int world, char* err) {
+    *a = flag_defaults();
+    for (int i = 1; i < argc; i++) {
+        const char* arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h") || !strcmp(arg, "--list_switches")) {
+            *(strcmp(arg, "--list_switches") ? &a->help : &a->list_switches) = 1;
+            return 0;
+        }
+        if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0') return l3_fail(err, "unexpected argument '%s'", arg);
+        char flag[128];
+        const char* eq = strchr(arg, '=');
+        const char* val;
+        size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
+        snprintf(flag, sizeof(flag), "%.*s", (int)(n < sizeof(flag) - 1 ? n : sizeof(flag) - 1), arg);
+        const FlagSpec* f = flag_find(flag);
+        if (!f) {
+            const FlagSpec* near = flag_nearest(flag);
+            if (near) return l3_fail(err, "unknown flag '%s': did you mean %s?", flag, near->name);
+            return l3_fail(err, "unknown flag '%s'", flag);
+        }
+        if (eq) val = eq + 1;
+        else if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) val = argv[++i];
+        else if (f->kind == FLAG_BOOL) val = "1";
+        else return l3_fail(err, "%s: missing value", flag);
+        if (flag_set(a, f, val, 1, err)) return -1;
+    }
+    train_args_resolve(a, world);
+    return 0;
+}
+
 // ---- parameter layout ----
 // All fp32 master weights live in one block, in this order. The matmul weights (lm_head to
 // down) are contiguous so their bf16 shadow copies form one block that one Adam launch writes;
@@ -175,7 +709,6 @@ typedef struct {
     size_t norm_begin;               // norm weights run from here to total
 } ParamLayout;
 
-static inline int qkv_dim(const Llama3Config* c) { return c->n_embd + 2 * c->n_kv_head * (c->n_embd / c->n_head); }
 
 static inline ParamLayout param_layout(const Llama3Config* c) {
     ParamLayout p;
@@ -290,6 +823,129 @@ static inline void tensor_table_free(TensorTable* tab) {
 // Tensor `tensor`'s slice of layer `layer` (0 for an unstacked tensor).
 static inline const TensorSlice* slice_of(const TensorTable* tab, int tensor, int layer) {
     return &tab->slice[tab->first[tensor] + layer];
+}
+
+// ---- the step's plan ----
+// When each AdamW update group runs, decided once for the run from the switches and clipping: the
+// step (train_llama3.cu step_work) only reads it. Update groups, in the order the forward reads them:
+// wte (0), layer l (1 + l), the head (final norm and lm_head, n_layer + 1).
+typedef enum {
+    ADAMW_OVERLAPPED,     // [streams] on the optimizer stream as soon as the last backward has written the group
+    ADAMW_DEFERRED,       // [deferred AdamW] at the start of the next step, beside its forward, which waits for it
+    ADAMW_AFTER_BACKWARD, // on the main stream after the backward pass (every group: one pass over the block)
+    ADAMW_SHARDED,        // [data parallel] reduce-scattered on the optimizer stream as the last backward writes
+                          // it, then this rank's part updated and all-gathered (after the norm, with clipping)
+} AdamWTiming;
+static const char* const ADAMW_TIMING_NAMES[] = {"overlapped with the backward", "deferred to the next step",
+                                                 "after the backward", "sharded over the ranks (ZeRO-1)"};
+typedef struct {
+    int n_groups;
+    AdamWTiming timing[LLAMA3_MAX_LAYERS + 2]; // per update group
+    bool measure_norm;   // [clipping] the last backward sums the gradients' squares as they become ready; no
+                         // AdamW may start before the global norm, so none is overlapped
+    bool after_backward; // every group ADAMW_AFTER_BACKWARD
+    bool any_deferred;   // some group ADAMW_DEFERRED: anything that reads the weights between steps (a save,
+                         // the val loss, a sample, the end of the run) first applies them (a flush)
+    bool use_graph;      // [graphs] steps 2.. replay one CUDA graph
+    int world;           // ranks: above 1 every group is ADAMW_SHARDED
+} StepPlan;
+
+// Layers whose AdamW is deferred without clipping: --deferred_adamw's value (12 when not given),
+// capped at the model's layers (a 2-layer model defers both).
+static inline int deferred_layers(const Switches* sw, int n_layer) {
+    int k = sw->deferred_adamw >= 0 ? sw->deferred_adamw : 12;
+    return k < n_layer ? k : n_layer;
+}
+
+// The plan. AdamW overlaps the backward with --overlap_optimizer (else it runs after it). Deferring
+// also needs no gradient zeroing (zeroing at the next step's start would clear the gradients the
+// deferred AdamW reads): layers 0..K-1 without clipping; with clipping, which measures the norm
+// instead of overlapping, every group (or, when it cannot defer, all of AdamW after the backward).
+// A graph cannot capture the ablation's per-launch shape copies from pageable host memory. Under
+// several ranks every group is reduced and updated by shards as the backward writes it (nothing is
+// deferred: the all-gathers end the step).
+static inline StepPlan step_plan(const Switches* sw, const OptimConfig* o, int n_layer, int world) {
+    StepPlan p;
+    memset(&p, 0, sizeof(p));
+    assert(n_layer >= 1 && n_layer <= LLAMA3_MAX_LAYERS); // (config_check bounds every model's)
+    p.n_groups = n_layer + 2;
+    p.measure_norm = o->grad_clip > 0;
+    bool can_defer = sw->overlap_optimizer && sw->grad_zeroing == GRAD_ZERO_NONE;
+    int k = deferred_layers(sw, n_layer);
+    for (int g = 0; g < p.n_groups; g++) {
+        if (world > 1) p.timing[g] = ADAMW_SHARDED;
+        else if (!sw->overlap_optimizer || (p.measure_norm && !can_defer)) p.timing[g] = ADAMW_AFTER_BACKWARD;
+        else if (can_defer && (p.measure_norm || (g >= 1 && g < 1 + k))) p.timing[g] = ADAMW_DEFERRED;
+        else p.timing[g] = ADAMW_OVERLAPPED;
+    }
+    p.after_backward = p.timing[0] == ADAMW_AFTER_BACKWARD; // (all groups or none)
+    for (int g = 0; g < p.n_groups; g++) p.any_deferred |= p.timing[g] == ADAMW_DEFERRED;
+    p.use_graph = sw->cuda_graph && sw->metadata_by_value;
+    p.world = world;
+    return p;
+}
+
+// The name of update group g: "wte", "layer 3", "head".
+static inline const char* group_name(const StepPlan* p, int g, char* out, size_t len) {
+    if (g == 0) snprintf(out, len, "wte");
+    else if (g == p->n_groups - 1) snprintf(out, len, "head");
+    else snprintf(out, len, "layer %d", g - 1);
+    return out;
+}
+
+// One line: each timing with its groups as runs ("deferred to the next step: layer 0..layer 11"),
+// then the norm and the graph.
+static inline void step_plan_print(FILE* f, const StepPlan* p) {
+    const char* sep = " AdamW ";
+    fprintf(f, "step plan:");
+    for (int t = ADAMW_OVERLAPPED; t <= ADAMW_SHARDED; t++) {
+        int runs = 0;
+        for (int g = 0; g < p->n_groups; g++) {
+            if (p->timing[g] != (AdamWTiming)t || (g > 0 && p->timing[g - 1] == (AdamWTiming)t)) continue;
+            int end = g; // the run of groups g..end
+            while (end + 1 < p->n_groups && p->timing[end + 1] == (AdamWTiming)t) end++;
+            char first[32], last[32];
+            if (runs++ == 0) fprintf(f, "%s%s: ", sep, ADAMW_TIMING_NAMES[t]), sep = " | ";
+            else fprintf(f, ", ");
+            fprintf(f, "%s", group_name(p, g, first, sizeof(first)));
+            if (end > g) fprintf(f, "..%s", group_name(p, end, last, sizeof(last)));
+        }
+    }
+    fprintf(f, " | gradient norm %s | %s\n", p->measure_norm ? "measured (clipping)" : "not measured",
+            p->use_graph ? "steps 2.. from one CUDA graph" : "every step launched from the host");
+}
+
+// ---- RoPE ----
+// Inverse frequencies as HF transformers computes them for rope_type "llama3" (fp32 results),
+// and the (T, HD/2) cos/sin table of angle = fp32(pos * inv_freq), as its rotary embedding does.
+static inline void rope_inv_freq(const Llama3Config* c, float* inv_freq) {
+    int HD = c->n_embd / c->n_head;
+    const double factor = c->rope_factor, low_ff = 1.0, high_ff = 4.0, old_ctx = 8192.0;
+    for (int i = 0; i < HD / 2; i++) {
+        double f = (float)(1.0 / pow((double)c->rope_theta, (double)(2 * i) / HD));
+        if (c->use_scaled_rope) {
+            double wavelen = 2.0 * M_PI / f;
+            if (wavelen > old_ctx / low_ff) f = f / factor;
+            else if (wavelen >= old_ctx / high_ff) {
+                double smooth = (old_ctx / wavelen - low_ff) / (high_ff - low_ff);
+                f = (1.0 - smooth) * f / factor + smooth * f;
+            }
+        }
+        inv_freq[i] = (float)f;
+    }
+}
+
+static inline void rope_table(const Llama3Config* c, int T, float* cos_out, float* sin_out) {
+    int half = c->n_embd / c->n_head / 2;
+    float* inv_freq = (float*)malloc(sizeof(float) * half);
+    rope_inv_freq(c, inv_freq);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            float angle = (float)t * inv_freq[i];
+            cos_out[t * half + i] = (float)cos((double)angle);
+            sin_out[t * half + i] = (float)sin((double)angle);
+        }
+    free(inv_freq);
 }
 
 // ---- model files ----
@@ -590,6 +1246,96 @@ static inline void seed_header_write(unsigned char h[1024], const Llama3Config* 
     memcpy(h, ints, 1024);
 }
 
+// ---- vocabulary (decoding generated tokens) ----
+// data/llama3_vocab.bin, written by scripts/prepare_data.py and linked into the trainer
+// (_binary_data_llama3_vocab_bin_start/_end): a header of 256 little-endian int32 ([0] magic
+// VOCAB_MAGIC, [1] version 1, [2] n_tokens, [3] total bytes of all tokens, rest 0), then n_tokens+1
+// little-endian uint32 offsets (offset[0] = 0, non-decreasing, offset[n_tokens] = total), then the
+// bytes. Token i is bytes[offset[i] : offset[i+1]]: its raw BPE bytes, or a special token's name
+// ("<|begin_of_text|>"). The magic is not CKPT_MAGIC (20241201): a state.bin is refused as a table.
+
+#define VOCAB_MAGIC 20241202
+#define VOCAB_VERSION 1
+#define VOCAB_MAX_TOKENS (1 << 24) // LLaMA 3 has 128256; more is a corrupt header
+
+typedef struct {
+    int n_tokens;
+    uint32_t* offsets; // n_tokens + 1
+    unsigned char* bytes;
+} Vocab;
+
+static inline void vocab_free(Vocab* v) {
+    free(v->offsets);
+    free(v->bytes);
+    *v = (Vocab){0, NULL, NULL};
+}
+
+// Offsets start at 0, never decrease, stay inside the bytes and end at their total.
+static inline int vocab_offsets_check(const Vocab* v, uint32_t total, const char* name, char* err) {
+    const uint32_t* o = v->offsets;
+    if (o[0] != 0) return l3_fail(err, "%s: offset[0] = %u, not 0", name, o[0]);
+    for (int i = 1; i <= v->n_tokens; i++) {
+        if (o[i] < o[i - 1])
+            return l3_fail(err, "%s: offset[%d] = %u is less than offset[%d] = %u", name, i, o[i], i - 1,
+                           o[i - 1]);
+        if (o[i] > total)
+            return l3_fail(err, "%s: offset[%d] = %u is past the end of the %u bytes of tokens", name, i, o[i],
+                           total);
+    }
+    if (o[v->n_tokens] != total)
+        return l3_fail(err, "%s: offset[%d] = %u, not the header's total of %u bytes", name, v->n_tokens,
+                       o[v->n_tokens], total);
+    return 0;
+}
+
+// Copies the table out of a file image (a linked blob need not be 4-byte aligned: integers are
+// read with memcpy) once the header matches the size; then checks every offset.
+static inline int vocab_parse(Vocab* v, const unsigned char* data, size_t size, const char* name, char* err) {
+    *v = (Vocab){0, NULL, NULL};
+    if (size < 1024) return shorter_than_header(name, "vocabulary table", size, 1024, err);
+    int32_t magic = read_i32(data, 0), version = read_i32(data, 4);
+    int32_t n = read_i32(data, 8), total = read_i32(data, 12);
+    if (magic != VOCAB_MAGIC)
+        return l3_fail(err, "%s: bad magic %d (expected %d, a vocabulary table)", name, magic, VOCAB_MAGIC);
+    if (version != VOCAB_VERSION)
+        return l3_fail(err, "%s: unknown version %d (this trainer reads version %d)", name, version,
+                       VOCAB_VERSION);
+    if (n <= 0 || n > VOCAB_MAX_TOKENS || total < 0)
+        return l3_fail(err, "%s: corrupt header: %d tokens (1 to %d expected) of %d bytes", name, n,
+                       VOCAB_MAX_TOKENS, total);
+    size_t offsets_bytes = 4 * ((size_t)n + 1), want = 1024 + offsets_bytes + (size_t)total;
+    if (size < want)
+        return l3_fail(err, "%s: truncated: %zu bytes, but its header's %d tokens of %d bytes need %zu", name,
+                       size, n, total, want);
+    if (size > want)
+        return l3_fail(err, "%s: %zu trailing bytes after the table of %d tokens of %d bytes", name,
+                       size - want, n, total);
+    v->n_tokens = n;
+    v->offsets = (uint32_t*)malloc(offsets_bytes);
+    v->bytes = (unsigned char*)malloc(total ? (size_t)total : 1);
+    if (!v->offsets || !v->bytes) {
+        vocab_free(v);
+        return l3_fail(err, "%s: out of host memory for a table of %zu bytes", name, size);
+    }
+    memcpy(v->offsets, data + 1024, offsets_bytes);
+    memcpy(v->bytes, data + 1024 + offsets_bytes, (size_t)total);
+    if (vocab_offsets_check(v, (uint32_t)total, name, err)) {
+        vocab_free(v);
+        return -1;
+    }
+    return 0;
+}
+
+// Writes the text of ids[0..n) to f: each token's bytes raw (a UTF-8 character split over tokens
+// comes out whole once all are written), an id outside the table (another vocabulary) as "<id>".
+static inline void vocab_print(FILE* f, const Vocab* v, const int32_t* ids, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        int32_t t = ids[i];
+        if (t < 0 || t >= v->n_tokens) fprintf(f, "<%d>", t);
+        else fwrite(v->bytes + v->offsets[t], 1, v->offsets[t + 1] - v->offsets[t], f);
+    }
+}
+
 // ---- token files and the data loader ----
 
 typedef struct {
@@ -717,629 +1463,9 @@ static inline void loader_next(DataLoader* l, int32_t* inputs, int32_t* targets)
     if (!l->overfit_single_batch) l->pos += round;
 }
 
-// ---- RoPE ----
-// Inverse frequencies as HF transformers computes them for rope_type "llama3" (fp32 results),
-// and the (T, HD/2) cos/sin table of angle = fp32(pos * inv_freq), as its rotary embedding does.
-static inline void rope_inv_freq(const Llama3Config* c, float* inv_freq) {
-    int HD = c->n_embd / c->n_head;
-    const double factor = c->rope_factor, low_ff = 1.0, high_ff = 4.0, old_ctx = 8192.0;
-    for (int i = 0; i < HD / 2; i++) {
-        double f = (float)(1.0 / pow((double)c->rope_theta, (double)(2 * i) / HD));
-        if (c->use_scaled_rope) {
-            double wavelen = 2.0 * M_PI / f;
-            if (wavelen > old_ctx / low_ff) f = f / factor;
-            else if (wavelen >= old_ctx / high_ff) {
-                double smooth = (old_ctx / wavelen - low_ff) / (high_ff - low_ff);
-                f = (1.0 - smooth) * f / factor + smooth * f;
-            }
-        }
-        inv_freq[i] = (float)f;
-    }
-}
-
-static inline void rope_table(const Llama3Config* c, int T, float* cos_out, float* sin_out) {
-    int half = c->n_embd / c->n_head / 2;
-    float* inv_freq = (float*)malloc(sizeof(float) * half);
-    rope_inv_freq(c, inv_freq);
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < half; i++) {
-            float angle = (float)t * inv_freq[i];
-            cos_out[t * half + i] = (float)cos((double)angle);
-            sin_out[t * half + i] = (float)sin((double)angle);
-        }
-    free(inv_freq);
-}
-
-// ---- learning-rate schedule ----
-// The lr of optimizer step t (1 = the first update, total = the run's last step): a linear warmup
-// to the peak over the first `warmup` steps (peak * t / warmup, never 0), then constant; cosine or
-// linear from the peak down to peak * final_frac at step total; or wsd (warmup, stable, decay): the
-// peak until the last decay_frac of the run, then linear down to peak * final_frac at step total.
-// Compiled for the host and, by nvcc, for the device, where the step's first kernel evaluates it
-// from the step counter (so a captured step replays with each step's own lr).
-enum { LR_CONSTANT, LR_COSINE, LR_LINEAR, LR_WSD };
-typedef struct {
-    int kind;   // LR_CONSTANT, LR_COSINE, LR_LINEAR, LR_WSD
-    int warmup; // --warmup_iters
-    int total;  // --num_iteration: the run's optimizer steps, in one invocation or several (--stop_after)
-    float peak_lr, final_frac, decay_frac;
-} LrSchedule;
-#ifdef __CUDACC__
-#define L3_HOST_DEVICE __host__ __device__
-#else
-#define L3_HOST_DEVICE
-#endif
-static inline L3_HOST_DEVICE float lr_at(LrSchedule s, int t) {
-    if (t <= s.warmup) return (float)((double)s.peak_lr * t / s.warmup);
-    if (s.kind == LR_CONSTANT) return s.peak_lr;
-    double start = s.warmup, wsd_start = s.total - (double)s.decay_frac * s.total; // where the decay starts
-    if (s.kind == LR_WSD && wsd_start > start) start = wsd_start;
-    if (t <= start) return s.peak_lr;
-    double p = (t - start) / (s.total - start); // (0, 1] up to the last step
-    if (!(p <= 1)) p = 1;
-    double f = s.kind == LR_COSINE ? 0.5 * (1.0 + cos(M_PI * p)) : 1.0 - p; // 1 -> 0
-    return (float)(s.peak_lr * (s.final_frac + (1.0 - s.final_frac) * f));
-}
-
-// ---- configuration ----
-// Each part of the trainer owns one struct of settings, and the command line's table (FLAGS, below)
-// parses every flag straight into its field there: one copy of each value, nothing repacked.
-
-// The optimizer's: AdamW as torch.optim.AdamW, its lr schedule, and gradient clipping.
-typedef struct {
-    LrSchedule sched;
-    float beta1, beta2, eps, weight_decay;
-    float grad_clip; // 0: no clipping (and no gradient norm)
-    int moments;     // --optimizer_state: MOMENTS_FP32, or MOMENTS_BF16 [bf16 moments] (m and v in bf16)
-} OptimConfig;
-enum { MOMENTS_FP32, MOMENTS_BF16 };
-// Bytes of one value of AdamW's m (or v).
-static inline size_t moment_bytes(int moments) { return moments == MOMENTS_BF16 ? 2 : 4; }
-
-// The training loop's: its inputs and log, the batch, and how long it runs.
-typedef struct {
-    const char* input_bin;     // NULL: the embedded default data set
-    const char* llmc_filepath; // NULL: random init (std 0.02, norms 1) of `shape`
-    int shape;                 // --shape: SHAPE_1B, _3B or _8B, the random init's [family]
-    const char* log_file;      // NULL: no JSON log
-    int batch_size, sequence_length, total_batch_size; // total: of all ranks
-    int recompute; // --recompute: RECOMPUTE_NONE, _NORMS or _BLOCKS, what the backward recomputes [recompute]
-    int fp8;       // --fp8: the block linears' GEMMs in FP8 [fp8]
-    int fp8_grads; // --fp8_grads: FP8_GRADS_E5M2 or _E4M3, the backward's output gradients' format [fp8]
-    int rank, world; // this process's rank, of the ranks the run is spread over (the launcher's, RankEnv;
-                     // not flags: train_args_parse sets world, its caller the rank)
-    int stop_after; // 0: run to the schedule's last step; else the last step of this invocation
-    int overfit_single_batch;
-    unsigned long long seed;
-    int max_bad_steps; // skipped steps in a row that stop the run
-} LoopConfig;
-// [recompute] Activations the backward recomputes instead of keeping one copy per layer: none; the
-// RMSNorm outputs and SwiGLU's (each layer keeps its residuals, q k v, attention output and gate_up);
-// or whole blocks (each layer keeps only its input, resid; the block's forward runs again, all but
-// the down projection, just before its backward). The recomputed values are the saved ones bit for
-// bit: the same kernels on the same inputs.
-enum { RECOMPUTE_NONE, RECOMPUTE_NORMS, RECOMPUTE_BLOCKS };
-enum { FP8_GRADS_E5M2, FP8_GRADS_E4M3 };
-#define FP8_GRADS_CHOICES "e5m2|e4m3" // (their order: the enum's)
-
-// Evaluation's: the val loss and samples between steps.
-typedef struct {
-    const char* val_bin; // NULL: the embedded tiny shakespeare val split
-    int val_every, val_tokens; // val_every 0: no validation
-    int sample_every, sample_tokens, top_k; // sample_every 0: no sampling
-    float temperature;                      // 0: greedy
-} EvalConfig;
-
-// Data parallel's: how the ranks find each other, and how long any of them waits for the others.
-typedef struct {
-    const char* rendezvous; // file:PATH or tcp:HOST:PORT (rendezvous, below); needed under several ranks
-    int timeout_s;          // the rendezvous, NCCL's start, and any step
-} DistConfig;
-
-// Checkpoints'.
-typedef struct {
-    const char* dir; // NULL: no checkpoints
-    int every;       // 0: only after the last step
-    int keep;        // complete checkpoints kept
-    const char* resume; // NULL: a fresh run; else a checkpoint folder or a --checkpoint_dir
-} CheckpointConfig;
-
-// Optimisations that can be switched off, one by one, for the ablation (scripts/bench.sh). A switch
-// is its row here and the code that reads it: its Switches field, its flag and --help line, the
-// scripts' list (--list_switches), the printed configuration, the checkpoint's record and the
-// test's choice of what to re-check all come from the row. A row: field (and flag) name, flag
-// kind, default, upper bound (ints), choices, what it changes (SWITCH_PASSES: the forward or
-// backward pass; SWITCH_OPTIMIZER: only when and how AdamW runs), the values the tests and the
-// ablation run it at, help.
-enum { GRAD_ZERO_NONE, GRAD_ZERO_MEMSET, GRAD_ZERO_FILL };
-typedef enum { NOT_A_SWITCH, SWITCH_PASSES, SWITCH_OPTIMIZER } SwitchScope;
-#define LLAMA3_SWITCHES(X)                                                                                             \
-    X(shadow_weights, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                     \
-      "1: AdamW writes bf16 copies of the weights; 0: cast each weight to bf16 before every GEMM that reads it")       \
-    X(vector_adam, FLAG_BOOL, "1", 0, NULL, SWITCH_OPTIMIZER, "0", "1: 128-bit AdamW; 0: scalar AdamW kernels")       \
-    X(grad_zeroing, FLAG_CHOICE, "none", 0, "none|memset|fill", SWITCH_PASSES, "memset fill",                          \
-      "none: the first gradient GEMM writes; memset or fill: zero every gradient tensor each step and accumulate")    \
-    X(metadata_by_value, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                  \
-      "1: shapes as kernel arguments; 0: copied host-to-device before each launch that takes them")                   \
-    X(sparse_embedding, FLAG_BOOL, "1", 0, NULL, SWITCH_OPTIMIZER, "0",                                                \
-      "1: lazy AdamW on the embedding rows the step touched; 0: dense embedding gradient and AdamW")                  \
-    X(overlap_optimizer, FLAG_BOOL, "1", 0, NULL, SWITCH_OPTIMIZER, "0",                                               \
-      "1: AdamW of each layer on a second stream during the backward; 0: after the backward pass")                    \
-    X(flash_attention, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                    \
-      "1: flash attention; 0: unfused (batched GEMMs, T x T scores and P in memory)")                                 \
-    X(bf16_grads, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                         \
-      "1: matmul weight gradients in bf16 when one micro-step makes the step; 0: fp32")                               \
-    X(cuda_graph, FLAG_BOOL, "1", 0, NULL, SWITCH_OPTIMIZER, "0",                                                      \
-      "1: steps 2.. replay one CUDA graph (not with metadata_by_value 0, whose copies a graph cannot hold); "         \
-      "0: every kernel launched from the host")                                                                       \
-    X(fused_rmsnorm, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                      \
-      "1: one kernel per RMSNorm forward/backward, residual add inside; 0: the separate ops autograd runs")           \
-    X(deferred_adamw, FLAG_INT, "-1", BIG_INT, NULL, SWITCH_OPTIMIZER, "0 1",                                          \
-      "AdamW of layers 0..N-1 in the next step's forward (not given: 12, or every layer of a smaller model; with "    \
-      "grad_clip every group; only with overlap_optimizer 1 and grad_zeroing none)")                                  \
-    X(delete_fills, FLAG_BOOL, "1", 0, NULL, SWITCH_PASSES, "0",                                                       \
-      "1: no fill before a kernel that overwrites its whole output; 0: InfiniTrain's fills before the attention and " \
-      "head-permute backward")
-#define BIG_INT (1 << 30)
-
-typedef struct {
-#define SWITCH_FIELD(field, ...) int field;
-    LLAMA3_SWITCHES(SWITCH_FIELD)
-#undef SWITCH_FIELD
-} Switches;
-
-// The switches as they apply to model c, the one place a model overrides a flag: [tied embeddings]
-// sparse_embedding off, since the head GEMM writes every row of a tied wte's gradient (no sparse
-// rows to update lazily). The trainer prints what this changed (print_model).
-static inline Switches switches_for_model(const Switches* sw, const Llama3Config* c) {
-    Switches s = *sw;
-    if (c->tied_embeddings) s.sparse_embedding = 0;
-    return s;
-}
-
-typedef struct {
-    LoopConfig loop;
-    OptimConfig optim;
-    EvalConfig eval;
-    CheckpointConfig ckpt;
-    DistConfig dist;
-    Switches sw;
-    int help;          // --help or -h: print the usage and exit
-    int list_switches; // --list_switches: print each switch's ablation settings and exit
-} TrainArgs;
-
-// The last step this invocation runs: --stop_after, or the schedule's last step.
-static inline int last_step(const TrainArgs* a) { return a->loop.stop_after ? a->loop.stop_after : a->optim.sched.total; }
-
-// ---- command line ----
-// The seed report's flags (gflags style: --flag value or --flag=value) plus our own.
-//
-// One table drives parsing, the defaults, the usage text and the printed configuration: a new
-// flag is one row. A row names the field its value lands in (by offset into TrainArgs, inside its
-// consumer's struct), how the value parses, its default as it would be typed (applied without the
-// range check: deferred_adamw's -1 means "not given"), its range or choices, and its help.
-typedef enum {
-    FLAG_INT,    // int in [lo, hi]
-    FLAG_U64,    // unsigned long long in [lo, hi]
-    FLAG_FLOAT,  // float in [lo, hi], as a 32-bit float
-    FLAG_BOOL,   // 0, 1, true, false; given bare: 1
-    FLAG_PATH,   // a non-empty path (default NULL: none)
-    FLAG_CHOICE, // one of choices ("none|memset|fill"); stores its index
-    FLAG_ONLY,   // accepted for the seed's command line: choices is the only value taken
-} FlagKind;
-
-typedef struct {
-    const char* name;
-    FlagKind kind;
-    size_t offset;
-    const char* def; // NULL: no default (a path: none)
-    double lo, hi;
-    const char* choices;
-    const char* help;
-    SwitchScope scope;          // a switch (an optimisation, on by default, off for the ablation), or not
-    const char* ablation_values; // a switch's values other than its default that the tests and the ablation run
-} FlagSpec;
-
-#define ARG(field) offsetof(TrainArgs, field)
-#define SWITCH_FLAG(field, kind, def, hi, choices, scope, values, help) \
-    {"--" #field, kind, ARG(sw.field), def, 0, hi, choices, help, scope, values},
-static const FlagSpec FLAGS[] = {
-    {"--input_bin", FLAG_PATH, ARG(loop.input_bin), NULL, 0, 0, NULL, "llm.c token file, uint32 LLaMA-3 or uint16 GPT-2 tokens (default: embedded tiny shakespeare)", NOT_A_SWITCH, NULL},
-    {"--llmc_filepath", FLAG_PATH, ARG(loop.llmc_filepath), NULL, 0, 0, NULL, "model file: this trainer's format (convert_hf.py's, a checkpoint's model.bin, InfiniTrain's) or llm.c's llama3 format, told apart by size (default: random init)", NOT_A_SWITCH, NULL},
-    {"--shape", FLAG_CHOICE, ARG(loop.shape), "1b", 0, 0, SHAPE_CHOICES, "the random init's shape: LLaMA 3.2-1B (untied), 3.2-3B (tied) or 3.1-8B (untied, RoPE factor 8); a model file or --resume gives its own", NOT_A_SWITCH, NULL},
-    {"--num_iteration", FLAG_INT, ARG(optim.sched.total), "100", 1, BIG_INT, NULL, "optimizer steps of the run: the lr schedule's length, and its last step", NOT_A_SWITCH, NULL},
-    {"--stop_after", FLAG_INT, ARG(loop.stop_after), "0", 0, BIG_INT, NULL, "end this invocation after step N, to --resume later on the same schedule (0: at --num_iteration)", NOT_A_SWITCH, NULL},
-    {"--batch_size", FLAG_INT, ARG(loop.batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", NOT_A_SWITCH, NULL},
-    {"--sequence_length", FLAG_INT, ARG(loop.sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence", NOT_A_SWITCH, NULL},
-    {"--recompute", FLAG_INT, ARG(loop.recompute), "0", 0, 2, NULL, "activations recomputed in the backward instead of kept per layer: 0 none; 1 the RMSNorm and SwiGLU outputs; 2 whole blocks (each layer keeps only its input); the same losses bit for bit", NOT_A_SWITCH, NULL},
-    {"--fp8", FLAG_INT, ARG(loop.fp8), "0", 0, 1, NULL, "1: the block linears' GEMMs (qkv, attn_out, gate_up, down) in FP8, e4m3 weights and activations, the output gradients in --fp8_grads, one dynamic scale per tensor; lm_head and attention stay bf16 (one micro-step per step, one rank)", NOT_A_SWITCH, NULL},
-    {"--fp8_grads", FLAG_CHOICE, ARG(loop.fp8_grads), "e5m2", 0, 0, FP8_GRADS_CHOICES, "--fp8 1: the output gradients' format: e5m2 (range: max 57344, 2 mantissa bits) or e4m3 (precision: 3 mantissa bits, max 448; each tensor's dynamic scale maps its amax to 448)", NOT_A_SWITCH, NULL},
-    {"--total_batch_size", FLAG_INT, ARG(loop.total_batch_size), "0", 0, BIG_INT, NULL, "tokens per optimizer step on all ranks, a multiple of B*T*ranks: N / (B*T*ranks) micro-steps on each rank accumulate gradients (0: B*T*ranks, one micro-step)", NOT_A_SWITCH, NULL},
-    {"--learning_rate", FLAG_FLOAT, ARG(optim.sched.peak_lr), "1e-5", 0.0, 10.0, NULL, "AdamW peak lr", NOT_A_SWITCH, NULL},
-    {"--lr_schedule", FLAG_CHOICE, ARG(optim.sched.kind), "constant", 0, 0, "constant|cosine|linear|wsd", "lr after the warmup: constant; cosine or linear to lr*final_lr_frac at the last step; wsd: constant, then linear over the last decay_frac", NOT_A_SWITCH, NULL},
-    {"--warmup_iters", FLAG_INT, ARG(optim.sched.warmup), "0", 0, BIG_INT, NULL, "steps of linear warmup from lr/N to lr", NOT_A_SWITCH, NULL},
-    {"--final_lr_frac", FLAG_FLOAT, ARG(optim.sched.final_frac), "0", 0.0, 1.0, NULL, "cosine, linear, wsd: the last step's lr over the peak", NOT_A_SWITCH, NULL},
-    {"--decay_frac", FLAG_FLOAT, ARG(optim.sched.decay_frac), "0.2", 0.0, 1.0, NULL, "wsd: the fraction of the run that decays", NOT_A_SWITCH, NULL},
-    {"--weight_decay", FLAG_FLOAT, ARG(optim.weight_decay), "0", 0.0, 10.0, NULL, "AdamW decoupled weight decay (matrices and wte; not the norm weights)", NOT_A_SWITCH, NULL},
-    {"--grad_clip", FLAG_FLOAT, ARG(optim.grad_clip), "0", 0.0, 1e9, NULL, "clip the global gradient L2 norm to this, as clip_grad_norm_ (0: off; also measures the norm, printed and logged)", NOT_A_SWITCH, NULL},
-    {"--max_bad_steps", FLAG_INT, ARG(loop.max_bad_steps), "5", 1, BIG_INT, NULL, "NaN guard: stop after this many steps in a row skipped for a non-finite loss or grad norm", NOT_A_SWITCH, NULL},
-    {"--optimizer_state", FLAG_CHOICE, ARG(optim.moments), "fp32", 0, 0, "fp32|bf16", "AdamW's m and v: fp32, or bf16 with stochastic rounding (22 instead of 30 bytes of AdamW traffic per weight, 4 instead of 8 of memory; the weights stay fp32)", NOT_A_SWITCH, NULL},
-    {"--beta1", FLAG_FLOAT, ARG(optim.beta1), "0.9", 0.0, 0.999999, NULL, "AdamW beta1", NOT_A_SWITCH, NULL},
-    {"--beta2", FLAG_FLOAT, ARG(optim.beta2), "0.999", 0.0, 0.9999999403953552, NULL, "AdamW beta2", NOT_A_SWITCH, NULL},
-    {"--eps", FLAG_FLOAT, ARG(optim.eps), "1e-8", 1e-30, 1.0, NULL, "AdamW eps", NOT_A_SWITCH, NULL},
-    {"--seed", FLAG_U64, ARG(loop.seed), "42", 0, 9.2233720368547758e18, NULL, "random init seed", NOT_A_SWITCH, NULL},
-    {"--overfit_single_batch", FLAG_BOOL, ARG(loop.overfit_single_batch), "0", 0, 0, NULL, "train on the first batch only", NOT_A_SWITCH, NULL},
-    {"--log_file", FLAG_PATH, ARG(loop.log_file), NULL, 0, 0, NULL, "one JSON line per step (step, loss, lr, grad_norm with clipping, val_loss when measured, skipped, ms, tok_per_s, peak_mib; non-finite: null) and per sample; continued by --resume", NOT_A_SWITCH, NULL},
-    {"--val_bin", FLAG_PATH, ARG(eval.val_bin), NULL, 0, 0, NULL, "llm.c token file for the val loss (default: NAME_val.bin beside an --input_bin NAME_train.bin, else the embedded val split)", NOT_A_SWITCH, NULL},
-    {"--val_every", FLAG_INT, ARG(eval.val_every), "0", 0, BIG_INT, NULL, "val loss every N steps and after the last (0: never)", NOT_A_SWITCH, NULL},
-    {"--val_tokens", FLAG_INT, ARG(eval.val_tokens), "32768", 1, BIG_INT, NULL, "tokens of val data per val loss (whole batches of B*T)", NOT_A_SWITCH, NULL},
-    {"--sample_every", FLAG_INT, ARG(eval.sample_every), "0", 0, BIG_INT, NULL, "generate text from BOS every N steps and after the last, printed decoded (0: never)", NOT_A_SWITCH, NULL},
-    {"--sample_tokens", FLAG_INT, ARG(eval.sample_tokens), "32", 1, BIG_INT, NULL, "tokens generated per sample (at most sequence_length - 1)", NOT_A_SWITCH, NULL},
-    {"--temperature", FLAG_FLOAT, ARG(eval.temperature), "1", 0.0, 100.0, NULL, "sampling temperature (0: greedy)", NOT_A_SWITCH, NULL},
-    {"--top_k", FLAG_INT, ARG(eval.top_k), "0", 0, BIG_INT, NULL, "sample from the k most likely tokens (0: all)", NOT_A_SWITCH, NULL},
-    {"--checkpoint_dir", FLAG_PATH, ARG(ckpt.dir), NULL, 0, 0, NULL, "save checkpoints there (PATH/step_N/, PATH/latest), always after the last step", NOT_A_SWITCH, NULL},
-    {"--checkpoint_every", FLAG_INT, ARG(ckpt.every), "0", 0, BIG_INT, NULL, "also save every N steps (0: only after the last)", NOT_A_SWITCH, NULL},
-    {"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "2", 1, BIG_INT, NULL, "complete checkpoints kept, older ones deleted once a newer one is complete", NOT_A_SWITCH, NULL},
-    {"--resume", FLAG_PATH, ARG(ckpt.resume), NULL, 0, 0, NULL, "continue a run: a checkpoint folder, or a --checkpoint_dir (its newest complete checkpoint)", NOT_A_SWITCH, NULL},
-    {"--rendezvous", FLAG_PATH, ARG(dist.rendezvous), NULL, 0, 0, NULL, "several ranks: how they share NCCL's id, file:PATH (a new file every rank sees) or tcp:HOST:PORT (rank 0's host, a free port)", NOT_A_SWITCH, NULL},
-    {"--nccl_timeout", FLAG_INT, ARG(dist.timeout_s), "300", 1, 86400, NULL, "several ranks: seconds a rank waits for the others (the rendezvous, NCCL's start, a step) before it stops the run", NOT_A_SWITCH, NULL},
-    {"--dtype", FLAG_ONLY, 0, NULL, 0, 0, "bfloat16", "accepted for InfiniTrain's command line: the only precision (bf16 matmuls, fp32 master weights)", NOT_A_SWITCH, NULL},
-    {"--device", FLAG_ONLY, 0, NULL, 0, 0, "cuda", "accepted for InfiniTrain's command line: the only device", NOT_A_SWITCH, NULL},
-    LLAMA3_SWITCHES(SWITCH_FLAG)
-};
-#undef SWITCH_FLAG
-#undef ARG
-#define NUM_FLAGS ((int)(sizeof(FLAGS) / sizeof(FLAGS[0])))
-
-// A number as the flag's value must start with a digit, '-' or '.': strtoll and strtod would also
-// take leading spaces and '+', which a typo can produce.
-static inline int number_start(const char* s) { return (*s >= '0' && *s <= '9') || *s == '-' || *s == '.'; }
-
-static inline int parse_int(const char* flag, const char* s, long long lo, long long hi, long long* out, char* err) {
-    char* end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (!number_start(s) || errno || end == s || *end || v < lo || v > hi)
-        return l3_fail(err, "%s: bad value '%s' (an integer in [%lld, %lld])", flag, s, lo, hi);
-    *out = v;
-    return 0;
-}
-
-// The range holds for the value as the trainer uses it, a 32-bit float: --beta2 0.99999999 rounds
-// to 1 (AdamW's bias correction would divide by zero), --learning_rate 1e-50 to 0.
-static inline int parse_float(const char* flag, const char* s, double lo, double hi, float* out, char* err) {
-    char* end;
-    errno = 0;
-    double v = strtod(s, &end);
-    float f = (float)v;
-    if (!number_start(s) || errno || end == s || *end || !(f >= lo && f <= hi))
-        return l3_fail(err, "%s: bad value '%s' (a number in [%.10g, %.10g] as a 32-bit float)", flag, s, lo, hi);
-    if (v != 0.0 && !(fabsf(f) >= 1.17549435e-38f)) // 0 or subnormal in float: FLT_MIN
-        return l3_fail(err, "%s: bad value '%s' (too small for a 32-bit float: it becomes %g)", flag, s, f);
-    *out = f;
-    return 0;
-}
-
-// A file flag's value: a path, not empty.
-static inline int parse_path(const char* flag, const char* s, const char** out, char* err) {
-    if (!*s) return l3_fail(err, "%s: empty path", flag);
-    *out = s;
-    return 0;
-}
-
-static inline int parse_bool(const char* flag, const char* s, int* out, char* err) {
-    if (!strcmp(s, "1") || !strcmp(s, "true")) *out = 1;
-    else if (!strcmp(s, "0") || !strcmp(s, "false")) *out = 0;
-    else return l3_fail(err, "%s: bad value '%s' (0, 1, true or false)", flag, s);
-    return 0;
-}
-
-// The index of `val` among choices "a|b|c", or -1.
-static inline int choice_index(const char* choices, const char* val) {
-    size_t n = strlen(val);
-    for (int i = 0; *choices; i++) {
-        const char* bar = strchr(choices, '|');
-        size_t len = bar ? (size_t)(bar - choices) : strlen(choices);
-        if (len == n && !strncmp(choices, val, n)) return i;
-        if (!bar) break;
-        choices = bar + 1;
-    }
-    return -1;
-}
-
-// Parses `val` for flag f into its field of *a; `check_range` is off for the table's own defaults.
-static inline int flag_set(TrainArgs* a, const FlagSpec* f, const char* val, int check_range, char* err) {
-    char* field = (char*)a + f->offset;
-    double lo = check_range ? f->lo : -INFINITY, hi = check_range ? f->hi : INFINITY;
-    long long v = 0;
-    switch (f->kind) {
-    case FLAG_INT:
-        if (parse_int(f->name, val, check_range ? (long long)f->lo : INT_MIN, check_range ? (long long)f->hi : INT_MAX,
-                      &v, err))
-            return -1;
-        *(int*)field = (int)v;
-        return 0;
-    case FLAG_U64:
-        if (parse_int(f->name, val, 0, 0x7fffffffffffffffLL, &v, err)) return -1;
-        *(unsigned long long*)field = (unsigned long long)v;
-        return 0;
-    case FLAG_FLOAT: return parse_float(f->name, val, lo, hi, (float*)field, err);
-    case FLAG_BOOL: return parse_bool(f->name, val, (int*)field, err);
-    case FLAG_PATH: return parse_path(f->name, val, (const char**)field, err);
-    case FLAG_CHOICE: {
-        int i = choice_index(f->choices, val);
-        if (i < 0) return l3_fail(err, "%s: bad value '%s' (%s)", f->name, val, f->choices);
-        *(int*)field = i;
-        return 0;
-    }
-    case FLAG_ONLY:
-        return strcmp(val, f->choices) ? l3_fail(err, "%s: '%s' is not supported (only %s)", f->name, val, f->choices)
-                                       : 0;
-    }
-    return l3_fail(err, "%s: unknown flag kind", f->name);
-}
-
-static inline const FlagSpec* flag_find(const char* name) {
-    for (int i = 0; i < NUM_FLAGS; i++)
-        if (!strcmp(FLAGS[i].name, name)) return &FLAGS[i];
-    return NULL;
-}
-
-// Edit distance between two flag names (insertions, deletions, substitutions), capped at 3.
-static inline int flag_distance(const char* x, const char* y) {
-    int nx = (int)strlen(x), ny = (int)strlen(y), row[64], prev;
-    if (nx > 62 || ny > 62 || abs(nx - ny) > 2) return 3;
-    for (int j = 0; j <= ny; j++) row[j] = j;
-    for (int i = 1; i <= nx; i++) {
-        prev = row[0], row[0] = i;
-        for (int j = 1; j <= ny; j++) {
-            int sub = prev + (x[i - 1] != y[j - 1]), del = row[j] + 1, ins = row[j - 1] + 1, was = row[j];
-            row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
-            prev = was;
-        }
-    }
-    return row[ny] < 3 ? row[ny] : 3;
-}
-
-// The flag a typo most likely meant: the nearest name within 2 edits, or NULL.
-static inline const FlagSpec* flag_nearest(const char* name) {
-    const FlagSpec* best = NULL;
-    int best_d = 3;
-    for (int i = 0; i < NUM_FLAGS; i++) {
-        int d = flag_distance(name, FLAGS[i].name);
-        if (d < best_d) best = &FLAGS[i], best_d = d;
-    }
-    return best;
-}
-
-// Every field at the table's default as typed (total_batch_size 0 means "B*T"); the rest zero.
-static inline TrainArgs flag_defaults(void) {
-    TrainArgs a;
-    memset(&a, 0, sizeof(a));
-    char err[L3_ERR_LEN];
-    for (int i = 0; i < NUM_FLAGS; i++)
-        if (FLAGS[i].def) flag_set(&a, &FLAGS[i], FLAGS[i].def, 0, err);
-    return a;
-}
-
-// Values that follow from others once every flag is read: --total_batch_size not given (0) is one
-// micro-step of B*T tokens on each rank, as in llm.c (a total too large for an int is refused by
-// train_args_check).
-static inline void train_args_resolve(TrainArgs* a, int world) {
-    LoopConfig* l = &a->loop;
-    long long total = (long long)l->batch_size * l->sequence_length * world;
-    l->world = world;
-    if (l->total_batch_size == 0 && total <= INT_MAX) l->total_batch_size = (int)total;
-}
-
-// The arguments of a command line with no flags, on one rank.
-static inline TrainArgs train_args_default(void) {
-    TrainArgs a = flag_defaults();
-    train_args_resolve(&a, 1);
-    return a;
-}
-
-// Micro-steps each rank runs per optimizer step: the total batch over B*T*ranks (train_args_check
-// has refused one that does not divide).
-static inline int micro_steps(const LoopConfig* l) {
-    return l->total_batch_size / (l->batch_size * l->sequence_length * l->world);
-}
-
-// ---- the step's plan ----
-// When each AdamW update group runs, decided once for the run from the switches and clipping: the
-// step (train_llama3.cu step_work) only reads it. Update groups, in the order the forward reads them:
-// wte (0), layer l (1 + l), the head (final norm and lm_head, n_layer + 1).
-typedef enum {
-    ADAMW_OVERLAPPED,     // [streams] on the optimizer stream as soon as the last backward has written the group
-    ADAMW_DEFERRED,       // [deferred AdamW] at the start of the next step, beside its forward, which waits for it
-    ADAMW_AFTER_BACKWARD, // on the main stream after the backward pass (every group: one pass over the block)
-    ADAMW_SHARDED,        // [data parallel] reduce-scattered on the optimizer stream as the last backward writes
-                          // it, then this rank's part updated and all-gathered (after the norm, with clipping)
-} AdamWTiming;
-static const char* const ADAMW_TIMING_NAMES[] = {"overlapped with the backward", "deferred to the next step",
-                                                 "after the backward", "sharded over the ranks (ZeRO-1)"};
-typedef struct {
-    int n_groups;
-    AdamWTiming timing[LLAMA3_MAX_LAYERS + 2]; // per update group
-    bool measure_norm;   // [clipping] the last backward sums the gradients' squares as they become ready; no
-                         // AdamW may start before the global norm, so none is overlapped
-    bool after_backward; // every group ADAMW_AFTER_BACKWARD
-    bool any_deferred;   // some group ADAMW_DEFERRED: anything that reads the weights between steps (a save,
-                         // the val loss, a sample, the end of the run) first applies them (a flush)
-    bool use_graph;      // [graphs] steps 2.. replay one CUDA graph
-    int world;           // ranks: above 1 every group is ADAMW_SHARDED
-} StepPlan;
-
-// Layers whose AdamW is deferred without clipping: --deferred_adamw's value (12 when not given),
-// capped at the model's layers (a 2-layer model defers both).
-static inline int deferred_layers(const Switches* sw, int n_layer) {
-    int k = sw->deferred_adamw >= 0 ? sw->deferred_adamw : 12;
-    return k < n_layer ? k : n_layer;
-}
-
-// The plan. AdamW overlaps the backward with --overlap_optimizer (else it runs after it). Deferring
-// also needs no gradient zeroing (zeroing at the next step's start would clear the gradients the
-// deferred AdamW reads): layers 0..K-1 without clipping; with clipping, which measures the norm
-// instead of overlapping, every group (or, when it cannot defer, all of AdamW after the backward).
-// A graph cannot capture the ablation's per-launch shape copies from pageable host memory. Under
-// several ranks every group is reduced and updated by shards as the backward writes it (nothing is
-// deferred: the all-gathers end the step).
-static inline StepPlan step_plan(const Switches* sw, const OptimConfig* o, int n_layer, int world) {
-    StepPlan p;
-    memset(&p, 0, sizeof(p));
-    assert(n_layer >= 1 && n_layer <= LLAMA3_MAX_LAYERS); // (config_check bounds every model's)
-    p.n_groups = n_layer + 2;
-    p.measure_norm = o->grad_clip > 0;
-    bool can_defer = sw->overlap_optimizer && sw->grad_zeroing == GRAD_ZERO_NONE;
-    int k = deferred_layers(sw, n_layer);
-    for (int g = 0; g < p.n_groups; g++) {
-        if (world > 1) p.timing[g] = ADAMW_SHARDED;
-        else if (!sw->overlap_optimizer || (p.measure_norm && !can_defer)) p.timing[g] = ADAMW_AFTER_BACKWARD;
-        else if (can_defer && (p.measure_norm || (g >= 1 && g < 1 + k))) p.timing[g] = ADAMW_DEFERRED;
-        else p.timing[g] = ADAMW_OVERLAPPED;
-    }
-    p.after_backward = p.timing[0] == ADAMW_AFTER_BACKWARD; // (all groups or none)
-    for (int g = 0; g < p.n_groups; g++) p.any_deferred |= p.timing[g] == ADAMW_DEFERRED;
-    p.use_graph = sw->cuda_graph && sw->metadata_by_value;
-    p.world = world;
-    return p;
-}
-
-// The name of update group g: "wte", "layer 3", "head".
-static inline const char* group_name(const StepPlan* p, int g, char* out, size_t len) {
-    if (g == 0) snprintf(out, len, "wte");
-    else if (g == p->n_groups - 1) snprintf(out, len, "head");
-    else snprintf(out, len, "layer %d", g - 1);
-    return out;
-}
-
-// One line: each timing with its groups as runs ("deferred to the next step: layer 0..layer 11"),
-// then the norm and the graph.
-static inline void step_plan_print(FILE* f, const StepPlan* p) {
-    const char* sep = " AdamW ";
-    fprintf(f, "step plan:");
-    for (int t = ADAMW_OVERLAPPED; t <= ADAMW_SHARDED; t++) {
-        int runs = 0;
-        for (int g = 0; g < p->n_groups; g++) {
-            if (p->timing[g] != (AdamWTiming)t || (g > 0 && p->timing[g - 1] == (AdamWTiming)t)) continue;
-            int end = g; // the run of groups g..end
-            while (end + 1 < p->n_groups && p->timing[end + 1] == (AdamWTiming)t) end++;
-            char first[32], last[32];
-            if (runs++ == 0) fprintf(f, "%s%s: ", sep, ADAMW_TIMING_NAMES[t]), sep = " | ";
-            else fprintf(f, ", ");
-            fprintf(f, "%s", group_name(p, g, first, sizeof(first)));
-            if (end > g) fprintf(f, "..%s", group_name(p, end, last, sizeof(last)));
-        }
-    }
-    fprintf(f, " | gradient norm %s | %s\n", p->measure_norm ? "measured (clipping)" : "not measured",
-            p->use_graph ? "steps 2.. from one CUDA graph" : "every step launched from the host");
-}
-
-static inline void print_usage(FILE* f, const char* prog) {
-    static const char* const META[] = {"N", "N", "F", "0/1", "PATH", "MODE", "VALUE"};
-    fprintf(f, "usage: %s [flags]  (--flag value or --flag=value)\n  %-26s the usage text, and exit\n", prog,
-            "--help, -h");
-    fprintf(f, "  %-26s each optimisation's ablation settings, one per line, and exit\n", "--list_switches");
-    for (int i = 0; i < NUM_FLAGS; i++) {
-        const FlagSpec* g = &FLAGS[i];
-        char head[64];
-        if (g->scope && (i == 0 || !FLAGS[i - 1].scope))
-            fprintf(f, "optimisations (all on by default; off for the ablation):\n");
-        snprintf(head, sizeof(head), "%s %s", g->name, g->kind == FLAG_ONLY ? g->choices : META[g->kind]);
-        fprintf(f, "  %-26s %s", head, g->help);
-        if (g->kind == FLAG_CHOICE) fprintf(f, " (%s)", g->choices);
-        // [default; lo..hi]: the default as typed (none for a path; deferred_adamw's -1 is "not
-        // given", which its help explains), and a number's range
-        bool has_def = g->def && strcmp(g->def, "-1"), numeric = g->kind == FLAG_INT || g->kind == FLAG_FLOAT;
-        if (numeric) fprintf(f, " [%s%s%.10g..%.10g]", has_def ? g->def : "", has_def ? "; " : "", g->lo, g->hi);
-        else if (has_def) fprintf(f, " [%s]", g->def);
-        fprintf(f, "\n");
-    }
-}
-
-// The value of flag f in *a, as it would be typed.
-static inline void flag_format(const TrainArgs* a, const FlagSpec* f, char* out, size_t len) {
-    const char* field = (const char*)a + f->offset;
-    switch (f->kind) {
-    case FLAG_INT: snprintf(out, len, "%d", *(const int*)field); break;
-    case FLAG_U64: snprintf(out, len, "%llu", *(const unsigned long long*)field); break;
-    case FLAG_FLOAT: snprintf(out, len, "%g", *(const float*)field); break;
-    case FLAG_BOOL: snprintf(out, len, "%d", *(const int*)field); break;
-    case FLAG_PATH: snprintf(out, len, "%s", *(const char* const*)field ? *(const char* const*)field : "-"); break;
-    case FLAG_CHOICE: {
-        const char* c = f->choices;
-        for (int i = *(const int*)field; i > 0 && strchr(c, '|'); i--) c = strchr(c, '|') + 1;
-        snprintf(out, len, "%.*s", (int)(strchr(c, '|') ? strchr(c, '|') - c : (long)strlen(c)), c);
-        break;
-    }
-    case FLAG_ONLY: snprintf(out, len, "%s", f->choices); break;
-    }
-}
-
-// The run's flags, every row of the table with its value: "flags: --num_iteration 100 | ..." and
-// "optimisations: ..." (as given; main prints which of them take effect).
-static inline void train_args_print(FILE* f, const TrainArgs* a) {
-    char value[256];
-    for (int group = 0; group < 2; group++) {
-        fprintf(f, "%s", group ? "optimisations:" : "flags:");
-        for (int i = 0; i < NUM_FLAGS; i++) {
-            if ((FLAGS[i].scope != NOT_A_SWITCH) != group || FLAGS[i].kind == FLAG_ONLY) continue;
-            flag_format(a, &FLAGS[i], value, sizeof(value));
-            fprintf(f, " %s %s |", FLAGS[i].name + 2, value);
-        }
-        fprintf(f, "\n");
-    }
-}
-
-// The value of switch f (a row with a scope) in *sw.
-static inline int switch_value(const Switches* sw, const FlagSpec* f) {
-    return *(const int*)((const char*)sw + (f->offset - offsetof(TrainArgs, sw)));
-}
-
-// Every setting of an optimisation other than its default, one per line ("--flash_attention 0"),
-// in the table's order: the scripts' list of what to test and ablate (run_tests.sh, bench.sh,
-// sanitize.sh read it from the binary).
-static inline void print_switches(FILE* f) {
-    for (int i = 0; i < NUM_FLAGS; i++) {
-        if (!FLAGS[i].scope) continue;
-        char values[256];
-        snprintf(values, sizeof(values), "%s", FLAGS[i].ablation_values);
-        for (char* v = strtok(values, " "); v; v = strtok(NULL, " ")) fprintf(f, "%s %s\n", FLAGS[i].name, v);
-    }
-}
-
-// --flag value or --flag=value; a bool flag given without a value (next arg absent or a flag)
-// means true. --help or -h (--list_switches) stops the parse with a->help (a->list_switches) set.
-// The command line of one of `world` ranks (1: a run on one GPU).
-static inline int train_args_parse(TrainArgs* a, int argc, char** argv, int world, char* err) {
-    *a = flag_defaults();
-    for (int i = 1; i < argc; i++) {
-        const char* arg = argv[i];
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h") || !strcmp(arg, "--list_switches")) {
-            *(strcmp(arg, "--list_switches") ? &a->help : &a->list_switches) = 1;
-            return 0;
-        }
-        if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0') return l3_fail(err, "unexpected argument '%s'", arg);
-        char flag[128];
-        const char* eq = strchr(arg, '=');
-        const char* val;
-        size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
-        snprintf(flag, sizeof(flag), "%.*s", (int)(n < sizeof(flag) - 1 ? n : sizeof(flag) - 1), arg);
-        const FlagSpec* f = flag_find(flag);
-        if (!f) {
-            const FlagSpec* near = flag_nearest(flag);
-            if (near) return l3_fail(err, "unknown flag '%s': did you mean %s?", flag, near->name);
-            return l3_fail(err, "unknown flag '%s'", flag);
-        }
-        if (eq) val = eq + 1;
-        else if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) val = argv[++i];
-        else if (f->kind == FLAG_BOOL) val = "1";
-        else return l3_fail(err, "%s: missing value", flag);
-        if (flag_set(a, f, val, 1, err)) return -1;
-    }
-    train_args_resolve(a, world);
-    return 0;
-}
+// ---- checks before the GPU ----
+// What can be known wrong before the GPU starts: the model's widths against the kernels', the GPU's
+// generation, the paths of the outputs, the flags that do not combine. Each says what to change.
 
 // The widths the kernels of kernels.cuh take: RMSNorm rows of at most 8192 (one row in a block's
 // registers, 8 values per thread; train_llama3.cu ties this to the kernel's constant) and, for
@@ -1548,245 +1674,6 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
     if (a->eval.top_k > c->vocab_size)
         return l3_fail(err, "--top_k %d is more than the vocabulary (%d)", a->eval.top_k, c->vocab_size);
     return 0;
-}
-
-// ---- ranks ----
-// The world size a launcher gives the process, with its rank and its rank on this node: torchrun
-// and most schedulers set WORLD_SIZE, RANK and LOCAL_RANK, Open MPI's mpirun OMPI_COMM_WORLD_SIZE,
-// _RANK and _LOCAL_RANK, MPICH's hydra PMI_SIZE, PMI_RANK and MPI_LOCALRANKID. Only a whole number
-// counts: a variable that is unset, empty or anything else is not a launcher's, and leaves one
-// rank. `get` looks a variable up (getenv).
-typedef struct {
-    int rank, world;    // rank -1: the launcher set no rank
-    int local_rank;     // -1: the launcher set none (then the rank: one node)
-    const char* source; // the launcher's variables, for messages ("RANK/WORLD_SIZE"); NULL: none
-} RankEnv;
-
-static inline int env_count(const char* (*get)(const char*), const char* name) {
-    const char* s = get(name);
-    long long v = 0;
-    char not_ours[L3_ERR_LEN];
-    return s && parse_int(name, s, 0, INT_MAX, &v, not_ours) == 0 ? (int)v : -1;
-}
-
-static inline RankEnv rank_env_read(const char* (*get)(const char*)) {
-    static const char* const VARS[][4] = {
-        {"WORLD_SIZE", "RANK", "LOCAL_RANK", "RANK/WORLD_SIZE"},
-        {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun's OMPI_COMM_WORLD_RANK/_SIZE"},
-        {"PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "PMI_RANK/PMI_SIZE"}};
-    RankEnv r = {0, 1, 0, NULL};
-    for (int i = 0; i < 3; i++) {
-        int world = env_count(get, VARS[i][0]);
-        if (world < 1) continue;
-        r.world = world, r.rank = env_count(get, VARS[i][1]), r.source = VARS[i][3];
-        r.local_rank = env_count(get, VARS[i][2]);
-        if (r.local_rank < 0) r.local_rank = r.rank;
-        break;
-    }
-    if (r.world == 1) r.rank = r.local_rank = 0; // (a launcher of one process may leave them out)
-    return r;
-}
-
-// A launch of several ranks needs each one's rank, below the world size, and a trainer that trains
-// that many (max_world; 1 without NCCL: every process would train alone on the same outputs).
-static inline int rank_env_check(const RankEnv* r, int max_world, char* err) {
-    if (r->world <= 1) return 0;
-    if (r->rank < 0 || r->rank >= r->world)
-        return l3_fail(err, "launched as one of %d ranks (%s) without a rank below %d: the launcher's rank "
-                       "variable is missing or wrong", r->world, r->source, r->world);
-    if (r->world > max_world)
-        return l3_fail(err, "launched as rank %d of %d ranks (%s): this train_llama3 is built without NCCL and "
-                       "trains as one process on one GPU, where %d processes would each train alone on the same "
-                       "outputs: start one", r->rank, r->world, r->source, r->world);
-    return 0;
-}
-
-// The GPU of a rank: its local rank, on a node of n_devices GPUs. More local ranks than GPUs is a
-// mistake unless NCCL is told to let two ranks share one GPU (shared: NCCL_MULTI_RANK_GPU_ENABLE=1,
-// correctness tests only), when rank r takes GPU r % n_devices.
-static inline int rank_device(const RankEnv* r, int n_devices, int shared, int* device, char* err) {
-    if (r->local_rank < n_devices) return *device = r->local_rank, 0;
-    if (shared) return *device = r->local_rank % n_devices, 0;
-    return l3_fail(err, "rank %d is local rank %d, but this machine has %d GPU%s: start at most %d ranks per node "
-                   "(two ranks share one GPU only with NCCL_MULTI_RANK_GPU_ENABLE=1 and NCCL >= 2.30, for tests)",
-                   r->rank, r->local_rank, n_devices, n_devices == 1 ? "" : "s", n_devices);
-}
-
-// ---- data parallel: shards of the optimizer state (ZeRO-1) ----
-// Each parameter tensor's slice of one layer (a contiguous range, reduced as the backward writes
-// it) is split over the ranks: rank r owns the equal part [begin + r*part, begin + (r+1)*part),
-// part a multiple of SHARD_ALIGN elements so that a part of an aligned range starts on a 16-byte
-// boundary in bf16 (and the float4 AdamW takes it); the gradients are reduce-scattered onto the
-// parts, each rank updates its part and keeps its part's AdamW m and v, and the parts' new bf16
-// weights are all-gathered. What does not split evenly, a tail of fewer than ranks*SHARD_ALIGN
-// elements at begin + ranks*part, is all-reduced and updated by every rank alike (each keeps its
-// state): NCCL's reduce-scatter takes equal parts only, and the tail is a few elements of the odd
-// shapes (every LLaMA 3 tensor divides by 8 ranks * 8). One rank owns the whole range, no tail.
-#define SHARD_ALIGN 8
-typedef struct {
-    size_t part, tail; // elements of each rank's part; of the tail, owned by every rank
-} RangeShard;
-
-static inline RangeShard range_shard(size_t n, int world) {
-    RangeShard s;
-    s.part = world == 1 ? n : n / ((size_t)world * SHARD_ALIGN) * SHARD_ALIGN;
-    s.tail = n - s.part * world;
-    return s;
-}
-
-// Where one rank's AdamW state lies: for each tensor (of NUM_PARAM_TENSORS, one layer's slice
-// sharded as above) its part then its tail, layer after layer, tensor after tensor in the order of
-// the parameter block. The state of one rank is `state_total` floats each of m and v.
-typedef struct {
-    int rank, world;
-    RangeShard shard[NUM_PARAM_TENSORS];  // of one layer's slice
-    size_t state_offset[NUM_PARAM_TENSORS]; // layer 0's part in the rank's state
-    size_t state_total;
-} ZeroLayout;
-
-// sparse_wte: [sparse rows] the embedding's rows are updated by every rank (the union of the rows
-// the ranks touched, reduced), so its state is every rank's whole table: all of it a tail.
-static inline ZeroLayout zero_layout(const ParamLayout* p, int rank, int world, bool sparse_wte) {
-    ZeroLayout z;
-    memset(&z, 0, sizeof(z));
-    z.rank = rank, z.world = world;
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        z.shard[t] = range_shard(p->layer_size[t], world);
-        if (t == P_WTE && sparse_wte) z.shard[t].part = 0, z.shard[t].tail = p->layer_size[t];
-        z.state_offset[t] = z.state_total;
-        z.state_total += (z.shard[t].part + z.shard[t].tail) * p->slices[t];
-    }
-    return z;
-}
-
-// A run of parameters a rank updates: params[param, param + n) with its AdamW state at
-// m[state, state + n).
-typedef struct {
-    size_t param, state, n;
-} ShardRun;
-
-// The rank's part (which = 0) or the tail (which = 1) of tensor t's slice of layer `layer`.
-static inline ShardRun zero_run(const ZeroLayout* z, const ParamLayout* p, int t, int layer, int which) {
-    const RangeShard* s = &z->shard[t];
-    size_t begin = p->offset[t] + (size_t)layer * p->layer_size[t];
-    size_t state = z->state_offset[t] + (size_t)layer * (s->part + s->tail);
-    ShardRun r = {begin + (size_t)z->rank * s->part, state, s->part};
-    if (which) r.param = begin + (size_t)z->world * s->part, r.state = state + s->part, r.n = s->tail;
-    return r;
-}
-
-// ---- data parallel: every rank runs the same configuration ----
-// FNV-1a over the model's shape and every flag as the configuration prints them (train_args_print):
-// the ranks compare it at start, so that a rank launched with another flag stops the run instead of
-// training a different model.
-#define FNV1A_OFFSET 1469598103934665603ULL
-static inline uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
-    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char*)data)[i]) * 1099511628211ULL;
-    return h;
-}
-
-static inline uint64_t run_config_hash(const TrainArgs* a, const Llama3Config* c) {
-    char* text = NULL;
-    size_t len = 0;
-    FILE* f = open_memstream(&text, &len);
-    if (!f) return 0;
-    train_args_print(f, a);
-    config_print(f, c);
-    fprintf(f, "ranks %d\n", a->loop.world);
-    fclose(f);
-    uint64_t h = fnv1a(FNV1A_OFFSET, text, len);
-    free(text);
-    return h;
-}
-
-// ---- vocabulary (decoding generated tokens) ----
-// data/llama3_vocab.bin, written by scripts/prepare_data.py and linked into the trainer
-// (_binary_data_llama3_vocab_bin_start/_end): a header of 256 little-endian int32 ([0] magic
-// VOCAB_MAGIC, [1] version 1, [2] n_tokens, [3] total bytes of all tokens, rest 0), then n_tokens+1
-// little-endian uint32 offsets (offset[0] = 0, non-decreasing, offset[n_tokens] = total), then the
-// bytes. Token i is bytes[offset[i] : offset[i+1]]: its raw BPE bytes, or a special token's name
-// ("<|begin_of_text|>"). The magic is not CKPT_MAGIC (20241201): a state.bin is refused as a table.
-
-#define VOCAB_MAGIC 20241202
-#define VOCAB_VERSION 1
-#define VOCAB_MAX_TOKENS (1 << 24) // LLaMA 3 has 128256; more is a corrupt header
-
-typedef struct {
-    int n_tokens;
-    uint32_t* offsets; // n_tokens + 1
-    unsigned char* bytes;
-} Vocab;
-
-static inline void vocab_free(Vocab* v) {
-    free(v->offsets);
-    free(v->bytes);
-    *v = (Vocab){0, NULL, NULL};
-}
-
-// Offsets start at 0, never decrease, stay inside the bytes and end at their total.
-static inline int vocab_offsets_check(const Vocab* v, uint32_t total, const char* name, char* err) {
-    const uint32_t* o = v->offsets;
-    if (o[0] != 0) return l3_fail(err, "%s: offset[0] = %u, not 0", name, o[0]);
-    for (int i = 1; i <= v->n_tokens; i++) {
-        if (o[i] < o[i - 1])
-            return l3_fail(err, "%s: offset[%d] = %u is less than offset[%d] = %u", name, i, o[i], i - 1,
-                           o[i - 1]);
-        if (o[i] > total)
-            return l3_fail(err, "%s: offset[%d] = %u is past the end of the %u bytes of tokens", name, i, o[i],
-                           total);
-    }
-    if (o[v->n_tokens] != total)
-        return l3_fail(err, "%s: offset[%d] = %u, not the header's total of %u bytes", name, v->n_tokens,
-                       o[v->n_tokens], total);
-    return 0;
-}
-
-// Copies the table out of a file image (a linked blob need not be 4-byte aligned: integers are
-// read with memcpy) once the header matches the size; then checks every offset.
-static inline int vocab_parse(Vocab* v, const unsigned char* data, size_t size, const char* name, char* err) {
-    *v = (Vocab){0, NULL, NULL};
-    if (size < 1024) return shorter_than_header(name, "vocabulary table", size, 1024, err);
-    int32_t magic = read_i32(data, 0), version = read_i32(data, 4);
-    int32_t n = read_i32(data, 8), total = read_i32(data, 12);
-    if (magic != VOCAB_MAGIC)
-        return l3_fail(err, "%s: bad magic %d (expected %d, a vocabulary table)", name, magic, VOCAB_MAGIC);
-    if (version != VOCAB_VERSION)
-        return l3_fail(err, "%s: unknown version %d (this trainer reads version %d)", name, version,
-                       VOCAB_VERSION);
-    if (n <= 0 || n > VOCAB_MAX_TOKENS || total < 0)
-        return l3_fail(err, "%s: corrupt header: %d tokens (1 to %d expected) of %d bytes", name, n,
-                       VOCAB_MAX_TOKENS, total);
-    size_t offsets_bytes = 4 * ((size_t)n + 1), want = 1024 + offsets_bytes + (size_t)total;
-    if (size < want)
-        return l3_fail(err, "%s: truncated: %zu bytes, but its header's %d tokens of %d bytes need %zu", name,
-                       size, n, total, want);
-    if (size > want)
-        return l3_fail(err, "%s: %zu trailing bytes after the table of %d tokens of %d bytes", name,
-                       size - want, n, total);
-    v->n_tokens = n;
-    v->offsets = (uint32_t*)malloc(offsets_bytes);
-    v->bytes = (unsigned char*)malloc(total ? (size_t)total : 1);
-    if (!v->offsets || !v->bytes) {
-        vocab_free(v);
-        return l3_fail(err, "%s: out of host memory for a table of %zu bytes", name, size);
-    }
-    memcpy(v->offsets, data + 1024, offsets_bytes);
-    memcpy(v->bytes, data + 1024 + offsets_bytes, (size_t)total);
-    if (vocab_offsets_check(v, (uint32_t)total, name, err)) {
-        vocab_free(v);
-        return -1;
-    }
-    return 0;
-}
-
-// Writes the text of ids[0..n) to f: each token's bytes raw (a UTF-8 character split over tokens
-// comes out whole once all are written), an id outside the table (another vocabulary) as "<id>".
-static inline void vocab_print(FILE* f, const Vocab* v, const int32_t* ids, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        int32_t t = ids[i];
-        if (t < 0 || t >= v->n_tokens) fprintf(f, "<%d>", t);
-        else fwrite(v->bytes + v->offsets[t], 1, v->offsets[t + 1] - v->offsets[t], f);
-    }
 }
 
 // ---- checkpoints ----
@@ -2227,6 +2114,149 @@ static inline FILE* log_open(const char* path, int resumed, char* err) {
         return NULL;
     }
     return f;
+}
+
+// ---- ranks ----
+// The world size a launcher gives the process, with its rank and its rank on this node: torchrun
+// and most schedulers set WORLD_SIZE, RANK and LOCAL_RANK, Open MPI's mpirun OMPI_COMM_WORLD_SIZE,
+// _RANK and _LOCAL_RANK, MPICH's hydra PMI_SIZE, PMI_RANK and MPI_LOCALRANKID. Only a whole number
+// counts: a variable that is unset, empty or anything else is not a launcher's, and leaves one
+// rank. `get` looks a variable up (getenv).
+typedef struct {
+    int rank, world;    // rank -1: the launcher set no rank
+    int local_rank;     // -1: the launcher set none (then the rank: one node)
+    const char* source; // the launcher's variables, for messages ("RANK/WORLD_SIZE"); NULL: none
+} RankEnv;
+
+static inline int env_count(const char* (*get)(const char*), const char* name) {
+    const char* s = get(name);
+    long long v = 0;
+    char not_ours[L3_ERR_LEN];
+    return s && parse_int(name, s, 0, INT_MAX, &v, not_ours) == 0 ? (int)v : -1;
+}
+
+static inline RankEnv rank_env_read(const char* (*get)(const char*)) {
+    static const char* const VARS[][4] = {
+        {"WORLD_SIZE", "RANK", "LOCAL_RANK", "RANK/WORLD_SIZE"},
+        {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun's OMPI_COMM_WORLD_RANK/_SIZE"},
+        {"PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "PMI_RANK/PMI_SIZE"}};
+    RankEnv r = {0, 1, 0, NULL};
+    for (int i = 0; i < 3; i++) {
+        int world = env_count(get, VARS[i][0]);
+        if (world < 1) continue;
+        r.world = world, r.rank = env_count(get, VARS[i][1]), r.source = VARS[i][3];
+        r.local_rank = env_count(get, VARS[i][2]);
+        if (r.local_rank < 0) r.local_rank = r.rank;
+        break;
+    }
+    if (r.world == 1) r.rank = r.local_rank = 0; // (a launcher of one process may leave them out)
+    return r;
+}
+
+// A launch of several ranks needs each one's rank, below the world size, and a trainer that trains
+// that many (max_world; 1 without NCCL: every process would train alone on the same outputs).
+static inline int rank_env_check(const RankEnv* r, int max_world, char* err) {
+    if (r->world <= 1) return 0;
+    if (r->rank < 0 || r->rank >= r->world)
+        return l3_fail(err, "launched as one of %d ranks (%s) without a rank below %d: the launcher's rank "
+                       "variable is missing or wrong", r->world, r->source, r->world);
+    if (r->world > max_world)
+        return l3_fail(err, "launched as rank %d of %d ranks (%s): this train_llama3 is built without NCCL and "
+                       "trains as one process on one GPU, where %d processes would each train alone on the same "
+                       "outputs: start one", r->rank, r->world, r->source, r->world);
+    return 0;
+}
+
+// The GPU of a rank: its local rank, on a node of n_devices GPUs. More local ranks than GPUs is a
+// mistake unless NCCL is told to let two ranks share one GPU (shared: NCCL_MULTI_RANK_GPU_ENABLE=1,
+// correctness tests only), when rank r takes GPU r % n_devices.
+static inline int rank_device(const RankEnv* r, int n_devices, int shared, int* device, char* err) {
+    if (r->local_rank < n_devices) return *device = r->local_rank, 0;
+    if (shared) return *device = r->local_rank % n_devices, 0;
+    return l3_fail(err, "rank %d is local rank %d, but this machine has %d GPU%s: start at most %d ranks per node "
+                   "(two ranks share one GPU only with NCCL_MULTI_RANK_GPU_ENABLE=1 and NCCL >= 2.30, for tests)",
+                   r->rank, r->local_rank, n_devices, n_devices == 1 ? "" : "s", n_devices);
+}
+
+// ---- data parallel: shards of the optimizer state (ZeRO-1) ----
+// Each parameter tensor's slice of one layer (a contiguous range, reduced as the backward writes
+// it) is split over the ranks: rank r owns the equal part [begin + r*part, begin + (r+1)*part),
+// part a multiple of SHARD_ALIGN elements so that a part of an aligned range starts on a 16-byte
+// boundary in bf16 (and the float4 AdamW takes it); the gradients are reduce-scattered onto the
+// parts, each rank updates its part and keeps its part's AdamW m and v, and the parts' new bf16
+// weights are all-gathered. What does not split evenly, a tail of fewer than ranks*SHARD_ALIGN
+// elements at begin + ranks*part, is all-reduced and updated by every rank alike (each keeps its
+// state): NCCL's reduce-scatter takes equal parts only, and the tail is a few elements of the odd
+// shapes (every LLaMA 3 tensor divides by 8 ranks * 8). One rank owns the whole range, no tail.
+#define SHARD_ALIGN 8
+typedef struct {
+    size_t part, tail; // elements of each rank's part; of the tail, owned by every rank
+} RangeShard;
+
+static inline RangeShard range_shard(size_t n, int world) {
+    RangeShard s;
+    s.part = world == 1 ? n : n / ((size_t)world * SHARD_ALIGN) * SHARD_ALIGN;
+    s.tail = n - s.part * world;
+    return s;
+}
+
+// Where one rank's AdamW state lies: for each tensor (of NUM_PARAM_TENSORS, one layer's slice
+// sharded as above) its part then its tail, layer after layer, tensor after tensor in the order of
+// the parameter block. The state of one rank is `state_total` floats each of m and v.
+typedef struct {
+    int rank, world;
+    RangeShard shard[NUM_PARAM_TENSORS];  // of one layer's slice
+    size_t state_offset[NUM_PARAM_TENSORS]; // layer 0's part in the rank's state
+    size_t state_total;
+} ZeroLayout;
+
+// sparse_wte: [sparse rows] the embedding's rows are updated by every rank (the union of the rows
+// the ranks touched, reduced), so its state is every rank's whole table: all of it a tail.
+static inline ZeroLayout zero_layout(const ParamLayout* p, int rank, int world, bool sparse_wte) {
+    ZeroLayout z;
+    memset(&z, 0, sizeof(z));
+    z.rank = rank, z.world = world;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        z.shard[t] = range_shard(p->layer_size[t], world);
+        if (t == P_WTE && sparse_wte) z.shard[t].part = 0, z.shard[t].tail = p->layer_size[t];
+        z.state_offset[t] = z.state_total;
+        z.state_total += (z.shard[t].part + z.shard[t].tail) * p->slices[t];
+    }
+    return z;
+}
+
+// A run of parameters a rank updates: params[param, param + n) with its AdamW state at
+// m[state, state + n).
+typedef struct {
+    size_t param, state, n;
+} ShardRun;
+
+// The rank's part (which = 0) or the tail (which = 1) of tensor t's slice of layer `layer`.
+static inline ShardRun zero_run(const ZeroLayout* z, const ParamLayout* p, int t, int layer, int which) {
+    const RangeShard* s = &z->shard[t];
+    size_t begin = p->offset[t] + (size_t)layer * p->layer_size[t];
+    size_t state = z->state_offset[t] + (size_t)layer * (s->part + s->tail);
+    ShardRun r = {begin + (size_t)z->rank * s->part, state, s->part};
+    if (which) r.param = begin + (size_t)z->world * s->part, r.state = state + s->part, r.n = s->tail;
+    return r;
+}
+
+// ---- data parallel: every rank runs the same configuration ----
+// FNV-1a over the model's shape and every flag as the configuration prints them (train_args_print):
+// the ranks compare it at start, so that a rank launched with another flag stops the run instead of
+// training a different model.
+static inline uint64_t run_config_hash(const TrainArgs* a, const Llama3Config* c) {
+    char* text = NULL;
+    size_t len = 0;
+    FILE* f = open_memstream(&text, &len);
+    if (!f) return 0;
+    train_args_print(f, a);
+    config_print(f, c);
+    fprintf(f, "ranks %d\n", a->loop.world);
+    fclose(f);
+    uint64_t h = fnv1a(FNV1A_OFFSET, text, len);
+    free(text);
+    return h;
 }
 
 // ---- data parallel: the rendezvous ----

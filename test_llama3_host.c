@@ -647,6 +647,14 @@ static void test_user_flags(void) {
     rc = parse(&a, err, "--total_batch_size 0 --batch_size 2");
     CHECK(rc == 0 && a.loop.total_batch_size == 128, "--total_batch_size 0: B*T (%d)", a.loop.total_batch_size);
     CHECK(train_args_default().loop.total_batch_size == 256, "the default total batch is the default B*T, 256");
+    rc = parse(&a, err, "--batch_size 8 --sequence_length 128 --total_batch_size 4096 --recompute 2 --fp8 1 "
+                        "--fp8_grads e4m3 --optimizer_state bf16");
+    RunConfig run = run_config(&a);
+    CHECK(rc == 0 && run.B == 8 && run.T == 128 && run.grad_accum == 4 && run.recompute == RECOMPUTE_BLOCKS &&
+              run.fp8 == 1 && run.fp8_grads == FP8_GRADS_E4M3 && run.opt == &a.optim &&
+              run.opt->moments == MOMENTS_BF16 && run.sw == &a.sw,
+          "run_config: B %d T %d, %d micro-steps, recompute %d, fp8 %d grads %d, the flags' optimizer and switches",
+          run.B, run.T, run.grad_accum, run.recompute, run.fp8, run.fp8_grads);
     expect_error(parse(&a, err, "--num_iterations 5"), err, "a near-miss flag", "unknown flag '--num_iterations'",
                  "did you mean --num_iteration?");
     expect_error(parse(&a, err, "--lerning_rate 1e-4"), err, "a misspelt flag", "did you mean --learning_rate?", NULL);

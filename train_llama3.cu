@@ -563,18 +563,16 @@ static void fp8_start(Model* m, int grads) {
     m->fp8->grad_type = grads == FP8_GRADS_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
 }
 
-// Everything of a model for B x T micro-batches, grad_accum per step, trained with optimizer `opt`
-// and switches `sw` (its weights still to be set: model_init_random or model_load), recomputing
-// `recompute`'s activations in the backward, with the block linears in FP8 when `fp8` (the output
-// gradients in `fp8_grads`), on this rank of `comm` (NULL: one rank).
-static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* opt, const Switches* sw, int B, int T,
-                         int grad_accum, int recompute, bool fp8, int fp8_grads, Comm* comm) {
+// Everything of a model of config `cfg` for the run `run` (llama3.h RunConfig: its micro-batch and
+// micro-steps, recompute, FP8, optimizer and switches), its weights still to be set
+// (model_init_random or model_load), on this rank of `comm` (NULL: one rank).
+static void model_create(Model* m, const Llama3Config* cfg, const RunConfig* run, Comm* comm) {
     memset(m, 0, sizeof(*m));
-    m->cfg = *cfg, m->opt = *opt, m->sw = switches_for_model(sw, cfg), m->B = B, m->T = T, m->grad_accum = grad_accum;
-    m->recompute = recompute;
+    m->cfg = *cfg, m->opt = *run->opt, m->sw = switches_for_model(run->sw, cfg);
+    m->B = run->B, m->T = run->T, m->grad_accum = run->grad_accum, m->recompute = run->recompute;
     m->comm = comm;
-    if (fp8) fp8_start(m, fp8_grads);
-    sw = &m->sw; // (as they apply to this model)
+    if (run->fp8) fp8_start(m, run->fp8_grads);
+    const Switches* sw = &m->sw; // (as they apply to this model)
     int device;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, device));
@@ -587,15 +585,15 @@ static void model_create(Model* m, const Llama3Config* cfg, const OptimConfig* o
         exit(EXIT_FAILURE);
     }
     StepPlan* plan = (StepPlan*)malloc(sizeof(StepPlan));
-    *plan = step_plan(sw, opt, cfg->n_layer, comm ? comm->world : 1);
+    *plan = step_plan(sw, &m->opt, cfg->n_layer, comm ? comm->world : 1);
     m->plan = plan;
-    m->acts_bytes =
-        act_layout(&m->acts, NULL, cfg, B, T, grad_accum, m->sms, sw->flash_attention, sw->fused_rmsnorm, recompute);
+    m->acts_bytes = act_layout(&m->acts, NULL, cfg, m->B, m->T, m->grad_accum, m->sms, sw->flash_attention,
+                               sw->fused_rmsnorm, m->recompute);
     check_fits(m);
     model_alloc(m);
     model_streams(m);
     rope_upload(m);
-    sorter_create(&m->sorter, (size_t)grad_accum * B * T, cfg->vocab_size);
+    sorter_create(&m->sorter, (size_t)m->grad_accum * m->B * m->T, cfg->vocab_size);
     if (comm) comm_alloc(m);
     m->gemm = (Gemm*)malloc(sizeof(Gemm));
     gemm_create(m->gemm);
@@ -2344,8 +2342,8 @@ int main(int argc, char** argv) {
     Comm* comm = ranks.world > 1 ? comm_start(&ranks, &a, &cfg, argv[0]) : NULL;
 
     Model m;
-    model_create(&m, &cfg, &a.optim, &a.sw, a.loop.batch_size, a.loop.sequence_length, micro_steps(&a.loop),
-                 a.loop.recompute, a.loop.fp8, a.loop.fp8_grads, comm);
+    RunConfig run = run_config(&a);
+    model_create(&m, &cfg, &run, comm);
     print_model(&m, &a);
     model_start(&m, &a, fmt, &in, &loader, argv[0]);
     static Saver saver;
