@@ -1429,38 +1429,46 @@ static inline int tokens_load_file(TokenData* d, const char* path, int vocab_siz
 
 static inline void tokens_free(TokenData* d) { free(d->tokens), d->tokens = NULL, d->n_tokens = 0; }
 
-// Sequential batches like llm.c: the ranks' micro-batches of one round lie side by side, rank r's
-// x = tokens[pos + r*B*T : pos + (r+1)*B*T] and y the same one token later; pos (the same on every
-// rank) advances by ranks*B*T and wraps to 0 when the next round would not fit. One rank reads
-// every batch in order; N ranks of A micro-steps read the same tokens as one rank of N*A.
+// Sequential batches like llm.c's, read a whole optimizer step at a time: a step's micro-batches of
+// every rank lie side by side from pos, micro-step a of rank r reading x = tokens[pos + (a*world +
+// r)*B*T ...] and y the same one token later; pos (the same on every rank) advances by world*B*T per
+// micro-step. A step whose micro_steps*world*B*T + 1 tokens would not fit from pos starts from token
+// 0 instead: that is where an epoch ends, and the last tokens it leaves (fewer than a step's) are not
+// read. So N ranks of A micro-steps read, step by step, the same micro-batches as one rank of N*A,
+// through the end of the data too (one rank reads them in another order within the step, which
+// changes only the order of the gradients' sums).
 typedef struct {
     const TokenData* data;
     size_t batch_tokens; // B*T
-    size_t pos;          // the round's first token
+    size_t pos;          // the next micro-step's first token (rank 0's batch)
     int rank, world;
+    int micro_steps;     // per optimizer step (1: the val loader)
+    int micro;           // micro-steps of the current step read so far
     int overfit_single_batch;
 } DataLoader;
 
-static inline int loader_init(DataLoader* l, const TokenData* d, int B, int T, int overfit, int rank, int world,
-                              const char* name, char* err) {
+static inline int loader_init(DataLoader* l, const TokenData* d, int B, int T, int micro_steps, int overfit, int rank,
+                              int world, const char* name, char* err) {
     l->data = d, l->batch_tokens = (size_t)B * T, l->pos = 0, l->overfit_single_batch = overfit;
-    l->rank = rank, l->world = world;
-    size_t round = l->batch_tokens * world + 1;
-    if (d->n_tokens < round) {
-        char ranks[48] = "";
-        if (world > 1) snprintf(ranks, sizeof(ranks), "*%d ranks", world);
-        return l3_fail(err, "%s: not enough tokens for one batch: %zu tokens, B*T%s+1 = %zu needed", name, d->n_tokens,
-                       ranks, round);
+    l->rank = rank, l->world = world, l->micro_steps = micro_steps, l->micro = 0;
+    size_t step = l->batch_tokens * world * micro_steps + 1;
+    if (d->n_tokens < step) {
+        char per[64] = "";
+        int k = snprintf(per, sizeof(per), "%s", micro_steps > 1 ? "*micro-steps" : "");
+        if (world > 1) snprintf(per + k, sizeof(per) - k, "*%d ranks", world);
+        return l3_fail(err, "%s: not enough tokens for one %s: %zu tokens, B*T%s+1 = %zu needed", name,
+                       micro_steps > 1 ? "optimizer step" : "batch", d->n_tokens, per, step);
     }
     return 0;
 }
 
 static inline void loader_next(DataLoader* l, int32_t* inputs, int32_t* targets) {
     size_t round = l->batch_tokens * l->world;
-    if (l->pos + round + 1 > l->data->n_tokens) l->pos = 0;
+    if (l->micro == 0 && l->pos + round * l->micro_steps + 1 > l->data->n_tokens) l->pos = 0; // the epoch's end
     const uint32_t* src = l->data->tokens + l->pos + l->rank * l->batch_tokens;
     for (size_t i = 0; i < l->batch_tokens; i++) inputs[i] = (int32_t)src[i], targets[i] = (int32_t)src[i + 1];
     if (!l->overfit_single_batch) l->pos += round;
+    l->micro = (l->micro + 1) % l->micro_steps;
 }
 
 // ---- checks before the GPU ----
@@ -2119,9 +2127,12 @@ static inline FILE* log_open(const char* path, int resumed, char* err) {
 // ---- ranks ----
 // The world size a launcher gives the process, with its rank and its rank on this node: torchrun
 // and most schedulers set WORLD_SIZE, RANK and LOCAL_RANK, Open MPI's mpirun OMPI_COMM_WORLD_SIZE,
-// _RANK and _LOCAL_RANK, MPICH's hydra PMI_SIZE, PMI_RANK and MPI_LOCALRANKID. Only a whole number
-// counts: a variable that is unset, empty or anything else is not a launcher's, and leaves one
-// rank. `get` looks a variable up (getenv).
+// _RANK and _LOCAL_RANK, MPICH's hydra PMI_SIZE, PMI_RANK and MPI_LOCALRANKID, Slurm's srun
+// SLURM_STEP_NUM_TASKS, SLURM_PROCID and SLURM_LOCALID (the step's tasks: a batch script's own
+// SLURM_NTASKS and SLURM_PROCID also reach a process it starts without srun, which is one rank). The
+// first launcher whose world size is set counts (torchrun's under srun). Only a whole number counts:
+// a variable that is unset, empty or anything else is not a launcher's, and leaves one rank. `get`
+// looks a variable up (getenv).
 typedef struct {
     int rank, world;    // rank -1: the launcher set no rank
     int local_rank;     // -1: the launcher set none (then the rank: one node)
@@ -2139,9 +2150,10 @@ static inline RankEnv rank_env_read(const char* (*get)(const char*)) {
     static const char* const VARS[][4] = {
         {"WORLD_SIZE", "RANK", "LOCAL_RANK", "RANK/WORLD_SIZE"},
         {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun's OMPI_COMM_WORLD_RANK/_SIZE"},
-        {"PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "PMI_RANK/PMI_SIZE"}};
+        {"PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "PMI_RANK/PMI_SIZE"},
+        {"SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID", "srun's SLURM_PROCID/SLURM_STEP_NUM_TASKS"}};
     RankEnv r = {0, 1, 0, NULL};
-    for (int i = 0; i < 3; i++) {
+    for (size_t i = 0; i < sizeof(VARS) / sizeof(VARS[0]); i++) {
         int world = env_count(get, VARS[i][0]);
         if (world < 1) continue;
         r.world = world, r.rank = env_count(get, VARS[i][1]), r.source = VARS[i][3];

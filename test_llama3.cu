@@ -466,7 +466,8 @@ static void test_rope(Model* m, const Ref* r) {
 // The trainer's data loader over a token file of the reference (B and T as its steps).
 static void open_loader(const Ref* r, const char* path, TokenData* tokens, DataLoader* loader) {
     char err[L3_ERR_LEN];
-    if (tokens_load_file(tokens, path, r->cfg.vocab_size, err) || loader_init(loader, tokens, r->B, r->T, 0, 0, 1, path, err))
+    if (tokens_load_file(tokens, path, r->cfg.vocab_size, err) ||
+        loader_init(loader, tokens, r->B, r->T, r->grad_accum, 0, 0, 1, path, err))
         fail_exit(err);
 }
 
@@ -636,7 +637,7 @@ static void val_of_step3(const Ref* r, TokenData* val_tokens, DataLoader* val_lo
     val_tokens->tokens = (uint32_t*)malloc((N + 1) * sizeof(uint32_t));
     memcpy(val_tokens->tokens, r->inputs + 2 * N, N * sizeof(uint32_t));
     val_tokens->tokens[N] = (uint32_t)r->targets[2 * N + N - 1];
-    if (loader_init(val_loader, val_tokens, r->B, r->T, 0, 0, 1, "step 3's batch", err)) fail_exit(err);
+    if (loader_init(val_loader, val_tokens, r->B, r->T, 1, 0, 0, 1, "step 3's batch", err)) fail_exit(err);
 }
 
 // train() itself on the reference's token file, on PyTorch's gradients: the losses it logs, the

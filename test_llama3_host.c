@@ -521,7 +521,7 @@ static void test_loader(void) {
     DataLoader l;
     char err[L3_ERR_LEN];
     int32_t x[10], y[10];
-    int rc = loader_init(&l, &d, 2, 5, 0, 0, 1, "data", err);
+    int rc = loader_init(&l, &d, 2, 5, 1, 0, 0, 1, "data", err);
     loader_next(&l, x, y);
     int ok = rc == 0 && x[0] == 0 && y[0] == 1 && x[9] == 9 && y[9] == 10;
     loader_next(&l, x, y);
@@ -529,13 +529,13 @@ static void test_loader(void) {
     loader_next(&l, x, y); // 20 + 10 + 1 > 21: wraps
     ok &= x[0] == 0;
     CHECK(ok, "loader: shifted targets, sequential batches, wrap-around");
-    rc = loader_init(&l, &d, 2, 5, 1, 0, 1, "data", err);
+    rc = loader_init(&l, &d, 2, 5, 1, 1, 0, 1, "data", err);
     loader_next(&l, x, y);
     for (int i = 0; i < 10; i++) x[i] = y[i] = -1; // poison: the second batch must be written again
     loader_next(&l, x, y);
     CHECK(rc == 0 && x[0] == 0 && x[9] == 9 && y[0] == 1 && y[9] == 10,
           "loader: overfit_single_batch repeats the first batch");
-    expect_error(loader_init(&l, &d, 4, 6, 0, 0, 1, "shakespeare.bin", err), err, "fewer tokens than one batch",
+    expect_error(loader_init(&l, &d, 4, 6, 1, 0, 0, 1, "shakespeare.bin", err), err, "fewer tokens than one batch",
                  "not enough tokens for one batch", "shakespeare.bin");
 }
 
@@ -881,7 +881,7 @@ static int tokens_refused(const char* path, char* err) {
     TokenData d;
     DataLoader l;
     if (tokens_load_file(&d, path, llama3_2_1b_config().vocab_size, err)) return 1;
-    int rc = loader_init(&l, &d, 4, 64, 0, 0, 1, path, err);
+    int rc = loader_init(&l, &d, 4, 64, 1, 0, 0, 1, path, err);
     tokens_free(&d);
     return rc != 0;
 }
@@ -1319,7 +1319,7 @@ static void test_checkpoint_round_trip(void) {
     DataLoader l;
     TrainArgs a = ckpt_args();
     char err[L3_ERR_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN];
-    loader_init(&l, &d, 2, 8, 0, 0, 1, "t", err);
+    loader_init(&l, &d, 2, 8, 1, 0, 0, 1, "t", err);
     l.pos = 48;
     const char* dir = tmp_path("ckpt");
     make_dir(dir, err);
@@ -1369,7 +1369,7 @@ static void test_checkpoint_ranks(void) {
     TokenData d = {toks, 300};
     DataLoader l;
     char err[L3_ERR_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN], mine[L3_PATH_LEN];
-    loader_init(&l, &d, 2, 8, 0, 0, 2, "t", err);
+    loader_init(&l, &d, 2, 8, 1, 0, 0, 2, "t", err);
     const char* dir = tmp_path("ckpt_ranks");
     make_dir(dir, err);
     TrainArgs a = ckpt_args();
@@ -1425,7 +1425,7 @@ static void test_checkpoint_bf16_moments(void) {
     TokenData d = {toks, 300};
     DataLoader l;
     char err[L3_ERR_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN];
-    loader_init(&l, &d, 2, 8, 0, 0, 1, "t", err);
+    loader_init(&l, &d, 2, 8, 1, 0, 0, 1, "t", err);
     const char* dir = tmp_path("ckpt_bf16");
     make_dir(dir, err);
     TrainArgs a = ckpt_args();
@@ -1506,7 +1506,7 @@ static void zero_checkpoints_init(ZeroCheckpoints* z) {
     memset(z->toks, 0, sizeof(z->toks));
     z->c = small_config(), z->n = param_layout(&z->c).total, z->zeros = calloc(z->n, 4);
     z->d = (TokenData){z->toks, 300}, z->a = ckpt_args();
-    loader_init(&z->l, &z->d, 2, 8, 0, 0, 1, "t", err);
+    loader_init(&z->l, &z->d, 2, 8, 1, 0, 0, 1, "t", err);
 }
 static CheckpointState zero_checkpoint_state(const ZeroCheckpoints* z, int step) {
     return checkpoint_state_make(&z->a, step, z->n, z->n, &z->l, tokens_hash(&z->d));
@@ -1786,6 +1786,23 @@ static void test_rank_env(void) {
     fake_env = pmi;
     r = rank_env_read(fake_getenv);
     expect_error(rank_env_check(&r, 8, err), err, "PMI's 3 ranks, no rank given", "one of 3 ranks", "rank variable");
+    const char* srun[] = {"SLURM_PROCID", "5", "SLURM_STEP_NUM_TASKS", "16", "SLURM_LOCALID", "1", "SLURM_NTASKS", "16",
+                          NULL};
+    fake_env = srun;
+    r = rank_env_read(fake_getenv);
+    CHECK(r.rank == 5 && r.world == 16 && r.local_rank == 1 && strstr(r.source, "srun") && rank_env_check(&r, 16, err) == 0,
+          "srun's task 5 of 16, local 1 (%d of %d, local %d)", r.rank, r.world, r.local_rank);
+    const char* sbatch[] = {"SLURM_PROCID", "0", "SLURM_NTASKS", "16", "SLURM_LOCALID", "0", NULL};
+    fake_env = sbatch;
+    r = rank_env_read(fake_getenv);
+    CHECK(r.world == 1 && r.rank == 0 && !r.source,
+          "a batch script's SLURM_NTASKS 16 without srun's step: one rank (not rank 0 of 16 waiting for the rest)");
+    const char* torchrun_in_srun[] = {"RANK", "3", "WORLD_SIZE", "8", "LOCAL_RANK", "3", "SLURM_PROCID", "0",
+                                      "SLURM_STEP_NUM_TASKS", "1", "SLURM_LOCALID", "0", NULL};
+    fake_env = torchrun_in_srun;
+    r = rank_env_read(fake_getenv);
+    CHECK(r.rank == 3 && r.world == 8 && r.local_rank == 3 && strstr(r.source, "RANK/WORLD_SIZE"),
+          "torchrun under srun: torchrun's rank 3 of 8, not srun's one task (%d of %d)", r.rank, r.world);
     const char* past[] = {"RANK", "2", "WORLD_SIZE", "2", NULL};
     fake_env = past;
     r = rank_env_read(fake_getenv);
@@ -1861,14 +1878,15 @@ static void test_shards(void) {
 }
 
 // The ranks' slices of each global batch: N ranks of A micro-steps read what one rank of N*A does.
+static int cmp_i32(const void* a, const void* b) { return *(const int32_t*)a - *(const int32_t*)b; }
 static void test_loader_ranks(void) {
     uint32_t toks[101];
     for (int i = 0; i < 101; i++) toks[i] = i;
     TokenData d = {toks, 101};
     char err[L3_ERR_LEN];
     DataLoader one, r0, r1;
-    int rc = loader_init(&one, &d, 2, 5, 0, 0, 1, "data", err) | loader_init(&r0, &d, 2, 5, 0, 0, 2, "data", err) |
-             loader_init(&r1, &d, 2, 5, 0, 1, 2, "data", err);
+    int rc = loader_init(&one, &d, 2, 5, 2, 0, 0, 1, "data", err) | loader_init(&r0, &d, 2, 5, 1, 0, 0, 2, "data", err) |
+             loader_init(&r1, &d, 2, 5, 1, 0, 1, 2, "data", err);
     int same = rc == 0;
     for (int round = 0; round < 7; round++) { // 100 tokens: 5 rounds of 20, then a wrap
         int32_t x[10], y[10], x0[10], y0[10], x1[10], y1[10];
@@ -1878,8 +1896,32 @@ static void test_loader_ranks(void) {
         same &= r0.pos == one.pos && r1.pos == one.pos;
     }
     CHECK(same, "two ranks read the batches one rank reads, side by side, through the wrap");
-    expect_error(loader_init(&r1, &d, 10, 6, 0, 1, 2, "shakespeare.bin", err), err, "two ranks' round past the data",
+    // 2 ranks of 3 micro-steps against one rank of 6, B*T = 10, on 157 tokens: 2 steps of 60 fit, then
+    // the epoch ends (36 tokens left unread) and step 3 starts from token 0, for both.
+    uint32_t more[157];
+    for (int i = 0; i < 157; i++) more[i] = i;
+    TokenData e = {more, 157};
+    DataLoader six, ranks[2];
+    rc = loader_init(&six, &e, 2, 5, 6, 0, 0, 1, "data", err);
+    for (int r = 0; r < 2; r++) rc |= loader_init(&ranks[r], &e, 2, 5, 3, 0, r, 2, "data", err);
+    same = rc == 0;
+    int starts_ok = 1;
+    for (int step = 0; step < 5; step++) {
+        int32_t x[10], y[10], from_one[6], from_ranks[6], n = 0;
+        for (int k = 0; k < 6; k++) loader_next(&six, x, y), from_one[k] = x[0], same &= y[9] == x[9] + 1;
+        for (int a = 0; a < 3; a++)
+            for (int r = 0; r < 2; r++) loader_next(&ranks[r], x, y), from_ranks[n++] = x[0];
+        qsort(from_one, 6, sizeof(int32_t), cmp_i32), qsort(from_ranks, 6, sizeof(int32_t), cmp_i32);
+        same &= !memcmp(from_one, from_ranks, sizeof(from_one));
+        starts_ok &= from_one[0] == (step % 2) * 60 && from_one[5] == (step % 2) * 60 + 50; // 0..59, 60..119, 0..
+    }
+    CHECK(same && starts_ok, "2 ranks of 3 micro-steps read one rank's 6 micro-batches at every step, through the "
+          "epoch's end (157 tokens: the 36 after 2 steps unread)");
+    expect_error(loader_init(&r1, &d, 10, 6, 1, 0, 1, 2, "shakespeare.bin", err), err, "two ranks' round past the data",
                  "B*T*2 ranks+1 = 121 needed", NULL);
+    expect_error(loader_init(&r1, &d, 2, 5, 6, 0, 1, 2, "shakespeare.bin", err), err,
+                 "2 ranks of 6 micro-steps past the data", "one optimizer step: 101 tokens, B*T*micro-steps*2 ranks+1 = 121",
+                 NULL);
     TrainArgs a;
     Llama3Config c = llama3_2_1b_config();
     rc = parse_ranks(&a, err, "--batch_size 2 --rendezvous file:/tmp/x", 4);

@@ -2061,7 +2061,7 @@ static void check_eval_inputs(const TrainArgs* a, const Llama3Config* cfg, RunIn
         load_tokens(&in->val_tokens, in->val_path, _binary_data_tiny_shakespeare_val_bin_start,
                     _binary_data_tiny_shakespeare_val_bin_end, "embedded data/tiny_shakespeare_val.bin",
                     cfg->vocab_size);
-        if (loader_init(&in->val_loader, &in->val_tokens, a->loop.batch_size, a->loop.sequence_length, 0,
+        if (loader_init(&in->val_loader, &in->val_tokens, a->loop.batch_size, a->loop.sequence_length, 1, 0,
                         a->loop.rank, a->loop.world, in->val_path ? in->val_path : "embedded val data", err))
             die(err, prog, false);
     }
@@ -2093,8 +2093,8 @@ static void check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat*
     load_tokens(tokens, a->loop.input_bin, _binary_data_tiny_shakespeare_train_bin_start,
                 _binary_data_tiny_shakespeare_train_bin_end, "embedded data/tiny_shakespeare_train.bin",
                 cfg->vocab_size);
-    if (loader_init(loader, tokens, a->loop.batch_size, a->loop.sequence_length, a->loop.overfit_single_batch,
-                    a->loop.rank, a->loop.world, a->loop.input_bin ? a->loop.input_bin : "embedded data", err))
+    if (loader_init(loader, tokens, a->loop.batch_size, a->loop.sequence_length, micro_steps(&a->loop),
+                    a->loop.overfit_single_batch, a->loop.rank, a->loop.world, a->loop.input_bin ? a->loop.input_bin : "embedded data", err))
         die(err, prog, false);
     if (a->ckpt.resume && resume_check(&in->st, a, tokens, a->ckpt.resume, err)) die(err, prog, false);
     check_eval_inputs(a, cfg, in, prog);

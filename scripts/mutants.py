@@ -348,6 +348,13 @@ HOST_MUTANTS = [
     ("recipe_check_step_commas", "docs", "scripts/test_recipes.sh", "the recipes' log check reads the step "
      "numbers with their commas (\"1,\"), so that no whole log passes (as on the H100, 2026-12-06)",
      "| tr -dc '0-9\\n' |", "| cut -d' ' -f2 |"),
+    ("slurm_job_tasks_as_world", "data parallel", "llama3.h", "the world size read from SLURM_NTASKS (the job's) "
+     "instead of the step's: a process a batch script starts without srun waits as rank 0 of all the job's tasks",
+     '{"SLURM_STEP_NUM_TASKS", "SLURM_PROCID"', '{"SLURM_NTASKS", "SLURM_PROCID"'),
+    ("loader_wraps_per_round", "data", "llama3.h", "the loader's epoch ends when one round of the ranks' "
+     "micro-batches no longer fits, mid-step: one rank of 2A micro-steps and 2 ranks of A read other tokens there",
+     "if (l->micro == 0 && l->pos + round * l->micro_steps + 1 > l->data->n_tokens) l->pos = 0;",
+     "if (l->pos + round + 1 > l->data->n_tokens) l->pos = 0;"),
     # The tensor table (llama3.h tensor_table): what a slot or group change would do to the step.
     ("sumsq_slots_by_tensor", "layout", "llama3.h", "the sum-of-squares slots numbered tensor by tensor instead "
      "of layer by layer: still one each, but the norm's reduction order, and so its bits, change",
