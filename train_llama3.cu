@@ -2094,7 +2094,8 @@ static void check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat*
                 _binary_data_tiny_shakespeare_train_bin_end, "embedded data/tiny_shakespeare_train.bin",
                 cfg->vocab_size);
     if (loader_init(loader, tokens, a->loop.batch_size, a->loop.sequence_length, micro_steps(&a->loop),
-                    a->loop.overfit_single_batch, a->loop.rank, a->loop.world, a->loop.input_bin ? a->loop.input_bin : "embedded data", err))
+                    a->loop.overfit_single_batch, a->loop.rank, a->loop.world,
+                    a->loop.input_bin ? a->loop.input_bin : "embedded data", err))
         die(err, prog, false);
     if (a->ckpt.resume && resume_check(&in->st, a, tokens, a->ckpt.resume, err)) die(err, prog, false);
     check_eval_inputs(a, cfg, in, prog);
