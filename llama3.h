@@ -213,6 +213,7 @@ typedef struct {
     int overfit_single_batch;
     unsigned long long seed;
     int max_bad_steps; // skipped steps in a row that stop the run
+    int dry_run;       // --dry_run 1: check the flags and inputs, print the setup, and exit before the GPU
 } LoopConfig;
 // [recompute] Activations the backward recomputes instead of keeping one copy per layer: none; the
 // RMSNorm outputs and SwiGLU's (each layer keeps its residuals, q k v, attention output and gate_up);
@@ -382,6 +383,7 @@ static const FlagSpec FLAGS[] = {
     {"--eps", FLAG_FLOAT, ARG(optim.eps), "1e-8", 1e-30, 1.0, NULL, "AdamW eps", NOT_A_SWITCH, NULL},
     {"--seed", FLAG_U64, ARG(loop.seed), "42", 0, 9.2233720368547758e18, NULL, "random init seed", NOT_A_SWITCH, NULL},
     {"--overfit_single_batch", FLAG_BOOL, ARG(loop.overfit_single_batch), "0", 0, 0, NULL, "train on the first batch only", NOT_A_SWITCH, NULL},
+    {"--dry_run", FLAG_BOOL, ARG(loop.dry_run), "0", 0, 0, NULL, "1: check the flags and the input files (every check made before the GPU), print the setup, and exit 0 without starting the GPU or writing anything", NOT_A_SWITCH, NULL},
     {"--log_file", FLAG_PATH, ARG(loop.log_file), NULL, 0, 0, NULL, "one JSON line per step (step, loss, lr, grad_norm with clipping, val_loss when measured, skipped, ms, tok_per_s, peak_mib; non-finite: null) and per sample; continued by --resume", NOT_A_SWITCH, NULL},
     {"--val_bin", FLAG_PATH, ARG(eval.val_bin), NULL, 0, 0, NULL, "llm.c token file for the val loss (default: NAME_val.bin beside an --input_bin NAME_train.bin, else the embedded val split)", NOT_A_SWITCH, NULL},
     {"--val_every", FLAG_INT, ARG(eval.val_every), "0", 0, BIG_INT, NULL, "val loss every N steps and after the last (0: never)", NOT_A_SWITCH, NULL},

@@ -2339,6 +2339,10 @@ int main(int argc, char** argv) {
     static RunInputs in; // (two paths of 4 KB: not on the stack)
     check_inputs(&a, &cfg, &fmt, &tokens, &loader, &in, argv[0]);
     print_setup(&a, &cfg, fmt, &tokens, &in);
+    if (a.loop.dry_run) {
+        printf("dry run: the flags and inputs pass every check made before the GPU; nothing was written\n");
+        return 0;
+    }
     gpu_start(&ranks, argv[0]);
     Comm* comm = ranks.world > 1 ? comm_start(&ranks, &a, &cfg, argv[0]) : NULL;
 

@@ -81,10 +81,10 @@ def tables(usage):
     return out
 
 
-def block(lines, path):
+def block(lines, path, markers=MARKERS):
     """(start, end): the indices of the two marker lines in the README's lines."""
     at = []
-    for marker in MARKERS:
+    for marker in markers:
         found = [i for i, line in enumerate(lines) if line == marker]
         if len(found) != 1:
             fail(f"{path}: the marker line {marker!r} occurs {len(found)} times (once expected)")
@@ -94,7 +94,7 @@ def block(lines, path):
     return at
 
 
-def first_difference(old, new, first_line, path):
+def first_difference(old, new, first_line, path, source="--help gives"):
     """Where the README's block (old) first differs from the generated one (new), as a short phrase."""
     for i in range(max(len(old), len(new))):
         a = old[i] if i < len(old) else "(the block ends)"
@@ -103,18 +103,30 @@ def first_difference(old, new, first_line, path):
             col = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
             start = max(0, col - 30)
             return (f"first difference at {path} line {first_line + i}: it has {a[start:start + 90]!r}, "
-                    f"--help gives {b[start:start + 90]!r}")
+                    f"{source} {b[start:start + 90]!r}")
     return ""
 
 
-def main():
-    ap = ArgumentParser(__file__, description="\n\n".join(__doc__.split("\n\n")[:2]))  # (what, and examples)
+def block_arguments(script, doc):
+    """The command line of a script that generates a README block: --binary, and --write or --check."""
+    ap = ArgumentParser(script, description="\n\n".join(doc.split("\n\n")[:2]))  # (what, and examples)
     ap.add_argument("--binary", default="./train_llama3", help="the trainer (default ./train_llama3)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--write", metavar="README", help="replace the block between the markers")
     mode.add_argument("--check", metavar="README", help="exit 1 if the block differs from what --write writes")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main():
+    args = block_arguments(__file__, __doc__)
     new = tables(usage_text(args.binary))
+    sync_block(args, new, MARKERS, "flag table", f"{args.binary} --help", "--help gives", "scripts/flag_table.py")
+
+
+def sync_block(args, new, markers, what, source, gives, script):
+    """The README block between `markers` against the generated lines `new`: printed (no --write or
+    --check), compared (--check: exit 1 naming the first difference) or replaced (--write). `what` names
+    the block ("flag table"), `source` what it comes from, `gives` the phrase before the generated line."""
     path = args.write or args.check
     if not path:
         print("\n".join(new))
@@ -124,19 +136,18 @@ def main():
             lines = f.read().split("\n")
     except OSError as e:
         fail(f"{path}: cannot read: {e.strerror or e}")
-    start, end = block(lines, path)
+    start, end = block(lines, path, markers)
     old = lines[start + 1:end]
     if args.check:
         if old != new:
-            print(f"{path}'s flag table differs from {args.binary} --help: run python3 scripts/flag_table.py "
-                  f"--write {path}; {first_difference(old, new, start + 2, path)}")
+            print(f"{path}'s {what} differs from {source}: run python3 {script} --write {path}; "
+                  f"{first_difference(old, new, start + 2, path, gives)}")
             sys.exit(1)
-        print(f"ok   {path}'s flag table is {args.binary} --help's ({len(new)} lines)")
+        print(f"ok   {path}'s {what} is {source}'s ({len(new)} lines)")
         return
     if old != new:
         write_atomic(path, ["\n".join(lines[:start + 1] + new + lines[end:]).encode()])
-    print(f"{path}: the flag table {'rewritten' if old != new else 'already up to date'} ({len(new)} lines)")
-
+    print(f"{path}: the {what} {'rewritten' if old != new else 'already up to date'} ({len(new)} lines)")
 
 if __name__ == "__main__":
     main()

@@ -355,6 +355,8 @@ HOST_MUTANTS = [
      "micro-batches no longer fits, mid-step: one rank of 2A micro-steps and 2 ranks of A read other tokens there",
      "if (l->micro == 0 && l->pos + round * l->micro_steps + 1 > l->data->n_tokens) l->pos = 0;",
      "if (l->pos + round + 1 > l->data->n_tokens) l->pos = 0;"),
+    ("dry_run_ignored", "cli", "train_llama3.cu", "--dry_run 1 ignored: the run goes on to the GPU (and trains, "
+     "where there is one)", "    if (a.loop.dry_run) {\n", "    if (0) {\n"),
     # The tensor table (llama3.h tensor_table): what a slot or group change would do to the step.
     ("sumsq_slots_by_tensor", "layout", "llama3.h", "the sum-of-squares slots numbered tensor by tensor instead "
      "of layer by layer: still one each, but the norm's reduction order, and so its bits, change",

@@ -347,6 +347,21 @@ flag_tables() {
         python3 scripts/flag_table.py --check "$readme"
     switch_lists
     readme_recipes
+    combination_table
+}
+
+# The README's table of which modes combine is the trainer's own verdicts (--dry_run 1 on each cell),
+# and a row that no longer says what the trainer says is named. A trainer built without NCCL cannot
+# judge the ranks cells: skipped.
+combination_table() {
+    local out rc readme="$tmp/README_combinations.md"
+    out=$(python3 scripts/combinations.py --check README.md 2>&1)
+    rc=$?
+    if [ "$rc" = 3 ]; then echo "$out"; return; fi
+    check $((rc == 0)) "README.md's combination table is ./train_llama3 --dry_run 1's (scripts/combinations.py --check)" "$out"
+    sed '0,/| takes it |$/s//| refuses: a stale row |/' README.md > "$readme"
+    expect_error "combinations.py --check: a stale row, the line named" "first difference at $readme line" \
+        python3 scripts/combinations.py --check "$readme"
 }
 
 # The README's recipes (scripts/test_recipes.sh --list, which make test-recipes runs on a GPU): each
