@@ -541,15 +541,20 @@ static void model_reset_training(Model* m) {
 }
 
 // [fp8] --fp8 1 for this model and batch (llama3.h fp8_check: what train_args_check refuses too, for
-// test_llama3, which comes here without it) on this GPU: FP8 tensor cores (compute capability 8.9:
-// Ada, Hopper and later), or the run stops here, before any output is opened. The output gradients
-// in `grads` (--fp8_grads).
+// test_llama3, which comes here without it), or the run stops here, before any output is opened.
+// The output gradients in `grads` (--fp8_grads). fp8_gpu_check asks the GPU for FP8 tensor cores
+// (compute capability 8.9: Ada, Hopper and later).
 static void fp8_start(Model* m, int grads) {
     char err[L3_ERR_LEN];
     if (fp8_check(&m->cfg, (long long)m->B * m->T, m->grad_accum, m->comm ? m->comm->world : 1, &m->sw, err)) {
         fprintf(stderr, "error: %s\n", err);
         exit(EXIT_FAILURE);
     }
+    m->fp8 = (Fp8Buffers*)calloc(1, sizeof(Fp8Buffers));
+    m->fp8->grad_type = grads == FP8_GRADS_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+// This GPU has FP8 tensor cores, or the run stops here.
+static void fp8_gpu_check(void) {
     int device, major, minor;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -559,23 +564,20 @@ static void fp8_start(Model* m, int grads) {
                 major, minor);
         exit(EXIT_FAILURE);
     }
-    m->fp8 = (Fp8Buffers*)calloc(1, sizeof(Fp8Buffers));
-    m->fp8->grad_type = grads == FP8_GRADS_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
 }
 
-// Everything of a model of config `cfg` for the run `run` (llama3.h RunConfig: its micro-batch and
-// micro-steps, recompute, FP8, optimizer and switches), its weights still to be set
-// (model_init_random or model_load), on this rank of `comm` (NULL: one rank).
-static void model_create(Model* m, const Llama3Config* cfg, const RunConfig* run, Comm* comm) {
+// What a model of config `cfg` for the run `run` (llama3.h RunConfig: its micro-batch and
+// micro-steps, recompute, FP8, optimizer and switches) on this rank of `comm` (NULL: one rank) is,
+// decided on the host: its layout and table, the step's plan, the activations' layout (for a GPU of
+// `sms` multiprocessors), and so its memory (memory_parts). No buffer yet: model_create allocates
+// them; --dry_run prints the memory of a model sized alone (model_host_free).
+static void model_size(Model* m, const Llama3Config* cfg, const RunConfig* run, Comm* comm, int sms) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg, m->opt = *run->opt, m->sw = switches_for_model(run->sw, cfg);
     m->B = run->B, m->T = run->T, m->grad_accum = run->grad_accum, m->recompute = run->recompute;
-    m->comm = comm;
+    m->comm = comm, m->sms = sms;
     if (run->fp8) fp8_start(m, run->fp8_grads);
     const Switches* sw = &m->sw; // (as they apply to this model)
-    int device;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&m->sms, cudaDevAttrMultiProcessorCount, device));
     m->layout = param_layout(cfg);
     m->tab = tensor_table(cfg);
     if (comm) comm->zero = zero_layout(&m->layout, comm->rank, comm->world, sw->sparse_embedding);
@@ -589,6 +591,22 @@ static void model_create(Model* m, const Llama3Config* cfg, const RunConfig* run
     m->plan = plan;
     m->acts_bytes = act_layout(&m->acts, NULL, cfg, m->B, m->T, m->grad_accum, m->sms, sw->flash_attention,
                                sw->fused_rmsnorm, m->recompute);
+}
+// What model_size allocated on the host.
+static void model_host_free(Model* m) {
+    free(m->fp8);
+    free((void*)m->plan);
+    tensor_table_free(&m->tab);
+}
+
+// Everything of a model (model_size) on this GPU, its weights still to be set (model_init_random or
+// model_load).
+static void model_create(Model* m, const Llama3Config* cfg, const RunConfig* run, Comm* comm) {
+    if (run->fp8) fp8_gpu_check();
+    int device, sms;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    model_size(m, cfg, run, comm, sms);
     check_fits(m);
     model_alloc(m);
     model_streams(m);
@@ -605,7 +623,6 @@ static void model_free(Model* m) {
     if (m->fp8) {
         void* fp8_device[] = {m->fp8->w, m->fp8->x, m->fp8->x_t, m->fp8->dy, m->fp8->w_scale};
         for (void* p : fp8_device) CUDA_CHECK(cudaFree(p));
-        free(m->fp8);
     }
     if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
     void* device[] = {m->adam,        m->adam_step,   m->params,          m->grads,      m->grads_bf16,
@@ -621,9 +638,8 @@ static void model_free(Model* m) {
     CUDA_CHECK(cudaEventDestroy(m->opt_done));
     for (int g = 0; g < num_groups(m); g++) CUDA_CHECK(cudaEventDestroy(m->group_updated[g]));
     free(m->group_updated);
-    free((void*)m->plan);
     free(m->gemm);
-    tensor_table_free(&m->tab);
+    model_host_free(m);
     if (!m->comm) return;
     void* comm_device[] = {m->comm->sumsq_total, m->comm->count, m->comm->all_tokens, m->comm->union_grads,
                            m->comm->union_sorter.sorted_tokens, m->comm->union_sorter.temp};
@@ -2282,13 +2298,18 @@ static void print_setup(const TrainArgs* a, const Llama3Config* cfg, ModelFileFo
 }
 // The model as created: its size and memory, every flag's value, and the step's plan (which
 // optimisations take effect for this model and batch, and when each AdamW group runs).
-static void print_model(const Model* m, const TrainArgs* a) {
+// The model's memory on each GPU by part, and its activations at each --recompute level.
+static void print_memory(const Model* m) {
     MemoryParts parts = memory_parts(m);
-    printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g\nmemory: ", m->layout.total, m->B, m->T,
-           m->grad_accum, m->opt.sched.peak_lr, m->opt.weight_decay);
+    printf("memory: ");
     memory_print(stdout, &parts);
     printf("\nactivations at --recompute 0, 1, 2: %.1f, %.1f, %.1f MiB\n", acts_bytes_at(m, RECOMPUTE_NONE) / 1048576.0,
            acts_bytes_at(m, RECOMPUTE_NORMS) / 1048576.0, acts_bytes_at(m, RECOMPUTE_BLOCKS) / 1048576.0);
+}
+static void print_model(const Model* m, const TrainArgs* a) {
+    printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g\n", m->layout.total, m->B, m->T, m->grad_accum,
+           m->opt.sched.peak_lr, m->opt.weight_decay);
+    print_memory(m);
     train_args_print(stdout, a);
     printf("in effect: bf16_grads %d", m->grads_bf16 != NULL);
     if (a->sw.sparse_embedding && !m->sw.sparse_embedding) // [tied embeddings] (switches_for_model)
@@ -2300,6 +2321,22 @@ static void print_model(const Model* m, const TrainArgs* a) {
                "%s)\n", m->comm->world, 2.0 * moments_bytes(m) / 1073741824.0,
                2.0 * m->layout.total * moment_bytes(m->opt.moments) / 1073741824.0,
                m->sw.sparse_embedding ? "whole on every rank: its sparse rows are updated by all" : "sharded too");
+}
+
+// --dry_run 1, once the flags and inputs passed their checks: the model as model_create would size it
+// on this rank and its memory (on a GPU of DRY_RUN_SMS multiprocessors, which size one scratch of a
+// few MiB), with no GPU started and nothing written.
+#define DRY_RUN_SMS 132 // an H100 SXM's
+static int dry_run(const TrainArgs* a, const Llama3Config* cfg, const RankEnv* ranks) {
+    Comm shard = {}; // [data parallel] the rank and world alone: this rank's share of AdamW's state
+    shard.rank = ranks->rank, shard.world = ranks->world;
+    RunConfig run = run_config(a);
+    Model m;
+    model_size(&m, cfg, &run, ranks->world > 1 ? &shard : NULL, DRY_RUN_SMS);
+    print_memory(&m);
+    model_host_free(&m);
+    printf("dry run: the flags and inputs pass every check made before the GPU; nothing was written\n");
+    return 0;
 }
 
 // The launcher's rank variables, through getenv (rank_env_read takes a lookup so that the host tests
@@ -2339,10 +2376,7 @@ int main(int argc, char** argv) {
     static RunInputs in; // (two paths of 4 KB: not on the stack)
     check_inputs(&a, &cfg, &fmt, &tokens, &loader, &in, argv[0]);
     print_setup(&a, &cfg, fmt, &tokens, &in);
-    if (a.loop.dry_run) {
-        printf("dry run: the flags and inputs pass every check made before the GPU; nothing was written\n");
-        return 0;
-    }
+    if (a.loop.dry_run) return dry_run(&a, &cfg, &ranks);
     gpu_start(&ranks, argv[0]);
     Comm* comm = ranks.world > 1 ? comm_start(&ranks, &a, &cfg, argv[0]) : NULL;
 

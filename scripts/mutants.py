@@ -356,7 +356,11 @@ HOST_MUTANTS = [
      "if (l->micro == 0 && l->pos + round * l->micro_steps + 1 > l->data->n_tokens) l->pos = 0;",
      "if (l->pos + round + 1 > l->data->n_tokens) l->pos = 0;"),
     ("dry_run_ignored", "cli", "train_llama3.cu", "--dry_run 1 ignored: the run goes on to the GPU (and trains, "
-     "where there is one)", "    if (a.loop.dry_run) {\n", "    if (0) {\n"),
+     "where there is one)", "    if (a.loop.dry_run) return dry_run(&a, &cfg, &ranks);\n", ""),
+    ("dry_run_one_rank_memory", "cli", "train_llama3.cu", "--dry_run 1 sizes a rank of several as one rank: "
+     "its AdamW state whole, not its ZeRO-1 share",
+     "model_size(&m, cfg, &run, ranks->world > 1 ? &shard : NULL, DRY_RUN_SMS);",
+     "model_size(&m, cfg, &run, NULL, DRY_RUN_SMS);"),
     # The tensor table (llama3.h tensor_table): what a slot or group change would do to the step.
     ("sumsq_slots_by_tensor", "layout", "llama3.h", "the sum-of-squares slots numbered tensor by tensor instead "
      "of layer by layer: still one each, but the norm's reduction order, and so its bits, change",

@@ -348,6 +348,24 @@ flag_tables() {
     switch_lists
     readme_recipes
     combination_table
+    dry_run_memory
+}
+
+# --dry_run 1 prints the run's memory without a GPU (the GPU part compares it with the run's), and a
+# rank of two holds its share of AdamW's state (ZeRO-1), less than one rank's whole.
+dry_run_memory() {
+    local one two flags="--dry_run 1 --batch_size 16 --sequence_length 1024 --total_batch_size 32768" ok
+    # shellcheck disable=SC2086
+    one=$(./train_llama3 $flags 2>&1)
+    echo "$one" | grep -q '^memory: [0-9.]* GiB: weights' && echo "$one" | grep -q '^dry run: ' && ok=1 || ok=0
+    check $ok "--dry_run 1: the memory by part, and the dry run's line, without a GPU" "$(echo "$one" | tail -n 2)"
+    # shellcheck disable=SC2086
+    two=$(RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 ./train_llama3 $flags --rendezvous tcp:localhost:29601 2>&1)
+    if echo "$two" | grep -q 'built without NCCL'; then echo "skipped: --dry_run 1 of a rank of two (train_llama3 built without NCCL)"; return; fi
+    moments() { echo "$1" | grep -o 'AdamW m and v [0-9.]*' | grep -o '[0-9.]*$'; }
+    awk -v a="$(moments "$two")" -v b="$(moments "$one")" 'BEGIN { exit !(a > 0 && a < b) }' && ok=1 || ok=0
+    check $ok "--dry_run 1 as rank 0 of 2: AdamW's m and v $(moments "$two") GiB, this rank's share of one rank's $(moments "$one") GiB" \
+        "$(echo "$two" | tail -n 2)"
 }
 
 # The README's table of which modes combine is the trainer's own verdicts (--dry_run 1 on each cell),
@@ -629,6 +647,13 @@ default_runs() {
     ./train_llama3 --batch_size 8 --num_iteration 1 > "$tmp/bt.out" 2>&1 && grep -q "grad_accum 1" "$tmp/bt.out" &&
         ok=1 || ok=0
     check $ok "--batch_size 8 alone trains (one micro-step of 512 tokens)" "$(tail -n 2 "$tmp/bt.out")"
+    # --dry_run's memory is the one the run prints once the GPU is there, within 0.01 GiB (the dry run
+    # sizes one scratch of a few MiB for an H100's 132 SMs; this GPU's may have other)
+    local dry
+    dry=$(./train_llama3 --batch_size 8 --dry_run 1 2>&1 | grep '^memory')
+    awk -v a="${dry#memory: }" -v b="$(grep '^memory' "$tmp/bt.out" | sed 's/^memory: //')" \
+        'BEGIN { d = a - b; exit !(a > 0 && d < 0.015 && d > -0.015) }' && ok=1 || ok=0
+    check $ok "--dry_run 1 prints the memory the run prints on the GPU" "dry run: $dry; run: $(grep '^memory' "$tmp/bt.out")"
     # Two processes, the same seed and flags (graph, deferred AdamW, sparse embedding on): every
     # logged loss the same (test_llama3 compares weights and losses bit for bit).
     # On failure: each run's exit code and last line (one that did not finish), and the first losses
