@@ -401,6 +401,14 @@ static size_t acts_bytes_at(const Model* m, int level) {
                       m->sw.fused_rmsnorm, level);
 }
 
+// The flags that would shrink this model's memory (llama3.h fit_advice), into advice[512].
+static void model_fit_advice(const Model* m, char* advice) {
+    const double G = 1073741824.0;
+    FitAdvice f = {m->opt.moments, m->recompute, m->fp8 != NULL, acts_bytes_at(m, RECOMPUTE_BLOCKS) / G,
+                   memory_parts(m).fp8 / G};
+    fit_advice(&f, advice, 512);
+}
+
 // Stops when the model's buffers do not fit in the GPU's free memory, naming the parts and the
 // flags that shrink the largest of them.
 static void check_fits(const Model* m) {
@@ -410,12 +418,9 @@ static void check_fits(const Model* m) {
     if (memory_total(&parts) <= free_b) return;
     fprintf(stderr, "out of GPU memory: the model needs ");
     memory_print(stderr, &parts);
-    const double G = 1073741824.0;
-    FitAdvice f = {m->opt.moments, m->recompute, m->fp8 != NULL, acts_bytes_at(m, RECOMPUTE_BLOCKS) / G,
-                   parts.fp8 / G};
     char advice[512];
-    fit_advice(&f, advice, sizeof(advice));
-    fprintf(stderr, "; %.2f GiB free. Smaller: %s\n", free_b / G, advice);
+    model_fit_advice(m, advice);
+    fprintf(stderr, "; %.2f GiB free. Smaller: %s\n", free_b / 1073741824.0, advice);
     exit(EXIT_FAILURE);
 }
 
@@ -2334,6 +2339,22 @@ static int dry_run(const TrainArgs* a, const Llama3Config* cfg, const RankEnv* r
     Model m;
     model_size(&m, cfg, &run, ranks->world > 1 ? &shard : NULL, DRY_RUN_SMS);
     print_memory(&m);
+    // What a run may take of each card: an H100's 79.65 GiB less the 0.5-0.6 GiB that the CUDA context
+    // and cuBLAS took in runs on 2026-12-06; an H200's about 139 GiB as its machine's notes give it.
+    const struct { const char* card; double gib; } cards[] = {{"80 GB (H100, about 79 GiB for a run)", 79.0},
+                                                              {"141 GB (H200, about 139 GiB)", 139.0}};
+    MemoryParts parts = memory_parts(&m);
+    double need = memory_total(&parts) / 1073741824.0;
+    bool all_fit = true;
+    printf("fits: ");
+    for (int i = 0; i < 2; i++) {
+        printf("%s%s %s", i ? ", " : "", cards[i].card, need <= cards[i].gib ? "yes" : "no");
+        all_fit &= need <= cards[i].gib;
+    }
+    char advice[512];
+    model_fit_advice(&m, advice);
+    if (!all_fit) printf(". Smaller: %s", advice);
+    printf("\n");
     model_host_free(&m);
     printf("dry run: the flags and inputs pass every check made before the GPU; nothing was written\n");
     return 0;

@@ -359,6 +359,13 @@ dry_run_memory() {
     one=$(./train_llama3 $flags 2>&1)
     echo "$one" | grep -q '^memory: [0-9.]* GiB: weights' && echo "$one" | grep -q '^dry run: ' && ok=1 || ok=0
     check $ok "--dry_run 1: the memory by part, and the dry run's line, without a GPU" "$(echo "$one" | tail -n 2)"
+    local big
+    big=$(./train_llama3 --dry_run 1 --shape 8b --batch_size 1 --sequence_length 2048 --total_batch_size 65536 \
+        --optimizer_state bf16 --recompute 1 2>&1)
+    echo "$one" | grep -q '^fits: 80 GB (H100, about 79 GiB for a run) yes, 141 GB (H200, about 139 GiB) yes$' &&
+        echo "$big" | grep -q '^fits: 80 GB ([^)]*) no, 141 GB ([^)]*) yes. Smaller: --recompute 2' && ok=1 || ok=0
+    check $ok "--dry_run 1 says which card each fits: the 1B at B=16, T=1024 both, the 8B recipe only 141 GB, and what shrinks it" \
+        "$(echo "$one" | grep '^fits') | $(echo "$big" | grep '^fits')"
     # shellcheck disable=SC2086
     two=$(RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 ./train_llama3 $flags --rendezvous tcp:localhost:29601 2>&1)
     if echo "$two" | grep -q 'built without NCCL'; then echo "skipped: --dry_run 1 of a rank of two (train_llama3 built without NCCL)"; return; fi
