@@ -264,9 +264,10 @@ static float* grad_f32(const Model* m, size_t offset) {
 // [bf16 grads] The bf16 gradient of the matmul weight at `offset`.
 static bf16* grad_bf16(const Model* m, size_t offset) { return m->grads_bf16 + (offset - m->layout.matmul_begin); }
 // [bf16 grads] Whether the gradient at `offset` is bf16: a matmul weight's (not a tied wte's) with bf16 grads on.
-static bool grad_is_bf16(const Model* m, size_t offset) {
-    return m->grads_bf16 && offset >= m->layout.matmul_begin && offset < m->layout.matmul_end;
+static bool is_matmul_weight(const Model* m, size_t offset) { // [lm_head, down]: not a tied wte, not a norm
+    return offset >= m->layout.matmul_begin && offset < m->layout.matmul_end;
 }
+static bool grad_is_bf16(const Model* m, size_t offset) { return m->grads_bf16 && is_matmul_weight(m, offset); }
 // [shadow weights] Whether the weight at `offset` has a bf16 shadow: a GEMM reads it.
 static bool has_shadow(const Model* m, size_t offset) {
     return m->sw.shadow_weights && offset >= m->layout.shadow_begin && offset < m->layout.matmul_end;
@@ -401,12 +402,12 @@ static size_t acts_bytes_at(const Model* m, int level) {
                       m->sw.fused_rmsnorm, level);
 }
 
-// The flags that would shrink this model's memory (llama3.h fit_advice), into advice[512].
-static void model_fit_advice(const Model* m, char* advice) {
+// The flags that would shrink this model's memory `parts` (llama3.h fit_advice), into advice[n].
+static void model_fit_advice(const Model* m, const MemoryParts* parts, char* advice, size_t n) {
     const double G = 1073741824.0;
     FitAdvice f = {m->opt.moments, m->recompute, m->fp8 != NULL, acts_bytes_at(m, RECOMPUTE_BLOCKS) / G,
-                   memory_parts(m).fp8 / G};
-    fit_advice(&f, advice, 512);
+                   parts->fp8 / G};
+    fit_advice(&f, advice, n);
 }
 
 // Stops when the model's buffers do not fit in the GPU's free memory, naming the parts and the
@@ -419,7 +420,7 @@ static void check_fits(const Model* m) {
     fprintf(stderr, "out of GPU memory: the model needs ");
     memory_print(stderr, &parts);
     char advice[512];
-    model_fit_advice(m, advice);
+    model_fit_advice(m, &parts, advice, sizeof(advice));
     fprintf(stderr, "; %.2f GiB free. Smaller: %s\n", free_b / 1073741824.0, advice);
     exit(EXIT_FAILURE);
 }
@@ -1294,7 +1295,7 @@ static void shard_gather(const Model* m, int tensor, int layer) {
     if (!sh.part) return;
     auto gather = [&](auto* x) { all_gather(c->nccl, x + (size_t)c->rank * sh.part, x, sh.part, m->opt_stream); };
     if (has_shadow(m, offset)) gather(m->shadow + (offset - m->layout.shadow_begin));
-    if (offset < m->layout.matmul_begin || offset >= m->layout.matmul_end) gather(m->params + offset);
+    if (!is_matmul_weight(m, offset)) gather(m->params + offset);
 }
 
 // The reduction of n slices of an update group (one NCCL launch for them; wte's union has kernels
@@ -1398,7 +1399,10 @@ static void optimizer_step(const Model* m) {
 static void adamw_group(const Model* m, int g, const AdamWParams* h, cudaStream_t s) {
     const int* slices;
     int n = group_slices(m, g, &slices);
-    for (int i = 0; i < n; i++) adamw_tensor(m, m->tab.slice[slices[i]].tensor, m->tab.slice[slices[i]].layer, h, s);
+    for (int i = 0; i < n; i++) {
+        const TensorSlice* w = &m->tab.slice[slices[i]];
+        adamw_tensor(m, w->tensor, w->layer, h, s);
+    }
 }
 
 // [deferred AdamW] The updates of the plan's deferred groups, which the previous step left, in the
@@ -1616,8 +1620,7 @@ static void gather_masters(const Model* m) {
         const TensorSlice* w = &m->tab.slice[j];
         RangeShard sh = m->comm->zero.shard[w->tensor];
         float* slice = m->params + w->offset;
-        bool matmul = w->offset >= m->layout.matmul_begin && w->offset < m->layout.matmul_end; // (not a tied wte)
-        if (matmul && sh.part)
+        if (is_matmul_weight(m, w->offset) && sh.part)
             all_gather(m->comm->nccl, slice + (size_t)m->comm->rank * sh.part, slice, sh.part, m->opt_stream);
     }
     comm_group(false);
@@ -2303,18 +2306,18 @@ static void print_setup(const TrainArgs* a, const Llama3Config* cfg, ModelFileFo
 }
 // The model as created: its size and memory, every flag's value, and the step's plan (which
 // optimisations take effect for this model and batch, and when each AdamW group runs).
-// The model's memory on each GPU by part, and its activations at each --recompute level.
-static void print_memory(const Model* m) {
-    MemoryParts parts = memory_parts(m);
+// The model's memory on each GPU by part (`parts`), and its activations at each --recompute level.
+static void print_memory(const Model* m, const MemoryParts* parts) {
     printf("memory: ");
-    memory_print(stdout, &parts);
+    memory_print(stdout, parts);
     printf("\nactivations at --recompute 0, 1, 2: %.1f, %.1f, %.1f MiB\n", acts_bytes_at(m, RECOMPUTE_NONE) / 1048576.0,
            acts_bytes_at(m, RECOMPUTE_NORMS) / 1048576.0, acts_bytes_at(m, RECOMPUTE_BLOCKS) / 1048576.0);
 }
 static void print_model(const Model* m, const TrainArgs* a) {
     printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g\n", m->layout.total, m->B, m->T, m->grad_accum,
            m->opt.sched.peak_lr, m->opt.weight_decay);
-    print_memory(m);
+    MemoryParts parts = memory_parts(m);
+    print_memory(m, &parts);
     train_args_print(stdout, a);
     printf("in effect: bf16_grads %d", m->grads_bf16 != NULL);
     if (a->sw.sparse_embedding && !m->sw.sparse_embedding) // [tied embeddings] (switches_for_model)
@@ -2338,22 +2341,20 @@ static int dry_run(const TrainArgs* a, const Llama3Config* cfg, const RankEnv* r
     RunConfig run = run_config(a);
     Model m;
     model_size(&m, cfg, &run, ranks->world > 1 ? &shard : NULL, DRY_RUN_SMS);
-    print_memory(&m);
-    // What a run may take of each card: an H100's 79.65 GiB less the 0.5-0.6 GiB that the CUDA context
-    // and cuBLAS took in runs on 2026-12-06; an H200's about 139 GiB as its machine's notes give it.
+    MemoryParts parts = memory_parts(&m);
+    print_memory(&m, &parts);
+    // What a run may take of each card, smallest first: an H100's 79.65 GiB less the 0.5-0.6 GiB that
+    // the CUDA context and cuBLAS took in runs on 2026-12-06; an H200's about 139 GiB as its machine's
+    // notes give it.
     const struct { const char* card; double gib; } cards[] = {{"80 GB (H100, about 79 GiB for a run)", 79.0},
                                                               {"141 GB (H200, about 139 GiB)", 139.0}};
-    MemoryParts parts = memory_parts(&m);
     double need = memory_total(&parts) / 1073741824.0;
-    bool all_fit = true;
     printf("fits: ");
-    for (int i = 0; i < 2; i++) {
+    for (size_t i = 0; i < sizeof(cards) / sizeof(cards[0]); i++)
         printf("%s%s %s", i ? ", " : "", cards[i].card, need <= cards[i].gib ? "yes" : "no");
-        all_fit &= need <= cards[i].gib;
-    }
     char advice[512];
-    model_fit_advice(&m, advice);
-    if (!all_fit) printf(". Smaller: %s", advice);
+    model_fit_advice(&m, &parts, advice, sizeof(advice));
+    if (need > cards[0].gib) printf(". Smaller: %s", advice);
     printf("\n");
     model_host_free(&m);
     printf("dry run: the flags and inputs pass every check made before the GPU; nothing was written\n");

@@ -71,9 +71,9 @@ bits_run() {
         "$bin" --batch_size "$B" --sequence_length "$T" --num_iteration 6 --log_file "$dir/log.json" \
             --checkpoint_dir "$dir/ckpt" "$@" > "$dir/run.log" 2>&1
 }
-# same WHAT A B: "same", "differ", or "fail" when either is missing.
+# same A B: "same", "differ", or "fail" when either is missing.
 same() {
-    if [ ! -s "$2" ] || [ ! -s "$3" ]; then echo fail; elif cmp -s "$2" "$3"; then echo same; else echo differ; fi
+    if [ ! -s "$1" ] || [ ! -s "$2" ]; then echo fail; elif cmp -s "$1" "$2"; then echo same; else echo differ; fi
 }
 if [ "$bits" = 1 ]; then
     echo "### $rev against this tree, bit for bit ($(date +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1))"
@@ -92,7 +92,7 @@ if [ "$bits" = 1 ]; then
         done
         row=""
         for f in numbers ckpt/step_00000006/model.bin ckpt/step_00000006/state.bin; do
-            r=$(same "$f" "$tmp/old/$f" "$tmp/new/$f")
+            r=$(same "$tmp/old/$f" "$tmp/new/$f")
             [ "$r" = same ] || differ=1
             row="$row | $r"
         done

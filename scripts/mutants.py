@@ -361,6 +361,9 @@ HOST_MUTANTS = [
      "its AdamW state whole, not its ZeRO-1 share",
      "model_size(&m, cfg, &run, ranks->world > 1 ? &shard : NULL, DRY_RUN_SMS);",
      "model_size(&m, cfg, &run, NULL, DRY_RUN_SMS);"),
+    ("run_config_one_micro_step", "cli", "llama3.h", "run_config gives model creation one micro-step whatever "
+     "--total_batch_size says", "RunConfig r = {l->batch_size, l->sequence_length, micro_steps(l),",
+     "RunConfig r = {l->batch_size, l->sequence_length, 1,"),
     # The tensor table (llama3.h tensor_table): what a slot or group change would do to the step.
     ("sumsq_slots_by_tensor", "layout", "llama3.h", "the sum-of-squares slots numbered tensor by tensor instead "
      "of layer by layer: still one each, but the norm's reduction order, and so its bits, change",
