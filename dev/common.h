@@ -3,7 +3,10 @@
 // in the same run, and the table row every benchmark prints.
 //
 // A benchmark binary: `dev/NAME` validates every version and then times them; `dev/NAME K` only
-// version K; `dev/NAME --check` validates only (what `make test` runs). Each prints rows
+// version K; `dev/NAME --check` validates only (what `make test` runs); `--small` validates only,
+// at the small shapes alone where a file also has the 1B's: what make sanitize runs, as
+// compute-sanitizer's tools run a kernel 100-1000x slower and the small shapes take the same paths.
+// Each prints rows
 //   | kernel | version | size | ms | rate | % of ceiling | check |
 // and ends with "N passed, M failed" (exit code 1 if any check failed).
 #pragma once
@@ -22,16 +25,18 @@ static int dev_passed = 0, dev_failed = 0;
 // ---- command line ----
 typedef struct {
     bool check_only; // --check: validate, no timing
+    bool small;      // --small: the small shapes only (implies --check)
     int version;     // 0: all versions
 } DevArgs;
 
 static DevArgs dev_args(int argc, char** argv, int n_versions) {
-    DevArgs a = {false, 0};
+    DevArgs a = {false, false, 0};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--check")) a.check_only = true;
+        else if (!strcmp(argv[i], "--small")) a.check_only = a.small = true;
         else if (atoi(argv[i]) >= 1 && atoi(argv[i]) <= n_versions) a.version = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: %s [--check] [version 1..%d]\n", argv[0], n_versions);
+            fprintf(stderr, "usage: %s [--check] [--small] [version 1..%d]\n", argv[0], n_versions);
             exit(EXIT_FAILURE);
         }
     }

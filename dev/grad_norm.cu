@@ -13,6 +13,7 @@
 // run:   ./dev/grad_norm          validate every version, then time sum_squares
 //        ./dev/grad_norm K        version K only
 //        ./dev/grad_norm --check  validate only, no timing (what `make test` runs)
+//        ./dev/grad_norm --small  validate with every size below a 64th (what make sanitize runs)
 //
 // versions of sum_squares (sum_squares_rows, clip_guard and loss_guard have only the trainer's):
 //   1  one atomicAdd per block into one float, on a grid that fills the GPU (8 blocks of 256 per
@@ -234,6 +235,8 @@ static void validate_rows(int V, int C, int N, bool* ok) {
 // own SUMSQ_BLOCKS slot of one partial buffer zeroed once (a launch of fewer blocks leaves the rest
 // of its slot at zero, every step), then clip_guard over the whole buffer.
 static const int WTE_V = 128256, WTE_C = 2048;
+// --small: each tensor (and the wte's rows) a 64th of the 1B's, the columns an 8th
+static const int SMALL_DIV = 64;
 
 // What the guard kernels read and write: step t's hyperparameters and the step's stats.
 typedef struct {
@@ -268,21 +271,24 @@ typedef struct {
     bf16* mats;
     float *norms, *wte_grad, *partial;
     int *tokens, N, slots;
+    int div, V, C;    // the sizes: TENSORS[k].n / div, the wte (V, C)
     Guards guards;
     double ref_sumsq; // fp64 sum of every gradient's square
 } Step;
 
-static Step step_create(int N) {
+static Step step_create(int N, int div) {
     Step s;
+    s.div = div, s.V = WTE_V / div, s.C = WTE_C / (div > 1 ? 8 : 1);
+    const int V = s.V, C = s.C;
     size_t n_mats = 0;
-    for (int k = 0; k < N_TENSORS; k++) n_mats += TENSORS[k].bf16 ? TENSORS[k].n : 0;
+    for (int k = 0; k < N_TENSORS; k++) n_mats += TENSORS[k].bf16 ? TENSORS[k].n / div : 0;
     s.mats = dev_alloc<bf16>(n_mats);
-    s.norms = dev_alloc<float>(2 * WTE_C);
-    s.wte_grad = dev_alloc<float>((size_t)WTE_V * WTE_C);
+    s.norms = dev_alloc<float>(2 * C);
+    s.wte_grad = dev_alloc<float>((size_t)V * C);
     fill_grads(s.mats, n_mats);
-    fill_grads(s.norms, 2 * WTE_C);
-    fill_grads(s.wte_grad, (size_t)WTE_V * WTE_C);
-    std::vector<int> tokens = sorted_tokens(N, WTE_V);
+    fill_grads(s.norms, 2 * C);
+    fill_grads(s.wte_grad, (size_t)V * C);
+    std::vector<int> tokens = sorted_tokens(N, V);
     s.tokens = dev_upload(tokens);
     s.N = N;
     s.slots = N_TENSORS + 2; // the matrices, 2 norm weights, the wte rows
@@ -290,13 +296,13 @@ static Step step_create(int N) {
     CUDA_CHECK(cudaMemset(s.partial, 0, (size_t)s.slots * SUMSQ_BLOCKS * sizeof(float)));
     s.guards = guards_create();
     std::vector<bf16> mats = dev_download(s.mats, n_mats);
-    std::vector<float> norms = dev_download(s.norms, 2 * WTE_C), row(WTE_C);
-    s.ref_sumsq = sum_squares_ref(mats.data(), n_mats) + sum_squares_ref(norms.data(), 2 * WTE_C);
+    std::vector<float> norms = dev_download(s.norms, 2 * C), row(C);
+    s.ref_sumsq = sum_squares_ref(mats.data(), n_mats) + sum_squares_ref(norms.data(), 2 * C);
     for (int j = 0; j < N; j++) {
         if (j > 0 && tokens[j - 1] == tokens[j]) continue;
-        CUDA_CHECK(cudaMemcpy(row.data(), s.wte_grad + (size_t)tokens[j] * WTE_C, WTE_C * sizeof(float),
+        CUDA_CHECK(cudaMemcpy(row.data(), s.wte_grad + (size_t)tokens[j] * C, C * sizeof(float),
                               cudaMemcpyDeviceToHost));
-        s.ref_sumsq += sum_squares_ref(row.data(), WTE_C);
+        s.ref_sumsq += sum_squares_ref(row.data(), C);
     }
     return s;
 }
@@ -311,12 +317,12 @@ static void norm_step(const Step& s, float clip, AdamWParams* h, StepStats* stat
     int slot = 0;
     for (int k = 0; k < N_TENSORS; k++) {
         if (!TENSORS[k].bf16) continue;
-        sum_squares(s.partial + (size_t)slot++ * SUMSQ_BLOCKS, s.mats + off, TENSORS[k].n, 0);
-        off += TENSORS[k].n;
+        sum_squares(s.partial + (size_t)slot++ * SUMSQ_BLOCKS, s.mats + off, TENSORS[k].n / s.div, 0);
+        off += TENSORS[k].n / s.div;
     }
     for (int k = 0; k < 2; k++)
-        sum_squares(s.partial + (size_t)slot++ * SUMSQ_BLOCKS, s.norms + k * WTE_C, WTE_C, 0);
-    sum_squares_rows(s.partial + (size_t)slot++ * SUMSQ_BLOCKS, s.wte_grad, s.tokens, s.N, WTE_C, 0);
+        sum_squares(s.partial + (size_t)slot++ * SUMSQ_BLOCKS, s.norms + k * s.C, s.C, 0);
+    sum_squares_rows(s.partial + (size_t)slot++ * SUMSQ_BLOCKS, s.wte_grad, s.tokens, s.N, s.C, 0);
     clip_guard(s.guards.h, s.guards.stats, s.partial, s.slots * SUMSQ_BLOCKS, clip, 0);
     *h = dev_download(s.guards.h, 1)[0];
     *stats = dev_download(s.guards.stats, 1)[0];
@@ -326,9 +332,9 @@ static void norm_step(const Step& s, float clip, AdamWParams* h, StepStats* stat
 // root, plus the sqrt's rounding), the scale below and above the clip, determinism (a second run
 // bit-identical: partials, norm, scale), a skip set before the norm (by the loss guard) kept, and a
 // NaN in one gradient skipping the step.
-static void validate_clip(bool* ok) {
-    Step s = step_create(16384);
-    double norm = sqrt(s.ref_sumsq), rtol = sumsq_rtol(ceil_div(LM_HEAD, 256 * 256)) / 2 + 0x1p-23;
+static void validate_clip(int div, bool* ok) {
+    Step s = step_create(16384, div);
+    double norm = sqrt(s.ref_sumsq), rtol = sumsq_rtol(ceil_div(LM_HEAD / div, 256 * 256)) / 2 + 0x1p-23;
     AdamWParams h, h2;
     StepStats st, st2;
     float below = (float)(0.5 * norm), above = (float)(2.0 * norm);
@@ -354,7 +360,7 @@ static void validate_clip(bool* ok) {
     norm_step(s, below, &h, &st);
     ok[2] &= check_true("clip_guard: a skip set by the loss guard stays set", h.skip == 1 && st.skipped == 1);
     uint16_t nan_bits = 0x7FC0; // a bf16 quiet NaN, into the middle of the second tensor (qkv)
-    CUDA_CHECK(cudaMemcpy(s.mats + LM_HEAD + TENSORS[1].n / 2, &nan_bits, 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(s.mats + (LM_HEAD + TENSORS[1].n / 2) / div, &nan_bits, 2, cudaMemcpyHostToDevice));
     reset_guards(s.guards, 0);
     norm_step(s, below, &h, &st);
     ok[2] &= check_true("clip_guard: one NaN gradient: skip 1, grad_norm NaN, counted",
@@ -435,20 +441,24 @@ int main(int argc, char** argv) {
     int sms;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     bool ok[3] = {true, true, true};
+    const int div = a.small ? SMALL_DIV : 1, V = WTE_V / div, C = WTE_C / (a.small ? 8 : 1);
+    char name[64];
     for (int k = 0; k < N_TENSORS; k++) {
-        if (TENSORS[k].bf16) validate_sum_squares<bf16>(TENSORS[k].n, 0, TENSORS[k].name, sms, a, ok);
-        validate_sum_squares<float>(TENSORS[k].n, 0, TENSORS[k].name, sms, a, ok);
+        snprintf(name, sizeof(name), a.small ? "%s / %d" : "%s", TENSORS[k].name, div);
+        if (TENSORS[k].bf16) validate_sum_squares<bf16>(TENSORS[k].n / div, 0, name, sms, a, ok);
+        validate_sum_squares<float>(TENSORS[k].n / div, 0, name, sms, a, ok);
     }
     // the scalar paths: an odd size, and a pointer one element off 16-byte alignment
     validate_sum_squares<bf16>(1000003, 0, "odd 1000003", sms, a, ok);
     validate_sum_squares<float>(1000003, 0, "odd 1000003", sms, a, ok);
-    validate_sum_squares<bf16>(TENSORS[2].n, 1, "attn_out misaligned by 1", sms, a, ok);
-    validate_sum_squares<float>(TENSORS[2].n, 1, "attn_out misaligned by 1", sms, a, ok);
+    snprintf(name, sizeof(name), a.small ? "attn_out / %d misaligned by 1" : "attn_out misaligned by 1", div);
+    validate_sum_squares<bf16>(TENSORS[2].n / div, 1, name, sms, a, ok);
+    validate_sum_squares<float>(TENSORS[2].n / div, 1, name, sms, a, ok);
     if (dev_selected(a, 2)) {
-        validate_rows(1000, 264, 3000, ok);     // most rows, many times each; C not a multiple of 256
-        validate_rows(WTE_V, WTE_C, 200, ok);   // fewer entries than SUMSQ_BLOCKS
-        validate_rows(WTE_V, WTE_C, 16384, ok); // a large batch
-        validate_clip(ok);
+        validate_rows(1000, 264, 3000, ok); // most rows, many times each; C not a multiple of 256
+        validate_rows(V, C, 200, ok);       // fewer entries than SUMSQ_BLOCKS
+        validate_rows(V, C, 16384, ok);     // a large batch
+        validate_clip(div, ok);
         validate_loss_guard(16384, ok);
     }
     if (!a.check_only) {

@@ -149,9 +149,15 @@ static void report(bool ok, const char* what, const char* detail) {
 // ---- validation ----
 
 typedef struct {
-    int V, offset;
+    int V, offset, draws; // draws: random uniforms (and as many midpoints) per sampling check
 } Shape;
-static const Shape SHAPES[] = {{1, 0}, {7, 0}, {1000, 0}, {1001, 0}, {128256, 0}, {128256, 1}};
+// The rows checked; with --small the vocabulary's two rows are V = 20000 (20 elements a thread, as
+// against 125: the same loops) and each sampling check draws 4 random uniforms and 4 midpoints,
+// not 16 and 16 (every draw is a launch).
+static std::vector<Shape> shapes(const DevArgs& a) {
+    int large = a.small ? 20000 : 128256, draws = a.small ? 4 : 16;
+    return {{1, 0, draws}, {7, 0, draws}, {1000, 0, draws}, {1001, 0, draws}, {large, 0, draws}, {large, 1, draws}};
+}
 
 static const char* path_of(int V, int offset) {
     return V % 8 == 0 && offset % 8 == 0 ? "16-byte loads" : "one bf16 per load";
@@ -169,9 +175,9 @@ static bool check_greedy(const char* row_name, const std::vector<float>& x, int 
 // Greedy on each shape: a random row; temperature 0 ignoring top_k; 4 planted maxima (the lowest
 // index must win) after NaNs at index 0 and 3 random places; a row of negatives whose maximum is a
 // -0 and a +0 (the first of the two must win); a row of -inf and NaN only (index 0).
-static bool validate_greedy(void) {
+static bool validate_greedy(const DevArgs& a) {
     bool ok = true;
-    for (const Shape& sh : SHAPES) {
+    for (const Shape& sh : shapes(a)) {
         std::vector<float> x = normal_row(sh.V);
         ok &= check_greedy("random", x, sh.offset);
         ok &= check_greedy("random, top_k=5", x, sh.offset, 5);
@@ -191,11 +197,11 @@ static bool validate_greedy(void) {
     return ok;
 }
 
-// Draws with uniforms 0, the largest float below 1, n random ones and the midpoints of n random
-// kept tokens' intervals, each judged against the reference.
-static bool check_sampling(const char* row_name, const std::vector<float>& x, int offset, float temperature,
-                           int top_k, int n = 16) {
-    int V = (int)x.size();
+// Draws with uniforms 0, the largest float below 1, sh.draws random ones and the midpoints of as
+// many random kept tokens' intervals, each judged against the reference. x: sh.V logits.
+static bool check_sampling(const char* row_name, const std::vector<float>& x, const Shape& sh, float temperature,
+                           int top_k) {
+    int V = sh.V, offset = sh.offset, n = sh.draws;
     Distribution d = distribution_cpu(x, temperature, top_k);
     std::vector<float> us = {0.0f, 0x1.fffffep-1f};
     for (int j = 0; j < n; j++) us.push_back(rng_uniform(0.0f, 1.0f));
@@ -244,29 +250,29 @@ static bool check_top1_is_greedy(int V, int offset) {
 }
 
 // Temperatures from peaked (0.05) to flat (5), top_k off, small, large, V - 1 and V, on every shape.
-static bool validate_sampling(void) {
+static bool validate_sampling(const DevArgs& a) {
     bool ok = true;
     const struct {
         float temperature;
         int top_k;
     } settings[] = {{1.0f, 0}, {0.7f, 50}, {1.5f, 1000}, {0.05f, 0}, {5.0f, 0}, {1.0f, 1}, {0.8f, 10}};
-    for (const Shape& sh : SHAPES) {
+    for (const Shape& sh : shapes(a)) {
         std::vector<float> x = normal_row(sh.V);
-        for (const auto& s : settings) ok &= check_sampling("random", x, sh.offset, s.temperature, s.top_k);
-        ok &= check_sampling("random", x, sh.offset, 1.0f, sh.V - 1);
-        ok &= check_sampling("random", x, sh.offset, 1.0f, sh.V);
+        for (const auto& s : settings) ok &= check_sampling("random", x, sh, s.temperature, s.top_k);
+        ok &= check_sampling("random", x, sh, 1.0f, sh.V - 1);
+        ok &= check_sampling("random", x, sh, 1.0f, sh.V);
         x = integer_row(sh.V);
-        for (int k : {1, 37, 100, sh.V / 6}) ok &= check_sampling("integers", x, sh.offset, 1.0f, k);
+        for (int k : {1, 37, 100, sh.V / 6}) ok &= check_sampling("integers", x, sh, 1.0f, k);
         x = normal_row(sh.V);
         plant_max(x, 3);
-        ok &= check_sampling("3 tied maxima", x, sh.offset, 1.0f, 1);
+        ok &= check_sampling("3 tied maxima", x, sh, 1.0f, 1);
         for (int i : random_indices(sh.V, 8)) x[i] = rng_u32() % 2 ? -INFINITY : NAN;
-        ok &= check_sampling("NaNs and -infs", x, sh.offset, 1.0f, 0);
-        ok &= check_sampling("NaNs and -infs", x, sh.offset, 0.7f, 10);
+        ok &= check_sampling("NaNs and -infs", x, sh, 1.0f, 0);
+        ok &= check_sampling("NaNs and -infs", x, sh, 0.7f, 10);
         for (int i : random_indices(sh.V, 2)) x[i] = INFINITY;
-        ok &= check_sampling("+inf (the argmax)", x, sh.offset, 1.0f, 0);
+        ok &= check_sampling("+inf (the argmax)", x, sh, 1.0f, 0);
         for (float& v : x) v = rng_u32() % 2 ? -INFINITY : NAN;
-        ok &= check_sampling("-inf and NaN only (index 0)", x, sh.offset, 1.0f, 0);
+        ok &= check_sampling("-inf and NaN only (index 0)", x, sh, 1.0f, 0);
         ok &= check_top1_is_greedy(sh.V, sh.offset);
     }
     return ok;
@@ -298,8 +304,8 @@ static void time_sample(bool ok) {
 
 int main(int argc, char** argv) {
     DevArgs a = dev_args(argc, argv, 1);
-    bool ok = validate_greedy();
-    ok &= validate_sampling();
+    bool ok = validate_greedy(a);
+    ok &= validate_sampling(a);
     if (!a.check_only) {
         copy_ceiling_gbs(); // measured before the table, so its line does not split it
         print_header();

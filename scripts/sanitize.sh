@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # usage: scripts/sanitize.sh      (make sanitize builds the trainer and dev/, then runs it; needs a GPU)
 # compute-sanitizer's four tools over small-shape training runs and every
-# dev/ kernel check. memcheck: out-of-bounds and misaligned accesses, and CUDA API errors; racecheck:
+# dev/ kernel check (at its small shapes: dev/NAME --small). memcheck: out-of-bounds and misaligned accesses, and CUDA API errors; racecheck:
 # shared-memory hazards; initcheck: reads of global memory nothing wrote; synccheck: barriers that
 # not every thread reaches. Each report is attributed to the kernel it names: ours, or NVIDIA's
 # libraries (cuBLASLt's GEMMs, CUB's sort), which are listed apart with the reason they are not ours.
@@ -86,7 +86,7 @@ cases=("train_default ./train_llama3 $small --num_iteration 3 --total_batch_size
     "train_ranks $ranks")
 for src in dev/*.cu; do
     [ "$src" = dev/nccl.cu ] && continue
-    cases+=("dev_$(basename "${src%.cu}") ${src%.cu} --check")
+    cases+=("dev_$(basename "${src%.cu}") ${src%.cu} --small")
 done
 # dev/nccl (built when make found NCCL): its two ranks forked, sharing the GPU as the trainer's do.
 [ -x dev/nccl ] && cases+=("dev_nccl env NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0 dev/nccl --check --ranks 2")
