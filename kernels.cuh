@@ -2153,24 +2153,27 @@ static void quantize_fp8(F8* out, F8* out_t, Fp8Scale* s, const bf16* x, int row
     LAUNCH_CHECK();
 }
 
-// D (M, N) bf16 = a_scale_inv * b_scale_inv * A (M, K) B (N, K)^T, A and B FP8 (types ta, tb: not
-// both e5m2) row-major with K contiguous, the inverse scales fp32 in device memory. fast_accum:
-// cuBLASLt's faster accumulation (torchao uses it for the forward only). M, N, K multiples of 16.
-static void matmul_fp8(Gemm* g, cudaStream_t s, bf16* D, const void* A, cudaDataType ta, const float* a_scale_inv,
-                       const void* B, cudaDataType tb, const float* b_scale_inv, int M, int N, int K, bool fast_accum) {
+// D (M, N) = a_scale_inv * b_scale_inv * A (M, K) B (N, K)^T + beta * D, A and B FP8 (types ta, tb:
+// not both e5m2) row-major with K contiguous, the inverse scales fp32 in device memory, D bf16 or
+// (out_fp32) fp32: a weight gradient accumulated over micro-steps adds onto the fp32 sum with
+// beta 1, as the bf16 GEMMs do. fast_accum: cuBLASLt's faster accumulation (torchao uses it for
+// the forward only). M, N, K multiples of 16.
+static void matmul_fp8(Gemm* g, cudaStream_t s, void* D, const void* A, cudaDataType ta, const float* a_scale_inv,
+                       const void* B, cudaDataType tb, const float* b_scale_inv, int M, int N, int K, bool fast_accum,
+                       bool out_fp32 = false, float beta = 0.0f) {
     fp8_require(M % 16 == 0 && N % 16 == 0 && K % 16 == 0 && !(ta == CUDA_R_8F_E5M2 && tb == CUDA_R_8F_E5M2),
                 "matmul_fp8: M, N, K must be multiples of 16, and A and B not both e5m2");
     fp8_require((uintptr_t)a_scale_inv % 16 == 0 && (uintptr_t)b_scale_inv % 16 == 0,
                 "matmul_fp8: the inverse scales must be 16-byte aligned (cuBLASLt refuses others)");
     GemmKey k;
     memset(&k, 0, sizeof(k));
-    k.M = M, k.N = N, k.K = K, k.batch = 1, k.trans_a = false, k.trans_b = true, k.out_fp32 = false;
+    k.M = M, k.N = N, k.K = K, k.batch = 1, k.trans_a = false, k.trans_b = true, k.out_fp32 = out_fp32;
     k.type_a = ta, k.type_b = tb, k.fast_accum = fast_accum;
     k.align_a = pointer_alignment(A), k.align_b = pointer_alignment(B), k.align_d = pointer_alignment(D);
     GemmPlan* p = gemm_plan(g, &k, a_scale_inv, b_scale_inv);
     gemm_set_scales(p, a_scale_inv, b_scale_inv);
-    const float one = 1.0f, zero = 0.0f;
-    CUBLAS_CHECK(cublasLtMatmul(g->handle, p->op, &one, B, p->a, A, p->b, &zero, D, p->d, D, p->d, &p->algo,
+    const float one = 1.0f;
+    CUBLAS_CHECK(cublasLtMatmul(g->handle, p->op, &one, B, p->a, A, p->b, &beta, D, p->d, D, p->d, &p->algo,
                                 g->workspace, g->workspace_bytes, s));
-    mark_initialized(s, D, (size_t)M * N * sizeof(bf16));
+    mark_initialized(s, D, (size_t)M * N * (out_fp32 ? sizeof(float) : sizeof(bf16)));
 }

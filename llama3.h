@@ -366,7 +366,7 @@ static const FlagSpec FLAGS[] = {
     {"--batch_size", FLAG_INT, ARG(loop.batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", NOT_A_SWITCH, NULL},
     {"--sequence_length", FLAG_INT, ARG(loop.sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence", NOT_A_SWITCH, NULL},
     {"--recompute", FLAG_INT, ARG(loop.recompute), "0", 0, 2, NULL, "activations recomputed in the backward instead of kept per layer: 0 none; 1 the RMSNorm and SwiGLU outputs; 2 whole blocks (each layer keeps only its input); the same losses bit for bit", NOT_A_SWITCH, NULL},
-    {"--fp8", FLAG_INT, ARG(loop.fp8), "0", 0, 1, NULL, "1: the block linears' GEMMs (qkv, attn_out, gate_up, down) in FP8, e4m3 weights and activations, the output gradients in --fp8_grads, one dynamic scale per tensor; lm_head and attention stay bf16 (one micro-step per step, one rank)", NOT_A_SWITCH, NULL},
+    {"--fp8", FLAG_INT, ARG(loop.fp8), "0", 0, 1, NULL, "1: the block linears' GEMMs (qkv, attn_out, gate_up, down) in FP8, e4m3 weights and activations, the output gradients in --fp8_grads, one dynamic scale per tensor; lm_head and attention stay bf16", NOT_A_SWITCH, NULL},
     {"--fp8_grads", FLAG_CHOICE, ARG(loop.fp8_grads), "e5m2", 0, 0, FP8_GRADS_CHOICES, "--fp8 1: the output gradients' format: e5m2 (range: max 57344, 2 mantissa bits) or e4m3 (precision: 3 mantissa bits, max 448; each tensor's dynamic scale maps its amax to 448)", NOT_A_SWITCH, NULL},
     {"--total_batch_size", FLAG_INT, ARG(loop.total_batch_size), "0", 0, BIG_INT, NULL, "tokens per optimizer step on all ranks, a multiple of B*T*ranks: N / (B*T*ranks) micro-steps on each rank accumulate gradients (0: B*T*ranks, one micro-step)", NOT_A_SWITCH, NULL},
     {"--learning_rate", FLAG_FLOAT, ARG(optim.sched.peak_lr), "1e-5", 0.0, 10.0, NULL, "AdamW peak lr", NOT_A_SWITCH, NULL},
@@ -1594,32 +1594,23 @@ static inline int dist_args_check(const TrainArgs* a, char* err) {
 }
 
 // [fp8] What --fp8 1 takes: the FP8 kernels' shapes (64 x 64 transpose tiles: every block linear's
-// width and bt = B*T multiples of 64), and the paths it is built for: one rank, one micro-step (bf16
-// weight gradients written by the FP8 GEMM), the shadow weights it quantises. The one owner of these
-// rules: train_args_check calls it through fp8_args_check, the trainer's model_create directly.
-static inline int fp8_check(const Llama3Config* c, long long bt, int micro_steps, int world, const Switches* sw,
-                            char* err) {
+// width and bt = B*T multiples of 64), and the shadow weights it quantises. The one owner of these rules:
+// train_args_check calls it through fp8_args_check, the trainer's model_create directly.
+static inline int fp8_check(const Llama3Config* c, long long bt, const Switches* sw, char* err) {
     if (bt % 64) return l3_fail(err, "--fp8 1: --batch_size * --sequence_length = %lld must be a multiple of 64", bt);
     if (c->n_embd % 64 || qkv_dim(c) % 64 || c->ffn_hidden % 64)
         return l3_fail(err, "--fp8 1: the model's n_embd %d, qkv width %d and ffn_hidden %d must be multiples of 64",
                        c->n_embd, qkv_dim(c), c->ffn_hidden);
-    if (world > 1) return l3_fail(err, "--fp8 1 runs on one rank only (for now)");
-    if (micro_steps > 1)
-        return l3_fail(err, "--fp8 1 takes one micro-step per step: --total_batch_size must equal --batch_size * "
-                       "--sequence_length");
-    if (!sw->shadow_weights || !sw->bf16_grads)
-        return l3_fail(err, "--fp8 1 needs --shadow_weights 1 and --bf16_grads 1 (the defaults)");
+    if (!sw->shadow_weights) return l3_fail(err, "--fp8 1 needs --shadow_weights 1 (the default)");
     return 0;
 }
 static inline int fp8_args_check(const TrainArgs* a, const Llama3Config* c, char* err) {
-    long long bt = (long long)a->loop.batch_size * a->loop.sequence_length;
-    return fp8_check(c, bt, micro_steps(&a->loop), a->loop.world, &a->sw, err);
+    return fp8_check(c, (long long)a->loop.batch_size * a->loop.sequence_length, &a->sw, err);
 }
 
 // The out-of-memory message's advice: each flag that would shrink this run and that it can take,
-// with what it frees. --fp8 1 takes neither micro-steps nor ranks (fp8_check), so under it the
-// advice names --fp8 0 instead of --total_batch_size and more ranks; recompute frees activations,
-// not the FP8 copies of the inputs that the backward keeps.
+// with what it frees: recompute frees activations, not the FP8 copies of the inputs that the
+// backward keeps; --fp8 0 frees those.
 typedef struct {
     int moments, recompute, fp8;   // this run's --optimizer_state, --recompute and --fp8
     double acts_blocks_gib;        // the activations at --recompute 2
@@ -1631,12 +1622,9 @@ static inline void fit_advice(const FitAdvice* f, char* out, size_t n) {
     out[0] = 0;
     if (f->moments == MOMENTS_FP32) ADVISE("--optimizer_state bf16 (m and v in half), ");
     if (f->recompute < RECOMPUTE_BLOCKS) ADVISE("--recompute 2 (activations %.2f GiB), ", f->acts_blocks_gib);
-    if (f->fp8)
-        ADVISE("--fp8 0 (frees the FP8 copies' %.2f GiB), a smaller --batch_size or --sequence_length (the "
-               "activations and the FP8 copies of the inputs scale with B*T)", f->fp8_gib);
-    else
-        ADVISE("a smaller --batch_size or --sequence_length (activations scale with B*T; keep --total_batch_size "
-               "for the same step), more ranks (ZeRO-1 divides m and v)");
+    if (f->fp8) ADVISE("--fp8 0 (frees the FP8 copies' %.2f GiB), ", f->fp8_gib);
+    ADVISE("a smaller --batch_size or --sequence_length (activations%s scale with B*T; keep --total_batch_size for "
+           "the same step), more ranks (ZeRO-1 divides m and v)", f->fp8 ? " and the FP8 copies of the inputs" : "");
 #undef ADVISE
 }
 

@@ -546,6 +546,24 @@ static float* grads_to_host(Model* m) {
 // Step 1's forward and backward over all its micro-steps, the trainer's micro_step without the
 // optimizer: the first micro-batch's logits (a forward of its own, since the micro-step turns them
 // into dlogits), the step's loss, every gradient (accumulated over the micro-steps).
+// [fp8] Each micro-step quantises its activations and gradients with amaxes of its own: the scales
+// after the last micro-step run after the first are the scales of the last one run alone (the
+// step's tokens on the device, the gradients written over).
+static void check_fp8_scales_per_micro_step(Model* m, const Ref* r) {
+    size_t n = 2 * fp8_scale_count(m);
+    int last = r->grad_accum - 1;
+    std::vector<Fp8Scale> alone(n), after_first(n);
+    micro_step(m, last, false);
+    CUDA_CHECK(cudaMemcpy(alone.data(), m->fp8->act_scale, n * sizeof(Fp8Scale), cudaMemcpyDeviceToHost));
+    micro_step(m, 0, false);
+    micro_step(m, last, false);
+    CUDA_CHECK(cudaMemcpy(after_first.data(), m->fp8->act_scale, n * sizeof(Fp8Scale), cudaMemcpyDeviceToHost));
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++) differ += memcmp(&alone[i], &after_first[i], sizeof(Fp8Scale)) != 0;
+    check(differ == 0, "fp8: the last micro-step's scales after the first's are its own alone (scales that differ)",
+          (double)differ, 0);
+}
+
 static void test_step1(Model* m, const Ref* r) {
     size_t n_step = (size_t)r->grad_accum * r->B * r->T;
     reset_training(m, r);
@@ -561,6 +579,26 @@ static void test_step1(Model* m, const Ref* r) {
     check_blocks(m, "grad", grads, ref, NULL, tol_grad(m), true);
     free(grads);
     free(ref);
+    if (m->fp8 && r->grad_accum > 1) check_fp8_scales_per_micro_step(m, r);
+}
+
+// [fp8] The FP8 copies W, W^T and the weight scales are those of the current shadow: each is remade
+// after its weight's update (quantised again here, they must not change).
+static void check_fp8_weights_fresh(Model* m) {
+    size_t bytes = 2 * m->tab.fp8_weights, scales = fp8_scale_count(m);
+    std::vector<unsigned char> kept(bytes), again(bytes);
+    std::vector<Fp8Scale> kept_scales(scales), again_scales(scales);
+    CUDA_CHECK(cudaMemcpy(kept.data(), m->fp8->w, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(kept_scales.data(), m->fp8->w_scale, scales * sizeof(Fp8Scale), cudaMemcpyDeviceToHost));
+    fp8_quantize_weights(m, m->stream);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    CUDA_CHECK(cudaMemcpy(again.data(), m->fp8->w, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(again_scales.data(), m->fp8->w_scale, scales * sizeof(Fp8Scale), cudaMemcpyDeviceToHost));
+    size_t differ = 0;
+    for (size_t i = 0; i < bytes; i++) differ += kept[i] != again[i];
+    differ += memcmp(kept_scales.data(), again_scales.data(), scales * sizeof(Fp8Scale)) != 0;
+    check(differ == 0, "fp8: the weights' FP8 copies and scales are the updated shadow's (bytes that differ)",
+          (double)differ, 0);
 }
 
 // Every step through train_step on PyTorch's gradients: loss and weights after each step (the
@@ -586,6 +624,7 @@ static void test_adamw_path(Model* m, const Ref* r) {
     float *ours = to_host(m->params, m->layout.total), *before = ref_params(r, r->n_steps - 1);
     check_step_weights(m, "adamw after flush", ours, before, prev); // prev: p_n
     if (m->sw.shadow_weights) check_shadow(m, ours);
+    if (m->fp8) check_fp8_weights_fresh(m);
     if (m->sw.sparse_embedding) check_wte_grad_zero(m);
     use_own_grads();
     free(ours);
@@ -596,22 +635,40 @@ static void test_adamw_path(Model* m, const Ref* r) {
 
 // Every step's loss in a train() JSON log (one line per step, in order) against the reference's:
 // step 1 within TOL_LOSS, later steps within `later_tol`.
+// The steps of a train_llama3 JSON log against the reference's: each loss (step 1 within TOL_LOSS,
+// the later ones within later_tol) and, when the reference clips, each gradient norm (relative,
+// within TOL_NORM_FREE: the trainer logs its norm then). Ends with one line of the largest errors
+// (scripts/combinations.py --gpu reads it).
 static void check_log(const char* log_path, const char* what, const Ref* r, double later_tol) {
     FILE* f = fopen(log_path, "r");
     if (!f) fail_exit("cannot open the log file");
     char line[512], name[64];
     int step, n = 0, lines = 0; // n: lines that are steps 1, 2, ... in order
     float loss;
+    double worst_loss = 0, worst_norm = 0;
     while (fgets(line, sizeof(line), f)) {
         lines++;
         if (sscanf(line, "{\"step\": %d, \"loss\": %f", &step, &loss) != 2 || step != n + 1 || step > r->n_steps)
             continue;
         check_loss(what, step, loss, r->losses[step - 1], step == 1 ? TOL_LOSS : later_tol);
+        double e = fabs((double)loss - r->losses[step - 1]);
+        if (!(e <= worst_loss)) worst_loss = e; // (a NaN stays)
+        const char* norm_at = strstr(line, "\"grad_norm\": ");
+        if (r->opt.grad_clip > 0) {
+            float norm = norm_at ? strtof(norm_at + 13, NULL) : NAN, ref = r->grad_norms[step - 1];
+            e = fabs((double)norm - ref) / ref;
+            char norm_name[96];
+            snprintf(norm_name, sizeof(norm_name), "%s step %d grad norm (ours %.6f ref %.6f)", what, step, norm, ref);
+            check(e <= TOL_NORM_FREE, norm_name, e, TOL_NORM_FREE);
+            if (!(e <= worst_norm)) worst_norm = e;
+        }
         n++;
     }
     fclose(f);
     snprintf(name, sizeof(name), "%s logged steps 1..%d, nothing else (lines)", what, r->n_steps);
     check(n == r->n_steps && lines == n, name, lines, r->n_steps);
+    printf("largest errors: loss %.3e (tol %g, step 1: %g), grad_norm %.3e (tol %g%s)\n", worst_loss, later_tol,
+           TOL_LOSS, worst_norm, TOL_NORM_FREE, r->opt.grad_clip > 0 ? "" : ": not logged, no clipping");
 }
 
 // The "val_loss" of step `step` in a train() JSON log; NaN if that line has none.

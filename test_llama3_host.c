@@ -678,8 +678,9 @@ static void test_fp8_flags(void) {
     TrainArgs a;
     char err[L3_ERR_LEN];
     Llama3Config c = llama3_2_1b_config();
-    const char* taken[] = {"--fp8 1", "--fp8 1 --batch_size 16 --sequence_length 1024", "--fp8 0 --total_batch_size 512"};
-    for (int i = 0; i < 3; i++) {
+    const char* taken[] = {"--fp8 1", "--fp8 1 --batch_size 16 --sequence_length 1024", "--fp8 0 --total_batch_size 512",
+                           "--fp8 1 --total_batch_size 512", "--fp8 1 --bf16_grads 0"};
+    for (int i = 0; i < 5; i++) {
         int rc = parse(&a, err, taken[i]);
         CHECK(rc == 0 && train_args_check(&a, &c, err) == 0, "%s taken (%s)", taken[i], rc ? err : "ok");
     }
@@ -687,18 +688,12 @@ static void test_fp8_flags(void) {
     int rc = parse(&a, err, "--fp8 1 --batch_size 3 --sequence_length 10");
     expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--fp8 1 with B*T 30", "--fp8 1",
                  "--batch_size * --sequence_length = 30 must be a multiple of 64");
-    rc = parse(&a, err, "--fp8 1 --total_batch_size 512");
-    expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--fp8 1 with 2 micro-steps", "--fp8 1 takes one micro-step",
-                 "--total_batch_size must equal");
-    const char* off[] = {"--fp8 1 --shadow_weights 0", "--fp8 1 --bf16_grads 0"};
-    for (int i = 0; i < 2; i++) {
-        rc = parse(&a, err, off[i]);
-        expect_error(rc ? rc : train_args_check(&a, &c, err), err, off[i], "--fp8 1 needs --shadow_weights 1 and --bf16_grads 1",
-                     NULL);
-    }
-    rc = parse(&a, err, "--fp8 1");
-    a.loop.world = 2; // (a launch of two ranks: fp8_args_check alone, before the rendezvous flags' checks)
-    expect_error(rc ? rc : fp8_args_check(&a, &c, err), err, "--fp8 1 on two ranks", "--fp8 1 runs on one rank", NULL);
+    rc = parse(&a, err, "--fp8 1 --shadow_weights 0");
+    expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--fp8 1 --shadow_weights 0", "--fp8 1 needs --shadow_weights 1",
+                 NULL);
+    rc = parse(&a, err, "--fp8 1 --total_batch_size 1024");
+    a.loop.world = 2; // (a launch of two ranks of 2 micro-steps: fp8_args_check alone, before the rendezvous flags')
+    CHECK(rc == 0 && fp8_args_check(&a, &c, err) == 0, "--fp8 1 on two ranks of 2 micro-steps taken (%s)", rc ? err : "ok");
     Llama3Config odd = c;
     odd.ffn_hidden = 8200;
     rc = parse(&a, err, "--fp8 1");
@@ -745,8 +740,8 @@ static void test_family_shapes(void) {
     CHECK(rc == 0 && shape_args_check(&a, err) == 0, "--shape 1b (the default) beside a model file taken");
 }
 
-// The out-of-memory advice names only flags the run can take: under --fp8 1 neither micro-steps nor
-// ranks, but --fp8 0; nothing the run already has.
+// The out-of-memory advice names only flags the run can take, nothing the run already has: under
+// --fp8 1 also --fp8 0, and that the FP8 copies of the inputs scale with B*T.
 static void test_fit_advice(void) {
     char out[512];
     FitAdvice bf16 = {MOMENTS_FP32, RECOMPUTE_NONE, 0, 0.13, 0};
@@ -757,8 +752,8 @@ static void test_fit_advice(void) {
     FitAdvice fp8 = {MOMENTS_FP32, RECOMPUTE_NORMS, 1, 0.13, 3.62};
     fit_advice(&fp8, out, sizeof(out));
     CHECK(strstr(out, "--fp8 0 (frees the FP8 copies' 3.62 GiB)") && strstr(out, "--recompute 2") &&
-              !strstr(out, "--total_batch_size") && !strstr(out, "ranks"),
-          "advice of an --fp8 1 run names neither micro-steps nor ranks: \"%s\"", out);
+              strstr(out, "--total_batch_size") && strstr(out, "more ranks") && strstr(out, "FP8 copies of the inputs"),
+          "advice of an --fp8 1 run: --fp8 0 besides micro-steps and ranks: \"%s\"", out);
     FitAdvice lean = {MOMENTS_BF16, RECOMPUTE_BLOCKS, 1, 0.13, 3.62};
     fit_advice(&lean, out, sizeof(out));
     CHECK(!strstr(out, "--optimizer_state") && !strstr(out, "--recompute") && strstr(out, "--batch_size"),

@@ -195,7 +195,8 @@ typedef struct {
     Fp8Scale* w_scale;   // one per block linear weight, at its slice's fp8_slot
     e4m3* x;             // one forward GEMM's input (N, in)
     e4m3* x_t;           // every block linear's input transposed (in, N), made by the forward for the
-                         // backward: layer l's [qkv's | attn_out's | gate_up's | down's] (fp8_input_t)
+                         // backward: layer l's [qkv's | attn_out's | gate_up's | down's] (fp8_input_t);
+                         // [recompute] 2: one layer's, remade by the block's forward again
     unsigned char *dy, *dy_t; // one backward GEMM's output gradient (N, out) and its transpose (out, N),
                               // in grad_type
     cudaDataType grad_type;   // --fp8_grads: CUDA_R_8F_E5M2 or CUDA_R_8F_E4M3
@@ -360,13 +361,16 @@ typedef struct {
     size_t fp8;         // [fp8] the weights' FP8 copies, the inputs' transposes, one GEMM's operands (0: --fp8 0)
 } MemoryParts;
 // [fp8] The FP8 buffers' sizes (besides the table's weights and scales): the widest GEMM input (C
-// or F), every layer's four inputs (3C + F each) and the widest output gradient (QKV or 2F; C, the
-// others', is narrower than QKV) of N tokens.
+// or F), every layer's four inputs (3C + F each; one layer's under --recompute 2) and the widest
+// output gradient (QKV or 2F; C, the others', is narrower than QKV) of N tokens.
 static size_t fp8_input_count(const Model* m) {
     size_t N = (size_t)m->B * m->T, C = m->cfg.n_embd, F = m->cfg.ffn_hidden;
     return N * (C > F ? C : F);
 }
-static size_t fp8_layer_inputs_count(const Model* m) { return (size_t)m->B * m->T * m->tab.fp8_input_cols; }
+static size_t fp8_layer_inputs_count(const Model* m) {
+    size_t cols = m->tab.fp8_input_cols / (m->recompute >= RECOMPUTE_BLOCKS ? m->cfg.n_layer : 1);
+    return (size_t)m->B * m->T * cols;
+}
 static size_t fp8_grad_count(const Model* m) {
     size_t N = (size_t)m->B * m->T, F2 = 2 * (size_t)m->cfg.ffn_hidden, QKV = qkv_dim(&m->cfg);
     return N * (QKV > F2 ? QKV : F2);
@@ -552,7 +556,7 @@ static void model_reset_training(Model* m) {
 // (compute capability 8.9: Ada, Hopper and later).
 static void fp8_start(Model* m, int grads) {
     char err[L3_ERR_LEN];
-    if (fp8_check(&m->cfg, (long long)m->B * m->T, m->grad_accum, m->comm ? m->comm->world : 1, &m->sw, err)) {
+    if (fp8_check(&m->cfg, (long long)m->B * m->T, &m->sw, err)) {
         fprintf(stderr, "error: %s\n", err);
         exit(EXIT_FAILURE);
     }
@@ -652,6 +656,12 @@ static void model_free(Model* m) {
     for (size_t i = 0; i < sizeof(comm_device) / sizeof(comm_device[0]); i++) CUDA_CHECK(cudaFree(comm_device[i]));
 }
 
+// [recompute] The copy of a saved activation that layer l writes and its backward reads: the
+// layer's own, or the one copy (0) that every layer recomputes in turn. norms_copy: normed_attn,
+// normed_ffn, act (--recompute 1 or 2); block_copy: every other per-layer buffer but resid (2).
+static size_t norms_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_NORMS ? 0 : l; }
+static size_t block_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_BLOCKS ? 0 : l; }
+
 // [fp8] The block linears' FP8 weights.
 
 // Whether a GEMM of this weight reads FP8: --fp8 1 and a block linear (the slice has an FP8 slot).
@@ -665,9 +675,10 @@ static Fp8Scale* fp8_weight_scale(const Model* m, int tensor, int layer) {
     return m->fp8->w_scale + slice_of(&m->tab, tensor, layer)->fp8_slot;
 }
 // A block linear's input, transposed (in, N), as the forward left it for the backward: layer l's
-// qkv's, attn_out's and gate_up's N x C each, then down's N x F.
+// qkv's, attn_out's and gate_up's N x C each, then down's N x F; [recompute] under --recompute 2
+// layer 0's place for every layer, which the block's forward again in the backward rewrites.
 static e4m3* fp8_input_t(const Model* m, int tensor, int layer) {
-    return m->fp8->x_t + (size_t)m->B * m->T * slice_of(&m->tab, tensor, layer)->fp8_input_cols;
+    return m->fp8->x_t + (size_t)m->B * m->T * slice_of(&m->tab, tensor, (int)block_copy(m, layer))->fp8_input_cols;
 }
 // The scale of a block linear's input (grad false) or output gradient (true) in layer `layer`.
 static Fp8Scale* fp8_act_scale(const Model* m, int tensor, int layer, bool grad) {
@@ -761,12 +772,6 @@ static HeadShape head_shape(const Model* m) {
     HeadShape sh = {m->B, m->T, m->cfg.n_head, m->cfg.n_kv_head, m->cfg.n_embd / m->cfg.n_head};
     return sh;
 }
-
-// [recompute] The copy of a saved activation that layer l writes and its backward reads: the
-// layer's own, or the one copy (0) that every layer recomputes in turn. norms_copy: normed_attn,
-// normed_ffn, act (--recompute 1 or 2); block_copy: every other per-layer buffer but resid (2).
-static size_t norms_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_NORMS ? 0 : l; }
-static size_t block_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_BLOCKS ? 0 : l; }
 
 // [fp8] A block linear's input (grad false) or output gradient (true) x (N, width) bf16 of layer
 // `layer`, with its scale: the amax (unless its producer made it), then straight into `out` and
@@ -978,17 +983,21 @@ static void fp8_quantize_grad(const Model* m, int tensor, int layer, const bf16*
     else fp8_quantize_operand(m, (e5m2*)f->dy, (e5m2*)f->dy_t, tensor, layer, true, dy, out);
 }
 // [fp8] A block linear's two backward GEMMs in FP8, in the NT layout its tensor cores take:
-// dW (out, in) = (dy^T)8 (x^T)8^T into the bf16 gradient (one micro-step: fp8_args_check), and
-// dx (N, in) = dy8 (W^T)8^T; dy in e5m2 (the range gradients need) or e4m3 (--fp8_grads), x and W
-// in e4m3, x^T and its scale as the forward made them (a recomputed x has the same bits).
-static void linear_backward_fp8(const Model* m, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in) {
+// dW (out, in) (+)= (dy^T)8 (x^T)8^T, and dx (N, in) = dy8 (W^T)8^T; dy in e5m2 (the range gradients
+// need) or e4m3 (--fp8_grads), x and W in e4m3, x^T and its scale as this micro-step's forward made
+// them (a recomputed x has the same bits). dW as weight_grad keeps it: bf16 written at one
+// micro-step, else the fp32 sum that later micro-steps add onto (beta 1).
+static void linear_backward_fp8(const Model* m, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in,
+                                bool accumulate) {
     Fp8Buffers* f = m->fp8;
     int N = m->B * m->T;
     size_t offset = param_offset(m, tensor, layer);
+    bool bf16_out = grad_is_bf16(m, offset);
+    void* dw = bf16_out ? (void*)grad_bf16(m, offset) : (void*)grad_f32(m, offset);
     const float* s_dy = &fp8_act_scale(m, tensor, layer, true)->scale_inv;
     fp8_quantize_grad(m, tensor, layer, dy, out);
-    matmul_fp8(m->gemm, m->stream, grad_bf16(m, offset), f->dy_t, f->grad_type, s_dy, fp8_input_t(m, tensor, layer),
-               CUDA_R_8F_E4M3, &fp8_act_scale(m, tensor, layer, false)->scale_inv, out, in, N, false);
+    matmul_fp8(m->gemm, m->stream, dw, f->dy_t, f->grad_type, s_dy, fp8_input_t(m, tensor, layer), CUDA_R_8F_E4M3,
+               &fp8_act_scale(m, tensor, layer, false)->scale_inv, out, in, N, false, !bf16_out, accumulate ? 1.0f : 0.0f);
     grad_written(m, offset, (size_t)out * in);
     matmul_fp8(m->gemm, m->stream, dx, f->dy, f->grad_type, s_dy, f->w_t + fp8_weight_at(m, tensor, layer),
                CUDA_R_8F_E4M3, &fp8_weight_scale(m, tensor, layer)->scale_inv, N, in, out, false);
@@ -997,7 +1006,7 @@ static void linear_backward_fp8(const Model* m, int tensor, int layer, bf16* dx,
 // earlier micro-steps') and dx.
 static void linear_backward(const Model* m, int tensor, int layer, bf16* dx, const bf16* dy, const bf16* x, int out,
                             int in, bool accumulate) {
-    if (fp8_linear(m, tensor, layer)) return linear_backward_fp8(m, tensor, layer, dx, dy, out, in);
+    if (fp8_linear(m, tensor, layer)) return linear_backward_fp8(m, tensor, layer, dx, dy, out, in, accumulate);
     weight_grad(m, tensor, layer, dy, x, out, in, accumulate);
     input_grad(m, tensor, layer, dx, dy, out, in);
 }
@@ -1307,13 +1316,18 @@ static void shard_group_reduce(const Model* m, const int* slices, int n) {
     for (int i = 0; i < n; i++) shard_reduce(m, s[slices[i]].tensor, s[slices[i]].layer);
     comm_group(false);
 }
-// Their AdamW on this rank's parts, then their all-gathers (one NCCL launch).
+// Their AdamW on this rank's parts, then their all-gathers (one NCCL launch); [fp8] then the FP8
+// copies of the block linears among them, from the gathered shadow: every rank quantises the same
+// bits, so every rank's weight scales are the same.
 static void shard_group_update(const Model* m, const int* slices, int n, const AdamWParams* h) {
     const TensorSlice* s = m->tab.slice;
     for (int i = 0; i < n; i++) shard_adamw(m, s[slices[i]].tensor, s[slices[i]].layer, h);
     comm_group(true);
     for (int i = 0; i < n; i++) shard_gather(m, s[slices[i]].tensor, s[slices[i]].layer);
     comm_group(false);
+    for (int i = 0; i < n; i++)
+        if (fp8_linear(m, s[slices[i]].tensor, s[slices[i]].layer))
+            fp8_quantize_weight(m, s[slices[i]].tensor, s[slices[i]].layer, m->opt_stream);
 }
 
 // [clipping] This rank's sums of squares of the slice: its part into the slot, the tail (rank 0's

@@ -18,7 +18,8 @@
 // times them), 3 FP8 with cuBLASLt's fast accumulation (torchao's choice for the forward).
 // Checks: each FP8 GEMM against an fp64 dot product of its decoded FP8 operands (this file's codec
 // in dev/common.h) times the two inverse scales: rtol 1e-2 (bf16 output 2^-9, fp32 accumulation),
-// atol 1e-2 sqrt(K) rms(a) rms(b) for sums near 0. SQNR of the whole FP8 path (bf16 inputs
+// atol 1e-2 sqrt(K) rms(a) rms(b) for sums near 0; the weight gradient also as micro-steps sum it,
+// into fp32 with beta 1 onto an earlier sum. SQNR of the whole FP8 path (bf16 inputs
 // quantized, FP8 GEMM) against the bf16 GEMM of the same inputs: at least 20 dB (torchao's bar).
 // Timing: each row from idle (median of 30 after warm-up) and, for the B=16,T=1024 shapes, after
 // 3 s back to back: the rate at the clock the 700 W cap leaves (dev/gemm version 2's note).
@@ -103,7 +104,10 @@ template <typename F8> static std::vector<float> decoded(const F8* p, size_t n, 
 
 // One FP8 GEMM against the fp64 dot products of its decoded operands A (M, K), B (N, K) times the
 // inverse scales, on `samples` random outputs (all when samples is 0); the output poisoned first.
-static void check_fp8(Gemm* g, int kind, const LinearBuffers& b, int N, Linear l, bool fast_accum, int samples) {
+// accumulate (the weight gradient only): as micro-steps sum it, into fp32 with beta 1 onto a random
+// earlier sum, which the reference adds.
+static void check_fp8(Gemm* g, int kind, const LinearBuffers& b, int N, Linear l, bool fast_accum, int samples,
+                      bool accumulate = false) {
     int mnk[3];
     kind_mnk(kind, N, l, mnk);
     const int M = mnk[0], Nn = mnk[1], K = mnk[2];
@@ -114,26 +118,36 @@ static void check_fp8(Gemm* g, int kind, const LinearBuffers& b, int N, Linear l
     double scale = kind == FORWARD ? (double)s[0].scale_inv * s[1].scale_inv
                  : kind == INPUT_GRAD ? (double)s[2].scale_inv * s[1].scale_inv
                                       : (double)s[2].scale_inv * s[0].scale_inv;
-    bf16* out = kind_out(kind, b);
-    dev_poison(out, (size_t)M * Nn);
-    gemm_fp8(g, kind, b, N, l, fast_accum);
-    std::vector<float> got_all = from_bf16(dev_download(out, (size_t)M * Nn));
-    size_t n = samples ? samples : (size_t)M * Nn;
-    std::vector<float> got(n), ref(n);
     double sa = 0.0, sb = 0.0;
     for (float a : A) sa += (double)a * a;
     for (float v : B) sb += (double)v * v;
+    double rms = sqrt(sa / A.size()) * sqrt(sb / B.size()) * scale;
+    std::vector<float> got_all, prior;
+    if (accumulate) {
+        prior = random_normal((size_t)M * Nn, (float)(sqrt((double)K) * rms));
+        float* sum = dev_upload(prior);
+        matmul_fp8(g, 0, sum, b.dyt8, CUDA_R_8F_E5M2, &b.scales[2].scale_inv, b.xt8, CUDA_R_8F_E4M3,
+                   &b.scales[0].scale_inv, M, Nn, K, fast_accum, true, 1.0f);
+        got_all = dev_download(sum, (size_t)M * Nn);
+        CUDA_CHECK(cudaFree(sum));
+    } else {
+        bf16* out = kind_out(kind, b);
+        dev_poison(out, (size_t)M * Nn);
+        gemm_fp8(g, kind, b, N, l, fast_accum);
+        got_all = from_bf16(dev_download(out, (size_t)M * Nn));
+    }
+    size_t n = samples ? samples : (size_t)M * Nn;
+    std::vector<float> got(n), ref(n);
     for (size_t i = 0; i < n; i++) {
         size_t idx = samples ? (size_t)(rng_u32() % M) * Nn + rng_u32() % Nn : i;
         size_t r = idx / Nn, c = idx % Nn;
         double sum = 0.0;
         for (int k = 0; k < K; k++) sum += (double)A[r * K + k] * B[c * K + k];
-        got[i] = got_all[idx], ref[i] = (float)(sum * scale);
+        got[i] = got_all[idx], ref[i] = (float)(sum * scale + (accumulate ? prior[idx] : 0.0));
     }
-    double rms = sqrt(sa / A.size()) * sqrt(sb / B.size()) * scale;
     char what[128];
-    snprintf(what, sizeof(what), "fp8 %s %s%s M=%d N=%d K=%d", l.name, KIND_NAMES[kind], fast_accum ? " fast" : "", M,
-             Nn, K);
+    snprintf(what, sizeof(what), "fp8 %s %s%s%s M=%d N=%d K=%d", l.name, KIND_NAMES[kind],
+             accumulate ? " fp32 += (micro-steps)" : "", fast_accum ? " fast" : "", M, Nn, K);
     dev_check(what, got, ref, (float)(1e-2 * sqrt((double)K) * rms), 1e-2f);
 }
 
@@ -159,6 +173,7 @@ static bool validate(Gemm* g, int N, Linear l, int samples, int sms, bool print_
     for (int kind = 0; kind < NUM_KINDS; kind++)
         for (bool fast : {false, true}) {
             check_fp8(g, kind, b, N, l, fast, samples);
+            if (kind == WEIGHT_GRAD && !fast) check_fp8(g, kind, b, N, l, fast, samples, true);
             int mnk[3];
             kind_mnk(kind, N, l, mnk);
             size_t n = (size_t)mnk[0] * mnk[1];

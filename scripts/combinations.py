@@ -9,6 +9,7 @@ between its markers:
     python3 scripts/combinations.py [--binary ./train_llama3]   # print the table
     python3 scripts/combinations.py --write README.md           # replace the README's table
     python3 scripts/combinations.py --check README.md           # exit 1 if it is stale (make test)
+    python3 scripts/combinations.py --gpu DIR                   # each cell it takes against PyTorch (GPU)
 
 All pairs: every value of each dimension meets every value of each other one in some cell. The trainer
 judges all 216 cells; the table is a greedy covering (the same cells every time) of cells it takes, then
@@ -17,7 +18,18 @@ every other dimension, so that the reason is the pair's. A cell the trainer
 takes passes every check made before the GPU; what make test compares with PyTorch on a GPU is in
 dev/TESTING.md. The ranks cells need a trainer built with NCCL: --check of one built without exits 3
 (make test: skipped).
+
+--gpu DIR (make test on a GPU with torch): each cell of the table the trainer takes, trained for 4
+steps with clipping on a small model of the cell's kind (1B: untied with sparse embedding rows, B=4,
+T=64; 3B: tied with head_dim 128, B=1, T=256; 8B: head_dim 128, B=1, T=256) against PyTorch given the
+same recipe (ref_llama3.py: FP8 through torch._scaled_mm, micro-steps times ranks micro-batches per step;
+its AdamW state fp32 and no recompute, which are the trainer's alone), two ranks sharing the GPU. The
+tolerances are test_llama3 --log's for every precision: losses absolute (step 1 1e-2, later 3e-2),
+gradient norms relative (1e-2); FP8 holds them because the reference quantises alike (make test's
+small_fp8), bf16 AdamW moments because their rounding is unbiased and moves a weight by about 2^-8 of
+one update. Files in DIR; one table, then "N passed, M failed" (exit 1 if any failed).
 """
+import concurrent.futures as cf
 import itertools
 import os
 import subprocess
@@ -80,23 +92,116 @@ def verdict(binary, c):
     return "refuses: " + lines[-1][len("error: "):].removeprefix("rank 0: ")
 
 
-def table(binary):
+def table_cells(binary):
+    """The table's cells in order, each with the trainer's verdict."""
     every = list(itertools.product(*(range(len(values)) for _, values in DIMENSIONS)))
     said = {c: verdict(binary, c) for c in every}
     todo = set().union(*(pairs(c) for c in every))
     taken = covering([c for c in every if said[c] == "takes it"], todo)
     for (i, a), (j, b) in sorted(todo):  # (what no cell the trainer takes holds)
         taken.append(tuple(a if k == i else b if k == j else 0 for k in range(len(DIMENSIONS))))
-    rows = ["| " + " | ".join(name for name, _ in DIMENSIONS) + " | `train_llama3 --dry_run 1` |",
+    return [(c, said[c]) for c in taken]
+
+
+def markdown(cells, last_column):
+    """The table of (cell, last column's text) rows."""
+    rows = ["| " + " | ".join(name for name, _ in DIMENSIONS) + f" | {last_column} |",
             "|" + "---|" * (len(DIMENSIONS) + 1)]
-    for c in taken:
+    for c, text in cells:
         texts = [DIMENSIONS[i][1][v][0] for i, v in enumerate(c)]
-        rows.append("| " + " | ".join(texts + [cell(said[c])]) + " |")
+        rows.append("| " + " | ".join(texts + [cell(text)]) + " |")
     return rows
 
 
+def table(binary):
+    return markdown(table_cells(binary), "`train_llama3 --dry_run 1`")
+
+
+# ---- --gpu: each cell against PyTorch ----
+
+# The model dimension's small counterparts: ref_llama3.py's flags, B and T.
+SMALL_MODELS = [(["--shape", "small"], 4, 64), (["--shape", "small_hd128", "--tied"], 1, 256),
+                (["--shape", "small_hd128"], 1, 256)]
+GPU_STEPS = 4
+
+
+def cell_name(c):
+    return "cell_" + "".join(map(str, c))
+
+
+def reference(c, out):
+    """ref_llama3.py's run for cell c (the recipe it shares with the trainer); None, or its error."""
+    precision, _, micro, ranks, _, model = c
+    flags, b, t = SMALL_MODELS[model]
+    args = ["python3", "scripts/ref_llama3.py", "--name", cell_name(c), "--out_dir", out, *flags, "--batch_size",
+            str(b), "--seq_len", str(t), "--grad_accum", str((micro + 1) * (ranks + 1)), "--steps", str(GPU_STEPS),
+            "--grad_clip", "1.0"]
+    args += [] if precision == 0 else ["--fp8"] + (["--fp8_grads", "e4m3"] if precision == 2 else [])
+    r = subprocess.run(args, capture_output=True, text=True)
+    return None if r.returncode == 0 else "reference: " + (r.stdout + r.stderr).strip().splitlines()[-1]
+
+
+def trainer(binary, c, out):
+    """The trainer on cell c's reference files with its flags (two ranks sharing the GPU for the ranks
+    cells), its log against the reference: the last column's text, and whether it passed."""
+    ref = os.path.join(out, cell_name(c))
+    test = os.path.join(os.path.dirname(binary) or ".", "test_llama3")
+    r = subprocess.run([test, "--train_args", ref], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"test_llama3 --train_args: {r.stderr.strip()}", False
+    log = ref + ".jsonl"
+    args = [binary, *r.stdout.split(), "--llmc_filepath", ref + "_model.bin", "--input_bin", ref + "_tokens.bin",
+            "--log_file", log]
+    for dim in (0, 1, 4):  # precision, AdamW state, recompute (micro-steps: --train_args' total batch)
+        args += DIMENSIONS[dim][1][c[dim]][1]
+    world = c[3] + 1
+    if world > 1:
+        if os.path.exists(ref + ".rdv"):  # (an earlier run's: the rendezvous file must be new)
+            os.remove(ref + ".rdv")
+        args += ["--rendezvous", f"file:{ref}.rdv", "--nccl_timeout", "120"]
+    env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1", NCCL_NVLS_ENABLE="0")
+    ranks = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=dict(env, RANK=str(k), WORLD_SIZE=str(world), LOCAL_RANK=str(k)) if world > 1 else env)
+             for k in range(world)]
+    try:
+        outputs = [p.communicate(timeout=600)[0] for p in ranks]
+    except subprocess.TimeoutExpired:
+        for p in ranks:
+            p.kill()
+        return "train_llama3 did not finish in 600 s", False
+    if any(p.returncode != 0 for p in ranks):
+        lines = [line for o in outputs for line in o.splitlines() if "error" in line] or outputs[0].splitlines()[-1:]
+        return f"train_llama3 failed: {lines[0] if lines else 'no output'}", False
+    r = subprocess.run([test, "--log", log, ref], capture_output=True, text=True)
+    largest = [line for line in r.stdout.splitlines() if line.startswith("largest errors: ")]
+    text = largest[0][len("largest errors: "):] if largest else (r.stdout + r.stderr).strip()[-200:]
+    return ("pass: " if r.returncode == 0 else "FAIL: ") + text, r.returncode == 0
+
+
+def gpu(binary, out):
+    os.makedirs(out, exist_ok=True)
+    cells = table_cells(binary)
+    runnable = [c for c, said in cells if said == "takes it"]
+    with cf.ThreadPoolExecutor(4) as pool:  # (each reference is mostly PyTorch's start)
+        refs = dict(zip(runnable, pool.map(lambda c: reference(c, out), runnable)))
+    rows, passed, failed = [], 0, 0
+    for c, said in cells:
+        if said != "takes it":
+            rows.append((c, said))
+            continue
+        text, ok = ("FAIL: " + refs[c], False) if refs[c] else trainer(binary, c, out)
+        rows.append((c, text))
+        passed, failed = passed + ok, failed + (not ok)
+    print("\n".join(markdown(rows, f"against PyTorch, {GPU_STEPS} steps of the small model: largest errors")))
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
 def main():
-    args = block_arguments(__file__, __doc__)
+    args = block_arguments(__file__, __doc__, [("--gpu", "DIR", "each cell the trainer takes against PyTorch "
+                                                "(a GPU, torch); the files in DIR")])
+    if args.gpu:
+        return gpu(args.binary, args.gpu)
     new = table(args.binary)
     if args.check and any(NCCL_MISSING in row for row in new):
         print(f"skipped: scripts/combinations.py --check ({args.binary} is {NCCL_MISSING}: its ranks cells "

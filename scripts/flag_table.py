@@ -107,13 +107,16 @@ def first_difference(old, new, first_line, path, source="--help gives"):
     return ""
 
 
-def block_arguments(script, doc):
-    """The command line of a script that generates a README block: --binary, and --write or --check."""
+def block_arguments(script, doc, more_modes=()):
+    """The command line of a script that generates a README block: --binary, and --write or --check (or
+    one of more_modes: (flag, metavar, help) each)."""
     ap = ArgumentParser(script, description="\n\n".join(doc.split("\n\n")[:2]))  # (what, and examples)
     ap.add_argument("--binary", default="./train_llama3", help="the trainer (default ./train_llama3)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--write", metavar="README", help="replace the block between the markers")
     mode.add_argument("--check", metavar="README", help="exit 1 if the block differs from what --write writes")
+    for flag, metavar, text in more_modes:
+        mode.add_argument(flag, metavar=metavar, help=text)
     return ap.parse_args()
 
 

@@ -60,6 +60,15 @@ MUTANTS = [
      "(size_t)slice_of(&m->tab, tensor, layer)->fp8_slot * 2 + grad", "(size_t)slice_of(&m->tab, tensor, 0)->fp8_slot * 2 + grad"),
     ("fp8_amax_not_reset", "fp8", "train_llama3.cu", "--fp8 1: the activation amaxes not reset as the forward "
      "starts, so each is the largest of every step's so far", "    fp8_reset_scales(m);\n", ""),
+    ("fp8_amax_of_first_micro_step", "fp8", "train_llama3.cu", "--fp8 1 with micro-steps: the amaxes reset in a "
+     "step's first forward only, so micro-step 2 quantises with the larger of micro-step 1's and its own",
+     "    fp8_reset_scales(m);\n", "    if (inputs == m->tokens) fp8_reset_scales(m);\n"),
+    ("fp8_accumulated_grad_overwritten", "fp8", "train_llama3.cu", "--fp8 1 with micro-steps: the FP8 weight-"
+     "gradient GEMM writes (beta 0) over the earlier micro-steps' sum instead of adding",
+     "N, false, !bf16_out, accumulate ? 1.0f : 0.0f);", "N, false, !bf16_out, 0.0f);"),
+    ("fp8_weight_copy_stale", "fp8", "train_llama3.cu", "--fp8 1: a block linear's FP8 copy not remade after its "
+     "AdamW, so the next step's GEMMs read the weights from before the update",
+     "    if (fp8_linear(m, tensor, layer)) fp8_quantize_weight(m, tensor, layer, s); // [fp8] from the new shadow\n", ""),
     ("fp8_grads_e4m3", "fp8", "train_llama3.cu", "--fp8 1: the output gradients quantised to e4m3 where the GEMMs "
      "read e5m2", "else fp8_quantize_operand(m, (e5m2*)f->dy, (e5m2*)f->dy_t,",
      "else fp8_quantize_operand(m, (e4m3*)f->dy, (e4m3*)f->dy_t,"),
@@ -100,7 +109,7 @@ MUTANTS = [
      "    m->pending.updates = false;"),
     ("micro_steps_overwrite", "accumulation", "train_llama3.cu", "every micro-step's weight-gradient GEMM "
      "overwrites (beta 0) instead of adding",
-     "accumulate ? 1.0f : 0.0f);", "0.0f);"),
+     "true, false, !bf16_out, 1.0f, accumulate ? 1.0f : 0.0f);", "true, false, !bf16_out, 1.0f, 0.0f);"),
     ("step_work_overwrite", "accumulation", "train_llama3.cu", "the training step's later micro-steps do not "
      "accumulate (only the last micro-batch's gradient is used)",
      "accumulate = micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE;",
@@ -207,6 +216,14 @@ DP_MUTANTS = [
     ("grads_not_reduced", "data parallel", "train_llama3.cu", "each rank updates its part with its own gradient "
      "(the reduce-scatter left out)",
      "        if (sh.part) reduce_scatter(c->nccl, g, sh.part, c->rank, m->opt_stream);\n", ""),
+    ("fp8_scales_differ_between_ranks", "data parallel", "train_llama3.cu", "--fp8 1: each rank quantises a "
+     "group's weights before their all-gather, from its own new part and the others' old ones: the ranks' weight "
+     "scales and FP8 copies differ",
+     "    comm_group(false);\n    for (int i = 0; i < n; i++)\n        if (fp8_linear(m, s[slices[i]].tensor, "
+     "s[slices[i]].layer))\n            fp8_quantize_weight(m, s[slices[i]].tensor, s[slices[i]].layer, m->opt_stream);\n",
+     "    for (int i = 0; i < n; i++)\n        if (fp8_linear(m, s[slices[i]].tensor, s[slices[i]].layer))\n"
+     "            fp8_quantize_weight(m, s[slices[i]].tensor, s[slices[i]].layer, m->opt_stream);\n"
+     "    comm_group(false);\n"),
     ("gather_before_adamw", "data parallel", "train_llama3.cu", "a group's all-gather issued before its AdamW: the "
      "ranks read each other's parts as they were before the step",
      "    for (int i = 0; i < n; i++) shard_adamw(m, s[slices[i]].tensor, s[slices[i]].layer, h);\n"
@@ -227,8 +244,8 @@ HOST_MUTANTS = [
      "Llama3Config cfg = family_config(a.loop.shape);", "Llama3Config cfg = family_config(SHAPE_1B);"),
     ("shape_3b_untied", "flags", "llama3.h", "--shape 3b builds an untied 3B (the released one ties its embedding)",
      "c.ffn_dim_multiplier = 1.0f, c.tied_embeddings = 1;", "c.ffn_dim_multiplier = 1.0f;"),
-    ("fp8_advice_of_bf16", "flags", "llama3.h", "the out-of-memory advice of an --fp8 1 run names --total_batch_size and "
-     "more ranks, which --fp8 1 refuses", "    if (f->fp8)\n        ADVISE(", "    if (0)\n        ADVISE("),
+    ("fp8_advice_without_fp8_0", "flags", "llama3.h", "the out-of-memory advice of an --fp8 1 run leaves out --fp8 0 "
+     "and what the FP8 copies take", "    if (f->fp8) ADVISE(", "    if (0) ADVISE("),
     ("ddp_peer_not_wrapped", "benchmark", "scripts/bench_torch.py", "bench_torch.py --ddp trains each rank's model "
      "alone (no DistributedDataParallel): the peer of bench.sh --ranks times no communication",
      "fwd = torch.nn.parallel.DistributedDataParallel(model,", "fwd = model or torch.nn.parallel.DistributedDataParallel(model,"),
@@ -304,10 +321,11 @@ HOST_MUTANTS = [
     ("tied_keeps_sparse_embedding", "tied embeddings", "llama3.h", "a tied model keeps --sparse_embedding 1: the "
      "lazy AdamW would update only the rows the batch touched of a dense gradient",
      "    if (c->tied_embeddings) s.sparse_embedding = 0;\n", ""),
-    ("fp8_takes_micro_steps", "fp8", "llama3.h", "--fp8 1 takes several micro-steps per step (its weight-gradient "
-     "GEMM writes bf16 over the earlier micro-steps' instead of adding)", "    if (micro_steps > 1)\n"
-     "        return l3_fail(err, \"--fp8 1 takes one micro-step", "    if (0)\n        return l3_fail(err, \"--fp8 1 takes "
-     "one micro-step"),
+    ("fp8_micro_steps_refused", "fp8", "llama3.h", "--fp8 1 refuses micro-steps again (\"takes one micro-step "
+     "per step\", as before it accumulated its weight gradients)",
+     "    return fp8_check(c, (long long)a->loop.batch_size * a->loop.sequence_length, &a->sw, err);",
+     "    if (micro_steps(&a->loop) > 1) return l3_fail(err, \"--fp8 1 takes one micro-step per step\");\n"
+     "    return fp8_check(c, (long long)a->loop.batch_size * a->loop.sequence_length, &a->sw, err);"),
     ("fp8_width_unchecked", "fp8", "llama3.h", "--fp8 1 takes a model whose widths the 64 x 64 transpose tiles do "
      "not divide", "    if (c->n_embd % 64 || qkv_dim(c) % 64 || c->ffn_hidden % 64)\n", "    if (0)\n"),
     ("flag_default_undocumented", "flags", "llama3.h", "--checkpoint_keep's default changed to 3 in FLAGS: the "

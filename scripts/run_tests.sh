@@ -505,10 +505,11 @@ SMALL_REFS=(
 fp8_gpu() { nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -n 1 | awk '{ exit !($1 >= 8.9) }'; }
 if fp8_gpu; then
     SMALL_REFS+=("small_fp8 --shape small --batch_size 4 --seq_len 64 --steps 5 --fp8"
-                 "small_fp8_e4m3 --shape small --batch_size 4 --seq_len 64 --steps 5 --fp8 --fp8_grads e4m3")
+                 "small_fp8_e4m3 --shape small --batch_size 4 --seq_len 64 --steps 5 --fp8 --fp8_grads e4m3"
+                 "small_fp8_accum --shape small --batch_size 4 --seq_len 64 --steps 5 --fp8 --grad_accum 3 --grad_clip 1.0")
 fi
 # The trainer's flags that a reference was made for (test_llama3 and train_llama3 on it take them too).
-ref_flags() { case $1 in small_fp8) echo "--fp8 1" ;; small_fp8_e4m3) echo "--fp8 1 --fp8_grads e4m3" ;; esac; }
+ref_flags() { case $1 in small_fp8 | small_fp8_accum) echo "--fp8 1" ;; small_fp8_e4m3) echo "--fp8 1 --fp8_grads e4m3" ;; esac; }
 BIG_REF="1b --shape 1b --batch_size 4 --seq_len 64 --steps 2"
 # Every setting of the switches other than their defaults, from the trainer (llama3.h LLAMA3_SWITCHES),
 # each a test_llama3 run on small_t64; all but --sparse_embedding 0: test_llama3 takes the embedding's
@@ -699,6 +700,12 @@ gpu_parts_without_refs() {
     if python3 -c "import torch, transformers" > /dev/null 2>&1; then
         part "HF weights through the trainer" run "Hugging Face weights in and out of the trainer (scripts/test_hf_trainer.py)" \
             python3 scripts/test_hf_trainer.py
+        if two_ranks_missing > /dev/null; then
+            skipped+=("the combination table's cells against PyTorch, scripts/combinations.py --gpu ($(two_ranks_missing))")
+        else
+            part "combinations against PyTorch" run "the combination table's cells against PyTorch (scripts/combinations.py --gpu)" \
+                python3 scripts/combinations.py --gpu "$tmp/combinations"
+        fi
     fi
     if [ "${LLAMA3_DEV_CHECKS:-1}" = 0 ]; then
         skipped+=("dev/ kernel checks (left out by LLAMA3_DEV_CHECKS=0)")
@@ -707,10 +714,8 @@ gpu_parts_without_refs() {
         # The collectives of two ranks; with one GPU they share it, which dev/nccl takes only from
         # NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 (else it says "skipped:").
         # The data-parallel trainer with two ranks (make builds it when it finds NCCL; NCCL >= 2.30 to share one GPU).
-        if ! trainer_nccl_lib > /dev/null; then
-            skipped+=("two ranks of the data-parallel trainer, scripts/test_ranks.sh (train_llama3 built without NCCL: make found none, or DATA_PARALLEL=0)")
-        elif nvidia-smi -L 2> /dev/null | awk 'END { exit NR > 1 }' && [ "$(nccl_version)" -lt 23000 ]; then
-            skipped+=("two ranks of the data-parallel trainer, scripts/test_ranks.sh (one GPU, and NCCL $(nccl_version) < 2.30 cannot share it)")
+        if two_ranks_missing > /dev/null; then
+            skipped+=("two ranks of the data-parallel trainer, scripts/test_ranks.sh ($(two_ranks_missing))")
         else
             part "two ranks" run "two ranks of the data-parallel trainer (scripts/test_ranks.sh)" bash scripts/test_ranks.sh
         fi
@@ -734,10 +739,22 @@ nccl_version() {
         "$lib" 2> /dev/null || echo 0
 }
 
+# Why two ranks of train_llama3 cannot run here (exit 0), or nothing (exit 1): built without NCCL, or
+# one GPU and an NCCL older than 2.30, which cannot share it.
+two_ranks_missing() {
+    if ! trainer_nccl_lib > /dev/null; then
+        echo "train_llama3 built without NCCL: make found none, or DATA_PARALLEL=0"
+    elif nvidia-smi -L 2> /dev/null | awk 'END { exit NR > 1 }' && [ "$(nccl_version)" -lt 23000 ]; then
+        echo "one GPU, and NCCL $(nccl_version) < 2.30 cannot share it"
+    else
+        return 1
+    fi
+}
+
 # The parts on the references, each test_llama3 run its own part.
 gpu_parts_on_refs() {
     local spec name s
-    fp8_gpu || skipped+=("test_llama3 and train_llama3 on small_fp8 and small_fp8_e4m3 (--fp8 1 needs compute capability 8.9 or newer; this GPU has less)")
+    fp8_gpu || skipped+=("test_llama3 and train_llama3 on small_fp8, small_fp8_e4m3 and small_fp8_accum (--fp8 1 needs compute capability 8.9 or newer; this GPU has less)")
     for spec in "${SMALL_REFS[@]}"; do
         name=${spec%% *}
         part "test_llama3 $name" test_ref "$name"
@@ -757,8 +774,12 @@ gpu_parts_on_refs() {
         small_accum) part "train_llama3 small_accum" trainer_run "small_accum, 3 micro-steps" small_accum \
             ref/small_accum_model.bin ref/small_accum_tokens.bin ;;
         small_t1024) part "recompute small_t1024" recompute_same small_t1024 1 ;;
-        small_fp8) part "train_llama3 small_fp8" trainer_run "small_fp8, the block linears in FP8" small_fp8 \
-            ref/small_fp8_model.bin ref/small_fp8_tokens.bin ;;
+        small_fp8)
+            part "train_llama3 small_fp8" trainer_run "small_fp8, the block linears in FP8" small_fp8 \
+                ref/small_fp8_model.bin ref/small_fp8_tokens.bin
+            part "recompute small_fp8 accumulated" recompute_same small_fp8 2 --fp8 1 ;;
+        small_fp8_accum) part "train_llama3 small_fp8_accum" trainer_run "small_fp8_accum, FP8 with 3 micro-steps" \
+            small_fp8_accum ref/small_fp8_accum_model.bin ref/small_fp8_accum_tokens.bin ;;
         small_fp8_e4m3) part "train_llama3 small_fp8_e4m3" trainer_run "small_fp8_e4m3, FP8 with e4m3 gradients" \
             small_fp8_e4m3 ref/small_fp8_e4m3_model.bin ref/small_fp8_e4m3_tokens.bin ;;
         small_tied)
@@ -781,7 +802,8 @@ GPU_REF_PARTS=("test_llama3 against the PyTorch references (small T=64 with ever
     "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens, 3 micro-steps, clipping)"
     "the NaN guard on a poisoned reference model, and its JSON log read and drawn"
     "checkpoints: exact resume, the log continued, SIGKILL during saves (scripts/test_checkpoints.sh)"
-    "Hugging Face model -> convert -> train -> export -> HF, untied and tied (scripts/test_hf_trainer.py)")
+    "Hugging Face model -> convert -> train -> export -> HF, untied and tied (scripts/test_hf_trainer.py)"
+    "the combination table's cells against PyTorch (scripts/combinations.py --gpu)")
 
 # refs_wait PID OUTPUT: waits for make_refs and counts the references it could not write.
 refs_wait() {

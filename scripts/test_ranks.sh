@@ -27,7 +27,10 @@
 #    all-gather) must agree as the losses do: ||w2 - w1|| / ||w1|| at most 2x the baseline's (at
 #    least 1e-6); a part left out of the all-gather or of AdamW shows there. The same with clipping on
 #    a tied model (ref/small_tied's, or one ref_llama3.py --model_only writes): its wte is the head's
-#    weight, reduced and sharded dense, its shadow and fp32 rows all-gathered.
+#    weight, reduced and sharded dense, its shadow and fp32 rows all-gathered. And with clipping under
+#    --fp8 1 (compute capability 8.9+): each rank quantises its own micro-batch as one rank's micro-step
+#    does, the weights from the gathered shadow; weight scales that differ between ranks show in the
+#    losses at once.
 #  - a save and resume of the two ranks (5 steps, a checkpoint, --resume, 5 more) logs the losses
 #    of the straight two-rank run bit for bit; one rank resuming that checkpoint is refused.
 #  - one rank launched as rank 0 of 1 logs the bytes a plain run logs.
@@ -105,10 +108,15 @@ if [ ! -f "$tied_model" ]; then
     tied_model=$d/tied_model.bin
     python3 scripts/ref_llama3.py --name tied --shape small --tied --model_only --out_dir "$d" > "$d/tied_ref.log" 2>&1
 fi
-for name in clip1 clip0 tied_clip1; do
+# [fp8] compute capability 8.9 or newer: also FP8 (fp8_clip1)
+names="clip1 clip0 tied_clip1"
+nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -n 1 | awk '{ exit !($1 >= 8.9) }' &&
+    names+=" fp8_clip1"
+for name in $names; do
     clip=${name: -1}
     m=("${model[@]}")
     [ "$name" = tied_clip1 ] && m=(--llmc_filepath "$tied_model")
+    [ "$name" = fp8_clip1 ] && m+=(--fp8 1)
     ./train_llama3 "${m[@]}" "${base[@]}" --batch_size 4 --grad_clip $clip --log_file "$d/$name.one.jsonl" --checkpoint_dir "$d/$name.one.ck" > "$d/$name.one" 2>&1
     ./train_llama3 "${m[@]}" "${base[@]}" --batch_size 8 --grad_clip $clip --log_file "$d/$name.b8.jsonl" --checkpoint_dir "$d/$name.b8.ck" > "$d/$name.b8" 2>&1
     two "$name" "${m[@]}" "${base[@]}" --batch_size 4 --grad_clip $clip --rendezvous "file:$d/$name.rdv" --nccl_timeout 120 \
