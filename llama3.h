@@ -840,6 +840,10 @@ typedef enum {
 } AdamWTiming;
 static const char* const ADAMW_TIMING_NAMES[] = {"overlapped with the backward", "deferred to the next step",
                                                  "after the backward", "sharded over the ranks (ZeRO-1)"};
+// [NaN guard] Which guard counts the step (good, or skipped: StepStats), once all that decides a skip
+// is known: the loss guard on one rank without clipping; on several, after the ranks agree on the
+// loss and the skip flag; with clipping, the norm's guard (a non-finite norm skips the step too).
+typedef enum { COUNTED_BY_LOSS_GUARD, COUNTED_AFTER_RANKS, COUNTED_BY_NORM } StepCounter;
 typedef struct {
     int n_groups;
     AdamWTiming timing[LLAMA3_MAX_LAYERS + 2]; // per update group
@@ -850,6 +854,7 @@ typedef struct {
                          // the val loss, a sample, the end of the run) first applies them (a flush)
     bool use_graph;      // [graphs] steps 2.. replay one CUDA graph
     int world;           // ranks: above 1 every group is ADAMW_SHARDED
+    StepCounter counted_by;
 } StepPlan;
 
 // Layers whose AdamW is deferred without clipping: --deferred_adamw's value (12 when not given),
@@ -884,6 +889,7 @@ static inline StepPlan step_plan(const Switches* sw, const OptimConfig* o, int n
     for (int g = 0; g < p.n_groups; g++) p.any_deferred |= p.timing[g] == ADAMW_DEFERRED;
     p.use_graph = sw->cuda_graph && sw->metadata_by_value;
     p.world = world;
+    p.counted_by = p.measure_norm ? COUNTED_BY_NORM : world > 1 ? COUNTED_AFTER_RANKS : COUNTED_BY_LOSS_GUARD;
     return p;
 }
 

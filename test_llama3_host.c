@@ -1691,23 +1691,30 @@ static StepPlan plan_of(const char* flags, int n_layer, int world, char* letters
 // `want` the timings, then measure_norm and use_graph; after_backward and any_deferred must follow
 // from the timings.
 static void test_step_plan(void) {
-    const struct { const char* flags; int n_layer; const char* want; bool norm, graph; int world; } cases[] = {
-        {"", 16, "ODDDDDDDDDDDDOOOOO", false, true, 1},                       // layers 0..11 deferred
-        {"--grad_clip 1", 16, "DDDDDDDDDDDDDDDDDD", true, true, 1},           // clipping defers every group
-        {"--grad_clip 1 --deferred_adamw 0", 16, "DDDDDDDDDDDDDDDDDD", true, true, 1},
-        {"--overlap_optimizer 0", 16, "AAAAAAAAAAAAAAAAAA", false, true, 1},
-        {"--grad_clip 1 --overlap_optimizer 0", 16, "AAAAAAAAAAAAAAAAAA", true, true, 1},
-        {"--grad_clip 1 --grad_zeroing memset", 16, "AAAAAAAAAAAAAAAAAA", true, true, 1}, // cannot defer
-        {"--grad_zeroing fill", 16, "OOOOOOOOOOOOOOOOOO", false, true, 1},
-        {"--deferred_adamw 0", 16, "OOOOOOOOOOOOOOOOOO", false, true, 1},
-        {"--deferred_adamw 1", 16, "ODOOOOOOOOOOOOOOOO", false, true, 1},
-        {"--deferred_adamw 16", 16, "ODDDDDDDDDDDDDDDDO", false, true, 1},
-        {"--metadata_by_value 0", 16, "ODDDDDDDDDDDDOOOOO", false, false, 1}, // no graph with the copies
-        {"--cuda_graph 0", 16, "ODDDDDDDDDDDDOOOOO", false, false, 1},
-        {"", 2, "ODDO", false, true, 1},                                      // 12 capped at the 2 layers
-        {"--grad_clip 1", 2, "DDDD", true, true, 1},
-        {"", 16, "SSSSSSSSSSSSSSSSSS", false, true, 2},              // several ranks: every group by shards
-        {"--grad_clip 1 --deferred_adamw 4", 2, "SSSS", true, true, 8},
+    const struct {
+        const char* flags;
+        int n_layer;
+        const char* want;
+        bool norm, graph;
+        int world;
+        StepCounter counter; // who counts the step: the loss guard, after the ranks agree, the norm's guard
+    } cases[] = {
+        {"", 16, "ODDDDDDDDDDDDOOOOO", false, true, 1, COUNTED_BY_LOSS_GUARD},                       // layers 0..11 deferred
+        {"--grad_clip 1", 16, "DDDDDDDDDDDDDDDDDD", true, true, 1, COUNTED_BY_NORM},           // clipping defers every group
+        {"--grad_clip 1 --deferred_adamw 0", 16, "DDDDDDDDDDDDDDDDDD", true, true, 1, COUNTED_BY_NORM},
+        {"--overlap_optimizer 0", 16, "AAAAAAAAAAAAAAAAAA", false, true, 1, COUNTED_BY_LOSS_GUARD},
+        {"--grad_clip 1 --overlap_optimizer 0", 16, "AAAAAAAAAAAAAAAAAA", true, true, 1, COUNTED_BY_NORM},
+        {"--grad_clip 1 --grad_zeroing memset", 16, "AAAAAAAAAAAAAAAAAA", true, true, 1, COUNTED_BY_NORM}, // cannot defer
+        {"--grad_zeroing fill", 16, "OOOOOOOOOOOOOOOOOO", false, true, 1, COUNTED_BY_LOSS_GUARD},
+        {"--deferred_adamw 0", 16, "OOOOOOOOOOOOOOOOOO", false, true, 1, COUNTED_BY_LOSS_GUARD},
+        {"--deferred_adamw 1", 16, "ODOOOOOOOOOOOOOOOO", false, true, 1, COUNTED_BY_LOSS_GUARD},
+        {"--deferred_adamw 16", 16, "ODDDDDDDDDDDDDDDDO", false, true, 1, COUNTED_BY_LOSS_GUARD},
+        {"--metadata_by_value 0", 16, "ODDDDDDDDDDDDOOOOO", false, false, 1, COUNTED_BY_LOSS_GUARD}, // no graph with the copies
+        {"--cuda_graph 0", 16, "ODDDDDDDDDDDDOOOOO", false, false, 1, COUNTED_BY_LOSS_GUARD},
+        {"", 2, "ODDO", false, true, 1, COUNTED_BY_LOSS_GUARD},                                      // 12 capped at the 2 layers
+        {"--grad_clip 1", 2, "DDDD", true, true, 1, COUNTED_BY_NORM},
+        {"", 16, "SSSSSSSSSSSSSSSSSS", false, true, 2, COUNTED_AFTER_RANKS},              // several ranks: every group by shards
+        {"--grad_clip 1 --deferred_adamw 4", 2, "SSSS", true, true, 8, COUNTED_BY_NORM},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char got[LLAMA3_MAX_LAYERS + 3];
@@ -1716,10 +1723,10 @@ static void test_step_plan(void) {
         bool all_after = strspn(got, "A") == strlen(got), deferred = strchr(got, 'D') != NULL;
         CHECK(p.n_groups == cases[i].n_layer + 2 && !strcmp(got, cases[i].want) && p.measure_norm == cases[i].norm &&
                   p.use_graph == cases[i].graph && p.after_backward == all_after && p.any_deferred == deferred &&
-                  p.world == world,
-              "step plan, %d layers, %d rank%s, '%s': %s (%s), norm %d, graph %d, after_backward %d, any_deferred %d",
-              cases[i].n_layer, world, world > 1 ? "s" : "", cases[i].flags, got, cases[i].want, p.measure_norm,
-              p.use_graph, p.after_backward, p.any_deferred);
+                  p.world == world && p.counted_by == cases[i].counter,
+              "step plan, %d layers, %d rank%s, '%s': %s (%s), norm %d, graph %d, after_backward %d, any_deferred %d, "
+              "counted by %d", cases[i].n_layer, world, world > 1 ? "s" : "", cases[i].flags, got, cases[i].want,
+              p.measure_norm, p.use_graph, p.after_backward, p.any_deferred, (int)p.counted_by);
     }
     const struct { const char* flags; const char* want; } lines[] = {
         {"", "step plan: AdamW overlapped with the backward: wte, layer 12..head | deferred to the next step: layer "

@@ -1380,7 +1380,7 @@ static void ranks_agree_on_loss(const Model* m) {
     all_reduce(c->nccl, &m->stats->loss, &m->stats->loss, 1, COMM_AVG, m->opt_stream);
     all_reduce(c->nccl, &m->adam->latest.skip, &m->adam->latest.skip, 1, COMM_MAX, m->opt_stream);
     comm_group(false);
-    if (!m->plan->measure_norm) count_step_after(&m->adam->latest, m->stats, m->opt_stream);
+    if (m->plan->counted_by == COUNTED_AFTER_RANKS) count_step_after(&m->adam->latest, m->stats, m->opt_stream);
 }
 
 // [clipping] The sum of squares of one gradient tensor into its slot's partial sums: bf16 or fp32,
@@ -1477,7 +1477,9 @@ static void micro_step(const Model* m, int micro, bool to_optimizer) {
     bool last = micro == m->grad_accum - 1, accumulate = micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE;
     forward(m, inputs, micro == 0 && m->pending.updates);
     classifier(m, m->tokens + n_step + (size_t)micro * N, micro);
-    if (last) loss_guard(&m->adam->latest, m->stats, m->acts.losses, n_step, !m->plan->measure_norm && !m->comm, m->stream);
+    if (last)
+        loss_guard(&m->adam->latest, m->stats, m->acts.losses, n_step, m->plan->counted_by == COUNTED_BY_LOSS_GUARD,
+                   m->stream);
     if (last && m->comm) ranks_agree_on_loss(m);
     bool head_writes_wte = m->cfg.tied_embeddings && !accumulate; // [tied embeddings] with beta 0, every row
     if (micro == 0 && !m->sw.sparse_embedding && !head_writes_wte) // dense wte gradient: re-zeroed every step
@@ -1816,23 +1818,25 @@ static float next_uniform(uint64_t* state) { // splitmix64, top 24 bits: [0, 1)
 
 // Generates cfg->sample_tokens tokens after BOS (token 0 in a vocabulary without LLaMA-3's BOS) into
 // ids[0..sample_tokens]: one forward pass of one sequence (B = 1, the same T) per token, the next id
-// drawn on the device from the row of the last position.
+// drawn on the device from the row of the last position. The forward reads its batch shape from the
+// model it is given: here a copy of m whose B is 1 (the same buffers and streams), so that sampling
+// leaves the model as it was.
 static void sample_ids(Model* m, Sampler* s, int* ids) {
     NVTX_PUSH("sample");
-    int B = m->B, T = m->T, V = m->cfg.vocab_size;
+    int T = m->T, V = m->cfg.vocab_size;
     optimizer_flush(m);
-    m->B = 1;
+    Model one_row = *m;
+    one_row.B = 1;
     ids[0] = V > LLAMA3_BOS ? LLAMA3_BOS : 0;
     CUDA_CHECK(cudaMemsetAsync(s->seq, 0, T * sizeof(int), m->stream));
     CUDA_CHECK(cudaMemcpyAsync(s->seq, ids, sizeof(int), cudaMemcpyHostToDevice, m->stream));
     for (int pos = 0; pos < s->cfg->sample_tokens; pos++) {
-        forward(m, s->seq, false);
+        forward(&one_row, s->seq, false);
         sample_token(s->seq + pos + 1, m->acts.logits + (size_t)pos * V, V, s->cfg->temperature, s->cfg->top_k,
                      next_uniform(&s->rng), m->stream);
     }
     CUDA_CHECK(cudaMemcpyAsync(ids, s->seq, (s->cfg->sample_tokens + 1) * sizeof(int), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
-    m->B = B;
     NVTX_POP();
 }
 

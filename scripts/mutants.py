@@ -321,6 +321,9 @@ HOST_MUTANTS = [
     ("tied_keeps_sparse_embedding", "tied embeddings", "llama3.h", "a tied model keeps --sparse_embedding 1: the "
      "lazy AdamW would update only the rows the batch touched of a dense gradient",
      "    if (c->tied_embeddings) s.sparse_embedding = 0;\n", ""),
+    ("plan_ranks_counted_by_loss_guard", "data parallel", "llama3.h", "under several ranks each rank's loss guard "
+     "counts the step before the ranks agree on the loss (a rank with a finite loss counts a good step that another "
+     "rank's NaN skips)", "world > 1 ? COUNTED_AFTER_RANKS : COUNTED_BY_LOSS_GUARD;", "COUNTED_BY_LOSS_GUARD;"),
     ("fp8_micro_steps_refused", "fp8", "llama3.h", "--fp8 1 refuses micro-steps again (\"takes one micro-step "
      "per step\", as before it accumulated its weight gradients)",
      "    return fp8_check(c, (long long)a->loop.batch_size * a->loop.sequence_length, &a->sw, err);",
