@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# usage: scripts/bench_models.sh [--shapes "1b 3b 8b"] [--steps N] [--tokens N]
+# The model family on this GPU, one call: the 1B, 3B and 8B (random init, --shape), each in bf16 and
+# with --fp8 1, at --tokens tokens per optimizer step (default 524288, 0.5M: llm.q's and real runs'
+# step) and T=1024 (the 8B: 2048). For each the trainer's --dry_run 1 picks what fits this card: the
+# first of the default flags, then --optimizer_state bf16, then with --recompute 1, then 2, with the
+# largest B of 16, 8, 4, 2, 1 (micro-steps make up the step) whose memory the dry run says fits the
+# card's class (80 GB or 141 GB, from nvidia-smi). Then N steps (default 3; the median of steps
+# 2..N) on a file of random token ids; one markdown table: ms/step, tok/s, MFU as the trainer prints
+# it, peak memory, the flags, and FP8's tok/s over bf16's. A model that fits no way is a row with
+# the dry run's advice.
+# Example: scripts/bench_models.sh --shapes "1b 3b" --steps 4
+set -u
+. "$(dirname "$0")/cli.sh"
+cd "$(dirname "$0")/.."
+shapes="1b 3b 8b" steps=3 tokens=524288
+while [ $# -gt 0 ]; do
+    case $1 in
+        -h | --help) usage ;;
+        --shapes | --steps | --tokens) needs_value "$@" ;;&
+        --shapes) shapes=$2; shift ;;
+        --steps) steps=$2; shift ;;
+        --tokens) tokens=$2; shift ;;
+        *) unknown_argument "$1" ;;
+    esac
+    shift
+done
+for s in $shapes; do case $s in 1b | 3b | 8b) ;; *) bad_argument "--shapes: '$s' is none of 1b, 3b, 8b" ;; esac; done
+case $steps in '' | *[!0-9]* | 0 | 1) bad_argument "--steps $steps: want 2 or more (the median skips step 1)" ;; esac
+case $tokens in '' | *[!0-9]* | 0) bad_argument "--tokens $tokens: want a number of tokens" ;; esac
+mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2> /dev/null | head -n 1)
+[ -n "$mib" ] || { echo "error: scripts/bench_models.sh needs a GPU (nvidia-smi finds none)"; exit 1; }
+card=$([ "$mib" -gt 100000 ] && echo "141 GB" || echo "80 GB")
+make -s train_llama3 || exit 1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# Random LLaMA-3 ids, a step and a token more than one step (prepare_data.py's format: a 1024-byte
+# header, magic 20240801, version 7, the count, then uint32 ids).
+data=$tmp/random_tokens.bin
+python3 - "$data" $((tokens + 1)) << 'PY' || exit 1
+import sys
+import numpy as np
+n = int(sys.argv[2])
+header = np.zeros(256, np.int32)
+header[:3] = [20240801, 7, n]
+with open(sys.argv[1], "wb") as f:
+    f.write(header.tobytes())
+    f.write(np.random.default_rng(0).integers(0, 128256, n, dtype=np.uint32).tobytes())
+PY
+
+# fitting SHAPE T FLAGS...: "B|flags" of the first setting the dry run says fits this card, or
+# "none|advice" with the dry run's advice for the largest setting.
+fitting() {
+    local shape=$1 T=$2 extra b out
+    shift 2
+    for extra in "" "--optimizer_state bf16" "--optimizer_state bf16 --recompute 1" "--optimizer_state bf16 --recompute 2"; do
+        for b in 16 8 4 2 1; do
+            [ $((tokens % (b * T))) = 0 ] || continue
+            # shellcheck disable=SC2086
+            out=$(./train_llama3 --dry_run 1 --shape "$shape" --batch_size $b --sequence_length "$T" \
+                --total_batch_size "$tokens" --input_bin "$data" $extra "$@" 2>&1) || { echo "none|${out##*error: }"; return; }
+            if grep -q "$card ([^)]*) yes" <<< "$out"; then echo "$b|$extra"; return; fi
+        done
+    done
+    echo "none|$(grep -o 'Smaller: .*' <<< "$out")"
+}
+
+rows=()
+for shape in $shapes; do
+    T=$([ "$shape" = 8b ] && echo 2048 || echo 1024)
+    bf16_tok_s=""
+    for precision in bf16 fp8; do
+        p_flags=$([ $precision = fp8 ] && echo "--fp8 1")
+        # shellcheck disable=SC2086
+        pick=$(fitting "$shape" "$T" $p_flags)
+        b=${pick%%|*} extra=${pick#*|}
+        if [ "$b" = none ]; then
+            rows+=("| $shape | $precision | does not fit this $card card. $extra | | | | | |")
+            continue
+        fi
+        log=$tmp/${shape}_$precision.txt
+        # shellcheck disable=SC2086
+        ./train_llama3 --shape "$shape" --batch_size "$b" --sequence_length "$T" --total_batch_size "$tokens" \
+            --num_iteration "$steps" --input_bin "$data" $extra $p_flags > "$log" 2>&1 ||
+            { rows+=("| $shape | $precision | B=$b, T=$T ${extra:+$extra }$p_flags failed: $(grep -m 1 error "$log") | | | | | |"); continue; }
+        line=$(grep '^steady state' "$log")
+        ms=$(grep -o 'median [0-9.]* ms' <<< "$line" | cut -d' ' -f2)
+        tok_s=$(grep -o '[0-9]* tok/s' <<< "$line" | cut -d' ' -f1)
+        mfu=$(grep -o 'MFU [0-9.]*%' <<< "$line" | cut -d' ' -f2)
+        peak=$(grep -o 'peak [0-9]* MiB' <<< "$line" | cut -d' ' -f2)
+        ratio=""
+        [ $precision = bf16 ] && bf16_tok_s=$tok_s
+        [ $precision = fp8 ] && [ -n "$bf16_tok_s" ] && ratio=$(awk -v a="$tok_s" -v b="$bf16_tok_s" 'BEGIN { printf "%.2fx", a / b }')
+        rows+=("| $shape | $precision | B=$b, T=$T, $((tokens / (b * T))) micro-steps ${extra:+$extra }$p_flags | $ms | $tok_s | $mfu | $(awk -v p="$peak" 'BEGIN { printf "%.1f", p / 1024 }') GiB | $ratio |")
+    done
+done
+echo "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1), $(date -u +%F), $tokens tokens per step, $steps steps (median of 2..$steps)"
+echo "| model | precision | batch and flags | ms/step | tok/s | MFU | peak | FP8 over bf16 |"
+echo "|---|---|---|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
