@@ -15,7 +15,8 @@
 #  - a resume with another B, and a fresh run into a folder holding a later checkpoint, are refused;
 #  - the same exact resume with --optimizer_state bf16 (its state file half the size), and its
 #    checkpoint resumed with fp32 moments refused;
-#  - the same exact resume on a tied model (ref/small_tied's, or one ref_llama3.py --model_only writes);
+#  - the same exact resume on a tied model (ref/small_tied's, or one ref_llama3.py --model_only writes),
+#    and with --fp8 1 at 2 micro-steps (compute capability 8.9+);
 #  - SIGKILL while checkpoints are written (one every step, so the writer is nearly always busy),
 #    0.3, 0.6 and 0.9 s after the first one is complete: a resume from the folder takes its newest
 #    complete checkpoint (latest's, or a newer one whose save was killed between state.bin and
@@ -108,6 +109,21 @@ for f in model.bin state.bin; do cmp -s "$c/t_straight/step_00000020/$f" "$c/t_s
 cmp -s <(losses "$c/t_straight.jsonl") <(losses "$c/t_split.jsonl") || ok=0
 result $ok "tied embeddings: 10 + resume + 10 give the straight run's model.bin, state.bin and losses" \
     "$(errors "$c"/t_*.out "$c"/tied_ref.log 2> /dev/null)"
+
+# [fp8] --fp8 1 with 2 micro-steps (compute capability 8.9+): a resume remakes the weights' FP8 copies
+# from the loaded shadow, as the straight run made them after its update: the same exact resume.
+if nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -n 1 | awk '{ exit !($1 >= 8.9) }'; then
+    fp8=(--fp8 1 --total_batch_size 512 --num_iteration 20)
+    train "$c/f_straight.jsonl" "$c/f_straight" "${model[@]}" "${fp8[@]}" && \
+        train "$c/f_split.jsonl" "$c/f_split" "${model[@]}" "${fp8[@]}" --stop_after 10 && \
+        train "$c/f_split.jsonl" "$c/f_split" "${fp8[@]}" --resume "$c/f_split" && ok=1 || ok=0
+    for f in model.bin state.bin; do cmp -s "$c/f_straight/step_00000020/$f" "$c/f_split/step_00000020/$f" || ok=0; done
+    cmp -s <(losses "$c/f_straight.jsonl") <(losses "$c/f_split.jsonl") || ok=0
+    result $ok "--fp8 1 with 2 micro-steps: 10 + resume + 10 give the straight run's model.bin, state.bin and losses" \
+        "$(errors "$c"/f_*.out)"
+else
+    echo "skipped: the FP8 exact resume (--fp8 1 needs compute capability 8.9 or newer)"
+fi
 
 train "$c/long.jsonl" "$c/long" "${model[@]}" --num_iteration 3000
 bad="" debris=0
