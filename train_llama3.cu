@@ -794,10 +794,15 @@ static void fp8_reset_scales(const Model* m) {
 // y (N, out) = x (N, in) @ W^T: a linear layer's forward, bf16 (W the layer's bf16 weight), or
 // [fp8] for a block linear x and W in e4m3 (fp32 accumulation: with cuBLASLt's fast accumulation,
 // torchao's forward, the comparison with PyTorch's own loses a digit, dev/PERF.md issue 24).
+// [fp8] A block linear's input x (N, in) in e4m3, straight for the forward GEMM and transposed for
+// the weight gradient (fp8_input_t).
+static void fp8_quantize_input(const Model* m, int tensor, int layer, const bf16* x, int in) {
+    fp8_quantize_operand(m, m->fp8->x, fp8_input_t(m, tensor, layer), tensor, layer, false, x, in);
+}
 static void linear_forward(const Model* m, bf16* y, const bf16* x, int tensor, int layer, int out, int in) {
     if (fp8_linear(m, tensor, layer)) {
         Fp8Buffers* f = m->fp8;
-        fp8_quantize_operand(m, f->x, fp8_input_t(m, tensor, layer), tensor, layer, false, x, in);
+        fp8_quantize_input(m, tensor, layer, x, in);
         matmul_fp8(m->gemm, m->stream, y, f->x, CUDA_R_8F_E4M3, &fp8_act_scale(m, tensor, layer, false)->scale_inv,
                    f->w + fp8_weight_at(m, tensor, layer), CUDA_R_8F_E4M3, &fp8_weight_scale(m, tensor, layer)->scale_inv,
                    m->B * m->T, out, in, false);
@@ -885,7 +890,8 @@ static void norm_forward(const Model* m, int tensor, int layer, float* resid_out
 // One transformer block. Its first RMSNorm also adds the previous block's MLP output into the
 // residual stream (resid[l] = h[l-1] + branch) [fused RMSNorm]. [recompute] again (--recompute 2,
 // just before the block's backward): from the saved resid[l], whose RMSNorm gives the same bits as
-// the fused add's, up to act; the down projection's output (the next block's input) is not needed.
+// the fused add's, up to act; the down projection's output (the next block's input) is not needed,
+// [fp8] but its input's transpose is (down's weight gradient reads it: one layer's is kept).
 static void block_forward(const Model* m, int l, bool again) {
     const Llama3Config* c = &m->cfg;
     int N = m->B * m->T, C = c->n_embd, F = c->ffn_hidden, QKV = qkv_dim(c);
@@ -911,6 +917,7 @@ static void block_forward(const Model* m, int l, bool again) {
     bf16* act = m->acts.act + norms_copy(m, l) * N * F;
     swiglu(false, act, NULL, gate_up, N, F, m->stream, fp8_producer_amax(m, P_DOWN, l, false));
     if (!again) linear_forward(m, branch, act, P_DOWN, l, C, F);
+    else if (fp8_linear(m, P_DOWN, l)) fp8_quantize_input(m, P_DOWN, l, act, F); // [fp8] its transpose, for dW
 }
 
 // [deferred AdamW] With after_deferred (the previous step left its deferred groups' AdamW to this

@@ -24,10 +24,11 @@ steps with clipping on a small model of the cell's kind (1B: untied with sparse 
 T=64; 3B: tied with head_dim 128, B=1, T=256; 8B: head_dim 128, B=1, T=256) against PyTorch given the
 same recipe (ref_llama3.py: FP8 through torch._scaled_mm, micro-steps times ranks micro-batches per step;
 its AdamW state fp32 and no recompute, which are the trainer's alone), two ranks sharing the GPU. The
-tolerances are test_llama3 --log's for every precision: losses absolute (step 1 1e-2, later 3e-2),
-gradient norms relative (1e-2); FP8 holds them because the reference quantises alike (make test's
-small_fp8), bf16 AdamW moments because their rounding is unbiased and moves a weight by about 2^-8 of
-one update. Files in DIR; one table, then "N passed, M failed" (exit 1 if any failed).
+tolerances are test_llama3 --log's: losses absolute (step 1 1e-2, later 3e-2), gradient norms relative
+(1e-2); under FP8 later losses 6e-2 and norms 1e-1, from its gradients' bound against the same recipe
+(test_llama3's TOL_GRAD_FP8, twice the bf16 one). bf16 AdamW moments take the bf16 ones: their rounding
+is unbiased and moves a weight by about 2^-8 of one update. Files in DIR; one table, then "N passed, M
+failed" (exit 1 if any failed).
 """
 import concurrent.futures as cf
 import itertools
@@ -172,7 +173,7 @@ def trainer(binary, c, out):
     if any(p.returncode != 0 for p in ranks):
         lines = [line for o in outputs for line in o.splitlines() if "error" in line] or outputs[0].splitlines()[-1:]
         return f"train_llama3 failed: {lines[0] if lines else 'no output'}", False
-    r = subprocess.run([test, "--log", log, ref], capture_output=True, text=True)
+    r = subprocess.run([test, "--log", log, ref, *DIMENSIONS[0][1][c[0]][1]], capture_output=True, text=True)
     largest = [line for line in r.stdout.splitlines() if line.startswith("largest errors: ")]
     text = largest[0][len("largest errors: "):] if largest else (r.stdout + r.stderr).strip()[-200:]
     return ("pass: " if r.returncode == 0 else "FAIL: ") + text, r.returncode == 0

@@ -63,6 +63,9 @@ MUTANTS = [
     ("fp8_amax_of_first_micro_step", "fp8", "train_llama3.cu", "--fp8 1 with micro-steps: the amaxes reset in a "
      "step's first forward only, so micro-step 2 quantises with the larger of micro-step 1's and its own",
      "    fp8_reset_scales(m);\n", "    if (inputs == m->tokens) fp8_reset_scales(m);\n"),
+    ("fp8_recompute_down_input_stale", "fp8", "train_llama3.cu", "--fp8 1 --recompute 2: the block's forward again "
+     "skips down's input quantisation with its GEMM, so down's weight gradient reads the last layer's input",
+     "    else if (fp8_linear(m, P_DOWN, l)) fp8_quantize_input(m, P_DOWN, l, act, F); // [fp8] its transpose, for dW\n", ""),
     ("fp8_accumulated_grad_overwritten", "fp8", "train_llama3.cu", "--fp8 1 with micro-steps: the FP8 weight-"
      "gradient GEMM writes (beta 0) over the earlier micro-steps' sum instead of adding",
      "N, false, !bf16_out, accumulate ? 1.0f : 0.0f);", "N, false, !bf16_out, 0.0f);"),
