@@ -360,6 +360,12 @@ typedef struct {
     size_t workspace;   // cuBLASLt's
     size_t fp8;         // [fp8] the weights' FP8 copies, the inputs' transposes, one GEMM's operands (0: --fp8 0)
 } MemoryParts;
+// [recompute] The copy of a saved activation that layer l writes and its backward reads: the
+// layer's own, or the one copy (0) that every layer recomputes in turn. norms_copy: normed_attn,
+// normed_ffn, act (--recompute 1 or 2); block_copy: every other per-layer buffer but resid (2).
+static size_t norms_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_NORMS ? 0 : l; }
+static size_t block_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_BLOCKS ? 0 : l; }
+
 // [fp8] The FP8 buffers' sizes (besides the table's weights and scales): the widest GEMM input (C
 // or F), every layer's four inputs (3C + F each; one layer's under --recompute 2) and the widest
 // output gradient (QKV or 2F; C, the others', is narrower than QKV) of N tokens.
@@ -368,8 +374,9 @@ static size_t fp8_input_count(const Model* m) {
     return N * (C > F ? C : F);
 }
 static size_t fp8_layer_inputs_count(const Model* m) {
-    size_t cols = m->tab.fp8_input_cols / (m->recompute >= RECOMPUTE_BLOCKS ? m->cfg.n_layer : 1);
-    return (size_t)m->B * m->T * cols;
+    int L = m->cfg.n_layer;
+    size_t copies = block_copy(m, L - 1) + 1; // (the layers whose inputs are kept)
+    return (size_t)m->B * m->T * (m->tab.fp8_input_cols / L) * copies;
 }
 static size_t fp8_grad_count(const Model* m) {
     size_t N = (size_t)m->B * m->T, F2 = 2 * (size_t)m->cfg.ffn_hidden, QKV = qkv_dim(&m->cfg);
@@ -656,12 +663,6 @@ static void model_free(Model* m) {
     for (size_t i = 0; i < sizeof(comm_device) / sizeof(comm_device[0]); i++) CUDA_CHECK(cudaFree(comm_device[i]));
 }
 
-// [recompute] The copy of a saved activation that layer l writes and its backward reads: the
-// layer's own, or the one copy (0) that every layer recomputes in turn. norms_copy: normed_attn,
-// normed_ffn, act (--recompute 1 or 2); block_copy: every other per-layer buffer but resid (2).
-static size_t norms_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_NORMS ? 0 : l; }
-static size_t block_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_BLOCKS ? 0 : l; }
-
 // [fp8] The block linears' FP8 weights.
 
 // Whether a GEMM of this weight reads FP8: --fp8 1 and a block linear (the slice has an FP8 slot).
@@ -791,14 +792,14 @@ static void fp8_reset_scales(const Model* m) {
     if (m->fp8) CUDA_CHECK(cudaMemsetAsync(m->fp8->act_scale, 0, 2 * fp8_scale_count(m) * sizeof(Fp8Scale), m->stream));
 }
 
-// y (N, out) = x (N, in) @ W^T: a linear layer's forward, bf16 (W the layer's bf16 weight), or
-// [fp8] for a block linear x and W in e4m3 (fp32 accumulation: with cuBLASLt's fast accumulation,
-// torchao's forward, the comparison with PyTorch's own loses a digit, dev/PERF.md issue 24).
 // [fp8] A block linear's input x (N, in) in e4m3, straight for the forward GEMM and transposed for
 // the weight gradient (fp8_input_t).
 static void fp8_quantize_input(const Model* m, int tensor, int layer, const bf16* x, int in) {
     fp8_quantize_operand(m, m->fp8->x, fp8_input_t(m, tensor, layer), tensor, layer, false, x, in);
 }
+// y (N, out) = x (N, in) @ W^T: a linear layer's forward, bf16 (W the layer's bf16 weight), or
+// [fp8] for a block linear x and W in e4m3 (fp32 accumulation: with cuBLASLt's fast accumulation,
+// torchao's forward, the comparison with PyTorch's own loses a digit, dev/PERF.md issue 24).
 static void linear_forward(const Model* m, bf16* y, const bf16* x, int tensor, int layer, int out, int in) {
     if (fp8_linear(m, tensor, layer)) {
         Fp8Buffers* f = m->fp8;
