@@ -336,7 +336,7 @@ static void check_shadow(Model* m, const float* params) {
 // only those), per tensor and layer. With the lazy embedding only touched rows are non-zero, on
 // both sides.
 static void check_moments(const Model* m, const Ref* r) {
-    const float* ours_device[2] = {m->adam_m, m->adam_v};
+    const float* ours_device[2] = {(float*)m->optim.moment[0], (float*)m->optim.moment[1]}; // (fp32 moments)
     const char* what[2] = {"adamw m after flush", "adamw v after flush"};
     for (int i = 0; i < 2; i++) {
         float *ours = to_host(ours_device[i], m->layout.total), *torch = ref_moments(r, i);
@@ -376,9 +376,9 @@ static void grad_written(const Model* m, size_t offset, size_t count) {
     const float* src = ref_grads_device + offset;
     unsigned blocks = ceil_div(count, 256);
     if (m->grads_bf16 && offset >= p->matmul_begin && offset < p->matmul_end)
-        copy_ref_grad_kernel<<<blocks, 256, 0, m->stream>>>(grad_bf16(m, offset), src, p->total, m->adam_step, count);
+        copy_ref_grad_kernel<<<blocks, 256, 0, m->stream>>>(grad_bf16(m, offset), src, p->total, m->optim.steps, count);
     else
-        copy_ref_grad_kernel<<<blocks, 256, 0, m->stream>>>(grad_f32(m, offset), src, p->total, m->adam_step, count);
+        copy_ref_grad_kernel<<<blocks, 256, 0, m->stream>>>(grad_f32(m, offset), src, p->total, m->optim.steps, count);
     LAUNCH_CHECK();
 }
 
@@ -807,13 +807,13 @@ static void test_nan_guard(Model* m, const Ref* r) {
     run_step(m, r, 1, 0);
     optimizer_flush(m); // the weights whole, the next step eager
     CUDA_CHECK(cudaDeviceSynchronize());
-    float *p0 = to_host(m->params, P), *m0 = to_host(m->adam_m, P), *v0 = to_host(m->adam_v, P);
+    float *p0 = to_host(m->params, P), *m0 = to_host((float*)m->optim.moment[0], P), *v0 = to_host((float*)m->optim.moment[1], P);
     float nan = NAN, good = p0[at];
     CUDA_CHECK(cudaMemcpy(m->params + at, &nan, 4, cudaMemcpyHostToDevice));
     StepStats bad = run_step(m, r, 2, 1 % r->n_steps);
     optimizer_flush(m);
     CUDA_CHECK(cudaMemcpy(m->params + at, &good, 4, cudaMemcpyHostToDevice));
-    float *p1 = to_host(m->params, P), *m1 = to_host(m->adam_m, P), *v1 = to_host(m->adam_v, P);
+    float *p1 = to_host(m->params, P), *m1 = to_host((float*)m->optim.moment[0], P), *v1 = to_host((float*)m->optim.moment[1], P);
     for (size_t i = 0; i < P; i++)
         changed += memcmp(&p0[i], &p1[i], 4) || memcmp(&m0[i], &m1[i], 4) || memcmp(&v0[i], &v1[i], 4);
     check(bad.skipped == 1 && bad.bad_in_row == 1 && bad.skipped_total == 1,

@@ -158,6 +158,104 @@ static size_t act_layout(Activations* acts, unsigned char* block, const Llama3Co
 }
 #undef ACT_ROW
 
+// cudaMalloc with the amount named when the GPU is out of memory.
+static void* device_alloc(size_t bytes, const char* what) {
+    void* p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        (void)cudaGetLastError(); // clears the failed allocation's error, so that the query below runs
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) free_b = total_b = 0; // prints 0 of 0
+        fprintf(stderr, "out of GPU memory: %s needs %.2f GiB, %.2f GiB free of %.2f GiB (%s)\n", what,
+                bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0, cudaGetErrorString(e));
+        exit(EXIT_FAILURE);
+    }
+    return p;
+}
+
+// ---- optimizer: AdamW, its state and its update ----
+// AdamW as everything else uses it: the step updates a range of weights or [sparse rows] a table's
+// touched rows; a checkpoint saves and loads its state; ZeRO gives it the state of a rank's runs
+// only (`count` values, addressed by a state index); the NaN guard and clipping write skip and the
+// clip scale into this step's hyperparameters (optimizer_hyper). Its two implementations are its
+// moments' dtypes, fp32 or [bf16 moments] bf16 (--optimizer_state), one template each function.
+typedef struct {
+    OptimConfig cfg;     // the schedule, betas, eps, weight decay, clipping, the moments' dtype
+    size_t count;        // values of each moment: every weight, or [data parallel] this rank's runs
+    void* moment[2];     // device: m and v, count values each of cfg.moments' dtype
+    AdamWHistory* hyper; // device: the hyperparameters of this step and the previous one
+    int* steps;          // device: steps taken
+    int sms;             // the GPU's multiprocessors (the kernels' float4 guard)
+    bool vec4;           // float4 where aligned [float4 Adam] (off only in the ablation)
+} Optimizer;
+
+// Bytes of each moment (count values of --optimizer_state's dtype).
+static size_t optimizer_moment_bytes(const Optimizer* o) { return o->count * moment_bytes(o->cfg.moments); }
+static void optimizer_alloc(Optimizer* o) {
+    o->moment[0] = device_alloc(optimizer_moment_bytes(o), "AdamW m");
+    o->moment[1] = device_alloc(optimizer_moment_bytes(o), "AdamW v");
+    o->hyper = (AdamWHistory*)device_alloc(sizeof(AdamWHistory), "AdamW hyperparameters");
+    o->steps = (int*)device_alloc(sizeof(int), "AdamW step counter");
+}
+static void optimizer_free(Optimizer* o) {
+    void* device[] = {o->moment[0], o->moment[1], o->hyper, o->steps};
+    for (void* p : device) CUDA_CHECK(cudaFree(p));
+}
+// No step taken: moments, step counter and hyperparameters zero.
+static void optimizer_reset(const Optimizer* o) {
+    for (void* p : o->moment) CUDA_CHECK(cudaMemset(p, 0, optimizer_moment_bytes(o)));
+    CUDA_CHECK(cudaMemset(o->steps, 0, sizeof(int)));
+    CUDA_CHECK(cudaMemset(o->hyper, 0, sizeof(AdamWHistory)));
+}
+// The step counter moves on and this step's hyperparameters are written, on the device (also the
+// lr into `stats`): the first work of each step, so that a captured step replays unchanged [graphs].
+static void optimizer_begin_step(const Optimizer* o, StepStats* stats, cudaStream_t s) {
+    adamw_next_step(o->hyper, o->steps, o->cfg, stats, s);
+}
+// This step's hyperparameters (device; between steps the last step's), which the guards complete.
+static AdamWParams* optimizer_hyper(const Optimizer* o) { return &o->hyper->latest; }
+// The previous step's, which [deferred AdamW] updates left by it run with.
+static const AdamWParams* optimizer_hyper_previous(const Optimizer* o) { return &o->hyper->previous; }
+
+// f(m, v): the moments from state index `state` on, typed (float* or bf16*) for the AdamW kernels.
+template <typename F> static void with_moments(const Optimizer* o, size_t state, F f) {
+    if (o->cfg.moments == MOMENTS_BF16) f((bf16*)o->moment[0] + state, (bf16*)o->moment[1] + state);
+    else f((float*)o->moment[0] + state, (float*)o->moment[1] + state);
+}
+// One update with hyperparameters h of n weights w (fp32, index element0 of the parameter block:
+// the [bf16 moments] rounding stream's key) from their gradients (bf16 or fp32) and the state from
+// index `state`, writing their bf16 copies to `shadow` (NULL: none); weight decay when `decay`.
+template <typename G>
+static void optimizer_update(const Optimizer* o, float* w, bf16* shadow, const G* grads, size_t n, size_t element0,
+                             size_t state, bool decay, const AdamWParams* h, cudaStream_t s) {
+    with_moments(o, state, [&](auto* am, auto* av) {
+        BOOL_SWITCH(shadow != NULL, SHADOW, [&] {
+            adamw_dense<SHADOW>(w, am, av, grads, shadow, n, element0, h, decay, o->sms, s, o->vec4);
+        });
+    });
+}
+// [sparse rows] The update of the rows of `table` (C columns, element0 as above) named by a
+// sorted token list (n_sorted entries, repeats included), whose state starts at `state`; the
+// gradient rows are zeroed as they are read.
+static void optimizer_update_rows(const Optimizer* o, float* table, float* grads, const int* sorted_tokens,
+                                  int n_sorted, int C, size_t element0, size_t state, const AdamWParams* h,
+                                  cudaStream_t s) {
+    with_moments(o, state, [&](auto* am, auto* av) {
+        adamw_sparse_rows(table, am, av, grads, sorted_tokens, n_sorted, C, element0, h, s, o->vec4);
+    });
+}
+// [checkpoints] The state to host memory (m and v, optimizer_moment_bytes each), on stream s.
+static void optimizer_save(const Optimizer* o, void* host_m, void* host_v, cudaStream_t s) {
+    CUDA_CHECK(cudaMemcpyAsync(host_m, o->moment[0], optimizer_moment_bytes(o), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(host_v, o->moment[1], optimizer_moment_bytes(o), cudaMemcpyDeviceToHost, s));
+}
+// And back, as after `step` steps.
+static void optimizer_load(const Optimizer* o, const void* host_m, const void* host_v, int step) {
+    CUDA_CHECK(cudaMemcpy(o->moment[0], host_m, optimizer_moment_bytes(o), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(o->moment[1], host_v, optimizer_moment_bytes(o), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(o->steps, &step, sizeof(int), cudaMemcpyHostToDevice));
+}
+
 // ---- model ----
 
 // [deferred AdamW] What the last step left undone, set on the host as each step is launched: the
@@ -208,7 +306,6 @@ typedef struct {
     Llama3Config cfg;
     ParamLayout layout;
     TensorTable tab; // every weight slice's update group and slots (llama3.h tensor_table)
-    OptimConfig opt;
     Switches sw; // which optimisations are on (all, except in the ablation)
     const StepPlan* plan; // when each AdamW group runs, for the whole run (step_plan)
     int B, T, grad_accum, sms;
@@ -218,10 +315,7 @@ typedef struct {
     float* grads;  // fp32; wte's rows are zero except those touched this step [sparse rows]. With
                    // bf16 grads it holds only wte and the norm weights, packed (see grad_f32)
     bf16* grads_bf16; // [bf16 grads] the matmul weights' gradients, laid out like the shadow; or NULL
-    // AdamW's state: of every parameter, or [data parallel] of this rank's runs (state_count). fp32,
-    // or [bf16 moments] bf16 (--optimizer_state bf16); the other pair NULL. with_moments picks.
-    float *adam_m, *adam_v;
-    bf16 *adam_m_bf16, *adam_v_bf16;
+    Optimizer optim; // AdamW and its state: of every parameter, or [data parallel] of this rank's runs
     bf16* shadow;      // [shadow weights] bf16 copy of params[shadow_begin, matmul_end)
     bf16* cast_weight; // with shadow_weights off: one weight cast to bf16 just before its GEMM
     Activations acts;   // typed pointers into one block
@@ -241,8 +335,6 @@ typedef struct {
     cudaStream_t opt_stream;
     cudaEvent_t grads_ready, opt_done;
     cudaEvent_t* group_updated; // per update group: its deferred AdamW is done
-    AdamWHistory* adam;         // device: the hyperparameters of this step and the previous one
-    int* adam_step;             // device: AdamW steps taken
     Pending pending;
     cudaGraphExec_t step_graph; // [graphs] captured at this process's second step (the first made every GEMM plan)
     int steps_run;              // steps this process has launched
@@ -301,35 +393,6 @@ static float* sumsq_of(const Model* m, int tensor, int layer) {
 // tails (rank 0 sums the tails, which every rank holds alike).
 static size_t sumsq_slots(const Model* m) { return m->tab.n_sumsq_slots; }
 static size_t sumsq_count(const Model* m) { return sumsq_slots(m) * SUMSQ_BLOCKS * (m->comm ? 2 : 1); }
-// Floats of AdamW's m (and of v) on this rank.
-static size_t state_count(const Model* m) { return m->comm ? m->comm->zero.state_total : m->layout.total; }
-// Bytes of each of m and v (state_count values of --optimizer_state's dtype).
-static size_t moments_bytes(const Model* m) { return state_count(m) * moment_bytes(m->opt.moments); }
-// m (which 0) or v (1) as the bytes a checkpoint copies, whatever their dtype.
-static void* moments_block(const Model* m, int which) {
-    if (m->adam_m_bf16) return which ? (void*)m->adam_v_bf16 : (void*)m->adam_m_bf16;
-    return which ? (void*)m->adam_v : (void*)m->adam_m;
-}
-// f(m, v): the moments from state index `state` on, typed (float* or bf16*) for the AdamW kernels.
-template <typename F> static void with_moments(const Model* m, size_t state, F f) {
-    if (m->adam_m_bf16) f(m->adam_m_bf16 + state, m->adam_v_bf16 + state);
-    else f(m->adam_m + state, m->adam_v + state);
-}
-
-// cudaMalloc with the amount named when the GPU is out of memory.
-static void* device_alloc(size_t bytes, const char* what) {
-    void* p = NULL;
-    cudaError_t e = cudaMalloc(&p, bytes);
-    if (e != cudaSuccess) {
-        size_t free_b = 0, total_b = 0;
-        (void)cudaGetLastError(); // clears the failed allocation's error, so that the query below runs
-        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) free_b = total_b = 0; // prints 0 of 0
-        fprintf(stderr, "out of GPU memory: %s needs %.2f GiB, %.2f GiB free of %.2f GiB (%s)\n", what,
-                bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0, cudaGetErrorString(e));
-        exit(EXIT_FAILURE);
-    }
-    return p;
-}
 
 // Bytes of bf16 weights: the shadow block, or the largest single weight a GEMM reads, to cast into
 // (ablation; wte counts as a tied head's weight).
@@ -391,7 +454,7 @@ static size_t fp8_bytes(const Model* m) {
 static MemoryParts memory_parts(const Model* m) {
     const ParamLayout* p = &m->layout;
     size_t f32_n = grads_f32_count(p, uses_bf16_grads(&m->sw, m->grad_accum)); // the rest are bf16
-    MemoryParts parts = {p->total * 4 + bf16_weight_bytes(m), 2 * moments_bytes(m),
+    MemoryParts parts = {p->total * 4 + bf16_weight_bytes(m), 2 * optimizer_moment_bytes(&m->optim),
                          f32_n * 4 + (p->total - f32_n) * 2, m->acts_bytes, GEMM_WORKSPACE_BYTES, fp8_bytes(m)};
     return parts;
 }
@@ -416,7 +479,7 @@ static size_t acts_bytes_at(const Model* m, int level) {
 // The flags that would shrink this model's memory `parts` (llama3.h fit_advice), into advice[n].
 static void model_fit_advice(const Model* m, const MemoryParts* parts, char* advice, size_t n) {
     const double G = 1073741824.0;
-    FitAdvice f = {m->opt.moments, m->recompute, m->fp8 != NULL, acts_bytes_at(m, RECOMPUTE_BLOCKS) / G,
+    FitAdvice f = {m->optim.cfg.moments, m->recompute, m->fp8 != NULL, acts_bytes_at(m, RECOMPUTE_BLOCKS) / G,
                    parts->fp8 / G};
     fit_advice(&f, advice, n);
 }
@@ -487,10 +550,7 @@ static void model_alloc(Model* m) {
     size_t grads_f32_n = grads_f32_count(&m->layout, uses_bf16_grads(&m->sw, m->grad_accum));
     m->grads = (float*)device_alloc(grads_f32_n * 4, "fp32 gradients");
     if (grads_f32_n < P) m->grads_bf16 = (bf16*)device_alloc((P - grads_f32_n) * 2, "bf16 gradients");
-    void** moments[2] = {(void**)&m->adam_m, (void**)&m->adam_v};
-    if (m->opt.moments == MOMENTS_BF16) moments[0] = (void**)&m->adam_m_bf16, moments[1] = (void**)&m->adam_v_bf16;
-    *moments[0] = device_alloc(moments_bytes(m), "AdamW m");
-    *moments[1] = device_alloc(moments_bytes(m), "AdamW v");
+    optimizer_alloc(&m->optim);
     size_t bf16_bytes = bf16_weight_bytes(m);
     if (m->sw.shadow_weights) m->shadow = (bf16*)device_alloc(bf16_bytes, "bf16 shadow weights");
     else m->cast_weight = (bf16*)device_alloc(bf16_bytes, "bf16 weight cast buffer");
@@ -503,8 +563,6 @@ static void model_alloc(Model* m) {
     CUDA_CHECK(cudaMallocHost(&m->stats_host, 2 * sizeof(StepStats)));
     m->stats = (StepStats*)device_alloc(sizeof(StepStats), "step statistics");
     m->sumsq = (float*)device_alloc(sumsq_count(m) * sizeof(float), "gradient norm partial sums");
-    m->adam = (AdamWHistory*)device_alloc(sizeof(AdamWHistory), "AdamW hyperparameters");
-    m->adam_step = (int*)device_alloc(sizeof(int), "AdamW step counter");
     if (m->fp8) fp8_alloc(m);
 }
 
@@ -545,10 +603,7 @@ static void model_reset_training(Model* m) {
     if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
     m->step_graph = NULL;
     size_t P = m->layout.total, grads_f32_n = grads_f32_count(&m->layout, m->grads_bf16 != NULL);
-    CUDA_CHECK(cudaMemset(moments_block(m, 0), 0, moments_bytes(m)));
-    CUDA_CHECK(cudaMemset(moments_block(m, 1), 0, moments_bytes(m)));
-    CUDA_CHECK(cudaMemset(m->adam_step, 0, sizeof(int)));
-    CUDA_CHECK(cudaMemset(m->adam, 0, sizeof(AdamWHistory)));
+    optimizer_reset(&m->optim);
     CUDA_CHECK(cudaMemset(m->grads, 0, grads_f32_n * 4));
     if (m->grads_bf16) CUDA_CHECK(cudaMemset(m->grads_bf16, 0, (P - grads_f32_n) * 2));
     CUDA_CHECK(cudaMemset(m->sumsq, 0, sumsq_count(m) * sizeof(float)));
@@ -590,7 +645,7 @@ static void fp8_gpu_check(void) {
 // them; --dry_run prints the memory of a model sized alone (model_host_free).
 static void model_size(Model* m, const Llama3Config* cfg, const RunConfig* run, Comm* comm, int sms) {
     memset(m, 0, sizeof(*m));
-    m->cfg = *cfg, m->opt = *run->opt, m->sw = switches_for_model(run->sw, cfg);
+    m->cfg = *cfg, m->sw = switches_for_model(run->sw, cfg);
     m->B = run->B, m->T = run->T, m->grad_accum = run->grad_accum, m->recompute = run->recompute;
     m->comm = comm, m->sms = sms;
     if (run->fp8) fp8_start(m, run->fp8_grads);
@@ -598,13 +653,15 @@ static void model_size(Model* m, const Llama3Config* cfg, const RunConfig* run, 
     m->layout = param_layout(cfg);
     m->tab = tensor_table(cfg);
     if (comm) comm->zero = zero_layout(&m->layout, comm->rank, comm->world, sw->sparse_embedding);
+    m->optim.cfg = *run->opt, m->optim.sms = sms, m->optim.vec4 = sw->vector_adam != 0;
+    m->optim.count = comm ? comm->zero.state_total : m->layout.total;
     char err[L3_ERR_LEN];
     if (kernel_limits_check(cfg, sw->flash_attention, "model", err)) { // test_llama3 comes here without train_args_check
         fprintf(stderr, "%s\n", err);
         exit(EXIT_FAILURE);
     }
     StepPlan* plan = (StepPlan*)malloc(sizeof(StepPlan));
-    *plan = step_plan(sw, &m->opt, cfg->n_layer, comm ? comm->world : 1);
+    *plan = step_plan(sw, &m->optim.cfg, cfg->n_layer, comm ? comm->world : 1);
     m->plan = plan;
     m->acts_bytes = act_layout(&m->acts, NULL, cfg, m->B, m->T, m->grad_accum, m->sms, sw->flash_attention,
                                sw->fused_rmsnorm, m->recompute);
@@ -642,10 +699,10 @@ static void model_free(Model* m) {
         for (void* p : fp8_device) CUDA_CHECK(cudaFree(p));
     }
     if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
-    void* device[] = {m->adam,        m->adam_step,   m->params,          m->grads,      m->grads_bf16,
-                      m->adam_m,      m->adam_v,      m->adam_m_bf16,     m->adam_v_bf16, m->shadow,
-                      m->cast_weight, m->shape_in_memory, m->acts_block,  m->tokens,     m->stats,
-                      m->sumsq,       m->rope_cos,    m->sorter.sorted_tokens, m->sorter.temp};
+    optimizer_free(&m->optim);
+    void* device[] = {m->params,     m->grads,      m->grads_bf16, m->shadow,        m->cast_weight,
+                      m->shape_in_memory, m->acts_block, m->tokens,   m->stats,     m->sumsq,
+                      m->rope_cos,   m->sorter.sorted_tokens, m->sorter.temp};
     for (size_t i = 0; i < sizeof(device) / sizeof(device[0]); i++) CUDA_CHECK(cudaFree(device[i]));
     CUDA_CHECK(cudaFreeHost(m->tokens_host));
     CUDA_CHECK(cudaFreeHost(m->stats_host));
@@ -1148,11 +1205,11 @@ static void gradients_done(const Model* m, const int* slices, int n) {
     if (timing != ADAMW_OVERLAPPED && timing != ADAMW_SHARDED && !p->measure_norm) return;
     optimizer_stream_waits(m);
     if (timing == ADAMW_SHARDED) shard_group_reduce(m, slices, n);
-    if (timing == ADAMW_SHARDED && !p->measure_norm) return shard_group_update(m, slices, n, &m->adam->latest);
+    if (timing == ADAMW_SHARDED && !p->measure_norm) return shard_group_update(m, slices, n, optimizer_hyper(&m->optim));
     for (int i = 0; i < n; i++) {
         const TensorSlice* g = &m->tab.slice[slices[i]];
         if (p->measure_norm) grad_sum_squares(m, g->tensor, g->layer, m->opt_stream);
-        else adamw_tensor(m, g->tensor, g->layer, &m->adam->latest, m->opt_stream);
+        else adamw_tensor(m, g->tensor, g->layer, optimizer_hyper(&m->optim), m->opt_stream);
     }
 }
 
@@ -1190,33 +1247,21 @@ static void backward(const Model* m, const int* inputs, bool accumulate, bool to
     NVTX_POP();
 }
 
-// ---- optimizer ----
+// ---- optimizer: the step's updates ----
 
-// The step counter moves on and this step's hyperparameters are written, on the device: the first
-// work of each step, so that a captured step is the same graph every step [graphs].
-static void optimizer_begin_step(const Model* m) {
-    adamw_next_step(m->adam, m->adam_step, m->opt, m->stats, m->stream);
-}
-
-// AdamW over params[begin, end) with hyperparameters h (device), the gradients at `grads` and m and
-// v from index `state` (begin with one rank; [data parallel] the rank's run, zero_run), writing the
-// bf16 shadow where the range holds matmul weights; weight decay on all but the norm weights (as
-// llm.c and the Hugging Face Trainer decay).
-template <typename G> static void adamw_launch(const Model* m, size_t begin, size_t end, size_t state, const G* grads,
-                                               const AdamWParams* h, cudaStream_t s) {
-    bool decay = begin < m->layout.norm_begin, shadow = has_shadow(m, begin);
-    bf16* shadow_out = shadow ? m->shadow + (begin - m->layout.shadow_begin) : NULL;
-    with_moments(m, state, [&](auto* am, auto* av) {
-        BOOL_SWITCH(shadow, SHADOW, [&] {
-            adamw_dense<SHADOW>(m->params + begin, am, av, grads, shadow_out, end - begin, begin, h, decay, m->sms, s,
-                                m->sw.vector_adam);
-        });
-    });
-}
+// The optimizer's update of params[begin, end) with hyperparameters h (device), from the gradients
+// as the backward wrote them (bf16 or fp32) and the state from index `state` (begin with one rank;
+// [data parallel] the rank's run, zero_run), writing the bf16 shadow where the range holds matmul
+// weights; weight decay on all but the norm weights (as llm.c and the Hugging Face Trainer decay).
 // The range lies within the matmul weights, the norm weights, or wte.
 static void adamw_range(const Model* m, size_t begin, size_t end, size_t state, const AdamWParams* h, cudaStream_t s) {
-    if (grad_is_bf16(m, begin)) adamw_launch(m, begin, end, state, grad_bf16(m, begin), h, s);
-    else adamw_launch(m, begin, end, state, grad_f32(m, begin), h, s);
+    bool decay = begin < m->layout.norm_begin;
+    bf16* shadow = has_shadow(m, begin) ? m->shadow + (begin - m->layout.shadow_begin) : NULL;
+    float* w = m->params + begin;
+    if (grad_is_bf16(m, begin))
+        optimizer_update(&m->optim, w, shadow, grad_bf16(m, begin), end - begin, begin, state, decay, h, s);
+    else
+        optimizer_update(&m->optim, w, shadow, grad_f32(m, begin), end - begin, begin, state, decay, h, s);
 }
 
 // wte: lazy AdamW over the rows this step touched [sparse rows] (sorted by the backward), or dense.
@@ -1226,10 +1271,8 @@ static void adamw_embedding(const Model* m, const AdamWParams* h, cudaStream_t s
         adamw_range(m, wte, wte + m->layout.size[P_WTE], wte, h, s);
         return;
     }
-    with_moments(m, wte, [&](auto* am, auto* av) {
-        adamw_sparse_rows(m->params + wte, am, av, grad_f32(m, wte), m->sorter.sorted_tokens, m->grad_accum * m->B * m->T,
-                          m->cfg.n_embd, wte, h, s, m->sw.vector_adam);
-    });
+    optimizer_update_rows(&m->optim, m->params + wte, grad_f32(m, wte), m->sorter.sorted_tokens,
+                          m->grad_accum * m->B * m->T, m->cfg.n_embd, wte, wte, h, s);
 }
 
 static void adamw_tensor(const Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s) {
@@ -1289,10 +1332,8 @@ static void shard_adamw(const Model* m, int tensor, int layer, const AdamWParams
     const Comm* c = m->comm;
     if (sparse_wte(m, tensor)) {
         size_t wte = m->layout.offset[P_WTE], state = c->zero.state_offset[P_WTE];
-        with_moments(m, state, [&](auto* am, auto* av) {
-            adamw_sparse_rows(m->params + wte, am, av, grad_f32(m, wte), c->union_sorter.sorted_tokens, n_union(m),
-                              m->cfg.n_embd, wte, h, m->opt_stream, m->sw.vector_adam);
-        });
+        optimizer_update_rows(&m->optim, m->params + wte, grad_f32(m, wte), c->union_sorter.sorted_tokens, n_union(m),
+                              m->cfg.n_embd, wte, state, h, m->opt_stream);
         return;
     }
     for (int which = 0; which < 2; which++) {
@@ -1362,7 +1403,7 @@ static void shard_update_after_norm(const Model* m) {
     for (int g = 0; g < num_groups(m); g++) {
         const int* slices;
         int n = group_slices(m, g, &slices);
-        shard_group_update(m, slices, n, &m->adam->latest);
+        shard_group_update(m, slices, n, optimizer_hyper(&m->optim));
     }
 }
 
@@ -1375,7 +1416,7 @@ static void norm_guard(const Model* m) {
         all_reduce(m->comm->nccl, m->sumsq, m->comm->sumsq_total, sumsq_count(m), COMM_SUM, m->opt_stream);
         partial = m->comm->sumsq_total;
     }
-    clip_guard(&m->adam->latest, m->stats, partial, (int)sumsq_count(m), m->opt.grad_clip, m->opt_stream);
+    clip_guard(optimizer_hyper(&m->optim), m->stats, partial, (int)sumsq_count(m), m->optim.cfg.grad_clip, m->opt_stream);
 }
 
 // [data parallel] The NaN guard's inputs agreed on: the step's loss averaged over the ranks and the
@@ -1386,9 +1427,10 @@ static void ranks_agree_on_loss(const Model* m) {
     optimizer_stream_waits(m);
     comm_group(true);
     all_reduce(c->nccl, &m->stats->loss, &m->stats->loss, 1, COMM_AVG, m->opt_stream);
-    all_reduce(c->nccl, &m->adam->latest.skip, &m->adam->latest.skip, 1, COMM_MAX, m->opt_stream);
+    int* skip = &optimizer_hyper(&m->optim)->skip;
+    all_reduce(c->nccl, skip, skip, 1, COMM_MAX, m->opt_stream);
     comm_group(false);
-    if (m->plan->counted_by == COUNTED_AFTER_RANKS) count_step_after(&m->adam->latest, m->stats, m->opt_stream);
+    if (m->plan->counted_by == COUNTED_AFTER_RANKS) count_step_after(optimizer_hyper(&m->optim), m->stats, m->opt_stream);
 }
 
 // [clipping] The sum of squares of one gradient tensor into its slot's partial sums: bf16 or fp32,
@@ -1409,7 +1451,7 @@ static void grad_sum_squares(const Model* m, int tensor, int layer, cudaStream_t
 static void optimizer_step(const Model* m) {
     NVTX_PUSH("optimizer");
     const ParamLayout* p = &m->layout;
-    const AdamWParams* h = &m->adam->latest;
+    const AdamWParams* h = optimizer_hyper(&m->optim);
     adamw_range(m, p->matmul_begin, p->matmul_end, p->matmul_begin, h, m->stream);
     adamw_range(m, p->norm_begin, p->total, p->norm_begin, h, m->stream);
     adamw_embedding(m, h, m->stream);
@@ -1447,7 +1489,7 @@ static void adamw_deferred(const Model* m, const AdamWParams* h, cudaStream_t s)
 // eagerly (the graph holds the steady state, whose first work would apply them again).
 static void optimizer_flush(Model* m) {
     if (!m->pending.updates) return;
-    adamw_deferred(m, &m->adam->latest, m->stream);
+    adamw_deferred(m, optimizer_hyper(&m->optim), m->stream);
     m->pending.updates = false;
 }
 
@@ -1486,7 +1528,7 @@ static void micro_step(const Model* m, int micro, bool to_optimizer) {
     forward(m, inputs, micro == 0 && m->pending.updates);
     classifier(m, m->tokens + n_step + (size_t)micro * N, micro);
     if (last)
-        loss_guard(&m->adam->latest, m->stats, m->acts.losses, n_step, m->plan->counted_by == COUNTED_BY_LOSS_GUARD,
+        loss_guard(optimizer_hyper(&m->optim), m->stats, m->acts.losses, n_step, m->plan->counted_by == COUNTED_BY_LOSS_GUARD,
                    m->stream);
     if (last && m->comm) ranks_agree_on_loss(m);
     bool head_writes_wte = m->cfg.tied_embeddings && !accumulate; // [tied embeddings] with beta 0, every row
@@ -1506,8 +1548,8 @@ static void micro_step(const Model* m, int micro, bool to_optimizer) {
 // per step lives on the device.
 static void step_work(const Model* m) {
     const StepPlan* p = m->plan;
-    optimizer_begin_step(m);
-    if (m->pending.updates) optimizer_stream_waits(m), adamw_deferred(m, &m->adam->previous, m->opt_stream);
+    optimizer_begin_step(&m->optim, m->stats, m->stream);
+    if (m->pending.updates) optimizer_stream_waits(m), adamw_deferred(m, optimizer_hyper_previous(&m->optim), m->opt_stream);
     if (m->sw.grad_zeroing != GRAD_ZERO_NONE) zero_grads(m);
     for (int micro = 0; micro < m->grad_accum; micro++) micro_step(m, micro, true);
     if (p->measure_norm) norm_guard(m);
@@ -1577,7 +1619,7 @@ static void stage_batches(Model* m, DataLoader* loader, int slot) {
 typedef struct {
     const CheckpointConfig* ckpt; // where (dir) and how many to keep
     Llama3Config cfg;
-    size_t n_params, state_floats; // floats of the weights, and values of m and v on this rank (state_count)
+    size_t n_params, state_floats; // floats of the weights, and values of m and v on this rank
     size_t moments_bytes;          // bytes of each of m and v (their dtype's)
     uint64_t data_hash; // tokens_hash of the run's token data, for each save's state
     float* params;        // pinned host copies of one save ([data parallel] params: rank 0's only)
@@ -1594,7 +1636,7 @@ typedef struct {
 static void saver_create(Saver* s, const Model* m, const CheckpointConfig* ckpt, const TokenData* data) {
     memset(s, 0, sizeof(*s));
     s->ckpt = ckpt, s->cfg = m->cfg, s->n_params = m->layout.total, s->data_hash = tokens_hash(data);
-    s->state_floats = state_count(m), s->moments_bytes = moments_bytes(m);
+    s->state_floats = m->optim.count, s->moments_bytes = optimizer_moment_bytes(&m->optim);
     void** host[3] = {(void**)&s->params, &s->adam_m, &s->adam_v};
     bool writes_model = !m->comm || m->comm->rank == 0;
     size_t bytes[3] = {writes_model ? s->n_params * sizeof(float) : 0, s->moments_bytes, s->moments_bytes};
@@ -1695,8 +1737,7 @@ static void checkpoint_save(Model* m, Saver* s, const TrainArgs* a, const DataLo
     CUDA_CHECK(cudaStreamWaitEvent(s->stream, s->flushed));
     size_t bytes = s->n_params * sizeof(float);
     if (s->params) CUDA_CHECK(cudaMemcpyAsync(s->params, m->params, bytes, cudaMemcpyDeviceToHost, s->stream));
-    CUDA_CHECK(cudaMemcpyAsync(s->adam_m, moments_block(m, 0), s->moments_bytes, cudaMemcpyDeviceToHost, s->stream));
-    CUDA_CHECK(cudaMemcpyAsync(s->adam_v, moments_block(m, 1), s->moments_bytes, cudaMemcpyDeviceToHost, s->stream));
+    optimizer_save(&m->optim, s->adam_m, s->adam_v, s->stream);
     CUDA_CHECK(cudaEventRecord(s->copied, s->stream));
     m->pending.save_copy = &s->copied;
     s->st = checkpoint_state_make(a, step, s->n_params, s->state_floats, loader, s->data_hash);
@@ -1721,7 +1762,8 @@ static void saver_free(Saver* s) {
 // Resume: the checkpoint's AdamW state (this rank's share: its own state file, of the same number
 // of ranks, resume_check) and step counter (the weights were loaded as a model file).
 static void checkpoint_restore(Model* m, const char* state_path, const CheckpointState* st) {
-    size_t P = m->layout.total, n = state_count(m);
+    const Optimizer* o = &m->optim;
+    size_t P = m->layout.total, n = o->count;
     char err[L3_ERR_LEN], mine[L3_PATH_LEN];
     CheckpointState own;
     int rank = m->comm ? m->comm->rank : 0;
@@ -1729,26 +1771,24 @@ static void checkpoint_restore(Model* m, const char* state_path, const Checkpoin
         fprintf(stderr, "error: %s%s\n", rank_tag, err);
         exit(EXIT_FAILURE);
     }
-    if (own.rank != rank || own.state_floats != n || own.moments != m->opt.moments) {
+    if (own.rank != rank || own.state_floats != n || own.moments != o->cfg.moments) {
         fprintf(stderr, "error: %s%s: holds rank %d's %llu values of AdamW's state (%s); this rank (%d) has %zu (%s)\n",
                 rank_tag, mine, own.rank, (unsigned long long)own.state_floats, own.moments ? "bf16" : "fp32", rank, n,
-                m->opt.moments ? "bf16" : "fp32");
+                o->cfg.moments ? "bf16" : "fp32");
         exit(EXIT_FAILURE);
     }
-    size_t bytes = moments_bytes(m);
+    size_t bytes = optimizer_moment_bytes(o);
     unsigned char* host = (unsigned char*)malloc(2 * bytes);
     if (!host) {
         fprintf(stderr, "error: --resume: cannot allocate %.2f GiB of host memory for AdamW's state\n",
                 2.0 * bytes / 1073741824.0);
         exit(EXIT_FAILURE);
     }
-    if (state_arrays_read(mine, n, moment_bytes(m->opt.moments), host, host + bytes, err)) {
+    if (state_arrays_read(mine, n, moment_bytes(o->cfg.moments), host, host + bytes, err)) {
         fprintf(stderr, "error: %s%s\n", rank_tag, err);
         exit(EXIT_FAILURE);
     }
-    CUDA_CHECK(cudaMemcpy(moments_block(m, 0), host, bytes, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(moments_block(m, 1), host + bytes, bytes, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(m->adam_step, &st->step, sizeof(int), cudaMemcpyHostToDevice));
+    optimizer_load(o, host, host + bytes, st->step);
     free(host);
 }
 
@@ -2341,7 +2381,7 @@ static void print_memory(const Model* m, const MemoryParts* parts) {
 }
 static void print_model(const Model* m, const TrainArgs* a) {
     printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g\n", m->layout.total, m->B, m->T, m->grad_accum,
-           m->opt.sched.peak_lr, m->opt.weight_decay);
+           m->optim.cfg.sched.peak_lr, m->optim.cfg.weight_decay);
     MemoryParts parts = memory_parts(m);
     print_memory(m, &parts);
     train_args_print(stdout, a);
@@ -2352,8 +2392,8 @@ static void print_model(const Model* m, const TrainArgs* a) {
     step_plan_print(stdout, m->plan);
     if (m->comm) // [data parallel] what ZeRO-1 saves on each GPU
         printf("ZeRO-1 over %d ranks: AdamW's m and v %.2f GiB on each GPU (%.2f GiB on one; the embedding's state "
-               "%s)\n", m->comm->world, 2.0 * moments_bytes(m) / 1073741824.0,
-               2.0 * m->layout.total * moment_bytes(m->opt.moments) / 1073741824.0,
+               "%s)\n", m->comm->world, 2.0 * optimizer_moment_bytes(&m->optim) / 1073741824.0,
+               2.0 * m->layout.total * moment_bytes(m->optim.cfg.moments) / 1073741824.0,
                m->sw.sparse_embedding ? "whole on every rank: its sparse rows are updated by all" : "sharded too");
 }
 

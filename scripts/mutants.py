@@ -98,17 +98,18 @@ MUTANTS = [
      "            store16(grads + row + c, Vec16<float>{});\n", ""),
     ("deferred_wrong_step", "optimizer path", "train_llama3.cu", "deferred AdamW with the current step's "
      "bias corrections instead of its own step's",
-     "adamw_deferred(m, &m->adam->previous, m->opt_stream)", "adamw_deferred(m, &m->adam->latest, m->opt_stream)"),
+     "adamw_deferred(m, optimizer_hyper_previous(&m->optim), m->opt_stream)",
+     "adamw_deferred(m, optimizer_hyper(&m->optim), m->opt_stream)"),
     ("overlapped_wrong_step", "optimizer path", "train_llama3.cu", "overlapped per-layer AdamW with the "
      "previous step's hyperparameters",
-     "else adamw_tensor(m, g->tensor, g->layer, &m->adam->latest, m->opt_stream);",
-     "else adamw_tensor(m, g->tensor, g->layer, &m->adam->previous, m->opt_stream);"),
+     "else adamw_tensor(m, g->tensor, g->layer, optimizer_hyper(&m->optim), m->opt_stream);",
+     "else adamw_tensor(m, g->tensor, g->layer, optimizer_hyper_previous(&m->optim), m->opt_stream);"),
     ("previous_step_not_kept", "optimizer path", "kernels.cuh", "the step counter kernel does not keep the "
      "previous step's hyperparameters for the deferred layers",
      "    h->previous = h->latest;\n", ""),
     ("flush_skipped", "optimizer path", "train_llama3.cu", "the final flush applies nothing: the last "
      "step's deferred layers are never updated",
-     "    adamw_deferred(m, &m->adam->latest, m->stream);\n    m->pending.updates = false;",
+     "    adamw_deferred(m, optimizer_hyper(&m->optim), m->stream);\n    m->pending.updates = false;",
      "    m->pending.updates = false;"),
     ("micro_steps_overwrite", "accumulation", "train_llama3.cu", "every micro-step's weight-gradient GEMM "
      "overwrites (beta 0) instead of adding",
@@ -134,7 +135,7 @@ MUTANTS = [
      "    saver_join(s); // the host buffers are free again\n    m->pending.updates = false;\n"),
     ("resume_step_not_restored", "checkpoints", "train_llama3.cu", "a resume restores m and v but not AdamW's step "
      "counter (bias corrections start again at step 1)",
-     "    CUDA_CHECK(cudaMemcpy(m->adam_step, &st->step, sizeof(int), cudaMemcpyHostToDevice));\n", ""),
+     "    CUDA_CHECK(cudaMemcpy(o->steps, &step, sizeof(int), cudaMemcpyHostToDevice));\n", ""),
     ("lr_schedule_step", "training loop", "kernels.cuh", "the schedule's lr of the next step (off by one)",
      "p.lr = lr_at(o.sched, t);", "p.lr = lr_at(o.sched, t + 1);"),
     ("clip_scale_ignored", "training loop", "kernels.cuh", "AdamW ignores the clipping scale (the norm is "
@@ -142,7 +143,7 @@ MUTANTS = [
     ("norm_rows_repeated", "training loop", "kernels.cuh", "the gradient norm counts a wte row once per "
      "occurrence of its token", "        if (!owns_row(sorted_tokens, j)) continue;\n", ""),
     ("norm_weights_decayed", "training loop", "train_llama3.cu", "weight decay on the norm weights too",
-     "bool decay = begin < m->layout.norm_begin,", "bool decay = true,"),
+     "bool decay = begin < m->layout.norm_begin;", "bool decay = true;"),
     ("nan_guard_ignored", "training loop", "kernels.cuh", "the dense AdamW updates on a step the NaN guard skips",
      "    if (h.skip) return;\n", ""),
     ("val_no_flush", "training loop", "train_llama3.cu", "the val loss reads the weights without the step's "
@@ -150,8 +151,8 @@ MUTANTS = [
      "    for (int i = 0; i < v->n_batches; i++) {"),
     ("flush_keeps_pending", "training loop", "train_llama3.cu", "a flush (val loss, sample, save) leaves the "
      "updates it applied pending: the next step (from the graph) applies them a second time",
-     "    adamw_deferred(m, &m->adam->latest, m->stream);\n    m->pending.updates = false;\n",
-     "    adamw_deferred(m, &m->adam->latest, m->stream);\n"),
+     "    adamw_deferred(m, optimizer_hyper(&m->optim), m->stream);\n    m->pending.updates = false;\n",
+     "    adamw_deferred(m, optimizer_hyper(&m->optim), m->stream);\n"),
     ("sample_temperature_ignored", "sampling", "kernels.cuh", "sampling weighs exp(logit - max) whatever the "
      "temperature", "expf((logit_value(x) - max_logit) / temperature)", "expf(logit_value(x) - max_logit)"),
     ("top_k_one_more", "sampling", "kernels.cuh", "top-k keeps the k + 1 largest logits",
