@@ -135,14 +135,6 @@ __device__ inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // ---- init ----
 
-// splitmix64's finaliser: every output bit depends on every input bit. The counter-based random
-// streams (init, [bf16 moments] rounding) hash a counter with it instead of keeping generator state.
-__device__ inline uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 // Counter-based normal sample for element i of a seeded stream (splitmix64 hash + Box-Muller):
 // the same seed gives the same model on any grid shape.
 __device__ inline float normal_at(uint64_t seed, uint64_t i) {

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -170,6 +171,15 @@ typedef struct {
 #else
 #define L3_HOST_DEVICE
 #endif
+
+// splitmix64's finaliser: every output bit depends on every input bit. The counter-based random
+// streams (the kernels' init and [bf16 moments] rounding, the loader's orders) hash a counter with
+// it instead of keeping generator state.
+static inline L3_HOST_DEVICE uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
 static inline L3_HOST_DEVICE float lr_at(LrSchedule s, int t) {
     if (t <= s.warmup) return (float)((double)s.peak_lr * t / s.warmup);
     if (s.kind == LR_CONSTANT) return s.peak_lr;
@@ -211,6 +221,7 @@ typedef struct {
                      // not flags: train_args_parse sets world, its caller the rank)
     int stop_after; // 0: run to the schedule's last step; else the last step of this invocation
     int overfit_single_batch;
+    int shuffle; // --shuffle: the shards and their steps' batches in an order drawn from the seed per epoch
     unsigned long long seed;
     int max_bad_steps; // skipped steps in a row that stop the run
     int dry_run;       // --dry_run 1: check the flags and inputs, print the setup, and exit before the GPU
@@ -358,7 +369,8 @@ typedef struct {
 #define SWITCH_FLAG(field, kind, def, hi, choices, scope, values, help) \
     {"--" #field, kind, ARG(sw.field), def, 0, hi, choices, help, scope, values},
 static const FlagSpec FLAGS[] = {
-    {"--input_bin", FLAG_PATH, ARG(loop.input_bin), NULL, 0, 0, NULL, "llm.c token file, uint32 LLaMA-3 or uint16 GPT-2 tokens (default: embedded tiny shakespeare)", NOT_A_SWITCH, NULL},
+    {"--input_bin", FLAG_PATH, ARG(loop.input_bin), NULL, 0, 0, NULL, "llm.c token files, uint32 LLaMA-3 or uint16 GPT-2 tokens: a file, a glob of shards (quoted: 'data/train_*.bin') or a comma list of either (default: embedded tiny shakespeare)", NOT_A_SWITCH, NULL},
+    {"--shuffle", FLAG_BOOL, ARG(loop.shuffle), "1", 0, 0, NULL, "1: each epoch reads the shards, and each shard's steps, in an order drawn from --seed and the epoch; 0: in order", NOT_A_SWITCH, NULL},
     {"--llmc_filepath", FLAG_PATH, ARG(loop.llmc_filepath), NULL, 0, 0, NULL, "model file: this trainer's format (convert_hf.py's, a checkpoint's model.bin, InfiniTrain's) or llm.c's llama3 format, told apart by size (default: random init)", NOT_A_SWITCH, NULL},
     {"--shape", FLAG_CHOICE, ARG(loop.shape), "1b", 0, 0, SHAPE_CHOICES, "the random init's shape: LLaMA 3.2-1B (untied), 3.2-3B (tied) or 3.1-8B (untied, RoPE factor 8); a model file or --resume gives its own", NOT_A_SWITCH, NULL},
     {"--num_iteration", FLAG_INT, ARG(optim.sched.total), "100", 1, BIG_INT, NULL, "optimizer steps of the run: the lr schedule's length, and its last step", NOT_A_SWITCH, NULL},
@@ -381,11 +393,11 @@ static const FlagSpec FLAGS[] = {
     {"--beta1", FLAG_FLOAT, ARG(optim.beta1), "0.9", 0.0, 0.999999, NULL, "AdamW beta1", NOT_A_SWITCH, NULL},
     {"--beta2", FLAG_FLOAT, ARG(optim.beta2), "0.999", 0.0, 0.9999999403953552, NULL, "AdamW beta2", NOT_A_SWITCH, NULL},
     {"--eps", FLAG_FLOAT, ARG(optim.eps), "1e-8", 1e-30, 1.0, NULL, "AdamW eps", NOT_A_SWITCH, NULL},
-    {"--seed", FLAG_U64, ARG(loop.seed), "42", 0, 9.2233720368547758e18, NULL, "random init seed", NOT_A_SWITCH, NULL},
+    {"--seed", FLAG_U64, ARG(loop.seed), "42", 0, 9.2233720368547758e18, NULL, "random init seed, and the data order's (--shuffle 1)", NOT_A_SWITCH, NULL},
     {"--overfit_single_batch", FLAG_BOOL, ARG(loop.overfit_single_batch), "0", 0, 0, NULL, "train on the first batch only", NOT_A_SWITCH, NULL},
     {"--dry_run", FLAG_BOOL, ARG(loop.dry_run), "0", 0, 0, NULL, "1: check the flags and the input files (every check made before the GPU), print the setup, and exit 0 without starting the GPU or writing anything", NOT_A_SWITCH, NULL},
     {"--log_file", FLAG_PATH, ARG(loop.log_file), NULL, 0, 0, NULL, "one JSON line per step (step, loss, lr, grad_norm with clipping, val_loss when measured, skipped, ms, tok_per_s, peak_mib; non-finite: null) and per sample; continued by --resume", NOT_A_SWITCH, NULL},
-    {"--val_bin", FLAG_PATH, ARG(eval.val_bin), NULL, 0, 0, NULL, "llm.c token file for the val loss (default: NAME_val.bin beside an --input_bin NAME_train.bin, else the embedded val split)", NOT_A_SWITCH, NULL},
+    {"--val_bin", FLAG_PATH, ARG(eval.val_bin), NULL, 0, 0, NULL, "llm.c token files for the val loss, read in order: a file, a glob or a comma list (default: NAME_val.bin beside an --input_bin NAME_train.bin, else the embedded val split)", NOT_A_SWITCH, NULL},
     {"--val_every", FLAG_INT, ARG(eval.val_every), "0", 0, BIG_INT, NULL, "val loss every N steps and after the last (0: never)", NOT_A_SWITCH, NULL},
     {"--val_tokens", FLAG_INT, ARG(eval.val_tokens), "32768", 1, BIG_INT, NULL, "tokens of val data per val loss (whole batches of B*T)", NOT_A_SWITCH, NULL},
     {"--sample_every", FLAG_INT, ARG(eval.sample_every), "0", 0, BIG_INT, NULL, "generate text from BOS every N steps and after the last, printed decoded (0: never)", NOT_A_SWITCH, NULL},
@@ -1398,7 +1410,7 @@ static inline int tokens_widen(uint32_t* dst, const unsigned char* src, size_t n
 static inline int tokens_parse(TokenData* d, const unsigned char* bytes, size_t nbytes, const char* name,
                         int vocab_size, char* err) {
     *d = (TokenData){NULL, 0};
-    size_t width, count;
+    size_t width = 0, count = 0;
     if (tokens_header_check(bytes, nbytes, name, &width, &count, err) || tokens_alloc(d, count, name, err)) return -1;
     if (tokens_widen(d->tokens, bytes + 1024, count, width, 0, vocab_size, name, err)) {
         free(d->tokens);
@@ -1416,7 +1428,7 @@ static inline int tokens_load_file(TokenData* d, const char* path, int vocab_siz
     FILE* f = open_regular(path, "token file", &size, err);
     if (!f) return -1;
     unsigned char h[1024], chunk[1 << 16];
-    size_t width, count, got = fread(h, 1, sizeof(h), f);
+    size_t width = 0, count = 0, got = fread(h, 1, sizeof(h), f);
     int rc = got < sizeof(h) ? tokens_header_check(h, got, path, &width, &count, err)
                              : tokens_header_check(h, (size_t)size, path, &width, &count, err);
     if (rc == 0) rc = tokens_alloc(d, count, path, err);
@@ -1437,46 +1449,268 @@ static inline int tokens_load_file(TokenData* d, const char* path, int vocab_siz
 
 static inline void tokens_free(TokenData* d) { free(d->tokens), d->tokens = NULL, d->n_tokens = 0; }
 
-// Sequential batches like llm.c's, read a whole optimizer step at a time: a step's micro-batches of
-// every rank lie side by side from pos, micro-step a of rank r reading x = tokens[pos + (a*world +
-// r)*B*T ...] and y the same one token later; pos (the same on every rank) advances by world*B*T per
-// micro-step. A step whose micro_steps*world*B*T + 1 tokens would not fit from pos starts from token
-// 0 instead: that is where an epoch ends, and the last tokens it leaves (fewer than a step's) are not
-// read. So N ranks of A micro-steps read, step by step, the same micro-batches as one rank of N*A,
-// through the end of the data too (one rank reads them in another order within the step, which
-// changes only the order of the gradients' sums).
-typedef struct {
-    const TokenData* data;
-    size_t batch_tokens; // B*T
-    size_t pos;          // the next micro-step's first token (rank 0's batch)
-    int rank, world;
-    int micro_steps;     // per optimizer step (1: the val loader)
-    int micro;           // micro-steps of the current step read so far
-    int overfit_single_batch;
-} DataLoader;
+// ---- token sources: a token file, shards, or tokens in memory ----
+// --input_bin and --val_bin take a token file, a glob of shards (expanded in name order) or a comma
+// list of either. Opening a source checks every shard's header against its size (so a missing or
+// truncated shard is named before the GPU starts) and that all hold the first one's token format;
+// the loader checks each token against the vocab as it reads a shard. The embedded splits and the
+// tests' arrays are sources of one shard in memory.
+#define TOKENS_HASH_COUNT 65536 // tokens of each shard in the source's identity hash
 
-static inline int loader_init(DataLoader* l, const TokenData* d, int B, int T, int micro_steps, int overfit, int rank,
-                              int world, const char* name, char* err) {
-    l->data = d, l->batch_tokens = (size_t)B * T, l->pos = 0, l->overfit_single_batch = overfit;
-    l->rank = rank, l->world = world, l->micro_steps = micro_steps, l->micro = 0;
-    size_t step = l->batch_tokens * world * micro_steps + 1;
-    if (d->n_tokens < step) {
-        char per[64] = "";
-        int k = snprintf(per, sizeof(per), "%s", micro_steps > 1 ? "*micro-steps" : "");
-        if (world > 1) snprintf(per + k, sizeof(per) - k, "*%d ranks", world);
-        return l3_fail(err, "%s: not enough tokens for one %s: %zu tokens, B*T%s+1 = %zu needed", name,
-                       micro_steps > 1 ? "optimizer step" : "batch", d->n_tokens, per, step);
-    }
+typedef struct {
+    int n;                   // shards
+    char** paths;            // each shard's file; NULL: the one shard is in memory
+    size_t* counts;          // tokens of each shard
+    size_t width;            // bytes per token in the files: 4 (LLaMA-3) or 2 (GPT-2)
+    const TokenData* memory; // the one shard in memory (not owned)
+    const char* name;        // the flag's value, or what the memory holds: for messages
+    size_t total;            // tokens of every shard
+    uint64_t hash;           // FNV-1a over each shard's first TOKENS_HASH_COUNT tokens in turn
+    int vocab_size;          // every token read is checked against it
+} TokenSource;
+
+// FNV-1a of the first TOKENS_HASH_COUNT of n tokens (each token's 4 bytes, little-endian), from h.
+static inline uint64_t tokens_hash_from(uint64_t h, const uint32_t* tokens, size_t n) {
+    return fnv1a(h, tokens, (n < TOKENS_HASH_COUNT ? n : TOKENS_HASH_COUNT) * sizeof(uint32_t));
+}
+
+// One shard in memory (an embedded split, a test's tokens), read in place.
+static inline void token_source_memory(TokenSource* s, const TokenData* d, const char* name, int vocab_size) {
+    memset(s, 0, sizeof(*s));
+    s->n = 1, s->memory = d, s->name = name, s->total = d->n_tokens, s->vocab_size = vocab_size, s->width = 4;
+    s->counts = (size_t*)malloc(sizeof(size_t));
+    s->counts[0] = d->n_tokens;
+    s->hash = tokens_hash_from(FNV1A_OFFSET, d->tokens, d->n_tokens);
+}
+
+// A shard file onto the source: its header against its size and the first shard's token format,
+// its first tokens (checked against the vocab) into the hash.
+static inline int source_add_file(TokenSource* s, const char* path, char* err) {
+    long long size;
+    FILE* f = open_regular(path, "token file", &size, err);
+    if (!f) return -1;
+    unsigned char h[1024];
+    size_t width = 0, count = 0, got = fread(h, 1, sizeof(h), f);
+    int rc = tokens_header_check(h, got < sizeof(h) ? got : (size_t)size, path, &width, &count, err);
+    if (rc == 0 && s->n > 0 && width != s->width)
+        rc = l3_fail(err, "%s: %s tokens, but %s holds %s tokens: one token format per list", path,
+                     width == 4 ? "LLaMA-3 (uint32)" : "GPT-2 (uint16)", s->paths[0],
+                     s->width == 4 ? "LLaMA-3 (uint32)" : "GPT-2 (uint16)");
+    size_t n_first = count < TOKENS_HASH_COUNT ? count : TOKENS_HASH_COUNT;
+    unsigned char* first = (unsigned char*)malloc(TOKENS_HASH_COUNT * 4);
+    uint32_t* wide = (uint32_t*)malloc(TOKENS_HASH_COUNT * 4);
+    if (rc == 0 && (!first || !wide)) rc = l3_fail(err, "%s: out of host memory", path);
+    if (rc == 0 && fread(first, width, n_first, f) != n_first)
+        rc = l3_fail(err, "%s: read failed in its first tokens: %s", path, ferror(f) ? strerror(errno) : "end of file");
+    fclose(f);
+    if (rc == 0) rc = tokens_widen(wide, first, n_first, width, 0, s->vocab_size, path, err);
+    if (rc == 0) s->hash = tokens_hash_from(s->hash, wide, n_first);
+    free(first), free(wide);
+    if (rc) return -1;
+    s->paths = (char**)realloc(s->paths, sizeof(char*) * (s->n + 1));
+    s->counts = (size_t*)realloc(s->counts, sizeof(size_t) * (s->n + 1));
+    if (!s->paths || !s->counts) return l3_fail(err, "%s: out of host memory", path);
+    s->paths[s->n] = strdup(path), s->counts[s->n] = count, s->total += count, s->width = width;
+    s->n++;
     return 0;
 }
 
-static inline void loader_next(DataLoader* l, int32_t* inputs, int32_t* targets) {
-    size_t round = l->batch_tokens * l->world;
-    if (l->micro == 0 && l->pos + round * l->micro_steps + 1 > l->data->n_tokens) l->pos = 0; // the epoch's end
-    const uint32_t* src = l->data->tokens + l->pos + l->rank * l->batch_tokens;
+// The shards `spec` names (`flag`'s value): each comma-separated item a file, or a glob (one with
+// * ? or [) of at least one file, its matches in name order.
+static inline int token_source_open(TokenSource* s, const char* spec, const char* flag, int vocab_size, char* err) {
+    memset(s, 0, sizeof(*s));
+    s->name = spec, s->hash = FNV1A_OFFSET, s->vocab_size = vocab_size;
+    char item[L3_PATH_LEN];
+    for (const char* p = spec;; p++) {
+        size_t n = strcspn(p, ",");
+        if (n == 0 || n >= sizeof(item))
+            return l3_fail(err, "%s %s: %s", flag, spec, n ? "an item is too long" : "an empty item in the list");
+        memcpy(item, p, n), item[n] = 0;
+        if (!strpbrk(item, "*?[")) {
+            if (source_add_file(s, item, err)) return -1;
+        } else {
+            glob_t g;
+            int rc = glob(item, 0, NULL, &g);
+            if (rc == GLOB_NOMATCH) return l3_fail(err, "%s %s: no file matches %s", flag, spec, item);
+            if (rc != 0) return l3_fail(err, "%s %s: cannot expand %s", flag, spec, item);
+            for (size_t i = 0; i < g.gl_pathc && rc == 0; i++) rc = source_add_file(s, g.gl_pathv[i], err);
+            globfree(&g);
+            if (rc) return -1;
+        }
+        p += n;
+        if (!*p) return 0;
+    }
+}
+
+static inline void token_source_free(TokenSource* s) {
+    for (int i = 0; s->paths && i < s->n; i++) free(s->paths[i]);
+    free(s->paths), free(s->counts);
+    memset(s, 0, sizeof(*s));
+}
+
+// ---- the data loader ----
+// Each optimizer step reads one "group": the step's micro-batches of every rank side by side,
+// world*micro_steps*B*T tokens (and one more, the last target) from one shard, micro-step a of rank
+// r reading x = group[(a*world + r)*B*T ...] and y the same one token later. A shard of n tokens
+// holds (n - 1) / group groups; what is left at its end (fewer tokens than a step) is not read, and
+// a shard smaller than one step is skipped. An epoch reads the shards in a permutation drawn from
+// the seed and the epoch, and each shard's groups in a permutation drawn from the seed, the epoch
+// and the shard (--shuffle 1), or both in order (--shuffle 0). Since a group depends only on the
+// product world*micro_steps, N ranks of A micro-steps read, step by step, the same tokens as one
+// rank of N*A, through every epoch's end (one rank reads them in another order within the step,
+// which changes only the order of the gradients' sums). Position: the epoch, the shard's place in
+// the epoch's order, and the group's in the shard's: a checkpoint keeps it, and a resumed run
+// reads what the saving run would have read.
+typedef struct {
+    uint64_t epoch;
+    uint64_t shard; // the shard's place in the epoch's order
+    uint64_t group; // the next step's group's place in the shard's order (may equal its count: the shard is done)
+} LoaderPos;
+
+typedef struct {
+    int batch_size, sequence_length, micro_steps; // micro_steps per optimizer step (1: the val loader)
+    int rank, world;
+    int overfit_single_batch; // every step reads the first group's first micro-batch (of its rank)
+    int shuffle;              // --shuffle: shards and groups in permutations drawn from `seed` per epoch
+    uint64_t seed;
+} LoaderConfig;
+
+typedef struct {
+    const TokenSource* src;
+    LoaderConfig cfg;
+    size_t batch_tokens, group_tokens; // B*T, and world*micro_steps*B*T
+    LoaderPos at;
+    int micro;               // micro-steps of the current step read so far
+    size_t* shard_order;     // the epoch's order of the shards (src->n)
+    size_t* group_order;     // the current shard's order of its groups (n_groups)
+    size_t n_groups;
+    uint64_t order_epoch;    // the epoch shard_order is of (UINT64_MAX: none yet)
+    size_t loaded;           // the shard in `owned` or read in place (SIZE_MAX: none)
+    TokenData owned;         // a shard file's tokens, whole
+    const TokenData* shard;  // the current shard's tokens
+} DataLoader;
+
+// out = 0..n-1 in order, or (shuffle) permuted by Fisher-Yates from the counter-based stream keyed
+// by `key` (mix64, as the kernels' streams): the same key, the same permutation, on every host.
+static inline void permutation(size_t* out, size_t n, bool shuffle, uint64_t key) {
+    for (size_t i = 0; i < n; i++) out[i] = i;
+    if (!shuffle) return;
+    for (size_t i = n; i > 1; i--) {
+        uint64_t r = mix64(key + i * 0x9E3779B97F4A7C15ull);
+        size_t j = (size_t)(((unsigned __int128)r * i) >> 64); // uniform in [0, i)
+        size_t t = out[i - 1];
+        out[i - 1] = out[j], out[j] = t;
+    }
+}
+// The key of epoch `epoch`'s order of the shards (shard UINT64_MAX) or of shard `shard`'s groups.
+static inline uint64_t order_key(uint64_t seed, uint64_t epoch, uint64_t shard) {
+    return mix64(seed ^ mix64((epoch + 1) * 0x9E3779B97F4A7C15ull ^ mix64((shard + 1) * 0xD1B54A32D192ED03ull)));
+}
+
+// Groups of step size in a shard of n tokens.
+static inline size_t shard_groups(const DataLoader* l, size_t shard) {
+    size_t n = l->src->counts[shard];
+    return n ? (n - 1) / l->group_tokens : 0;
+}
+
+// The shard at place l->at.shard of the epoch's order, loaded (and its tokens checked) unless it is
+// the one already there, and its group order.
+static inline int loader_enter_shard(DataLoader* l, char* err) {
+    const TokenSource* s = l->src;
+    if (l->order_epoch != l->at.epoch) {
+        permutation(l->shard_order, (size_t)s->n, l->cfg.shuffle, order_key(l->cfg.seed, l->at.epoch, UINT64_MAX));
+        l->order_epoch = l->at.epoch;
+    }
+    size_t id = l->shard_order[l->at.shard];
+    if (id != l->loaded) {
+        tokens_free(&l->owned);
+        if (s->memory) l->shard = s->memory;
+        else if (tokens_load_file(&l->owned, s->paths[id], s->vocab_size, err)) return -1;
+        else if (l->owned.n_tokens != s->counts[id])
+            return l3_fail(err, "%s: changed since the run started (%zu tokens, then %zu)", s->paths[id],
+                           l->owned.n_tokens, s->counts[id]);
+        else l->shard = &l->owned;
+        l->loaded = id;
+    }
+    l->n_groups = shard_groups(l, id);
+    l->group_order = (size_t*)realloc(l->group_order, sizeof(size_t) * (l->n_groups ? l->n_groups : 1));
+    if (!l->group_order) return l3_fail(err, "%s: out of host memory for its order", s->name);
+    permutation(l->group_order, l->n_groups, l->cfg.shuffle, order_key(l->cfg.seed, l->at.epoch, id));
+    return 0;
+}
+
+// Moves to the position `pos`, or past it to the first shard in the order with a group left (the
+// next epoch's first after the last shard), entering its shard.
+static inline int loader_seek(DataLoader* l, LoaderPos pos, char* err) {
+    l->at = pos, l->micro = 0;
+    if (l->at.shard < (uint64_t)l->src->n) {
+        if (loader_enter_shard(l, err)) return -1;
+        if (l->at.group > l->n_groups)
+            return l3_fail(err, "%s: data position (epoch %llu, shard %llu, step %llu) is past its shard's %zu steps",
+                           l->src->name, (unsigned long long)pos.epoch, (unsigned long long)pos.shard,
+                           (unsigned long long)pos.group, l->n_groups);
+    }
+    for (;;) {
+        if (l->at.shard >= (uint64_t)l->src->n) l->at.epoch++, l->at.shard = 0, l->at.group = 0;
+        if (loader_enter_shard(l, err)) return -1;
+        if (l->at.group < l->n_groups) return 0;
+        l->at.shard++, l->at.group = 0;
+    }
+}
+
+static inline int loader_init(DataLoader* l, const TokenSource* s, const LoaderConfig* c, char* err) {
+    memset(l, 0, sizeof(*l));
+    l->src = s, l->cfg = *c, l->loaded = SIZE_MAX, l->order_epoch = UINT64_MAX;
+    l->batch_tokens = (size_t)c->batch_size * c->sequence_length;
+    l->group_tokens = l->batch_tokens * c->world * c->micro_steps;
+    size_t largest = 0;
+    for (int i = 0; i < s->n; i++) largest = s->counts[i] > largest ? s->counts[i] : largest;
+    if (largest < l->group_tokens + 1) {
+        char per[64] = "";
+        int k = snprintf(per, sizeof(per), "%s", c->micro_steps > 1 ? "*micro-steps" : "");
+        if (c->world > 1) snprintf(per + k, sizeof(per) - k, "*%d ranks", c->world);
+        return l3_fail(err, "%s: not enough tokens for one %s: %zu tokens%s, B*T%s+1 = %zu needed", s->name,
+                       c->micro_steps > 1 ? "optimizer step" : "batch", largest, s->n > 1 ? " in its largest shard" : "",
+                       per, l->group_tokens + 1);
+    }
+    l->shard_order = (size_t*)malloc(sizeof(size_t) * s->n);
+    if (!l->shard_order) return l3_fail(err, "%s: out of host memory", s->name);
+    LoaderPos start = {0, 0, 0};
+    return loader_seek(l, start, err);
+}
+
+// The training loader's configuration from the flags (the val loader reads in order, one micro-step).
+static inline LoaderConfig loader_config(const TrainArgs* a, bool train) {
+    LoaderConfig c = {a->loop.batch_size, a->loop.sequence_length, train ? micro_steps(&a->loop) : 1, a->loop.rank, a->loop.world,
+                      train && a->loop.overfit_single_batch, train && a->loop.shuffle, a->loop.seed};
+    return c;
+}
+
+static inline void loader_free(DataLoader* l) {
+    tokens_free(&l->owned);
+    free(l->shard_order), free(l->group_order);
+    l->shard_order = NULL, l->group_order = NULL;
+}
+
+// The next micro-batch of this rank: B*T inputs and their targets. The step's first micro-batch
+// moves to the next group (a new shard or epoch when this one is done); -1 when a shard cannot be
+// read (err names it).
+static inline int loader_next(DataLoader* l, int32_t* inputs, int32_t* targets, char* err) {
+    if (l->micro == 0 && l->at.group >= l->n_groups && loader_seek(l, l->at, err)) return -1;
+    size_t group = l->cfg.overfit_single_batch ? 0 : l->group_order[l->at.group];
+    int slot = l->cfg.overfit_single_batch ? l->cfg.rank : l->micro * l->cfg.world + l->cfg.rank;
+    const uint32_t* src = l->shard->tokens + group * l->group_tokens + (size_t)slot * l->batch_tokens;
     for (size_t i = 0; i < l->batch_tokens; i++) inputs[i] = (int32_t)src[i], targets[i] = (int32_t)src[i + 1];
-    if (!l->overfit_single_batch) l->pos += round;
-    l->micro = (l->micro + 1) % l->micro_steps;
+    l->micro = (l->micro + 1) % l->cfg.micro_steps;
+    if (l->micro == 0 && !l->cfg.overfit_single_batch) l->at.group++;
+    return 0;
+}
+
+// Steps' groups in one epoch (every shard's): the val loader's batches, at most.
+static inline size_t loader_groups(const DataLoader* l) {
+    size_t n = 0;
+    for (int i = 0; i < l->src->n; i++) n += shard_groups(l, (size_t)i);
+    return n;
 }
 
 // ---- checks before the GPU ----
@@ -1535,6 +1769,12 @@ static inline int same_file(const char* x, const char* y) {
     struct stat sx, sy;
     return x && y && stat(x, &sx) == 0 && stat(y, &sy) == 0 && sx.st_dev == sy.st_dev && sx.st_ino == sy.st_ino;
 }
+// Whether `path` names one of a token source's files (directly or through a link).
+static inline bool source_holds(const TokenSource* s, const char* path) {
+    for (int i = 0; s->paths && i < s->n; i++)
+        if (same_file(path, s->paths[i])) return true;
+    return false;
+}
 
 // That an output can be written, without creating or changing anything: an existing file must be
 // writable, a new one's folder must exist and be writable.
@@ -1565,14 +1805,13 @@ static inline int log_file_kind_check(const char* path, int resumed, char* err) 
     return 0;
 }
 
-// No output may be one of the inputs: a --log_file naming the model or the token file (directly or
-// through a link) would empty it before anything is read. Each output can be written.
+// No output may be one of the inputs: a --log_file naming the model file (directly or through a
+// link) would empty it before anything is read (the token files: source_holds, as they are opened).
+// Each output can be written.
 static inline int outputs_check(const TrainArgs* a, char* err) {
-    const char* inputs[2][2] = {{"--llmc_filepath", a->loop.llmc_filepath}, {"--input_bin", a->loop.input_bin}};
-    for (int i = 0; i < 2; i++)
-        if (same_file(a->loop.log_file, inputs[i][1]))
-            return l3_fail(err, "--log_file %s is the same file as %s %s, an input: not overwritten", a->loop.log_file,
-                           inputs[i][0], inputs[i][1]);
+    if (same_file(a->loop.log_file, a->loop.llmc_filepath))
+        return l3_fail(err, "--log_file %s is the same file as --llmc_filepath %s, an input: not overwritten",
+                       a->loop.log_file, a->loop.llmc_filepath);
     if (a->ckpt.resume && a->loop.llmc_filepath)
         return l3_fail(err, "--resume loads the checkpoint's model: --llmc_filepath %s cannot be used with it",
                        a->loop.llmc_filepath);
@@ -1691,10 +1930,10 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
 // newest complete one: latest's, or the one whose save was killed after state.bin, before latest.
 
 #define CKPT_MAGIC 20241201
-#define CKPT_VERSION 3 // 3: the moments' dtype; 2: the rank, the world size and the state's length (1: one
-                       // rank; 1 and 2 hold fp32 moments, read as such)
+#define CKPT_VERSION 4 // 4: the loader's epoch, shard and group, --shuffle and the shards; 3: the moments'
+                       // dtype; 2: the rank, the world size and the state's length (1: one rank; 1 and 2
+                       // hold fp32 moments, read as such; 1 to 3 one token file read in order)
 #define CKPT_HEADER_BYTES 256
-#define CKPT_HASH_TOKENS 65536
 
 // What resumes a run exactly, besides the weights and AdamW's m and v. Fixed-width fields in
 // natural alignment: the struct's bytes are the file's (little-endian hosts).
@@ -1709,8 +1948,8 @@ typedef struct {
     int32_t switches[12];                                  // the saving run's Switches (their rows' order), for the reader
     uint64_t seed;        // the random init's seed: the run's only randomness (no dropout)
     uint64_t n_params;    // parameters of the model (m and v hold this many floats each)
-    uint64_t loader_pos;  // token offset of the next batch
-    uint64_t data_tokens; // the token data's identity: its length and a hash of its first tokens
+    uint64_t loader_pos;  // versions 1 to 3: token offset of the next step's batch (4: 0)
+    uint64_t data_tokens; // the token data's identity: its length (every shard's) and the source's hash
     uint64_t data_hash;
     int32_t lr_schedule, warmup_iters; // the saving run's schedule and clipping, for the reader; the lr
     float final_lr_frac, decay_frac;   // of a resumed step follows the resuming run's flags
@@ -1718,22 +1957,17 @@ typedef struct {
     int32_t rank, world;   // [data parallel] whose share of AdamW's state this file holds, of how many ranks
     uint64_t state_floats; // values each of m and v in the file: n_params, or a rank's share (zero_layout)
     int32_t moments;       // their dtype: MOMENTS_FP32 (4 bytes each) or MOMENTS_BF16 (2), as --optimizer_state
+    int32_t shuffle;       // the loader's --shuffle, and the shards of its source
+    int32_t data_shards;
+    uint64_t loader_epoch, loader_shard, loader_group; // the next step's LoaderPos
 } CheckpointState;
 static_assert(sizeof(CheckpointState) <= CKPT_HEADER_BYTES, "the state header fits its 256 bytes");
 static_assert(sizeof(Switches) == sizeof(((CheckpointState*)0)->switches),
               "CheckpointState.switches records the Switches: another switch needs a new CKPT_VERSION");
 
-// FNV-1a over the first CKPT_HASH_TOKENS tokens: tells a different token file from the one a
-// checkpoint's data position belongs to, without reading a large file twice.
-static inline uint64_t tokens_hash(const TokenData* d) {
-    size_t n = d->n_tokens < CKPT_HASH_TOKENS ? d->n_tokens : CKPT_HASH_TOKENS;
-    return fnv1a(FNV1A_OFFSET, d->tokens, n * sizeof(uint32_t)); // (each token's bytes, little-endian)
-}
-
-// data_hash: tokens_hash of the loader's data (computed once per run by the caller); state_floats:
-// this rank's values of m (n_params with one rank).
+// state_floats: this rank's values of m (n_params with one rank); l: the training loader after the step.
 static inline CheckpointState checkpoint_state_make(const TrainArgs* a, int step, size_t n_params, size_t state_floats,
-                                                    const DataLoader* l, uint64_t data_hash) {
+                                                    const DataLoader* l) {
     CheckpointState st;
     memset(&st, 0, sizeof(st));
     st.magic = CKPT_MAGIC, st.version = CKPT_VERSION, st.step = step;
@@ -1742,8 +1976,9 @@ static inline CheckpointState checkpoint_state_make(const TrainArgs* a, int step
     st.learning_rate = a->optim.sched.peak_lr, st.weight_decay = a->optim.weight_decay;
     st.beta1 = a->optim.beta1, st.beta2 = a->optim.beta2, st.eps = a->optim.eps;
     memcpy(st.switches, &a->sw, sizeof(a->sw));
-    st.seed = a->loop.seed, st.n_params = n_params, st.loader_pos = l->pos;
-    st.data_tokens = l->data->n_tokens, st.data_hash = data_hash;
+    st.seed = a->loop.seed, st.n_params = n_params;
+    st.data_tokens = l->src->total, st.data_hash = l->src->hash, st.data_shards = l->src->n;
+    st.shuffle = l->cfg.shuffle, st.loader_epoch = l->at.epoch, st.loader_shard = l->at.shard, st.loader_group = l->at.group;
     st.lr_schedule = a->optim.sched.kind, st.warmup_iters = a->optim.sched.warmup;
     st.final_lr_frac = a->optim.sched.final_frac, st.decay_frac = a->optim.sched.decay_frac, st.grad_clip = a->optim.grad_clip;
     st.rank = a->loop.rank, st.world = a->loop.world, st.state_floats = state_floats, st.moments = a->optim.moments;
@@ -2007,6 +2242,9 @@ static inline int state_header_read(const char* path, size_t n_params, Checkpoin
         return l3_fail(err, "%s: unknown version %d (expected %d)", path, st->version, CKPT_VERSION);
     if (st->version == 1) st->rank = 0, st->world = 1, st->state_floats = st->n_params; // (one rank's, before ranks)
     if (st->version < 3) st->moments = MOMENTS_FP32;
+    if (st->version < 4 && st->total_batch_size > 0) // one token file, in order: its group is the offset's
+        st->shuffle = 0, st->data_shards = 1, st->loader_epoch = st->loader_shard = 0,
+        st->loader_group = st->loader_pos / (uint64_t)st->total_batch_size;
     if (st->n_params != n_params)
         return l3_fail(err, "%s: from another model: %llu parameters, but its model.bin has %zu", path,
                        (unsigned long long)st->n_params, n_params);
@@ -2035,7 +2273,7 @@ static inline int state_arrays_read(const char* path, size_t n, size_t bytes, vo
 // A resume continues the saved run: the same batch shape and token data (the data position and
 // AdamW's steps mean nothing otherwise), and steps left to run. The lr, the betas, weight decay,
 // --num_iteration (the schedule's length) and the switches may change.
-static inline int resume_check(const CheckpointState* st, const TrainArgs* a, const TokenData* d, const char* path,
+static inline int resume_check(const CheckpointState* st, const TrainArgs* a, const TokenSource* d, const char* path,
                                char* err) {
     const struct { const char* flag; int now, saved; } same[] = {
         {"--batch_size", a->loop.batch_size, st->batch_size},
@@ -2053,13 +2291,17 @@ static inline int resume_check(const CheckpointState* st, const TrainArgs* a, co
     if (st->world != a->loop.world)
         return l3_fail(err, "--resume %s: saved by %d rank%s, resumed by %d: resume it on %d (re-sharding the AdamW state "
                        "on load is not done)", path, st->world, st->world > 1 ? "s" : "", a->loop.world, st->world);
-    if (st->data_tokens != d->n_tokens || st->data_hash != tokens_hash(d))
-        return l3_fail(err, "--resume %s: the token data differs from the checkpoint's (%llu tokens, hash %016llx; "
-                       "now %zu, %016llx)", path, (unsigned long long)st->data_tokens,
-                       (unsigned long long)st->data_hash, d->n_tokens, (unsigned long long)tokens_hash(d));
-    if (st->loader_pos > d->n_tokens)
-        return l3_fail(err, "--resume %s: data position %llu is past the token data", path,
-                       (unsigned long long)st->loader_pos);
+    if (st->data_tokens != d->total || st->data_hash != d->hash || st->data_shards != d->n)
+        return l3_fail(err, "--resume %s: --input_bin %s differs from the checkpoint's token data (%d file%s of %llu "
+                       "tokens, hash %016llx; now %d of %zu, %016llx)", path, d->name, st->data_shards,
+                       st->data_shards == 1 ? "" : "s", (unsigned long long)st->data_tokens,
+                       (unsigned long long)st->data_hash, d->n, d->total, (unsigned long long)d->hash);
+    if (st->shuffle != a->loop.shuffle || (st->shuffle && st->seed != a->loop.seed))
+        return l3_fail(err, "--resume %s: saved with --shuffle %d%s: resume with the same (the data's order follows "
+                       "them)", path, st->shuffle, st->shuffle ? " and its --seed" : "");
+    if (st->loader_shard >= (uint64_t)d->n)
+        return l3_fail(err, "--resume %s: data position (shard %llu) is past the token data's %d shards", path,
+                       (unsigned long long)st->loader_shard, d->n);
     if (last_step(a) <= st->step)
         return l3_fail(err, "--resume %s: the checkpoint is at step %d; %s %d leaves nothing to run", path, st->step,
                        a->loop.stop_after ? "--stop_after" : "--num_iteration", last_step(a));

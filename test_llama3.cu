@@ -468,21 +468,23 @@ static void test_rope(Model* m, const Ref* r) {
     free(table);
 }
 
-// The trainer's data loader over a token file of the reference (B and T as its steps).
-static void open_loader(const Ref* r, const char* path, TokenData* tokens, DataLoader* loader) {
+// The trainer's data loader over a token file of the reference (B and T as its steps), in order as
+// PyTorch reads it (--shuffle 0).
+static void open_loader(const Ref* r, const char* path, TokenSource* source, DataLoader* loader) {
     char err[L3_ERR_LEN];
-    if (tokens_load_file(tokens, path, r->cfg.vocab_size, err) ||
-        loader_init(loader, tokens, r->B, r->T, r->grad_accum, 0, 0, 1, path, err))
+    LoaderConfig c = {r->B, r->T, r->grad_accum, 0, 1, 0, 0, 0};
+    if (token_source_open(source, path, "--input_bin", r->cfg.vocab_size, err) || loader_init(loader, source, &c, err))
         fail_exit(err);
 }
+static void close_loader(TokenSource* source, DataLoader* loader) { loader_free(loader), token_source_free(source); }
 
 // The data path of train(): the loader over a token file, staged by stage_batches, gives exactly
 // PyTorch's batches at every step (mismatched token ids counted).
 static void check_token_file(Model* m, const Ref* r, const char* path) {
     char name[96];
-    TokenData tokens;
+    TokenSource source;
     DataLoader loader;
-    open_loader(r, path, &tokens, &loader);
+    open_loader(r, path, &source, &loader);
     size_t n_step = (size_t)r->grad_accum * r->B * r->T, mismatched = 0;
     for (int t = 0; t < r->n_steps; t++) {
         stage_batches(m, &loader, 0);
@@ -493,7 +495,7 @@ static void check_token_file(Model* m, const Ref* r, const char* path) {
     }
     snprintf(name, sizeof(name), "batches staged from %s (mismatched ids)", path);
     check(mismatched == 0, name, (double)mismatched, 0);
-    tokens_free(&tokens);
+    close_loader(&source, &loader);
 }
 
 // The reference's token files (uint32; uint16 when written) and, when written, its llm.c-format
@@ -692,23 +694,25 @@ static float logged_val_loss(const char* log_path, int step) {
 // --val_every through train(): the val data is step 3's batch, so the val loss after step 2 (the
 // weights p_2, the deferred updates applied) is PyTorch's step-3 loss. One micro-step per step only
 // (a step's loss is then one batch's).
-static void val_of_step3(const Ref* r, TokenData* val_tokens, DataLoader* val_loader) {
+static void val_of_step3(const Ref* r, TokenData* val_tokens, TokenSource* val_source, DataLoader* val_loader) {
     size_t N = (size_t)r->B * r->T;
     char err[L3_ERR_LEN];
     val_tokens->n_tokens = N + 1;
     val_tokens->tokens = (uint32_t*)malloc((N + 1) * sizeof(uint32_t));
     memcpy(val_tokens->tokens, r->inputs + 2 * N, N * sizeof(uint32_t));
     val_tokens->tokens[N] = (uint32_t)r->targets[2 * N + N - 1];
-    if (loader_init(val_loader, val_tokens, r->B, r->T, 1, 0, 0, 1, "step 3's batch", err)) fail_exit(err);
+    token_source_memory(val_source, val_tokens, "step 3's batch", r->cfg.vocab_size);
+    LoaderConfig c = {r->B, r->T, 1, 0, 1, 0, 0, 0};
+    if (loader_init(val_loader, val_source, &c, err)) fail_exit(err);
 }
 
 // train() itself on the reference's token file, on PyTorch's gradients: the losses it logs, the
 // weights it leaves, and with one micro-step per step the val loss after step 2.
 static void test_train_loop(Model* m, const Ref* r) {
     char log_path[] = "/tmp/test_llama3_log_XXXXXX";
-    TokenData tokens;
+    TokenSource source;
     DataLoader loader;
-    open_loader(r, r->tokens, &tokens, &loader);
+    open_loader(r, r->tokens, &source, &loader);
     int fd = mkstemp(log_path);
     FILE* log = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!log) fail_exit("cannot create a temporary log file");
@@ -719,11 +723,12 @@ static void test_train_loop(Model* m, const Ref* r) {
     use_ref_grads(r);
     TrainIO io = {&loader, log, NULL, NULL, NULL, NULL};
     TokenData val_tokens = {};
+    TokenSource val_source;
     DataLoader val_loader;
     ValData val;
     bool with_val = r->grad_accum == 1 && r->n_steps >= 3;
     if (with_val) {
-        val_of_step3(r, &val_tokens, &val_loader);
+        val_of_step3(r, &val_tokens, &val_source, &val_loader);
         val_create(&val, m, &val_loader, r->B * r->T);
         io.val = &val, a.eval.val_every = 2;
     }
@@ -734,6 +739,7 @@ static void test_train_loop(Model* m, const Ref* r) {
     if (with_val) {
         check_loss("train() val loss after", 2, logged_val_loss(log_path, 2), r->losses[2], TOL_LOSS);
         val_free(&val);
+        close_loader(&val_source, &val_loader);
         tokens_free(&val_tokens);
     }
     unlink(log_path);
@@ -743,7 +749,7 @@ static void test_train_loop(Model* m, const Ref* r) {
     free(ours);
     free(prev);
     free(last);
-    tokens_free(&tokens);
+    close_loader(&source, &loader);
 }
 
 // Every step on our own gradients: the losses, and the weights after the last step and the flush.
@@ -1089,7 +1095,7 @@ static int print_train_args(const char* prefix) {
     flag_format(&a, flag_find("--lr_schedule"), schedule, sizeof(schedule));
     printf("--batch_size %d --sequence_length %d --total_batch_size %d --num_iteration %d --learning_rate %.9g "
            "--beta1 %.9g --beta2 %.9g --eps %.9g --weight_decay %.9g --sparse_embedding %d --lr_schedule %s "
-           "--warmup_iters %d --final_lr_frac %.9g --decay_frac %.9g --grad_clip %.9g\n",
+           "--warmup_iters %d --final_lr_frac %.9g --decay_frac %.9g --grad_clip %.9g --shuffle 0\n",
            r.B, r.T, r.grad_accum * r.B * r.T, r.n_steps, r.opt.sched.peak_lr, r.opt.beta1, r.opt.beta2, r.opt.eps, r.opt.weight_decay,
            r.sparse_embedding, schedule, r.opt.sched.warmup, r.opt.sched.final_frac, r.opt.sched.decay_frac, r.opt.grad_clip);
     return 0;

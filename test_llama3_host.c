@@ -514,29 +514,47 @@ static void test_vocab(void) {
     free(table);
 }
 
+// A loader over tokens in memory (source `s`, named `name`), in order unless `shuffle` (seed 7).
+static int memory_loader(DataLoader* l, TokenSource* s, const TokenData* d, int B, int T, int micro_steps, int overfit,
+                         int rank, int world, int shuffle, const char* name, char* err) {
+    token_source_memory(s, d, name, 1 << 30);
+    LoaderConfig c = {B, T, micro_steps, rank, world, overfit, shuffle, 7};
+    return loader_init(l, s, &c, err);
+}
+static void memory_loader_free(DataLoader* l, TokenSource* s) { loader_free(l), token_source_free(s); }
+// The next micro-batch of a loader that must not fail.
+static void next_batch(DataLoader* l, int32_t* x, int32_t* y) {
+    char err[L3_ERR_LEN];
+    if (loader_next(l, x, y, err)) CHECK(0, "loader_next: %s", err); // (a failure only: no pass counted per batch)
+}
+
 static void test_loader(void) {
     uint32_t toks[21];
     for (int i = 0; i < 21; i++) toks[i] = i;
     TokenData d = {toks, 21};
+    TokenSource s;
     DataLoader l;
     char err[L3_ERR_LEN];
     int32_t x[10], y[10];
-    int rc = loader_init(&l, &d, 2, 5, 1, 0, 0, 1, "data", err);
-    loader_next(&l, x, y);
+    int rc = memory_loader(&l, &s, &d, 2, 5, 1, 0, 0, 1, 0, "data", err);
+    next_batch(&l, x, y);
     int ok = rc == 0 && x[0] == 0 && y[0] == 1 && x[9] == 9 && y[9] == 10;
-    loader_next(&l, x, y);
+    next_batch(&l, x, y);
     ok &= x[0] == 10 && y[9] == 20;
-    loader_next(&l, x, y); // 20 + 10 + 1 > 21: wraps
-    ok &= x[0] == 0;
-    CHECK(ok, "loader: shifted targets, sequential batches, wrap-around");
-    rc = loader_init(&l, &d, 2, 5, 1, 1, 0, 1, "data", err);
-    loader_next(&l, x, y);
+    next_batch(&l, x, y); // 20 + 10 + 1 > 21: wraps
+    ok &= x[0] == 0 && l.at.epoch == 1;
+    CHECK(ok, "loader: shifted targets, sequential batches, wrap-around into the next epoch");
+    memory_loader_free(&l, &s);
+    rc = memory_loader(&l, &s, &d, 2, 5, 1, 1, 0, 1, 0, "data", err);
+    next_batch(&l, x, y);
     for (int i = 0; i < 10; i++) x[i] = y[i] = -1; // poison: the second batch must be written again
-    loader_next(&l, x, y);
+    next_batch(&l, x, y);
     CHECK(rc == 0 && x[0] == 0 && x[9] == 9 && y[0] == 1 && y[9] == 10,
           "loader: overfit_single_batch repeats the first batch");
-    expect_error(loader_init(&l, &d, 4, 6, 1, 0, 0, 1, "shakespeare.bin", err), err, "fewer tokens than one batch",
-                 "not enough tokens for one batch", "shakespeare.bin");
+    memory_loader_free(&l, &s);
+    expect_error(memory_loader(&l, &s, &d, 4, 6, 1, 0, 0, 1, 0, "shakespeare.bin", err), err,
+                 "fewer tokens than one batch", "not enough tokens for one batch", "shakespeare.bin");
+    memory_loader_free(&l, &s);
 }
 
 // The command line `line` of one of `world` ranks.
@@ -873,11 +891,12 @@ static int model_refused(const char* path, char* err) {
 }
 // A token file the trainer must refuse before the GPU with its default model and B=4, T=64.
 static int tokens_refused(const char* path, char* err) {
-    TokenData d;
-    DataLoader l;
-    if (tokens_load_file(&d, path, llama3_2_1b_config().vocab_size, err)) return 1;
-    int rc = loader_init(&l, &d, 4, 64, 1, 0, 0, 1, path, err);
-    tokens_free(&d);
+    TokenSource s;
+    DataLoader l = {0};
+    LoaderConfig c = {4, 64, 1, 0, 1, 0, 1, 42};
+    int rc = token_source_open(&s, path, "--input_bin", llama3_2_1b_config().vocab_size, err) ||
+             loader_init(&l, &s, &c, err);
+    loader_free(&l), token_source_free(&s);
     return rc != 0;
 }
 
@@ -1194,11 +1213,16 @@ static void test_hostile_sizes(void) {
     train_args_parse(&a, 5, direct, 1, err);
     expect_error(outputs_check(&a, err), err, "--log_file naming the model file", "is the same file as --llmc_filepath",
                  NULL);
-    char* via_link[] = {"prog", "--input_bin", (char*)model, "--log_file", (char*)link};
-    train_args_parse(&a, 5, via_link, 1, err);
-    int refused = outputs_check(&a, err);
-    CHECK(linked && refused && strstr(err, "same file as --input_bin"), "--log_file through a link to the token file: %s",
-          err);
+    uint32_t toks[20] = {0};
+    const char* shard = write_tokens("shard_linked.bin", TOKENS_MAGIC_LLAMA3, 7, 20, toks, sizeof(toks));
+    const char* shard_link = tmp_path("shard_link.bin");
+    linked &= symlink(shard, shard_link) == 0;
+    TokenSource linked_src;
+    int held = token_source_open(&linked_src, tmp_path("shard_linked*.bin"), "--input_bin", 1000, err) == 0 &&
+               linked_src.n == 1 && source_holds(&linked_src, shard_link);
+    CHECK(linked && held, "--log_file through a link to a token file of a glob is one of its files (%s)",
+          held ? "held" : err);
+    token_source_free(&linked_src);
     a = train_args_default(), a.loop.log_file = tmp_path("no/such/dir/log.jsonl");
     expect_error(outputs_check(&a, err), err, "a --log_file in a folder that does not exist, before anything runs",
                  "--log_file", "cannot open for writing");
@@ -1311,14 +1335,15 @@ static void test_checkpoint_round_trip(void) {
     uint32_t toks[300];
     for (int i = 0; i < 300; i++) toks[i] = i % 1000;
     TokenData d = {toks, 300};
+    TokenSource s;
     DataLoader l;
     TrainArgs a = ckpt_args();
     char err[L3_ERR_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN];
-    loader_init(&l, &d, 2, 8, 1, 0, 0, 1, "t", err);
-    l.pos = 48;
+    memory_loader(&l, &s, &d, 2, 8, 1, 0, 0, 1, a.loop.shuffle, "t", err);
+    for (int i = 0; i < 3; i++) next_batch(&l, (int32_t[16]){0}, (int32_t[16]){0}); // at step 3 of the shard
     const char* dir = tmp_path("ckpt");
     make_dir(dir, err);
-    CheckpointState st = checkpoint_state_make(&a, 10, n, n, &l, tokens_hash(&d)), rd;
+    CheckpointState st = checkpoint_state_make(&a, 10, n, n, &l), rd;
     int rc = checkpoint_write(dir, &c, &st, params, m, v, err);
     CHECK(rc == 0, "checkpoint_write (%s)", rc ? err : "ok");
     rc = checkpoint_resolve(dir, model, state, err);
@@ -1328,27 +1353,40 @@ static void test_checkpoint_round_trip(void) {
     rc = model_header_read(model, &got, &fmt, err) || model_file_load(model, &c, fmt, buf, 777, host_sink, back, err) ||
          state_header_read(state, n, &rd, err) || state_arrays_read(state, n, 4, back + n, back + 2 * n, err);
     CHECK(rc == 0 && fmt == MODEL_FILE_SEED && !memcmp(back, params, n * 4) && !memcmp(back + n, m, n * 4) &&
-              !memcmp(back + 2 * n, v, n * 4) && rd.step == 10 && rd.loader_pos == 48 && rd.data_tokens == 300,
+              !memcmp(back + 2 * n, v, n * 4) && rd.step == 10 && rd.loader_group == 3 && rd.loader_epoch == 0 &&
+              rd.loader_shard == 0 && rd.data_tokens == 300 && rd.data_shards == 1 && rd.shuffle == a.loop.shuffle,
           "model.bin (seed format), m, v, step and data position read back bit for bit (%s)", rc ? err : "ok");
-    rc = resume_check(&rd, &a, &d, dir, err);
+    rc = resume_check(&rd, &a, &s, dir, err);
     CHECK(rc == 0, "the same run resumes (%s)", rc ? err : "ok");
     TrainArgs b = a;
     b.loop.batch_size = 4;
-    expect_error(resume_check(&rd, &b, &d, dir, err), err, "resume with another B", "--batch_size 4 differs", NULL);
+    expect_error(resume_check(&rd, &b, &s, dir, err), err, "resume with another B", "--batch_size 4 differs", NULL);
     b = a, b.loop.total_batch_size = 32;
-    expect_error(resume_check(&rd, &b, &d, dir, err), err, "resume with another total batch", "--total_batch_size", NULL);
+    expect_error(resume_check(&rd, &b, &s, dir, err), err, "resume with another total batch", "--total_batch_size", NULL);
     b = a, b.optim.sched.total = 10;
-    expect_error(resume_check(&rd, &b, &d, dir, err), err, "--num_iteration not past the step", "nothing to run", NULL);
+    expect_error(resume_check(&rd, &b, &s, dir, err), err, "--num_iteration not past the step", "nothing to run", NULL);
+    TokenSource other;
     toks[5] ^= 1;
-    expect_error(resume_check(&rd, &a, &d, dir, err), err, "resume on other token data", "token data differs", NULL);
+    token_source_memory(&other, &d, "t", 1 << 30);
+    expect_error(resume_check(&rd, &a, &other, dir, err), err, "resume on other token data",
+                 "differs from the checkpoint's token data", NULL);
+    token_source_free(&other);
     toks[5] ^= 1;
+    b = a, b.loop.shuffle = !a.loop.shuffle;
+    expect_error(resume_check(&rd, &b, &s, dir, err), err, "resume with the other --shuffle", "saved with --shuffle",
+                 NULL);
+    b = a, b.loop.seed = a.loop.seed + 1;
+    if (a.loop.shuffle)
+        expect_error(resume_check(&rd, &b, &s, dir, err), err, "a shuffled run resumed with another --seed",
+                     "and its --seed", NULL);
     b = a, b.optim.sched.peak_lr = 3e-4f, b.optim.sched.total = 99;
-    CHECK(resume_check(&rd, &b, &d, dir, err) == 0, "a resume may change the lr and --num_iteration");
+    CHECK(resume_check(&rd, &b, &s, dir, err) == 0, "a resume may change the lr and --num_iteration");
     expect_error(state_header_read(state, n + 1, &rd, err), err, "state of another model", "from another model", NULL);
     expect_error(checkpoint_dir_check(dir, 0, err), err, "a fresh run into a folder with a later checkpoint",
                  "already holds step_00000010", NULL);
     CHECK(checkpoint_dir_check(dir, 10, err) == 0, "a run resumed at step 10 may write into its folder");
     free(params), free(m), free(v), free(back);
+    memory_loader_free(&l, &s);
 }
 
 // [data parallel] A checkpoint of two ranks: model.bin and state.bin (rank 0's share, written last),
@@ -1362,9 +1400,10 @@ static void test_checkpoint_ranks(void) {
     uint32_t toks[300];
     for (int i = 0; i < 300; i++) toks[i] = i % 1000;
     TokenData d = {toks, 300};
+    TokenSource s;
     DataLoader l;
     char err[L3_ERR_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN], mine[L3_PATH_LEN];
-    loader_init(&l, &d, 2, 8, 1, 0, 0, 2, "t", err);
+    memory_loader(&l, &s, &d, 2, 8, 1, 0, 0, 2, 1, "t", err);
     const char* dir = tmp_path("ckpt_ranks");
     make_dir(dir, err);
     TrainArgs a = ckpt_args();
@@ -1373,7 +1412,7 @@ static void test_checkpoint_ranks(void) {
     int rc = 0;
     for (int r = 1; r >= 0; r--) { // rank 1's file, then rank 0's model.bin and state.bin
         a.loop.rank = r;
-        st[r] = checkpoint_state_make(&a, 6, n, share[r], &l, tokens_hash(&d));
+        st[r] = checkpoint_state_make(&a, 6, n, share[r], &l);
         rc |= r ? checkpoint_write_rank(dir, &st[r], m + r, v + r, err)
                 : checkpoint_write(dir, &c, &st[r], params, m, v, err);
     }
@@ -1389,7 +1428,7 @@ static void test_checkpoint_ranks(void) {
     CHECK(same && strstr(mine, "step_00000006/state_rank1.bin"),
           "two ranks' checkpoint: each rank's share of m and v read back from its own file (%s)", same ? mine : err);
     a.loop.rank = 0, a.loop.world = 1;
-    expect_error(resume_check(&st[0], &a, &d, dir, err), err, "a checkpoint of 2 ranks resumed by 1",
+    expect_error(resume_check(&st[0], &a, &s, dir, err), err, "a checkpoint of 2 ranks resumed by 1",
                  "saved by 2 ranks, resumed by 1", "resume it on 2");
     CheckpointState v1 = st[0];
     v1.version = 1, v1.rank = v1.world = 0, v1.state_floats = 0; // a version-1 header has zeros there
@@ -1404,6 +1443,7 @@ static void test_checkpoint_ranks(void) {
     CHECK(rc == 0 && rd.rank == 0 && rd.world == 1 && rd.state_floats == one.state_floats,
           "a version-1 state file reads as one rank's whole state (%s)", rc ? err : "ok");
     free(params), free(m), free(v), free(back);
+    memory_loader_free(&l, &s);
 }
 
 // [bf16 moments] A checkpoint of --optimizer_state bf16: m and v as 2-byte values (the file's arrays
@@ -1418,24 +1458,25 @@ static void test_checkpoint_bf16_moments(void) {
     uint32_t toks[300];
     for (int i = 0; i < 300; i++) toks[i] = i % 1000;
     TokenData d = {toks, 300};
+    TokenSource s;
     DataLoader l;
     char err[L3_ERR_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN];
-    loader_init(&l, &d, 2, 8, 1, 0, 0, 1, "t", err);
+    memory_loader(&l, &s, &d, 2, 8, 1, 0, 0, 1, 1, "t", err);
     const char* dir = tmp_path("ckpt_bf16");
     make_dir(dir, err);
     TrainArgs a = ckpt_args();
     a.optim.moments = MOMENTS_BF16;
-    CheckpointState st = checkpoint_state_make(&a, 4, n, n, &l, tokens_hash(&d)), rd;
+    CheckpointState st = checkpoint_state_make(&a, 4, n, n, &l), rd;
     int rc = checkpoint_write(dir, &c, &st, params, m, v, err) || checkpoint_resolve(dir, model, state, err) ||
              state_header_read(state, n, &rd, err) || state_arrays_read(state, n, 2, back, back + n, err);
     CHECK(rc == 0 && rd.moments == MOMENTS_BF16 && file_size_of(state) == CKPT_HEADER_BYTES + 4LL * (long long)n &&
               !memcmp(back, m, n * 2) && !memcmp(back + n, v, n * 2),
           "bf16 moments: state.bin holds 2-byte m and v, read back bit for bit (%s)", rc ? err : "ok");
-    rc = resume_check(&rd, &a, &d, dir, err);
+    rc = resume_check(&rd, &a, &s, dir, err);
     CHECK(rc == 0, "bf16 moments: the same run resumes (%s)", rc ? err : "ok");
     TrainArgs b = a;
     b.optim.moments = MOMENTS_FP32;
-    expect_error(resume_check(&rd, &b, &d, dir, err), err, "bf16 moments resumed with fp32 ones",
+    expect_error(resume_check(&rd, &b, &s, dir, err), err, "bf16 moments resumed with fp32 ones",
                  "saved in bf16: resume with --optimizer_state bf16", NULL);
     CheckpointState old = st;
     old.version = 2, old.moments = 0;
@@ -1449,7 +1490,16 @@ static void test_checkpoint_bf16_moments(void) {
     rc = write_file_atomic(state, chunks, 3, err);
     expect_error(rc || state_header_read(state, n, &rd, err), err, "a state file with moments dtype 7",
                  "corrupt header", "moments dtype 7");
+    old.version = 3, old.moments = MOMENTS_FP32, old.loader_pos = 48, old.total_batch_size = 16;
+    old.shuffle = 1, old.data_shards = 9, old.loader_epoch = old.loader_shard = old.loader_group = 5; // (v4's bytes)
+    memcpy(header, &old, sizeof(old));
+    rc = write_file_atomic(state, chunks, 3, err) || state_header_read(state, n, &rd, err);
+    CHECK(rc == 0 && rd.shuffle == 0 && rd.data_shards == 1 && rd.loader_epoch == 0 && rd.loader_shard == 0 &&
+              rd.loader_group == 3,
+          "a version-3 state file (one token file in order) reads its token offset 48 as step 3 of 16 tokens (%s)",
+          rc ? err : "ok");
     free(params), free(m), free(v), free(back);
+    memory_loader_free(&l, &s);
 }
 
 // Broken checkpoints: each a one-line error naming the file.
@@ -1493,6 +1543,7 @@ typedef struct {
     float* zeros; // n floats: the weights, m and v of every checkpoint
     uint32_t toks[300];
     TokenData d;
+    TokenSource s;
     DataLoader l;
     TrainArgs a;
 } ZeroCheckpoints;
@@ -1501,10 +1552,11 @@ static void zero_checkpoints_init(ZeroCheckpoints* z) {
     memset(z->toks, 0, sizeof(z->toks));
     z->c = small_config(), z->n = param_layout(&z->c).total, z->zeros = calloc(z->n, 4);
     z->d = (TokenData){z->toks, 300}, z->a = ckpt_args();
-    loader_init(&z->l, &z->d, 2, 8, 1, 0, 0, 1, "t", err);
+    memory_loader(&z->l, &z->s, &z->d, 2, 8, 1, 0, 0, 1, 1, "t", err);
 }
+static void zero_checkpoints_free(ZeroCheckpoints* z) { free(z->zeros), memory_loader_free(&z->l, &z->s); }
 static CheckpointState zero_checkpoint_state(const ZeroCheckpoints* z, int step) {
-    return checkpoint_state_make(&z->a, step, z->n, z->n, &z->l, tokens_hash(&z->d));
+    return checkpoint_state_make(&z->a, step, z->n, z->n, &z->l);
 }
 
 // A save killed after its state.bin was renamed and before latest was: the folder is complete, and
@@ -1532,7 +1584,7 @@ static void test_checkpoint_killed_before_latest(void) {
     rc = checkpoint_resolve(dir, model, state, err);
     CHECK(rc == 0 && strstr(state, "step_00000011/state.bin"), "without latest, DIR's newest complete step (%s)",
           rc ? err : state);
-    free(z.zeros);
+    zero_checkpoints_free(&z);
 }
 
 // --checkpoint_keep: after each save the newest K complete checkpoints stay; incomplete folders
@@ -1555,7 +1607,7 @@ static void test_checkpoint_prune(void) {
     int list[16], k = checkpoint_list(dir, list, 16);
     CHECK(rc == 0 && k == 3 && list[0] == 15 && list[1] == 20 && list[2] == 30,
           "keep 2 after saving step 20: step 15, 20 kept, 30 (newer) untouched, 5, 10 and the partial 12 gone (%d left)", k);
-    free(z.zeros);
+    zero_checkpoints_free(&z);
 }
 
 // The lr schedule (llama3.h lr_at, which the device evaluates too): warmup from lr/N, each shape's
@@ -1879,6 +1931,107 @@ static void test_shards(void) {
           z8.state_total, expect);
 }
 
+// Shards: a glob and a comma list open their files in order, each header checked (a missing or
+// truncated shard, the other token format, a glob of nothing: one line naming it); an epoch reads
+// every step of every shard once, shuffled: the same order for the same seed, another per epoch and
+// per seed; a shard smaller than a step is skipped; a loader sought to a saved position reads what
+// the saving loader read next.
+static void test_token_shards(void) {
+    char err[L3_ERR_LEN];
+    uint32_t toks[3][101];
+    const char* names[3] = {"shard_a_000.bin", "shard_a_001.bin", "shard_a_002.bin"};
+    int counts[3] = {101, 60, 15}; // steps of 20 tokens (and the last target): 5, 2 (60 = 3 * 20 lacks it), none
+    for (int f = 0; f < 3; f++) {
+        for (int i = 0; i < counts[f]; i++) toks[f][i] = (uint32_t)(f * 1000 + i);
+        write_tokens(names[f], TOKENS_MAGIC_LLAMA3, 7, counts[f], toks[f], counts[f] * 4);
+    }
+    TokenSource s, list;
+    int rc = token_source_open(&s, tmp_path("shard_a_*.bin"), "--input_bin", 5000, err);
+    char spec[3 * L3_PATH_LEN];
+    snprintf(spec, sizeof(spec), "%s,%s,%s", tmp_path(names[0]), tmp_path("shard_a_00[12].bin"), tmp_path(names[0]));
+    rc |= token_source_open(&list, spec, "--input_bin", 5000, err);
+    CHECK(rc == 0 && s.n == 3 && s.total == 176 && strstr(s.paths[2], "shard_a_002") && list.n == 4 &&
+              list.total == 277 && s.hash != list.hash,
+          "a glob opens its 3 shards in name order, a list of a file, a glob and the file again 4 (%s)", rc ? err : "ok");
+    token_source_free(&list);
+    expect_error(token_source_open(&list, tmp_path("shard_z_*.bin"), "--input_bin", 5000, err), err,
+                 "a glob of nothing", "--input_bin", "no file matches");
+    token_source_free(&list);
+    snprintf(spec, sizeof(spec), "%s,%s", tmp_path(names[0]), tmp_path("shard_missing.bin"));
+    expect_error(token_source_open(&list, spec, "--input_bin", 5000, err), err, "a list with a missing shard",
+                 "shard_missing.bin: cannot open token file", NULL);
+    token_source_free(&list);
+    uint16_t t16[30] = {0};
+    write_tokens("shard_b_000.bin", TOKENS_MAGIC_LLAMA3, 7, 30, toks[0], 30 * 4);
+    write_tokens("shard_b_001.bin", TOKENS_MAGIC_GPT2, 1, 30, t16, sizeof(t16));
+    expect_error(token_source_open(&list, tmp_path("shard_b_*.bin"), "--input_bin", 5000, err), err,
+                 "GPT-2 tokens among LLaMA-3 shards", "shard_b_001.bin: GPT-2 (uint16) tokens", "one token format");
+    token_source_free(&list);
+    write_tokens("shard_c_000.bin", TOKENS_MAGIC_LLAMA3, 7, 30, toks[0], 29 * 4);
+    expect_error(token_source_open(&list, tmp_path("shard_c_*.bin"), "--input_bin", 5000, err), err,
+                 "a truncated shard", "shard_c_000.bin: truncated", NULL);
+    token_source_free(&list);
+    snprintf(spec, sizeof(spec), "%s,", tmp_path(names[0]));
+    expect_error(token_source_open(&list, spec, "--input_bin", 5000, err), err, "a list ending in a comma",
+                 "an empty item", NULL);
+    token_source_free(&list);
+
+    // Two micro-steps of B*T = 10: steps of 20 tokens; shards of 5, 2 and 0 steps.
+    LoaderConfig c = {2, 5, 2, 0, 1, 0, 1, 42};
+    DataLoader l, again;
+    rc = loader_init(&l, &s, &c, err);
+    int32_t x[10], y[10];
+    int seen[3][5] = {{0}}, epoch_ok = 1, order[2][7], orders_differ = 0;
+    for (int epoch = 0; epoch < 2; epoch++) {
+        for (int step = 0; step < 7; step++) { // 5 + 2 steps an epoch
+            next_batch(&l, x, y);
+            int f = x[0] / 1000, at = x[0] % 1000;
+            epoch_ok &= l.at.epoch == (uint64_t)epoch && at % 20 == 0 && y[9] == x[9] + 1;
+            if (epoch == 0 && f < 3 && at / 20 < 5) seen[f][at / 20]++;
+            order[epoch][step] = x[0];
+            next_batch(&l, x, y);
+            epoch_ok &= x[0] % 1000 == at + 10; // the step's second micro-batch follows the first
+        }
+    }
+    int once = 1;
+    for (int g = 0; g < 5; g++) once &= seen[0][g] == 1 && seen[1][g] == (g < 2);
+    orders_differ = memcmp(order[0], order[1], sizeof(order[0])) != 0;
+    CHECK(rc == 0 && epoch_ok && once && orders_differ,
+          "--shuffle 1: each epoch reads the 5 + 2 steps of the shards once (the 15-token shard skipped), in another "
+          "order the next epoch (%s)", rc ? err : "ok");
+    loader_free(&l);
+    int same_seed = 1, other_seed = 0, in_order = 1;
+    LoaderConfig c2 = c, c3 = c, c0 = c;
+    c3.seed = 43, c0.shuffle = 0;
+    DataLoader l2, l3, l0;
+    rc = loader_init(&l, &s, &c, err) | loader_init(&l2, &s, &c2, err) | loader_init(&l3, &s, &c3, err) |
+         loader_init(&l0, &s, &c0, err);
+    for (int k = 0; k < 16; k++) {
+        int32_t x2[10], x3[10], x0[10];
+        next_batch(&l, x, y), next_batch(&l2, x2, y), next_batch(&l3, x3, y), next_batch(&l0, x0, y);
+        same_seed &= !memcmp(x, x2, sizeof(x)), other_seed |= memcmp(x, x3, sizeof(x)) != 0;
+        in_order &= x0[0] == (k < 10 ? k * 10 : k < 14 ? 1000 + (k - 10) * 10 : (k - 14) * 10);
+    }
+    CHECK(rc == 0 && same_seed && other_seed && in_order,
+          "the same seed reads the same order, another seed another; --shuffle 0 reads shard by shard in order");
+    // A loader sought to where another stood after 11 steps (epoch 1, mid-shard) reads what it reads next.
+    loader_free(&l2), loader_free(&l3), loader_free(&l0);
+    for (int k = 0; k < 2 * 11 - 16; k++) next_batch(&l, x, y);
+    rc = loader_init(&again, &s, &c, err) || loader_seek(&again, l.at, err);
+    int resumes = rc == 0;
+    for (int k = 0; k < 20; k++) {
+        int32_t x2[10], y2[10];
+        next_batch(&l, x, y), next_batch(&again, x2, y2);
+        resumes &= !memcmp(x, x2, sizeof(x)) && !memcmp(y, y2, sizeof(y));
+    }
+    CHECK(resumes, "a loader sought to a saved position (epoch 1, its fourth step) reads on as the saving "
+          "one (%s)", rc ? err : "ok");
+    LoaderPos past = {0, 0, 6};
+    expect_error(loader_seek(&again, past, err), err, "a saved position past its shard", "is past its shard", NULL);
+    loader_free(&l), loader_free(&again);
+    token_source_free(&s);
+}
+
 // The ranks' slices of each global batch: N ranks of A micro-steps read what one rank of N*A does.
 static int cmp_i32(const void* a, const void* b) { return *(const int32_t*)a - *(const int32_t*)b; }
 static void test_loader_ranks(void) {
@@ -1886,44 +2039,57 @@ static void test_loader_ranks(void) {
     for (int i = 0; i < 101; i++) toks[i] = i;
     TokenData d = {toks, 101};
     char err[L3_ERR_LEN];
+    TokenSource s1, s2, s3;
     DataLoader one, r0, r1;
-    int rc = loader_init(&one, &d, 2, 5, 2, 0, 0, 1, "data", err) | loader_init(&r0, &d, 2, 5, 1, 0, 0, 2, "data", err) |
-             loader_init(&r1, &d, 2, 5, 1, 0, 1, 2, "data", err);
+    int rc = memory_loader(&one, &s1, &d, 2, 5, 2, 0, 0, 1, 0, "data", err) |
+             memory_loader(&r0, &s2, &d, 2, 5, 1, 0, 0, 2, 0, "data", err) |
+             memory_loader(&r1, &s3, &d, 2, 5, 1, 0, 1, 2, 0, "data", err);
     int same = rc == 0;
     for (int round = 0; round < 7; round++) { // 100 tokens: 5 rounds of 20, then a wrap
         int32_t x[10], y[10], x0[10], y0[10], x1[10], y1[10];
-        loader_next(&r0, x0, y0), loader_next(&r1, x1, y1);
-        loader_next(&one, x, y), same &= !memcmp(x, x0, sizeof(x)) && !memcmp(y, y0, sizeof(y));
-        loader_next(&one, x, y), same &= !memcmp(x, x1, sizeof(x)) && !memcmp(y, y1, sizeof(y));
-        same &= r0.pos == one.pos && r1.pos == one.pos;
+        next_batch(&r0, x0, y0), next_batch(&r1, x1, y1);
+        next_batch(&one, x, y), same &= !memcmp(x, x0, sizeof(x)) && !memcmp(y, y0, sizeof(y));
+        next_batch(&one, x, y), same &= !memcmp(x, x1, sizeof(x)) && !memcmp(y, y1, sizeof(y));
+        same &= r0.at.group == one.at.group && r1.at.group == one.at.group && r0.at.epoch == one.at.epoch;
     }
     CHECK(same, "two ranks read the batches one rank reads, side by side, through the wrap");
+    memory_loader_free(&one, &s1), memory_loader_free(&r0, &s2), memory_loader_free(&r1, &s3);
     // 2 ranks of 3 micro-steps against one rank of 6, B*T = 10, on 157 tokens: 2 steps of 60 fit, then
-    // the epoch ends (36 tokens left unread) and step 3 starts from token 0, for both.
+    // the epoch ends (36 tokens left unread) and step 3 starts from token 0, for both; in order and
+    // shuffled (the same order of the two steps for both).
     uint32_t more[157];
     for (int i = 0; i < 157; i++) more[i] = i;
     TokenData e = {more, 157};
-    DataLoader six, ranks[2];
-    rc = loader_init(&six, &e, 2, 5, 6, 0, 0, 1, "data", err);
-    for (int r = 0; r < 2; r++) rc |= loader_init(&ranks[r], &e, 2, 5, 3, 0, r, 2, "data", err);
-    same = rc == 0;
-    int starts_ok = 1;
-    for (int step = 0; step < 5; step++) {
-        int32_t x[10], y[10], from_one[6], from_ranks[6], n = 0;
-        for (int k = 0; k < 6; k++) loader_next(&six, x, y), from_one[k] = x[0], same &= y[9] == x[9] + 1;
-        for (int a = 0; a < 3; a++)
-            for (int r = 0; r < 2; r++) loader_next(&ranks[r], x, y), from_ranks[n++] = x[0];
-        qsort(from_one, 6, sizeof(int32_t), cmp_i32), qsort(from_ranks, 6, sizeof(int32_t), cmp_i32);
-        same &= !memcmp(from_one, from_ranks, sizeof(from_one));
-        starts_ok &= from_one[0] == (step % 2) * 60 && from_one[5] == (step % 2) * 60 + 50; // 0..59, 60..119, 0..
+    for (int shuffle = 0; shuffle < 2; shuffle++) {
+        DataLoader six, ranks[2];
+        TokenSource s6, sr[2];
+        rc = memory_loader(&six, &s6, &e, 2, 5, 6, 0, 0, 1, shuffle, "data", err);
+        for (int r = 0; r < 2; r++) rc |= memory_loader(&ranks[r], &sr[r], &e, 2, 5, 3, 0, r, 2, shuffle, "data", err);
+        same = rc == 0;
+        int starts_ok = 1, firsts[2][2] = {{0}};
+        for (int step = 0; step < 8; step++) {
+            int32_t x[10], y[10], from_one[6], from_ranks[6], n = 0;
+            for (int k = 0; k < 6; k++) next_batch(&six, x, y), from_one[k] = x[0], same &= y[9] == x[9] + 1;
+            for (int a = 0; a < 3; a++)
+                for (int r = 0; r < 2; r++) next_batch(&ranks[r], x, y), from_ranks[n++] = x[0];
+            qsort(from_one, 6, sizeof(int32_t), cmp_i32), qsort(from_ranks, 6, sizeof(int32_t), cmp_i32);
+            same &= !memcmp(from_one, from_ranks, sizeof(from_one));
+            starts_ok &= from_one[0] % 60 == 0 && from_one[0] <= 60 && from_one[5] == from_one[0] + 50;
+            firsts[step / 2 % 2][step % 2] = from_one[0]; // (epochs 0 and 1, then 2 and 3 again)
+        }
+        starts_ok &= firsts[0][0] != firsts[0][1] && firsts[1][0] != firsts[1][1]; // each epoch reads both steps
+        CHECK(same && starts_ok, "2 ranks of 3 micro-steps read one rank's 6 micro-batches at every step, through "
+              "4 epochs' ends (157 tokens: the 36 after 2 steps unread), --shuffle %d", shuffle);
+        memory_loader_free(&six, &s6);
+        for (int r = 0; r < 2; r++) memory_loader_free(&ranks[r], &sr[r]);
     }
-    CHECK(same && starts_ok, "2 ranks of 3 micro-steps read one rank's 6 micro-batches at every step, through the "
-          "epoch's end (157 tokens: the 36 after 2 steps unread)");
-    expect_error(loader_init(&r1, &d, 10, 6, 1, 0, 1, 2, "shakespeare.bin", err), err, "two ranks' round past the data",
-                 "B*T*2 ranks+1 = 121 needed", NULL);
-    expect_error(loader_init(&r1, &d, 2, 5, 6, 0, 1, 2, "shakespeare.bin", err), err,
+    expect_error(memory_loader(&r1, &s1, &d, 10, 6, 1, 0, 1, 2, 0, "shakespeare.bin", err), err,
+                 "two ranks' round past the data", "B*T*2 ranks+1 = 121 needed", NULL);
+    memory_loader_free(&r1, &s1);
+    expect_error(memory_loader(&r1, &s1, &d, 2, 5, 6, 0, 1, 2, 0, "shakespeare.bin", err), err,
                  "2 ranks of 6 micro-steps past the data", "one optimizer step: 101 tokens, B*T*micro-steps*2 ranks+1 = 121",
                  NULL);
+    memory_loader_free(&r1, &s1);
     TrainArgs a;
     Llama3Config c = llama3_2_1b_config();
     rc = parse_ranks(&a, err, "--batch_size 2 --rendezvous file:/tmp/x", 4);
@@ -2086,6 +2252,7 @@ int main(void) {
     test_step_plan();
     test_rank_env();
     test_shards();
+    test_token_shards();
     test_loader_ranks();
     test_config_hash();
     test_rendezvous();

@@ -1602,11 +1602,19 @@ static void train_step(Model* m, int slot) {
     NVTX_POP();
 }
 
+// The loader's next micro-batch; a shard it cannot read (vanished, changed, a token past the
+// vocab) ends the run here, named.
+static void next_batch(DataLoader* loader, int32_t* inputs, int32_t* targets) {
+    char err[L3_ERR_LEN];
+    if (loader_next(loader, inputs, targets, err) == 0) return;
+    fprintf(stderr, "error: %s%s\n", rank_tag, err);
+    exit(EXIT_FAILURE);
+}
 // Fills staging slot `slot` with the next grad_accum batches: inputs first, then targets.
 static void stage_batches(Model* m, DataLoader* loader, int slot) {
     size_t N = (size_t)m->B * m->T, n_step = m->grad_accum * N;
     int32_t* base = m->tokens_host + (size_t)slot * 2 * n_step;
-    for (int micro = 0; micro < m->grad_accum; micro++) loader_next(loader, base + micro * N, base + n_step + micro * N);
+    for (int micro = 0; micro < m->grad_accum; micro++) next_batch(loader, base + micro * N, base + n_step + micro * N);
 }
 
 // ---- checkpoints ----
@@ -1621,7 +1629,6 @@ typedef struct {
     Llama3Config cfg;
     size_t n_params, state_floats; // floats of the weights, and values of m and v on this rank
     size_t moments_bytes;          // bytes of each of m and v (their dtype's)
-    uint64_t data_hash; // tokens_hash of the run's token data, for each save's state
     float* params;        // pinned host copies of one save ([data parallel] params: rank 0's only)
     void *adam_m, *adam_v; // (fp32 or bf16, as the run's --optimizer_state)
     cudaStream_t stream;
@@ -1633,9 +1640,9 @@ typedef struct {
     char err[L3_ERR_LEN];
 } Saver;
 
-static void saver_create(Saver* s, const Model* m, const CheckpointConfig* ckpt, const TokenData* data) {
+static void saver_create(Saver* s, const Model* m, const CheckpointConfig* ckpt) {
     memset(s, 0, sizeof(*s));
-    s->ckpt = ckpt, s->cfg = m->cfg, s->n_params = m->layout.total, s->data_hash = tokens_hash(data);
+    s->ckpt = ckpt, s->cfg = m->cfg, s->n_params = m->layout.total;
     s->state_floats = m->optim.count, s->moments_bytes = optimizer_moment_bytes(&m->optim);
     void** host[3] = {(void**)&s->params, &s->adam_m, &s->adam_v};
     bool writes_model = !m->comm || m->comm->rank == 0;
@@ -1740,7 +1747,7 @@ static void checkpoint_save(Model* m, Saver* s, const TrainArgs* a, const DataLo
     optimizer_save(&m->optim, s->adam_m, s->adam_v, s->stream);
     CUDA_CHECK(cudaEventRecord(s->copied, s->stream));
     m->pending.save_copy = &s->copied;
-    s->st = checkpoint_state_make(a, step, s->n_params, s->state_floats, loader, s->data_hash);
+    s->st = checkpoint_state_make(a, step, s->n_params, s->state_floats, loader);
     if (m->comm) return checkpoint_save_ranks(m, s);
     if (pthread_create(&s->writer, NULL, saver_write, s) != 0) {
         fprintf(stderr, "error: checkpoint: cannot start the writer thread\n");
@@ -1812,15 +1819,15 @@ typedef struct {
     float* batch_loss; // device: each batch's mean loss, then [n_batches] the mean over them
 } ValData;
 
-// The first val_tokens tokens of the val data (whole batches of B*T; fewer if the file is short),
+// The first val_tokens tokens of the val data (whole batches of B*T; fewer if the files are short),
 // staged on the device once; [data parallel] this rank's slice of them (loader_next), N ranks
 // reading val_tokens / N each.
 static void val_create(ValData* v, const Model* m, DataLoader* loader, int val_tokens) {
-    size_t N = (size_t)m->B * m->T, have = loader->data->n_tokens - 1, want = (size_t)val_tokens;
-    v->n_batches = (int)((want < have ? want : have) / (N * loader->world));
+    size_t N = (size_t)m->B * m->T, have = loader_groups(loader), want = (size_t)val_tokens / (N * loader->cfg.world);
+    v->n_batches = (int)(want < have ? want : have);
     if (v->n_batches < 1) v->n_batches = 1; // loader_init checked that one batch fits
     int32_t* host = (int32_t*)malloc(v->n_batches * 2 * N * sizeof(int32_t));
-    for (int i = 0; i < v->n_batches; i++) loader_next(loader, host + i * 2 * N, host + i * 2 * N + N);
+    for (int i = 0; i < v->n_batches; i++) next_batch(loader, host + i * 2 * N, host + i * 2 * N + N);
     v->tokens = (int*)device_alloc(v->n_batches * 2 * N * sizeof(int), "val tokens");
     v->batch_loss = (float*)device_alloc((v->n_batches + 1) * sizeof(float), "val losses");
     CUDA_CHECK(cudaMemcpy(v->tokens, host, v->n_batches * 2 * N * sizeof(int), cudaMemcpyHostToDevice));
@@ -2117,13 +2124,21 @@ static void die(const char* msg, const char* prog, bool usage) {
     exit(EXIT_FAILURE);
 }
 
-// A token file, or (path NULL) the embedded split [begin, end).
-static void load_tokens(TokenData* d, const char* path, const unsigned char* begin, const unsigned char* end,
-                        const char* embedded_name, int vocab_size) {
+// A flag's token files (its value `spec`: a file, a glob or a list), or (spec NULL) the embedded
+// split [begin, end), parsed into `embedded`; no token file may be the --log_file.
+static void open_source(TokenSource* s, TokenData* embedded, const char* flag, const char* spec,
+                        const unsigned char* begin, const unsigned char* end, const char* embedded_name,
+                        const TrainArgs* a, int vocab_size) {
     char err[L3_ERR_LEN];
-    int rc = path ? tokens_load_file(d, path, vocab_size, err) : tokens_parse(d, begin, end - begin, embedded_name,
-                                                                              vocab_size, err);
-    if (rc) die(err, "", false);
+    if (spec ? token_source_open(s, spec, flag, vocab_size, err)
+             : tokens_parse(embedded, begin, end - begin, embedded_name, vocab_size, err))
+        die(err, "", false);
+    if (!spec) token_source_memory(s, embedded, embedded_name, vocab_size);
+    if (a->loop.log_file && source_holds(s, a->loop.log_file)) {
+        snprintf(err, sizeof(err), "--log_file %s is one of %s %s, an input: not overwritten", a->loop.log_file, flag,
+                 spec);
+        die(err, "", false);
+    }
 }
 
 // What main needs of the inputs: the model (its file, or none: random init), for a resume the
@@ -2134,7 +2149,8 @@ typedef struct {
     CheckpointState st;
     const char* val_path; // --val_bin, the NAME_val.bin beside --input_bin, or NULL: the embedded val split
     char val_beside[L3_PATH_LEN];
-    TokenData val_tokens; // with --val_every
+    TokenSource train_source, val_source; // val: with --val_every
+    TokenData train_embedded, val_embedded; // the embedded splits, when used
     DataLoader val_loader;
     Vocab vocab; // with --sample_every
 } RunInputs;
@@ -2148,12 +2164,11 @@ static void check_eval_inputs(const TrainArgs* a, const Llama3Config* cfg, RunIn
             if (val_path_beside(a->loop.input_bin, in->val_beside, err)) die(err, prog, false);
             in->val_path = in->val_beside;
         }
-        load_tokens(&in->val_tokens, in->val_path, _binary_data_tiny_shakespeare_val_bin_start,
-                    _binary_data_tiny_shakespeare_val_bin_end, "embedded data/tiny_shakespeare_val.bin",
-                    cfg->vocab_size);
-        if (loader_init(&in->val_loader, &in->val_tokens, a->loop.batch_size, a->loop.sequence_length, 1, 0,
-                        a->loop.rank, a->loop.world, in->val_path ? in->val_path : "embedded val data", err))
-            die(err, prog, false);
+        open_source(&in->val_source, &in->val_embedded, "--val_bin", in->val_path,
+                    _binary_data_tiny_shakespeare_val_bin_start, _binary_data_tiny_shakespeare_val_bin_end,
+                    "embedded data/tiny_shakespeare_val.bin", a, cfg->vocab_size);
+        LoaderConfig lc = loader_config(a, false);
+        if (loader_init(&in->val_loader, &in->val_source, &lc, err)) die(err, prog, false);
     }
     const unsigned char* v = _binary_data_llama3_vocab_bin_start;
     if (a->eval.sample_every &&
@@ -2165,8 +2180,8 @@ static void check_eval_inputs(const TrainArgs* a, const Llama3Config* cfg, RunIn
 // size, llm.c's biases), a resumed checkpoint (its files, and that it continues this run), the flags
 // against the model, the token file and enough tokens for one batch, and that the checkpoint folder
 // holds no later checkpoint of another run. Nothing is written here (open_outputs does that).
-static void check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat* fmt, TokenData* tokens,
-                          DataLoader* loader, RunInputs* in, const char* prog) {
+static void check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat* fmt, DataLoader* loader,
+                         RunInputs* in, const char* prog) {
     char err[L3_ERR_LEN];
     if (outputs_check(a, err) || shape_args_check(a, err)) die(err, prog, false);
     in->model_path = a->loop.llmc_filepath;
@@ -2180,14 +2195,16 @@ static void check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat*
         die(err, prog, false);
     if (a->ckpt.resume && state_header_read(in->resume_state, param_layout(cfg).total, &in->st, err)) die(err, prog, false);
     if (train_args_check(a, cfg, err)) die(err, prog, false);
-    load_tokens(tokens, a->loop.input_bin, _binary_data_tiny_shakespeare_train_bin_start,
-                _binary_data_tiny_shakespeare_train_bin_end, "embedded data/tiny_shakespeare_train.bin",
-                cfg->vocab_size);
-    if (loader_init(loader, tokens, a->loop.batch_size, a->loop.sequence_length, micro_steps(&a->loop),
-                    a->loop.overfit_single_batch, a->loop.rank, a->loop.world,
-                    a->loop.input_bin ? a->loop.input_bin : "embedded data", err))
-        die(err, prog, false);
-    if (a->ckpt.resume && resume_check(&in->st, a, tokens, a->ckpt.resume, err)) die(err, prog, false);
+    open_source(&in->train_source, &in->train_embedded, "--input_bin", a->loop.input_bin,
+                _binary_data_tiny_shakespeare_train_bin_start, _binary_data_tiny_shakespeare_train_bin_end,
+                "embedded data/tiny_shakespeare_train.bin", a, cfg->vocab_size);
+    LoaderConfig lc = loader_config(a, true);
+    if (loader_init(loader, &in->train_source, &lc, err)) die(err, prog, false);
+    if (a->ckpt.resume) {
+        LoaderPos at = {in->st.loader_epoch, in->st.loader_shard, in->st.loader_group};
+        if (resume_check(&in->st, a, &in->train_source, a->ckpt.resume, err) || loader_seek(loader, at, err))
+            die(err, prog, false);
+    }
     check_eval_inputs(a, cfg, in, prog);
     if (a->ckpt.dir && checkpoint_dir_check(a->ckpt.dir, a->ckpt.resume ? in->st.step : 0, err))
         die(err, prog, false);
@@ -2360,15 +2377,19 @@ static FILE* open_outputs(const TrainArgs* a, const RunInputs* in, const char* p
 }
 
 // The run's inputs and the model as created: what the log's reader needs to repeat the run.
-static void print_setup(const TrainArgs* a, const Llama3Config* cfg, ModelFileFormat fmt, const TokenData* tokens,
-                        const RunInputs* in) {
+static void print_setup(const TrainArgs* a, const Llama3Config* cfg, ModelFileFormat fmt, const RunInputs* in) {
     if (in->model_path) printf("model: %s, %s format\n", in->model_path, model_format_name(fmt));
     else printf("model: %s shape, random init (seed %llu)\n", SHAPE_NAMES[a->loop.shape], a->loop.seed);
-    if (a->ckpt.resume) printf("resume: %s at step %d, data position %llu\n", in->resume_state, in->st.step,
-                          (unsigned long long)in->st.loader_pos);
+    if (a->ckpt.resume)
+        printf("resume: %s at step %d, data position: epoch %llu, shard %llu, step %llu of the shard\n",
+               in->resume_state, in->st.step, (unsigned long long)in->st.loader_epoch,
+               (unsigned long long)in->st.loader_shard, (unsigned long long)in->st.loader_group);
     config_print(stdout, cfg);
-    printf("data: %s, %zu tokens\n", a->loop.input_bin ? a->loop.input_bin : "embedded tiny shakespeare (LLaMA-3 tokens)",
-           tokens->n_tokens);
+    const TokenSource* s = &in->train_source;
+    printf("data: %s, %zu tokens", a->loop.input_bin ? a->loop.input_bin : "embedded tiny shakespeare (LLaMA-3 tokens)",
+           s->total);
+    if (s->n > 1) printf(" in %d files", s->n);
+    printf(", %s\n", a->loop.shuffle ? "shuffled per epoch (--shuffle 1)" : "in order (--shuffle 0)");
 }
 // The model as created: its size and memory, every flag's value, and the step's plan (which
 // optimisations take effect for this model and batch, and when each AdamW group runs).
@@ -2432,15 +2453,14 @@ static int dry_run(const TrainArgs* a, const Llama3Config* cfg, const RankEnv* r
 static const char* env_lookup(const char* name) { return getenv(name); }
 
 // The weights: a model file, a checkpoint (with its AdamW state and data position), or random init.
-static void model_start(Model* m, const TrainArgs* a, ModelFileFormat fmt, RunInputs* in, DataLoader* loader,
-                        const char* prog) {
+static void model_start(Model* m, const TrainArgs* a, ModelFileFormat fmt, RunInputs* in, const char* prog) {
     char err[L3_ERR_LEN];
     if (in->model_path) {
         if (model_load(m, in->model_path, fmt, err)) die(err, prog, false);
     } else {
         model_init_random(m, a->loop.seed);
     }
-    if (a->ckpt.resume) checkpoint_restore(m, in->resume_state, &in->st), loader->pos = in->st.loader_pos;
+    if (a->ckpt.resume) checkpoint_restore(m, in->resume_state, &in->st);
 }
 
 int main(int argc, char** argv) {
@@ -2459,11 +2479,10 @@ int main(int argc, char** argv) {
     if (ranks.rank > 0 && !freopen("/dev/null", "w", stdout)) die("cannot silence stdout", argv[0], false); // rank 0 prints
     Llama3Config cfg = family_config(a.loop.shape); // (a model file's header replaces it)
     ModelFileFormat fmt = MODEL_FILE_SEED;
-    TokenData tokens = {}; // zeroed: gcc cannot see that load_tokens fills it or exits
     DataLoader loader;
     static RunInputs in; // (two paths of 4 KB: not on the stack)
-    check_inputs(&a, &cfg, &fmt, &tokens, &loader, &in, argv[0]);
-    print_setup(&a, &cfg, fmt, &tokens, &in);
+    check_inputs(&a, &cfg, &fmt, &loader, &in, argv[0]);
+    print_setup(&a, &cfg, fmt, &in);
     if (a.loop.dry_run) return dry_run(&a, &cfg, &ranks);
     gpu_start(&ranks, argv[0]);
     Comm* comm = ranks.world > 1 ? comm_start(&ranks, &a, &cfg, argv[0]) : NULL;
@@ -2472,13 +2491,13 @@ int main(int argc, char** argv) {
     RunConfig run = run_config(&a);
     model_create(&m, &cfg, &run, comm);
     print_model(&m, &a);
-    model_start(&m, &a, fmt, &in, &loader, argv[0]);
+    model_start(&m, &a, fmt, &in, argv[0]);
     static Saver saver;
     ValData val;
     Sampler sampler = {&a.eval, NULL, a.loop.seed ^ 0x5a4d504cULL};
     TrainIO io = {&loader, NULL, a.ckpt.dir ? &saver : NULL, a.eval.val_every ? &val : NULL,
                   a.eval.sample_every && ranks.rank == 0 ? &sampler : NULL, &in.vocab}; // (samples: rank 0's)
-    if (io.saver) saver_create(&saver, &m, &a.ckpt, &tokens);
+    if (io.saver) saver_create(&saver, &m, &a.ckpt);
     if (io.val) {
         val_create(&val, &m, &in.val_loader, a.eval.val_tokens);
         printf("val: %d batches of %d x %d from %s\n", val.n_batches, m.B, m.T,
@@ -2488,10 +2507,11 @@ int main(int argc, char** argv) {
     if (ranks.rank == 0) io.json = open_outputs(&a, &in, argv[0]); // (several ranks: no checkpoints yet)
     train(&m, &a, &io, a.ckpt.resume ? in.st.step + 1 : 1);
     if (io.saver) saver_free(&saver);
-    if (io.val) val_free(&val), tokens_free(&in.val_tokens);
+    if (io.val) val_free(&val), loader_free(&in.val_loader), token_source_free(&in.val_source);
     if (io.sampler) CUDA_CHECK(cudaFree(sampler.seq)), vocab_free(&in.vocab);
     model_free(&m);
-    tokens_free(&tokens);
+    loader_free(&loader), token_source_free(&in.train_source);
+    tokens_free(&in.train_embedded), tokens_free(&in.val_embedded);
     if (comm) comm_end(comm);
     return 0;
 }

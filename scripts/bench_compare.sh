@@ -13,7 +13,9 @@
 #             "4:64 4:1024 16:1024 4:64:--grad_clip=1")
 #   --bits    instead of timing: whether a change left the numbers alone. Each config runs 6 steps of
 #             each binary with a checkpoint at the last, and the table says whether the logged losses,
-#             norms and learning rates are the same text and model.bin and state.bin the same bytes.
+#             norms and learning rates are the same text, model.bin the same bytes and state.bin's m
+#             and v too (its 256-byte header names its version). A revision from before --shuffle reads
+#             its token file in order: this tree's trainer then runs with --shuffle 0.
 #             The default configs then use the small reference model (ref/small_t64_*, made by make
 #             test): one micro-step, 2 (accumulating), clipping, --recompute 2 with bf16 moments, FP8
 #             (on a GPU of compute capability 8.9+).
@@ -52,6 +54,9 @@ make -s -C "$tmp" train_llama3 > "$tmp/build.log" 2>&1 &
 old_build=$!
 make -s train_llama3 || exit 1
 wait "$old_build" || { echo "error: revision $rev does not build:"; tail -n 5 "$tmp/build.log"; exit 1; }
+# A revision from before --shuffle reads its token file in order: this tree's trainer then does too.
+in_order=()
+"$tmp/train_llama3" --help 2>&1 | grep -q -- "--shuffle" || in_order=(--shuffle 0)
 
 # median BIN B T [flags]: the median step time in ms (steps 2..30), or "fail".
 median() {
@@ -71,28 +76,30 @@ bits_run() {
         "$bin" --batch_size "$B" --sequence_length "$T" --num_iteration 6 --log_file "$dir/log.json" \
             --checkpoint_dir "$dir/ckpt" "$@" > "$dir/run.log" 2>&1
 }
-# same A B: "same", "differ", or "fail" when either is missing.
+# same A B [SKIP]: "same", "differ", or "fail" when either is missing; SKIP: bytes not compared at the start.
 same() {
-    if [ ! -s "$1" ] || [ ! -s "$2" ]; then echo fail; elif cmp -s "$1" "$2"; then echo same; else echo differ; fi
+    if [ ! -s "$1" ] || [ ! -s "$2" ]; then echo fail; elif cmp -s -i "${3:-0}" "$1" "$2"; then echo same; else echo differ; fi
 }
 if [ "$bits" = 1 ]; then
     echo "### $rev against this tree, bit for bit ($(date +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1))"
-    echo "| config | losses, norms, lr | model.bin | state.bin |"
+    echo "| config | losses, norms, lr | model.bin | state.bin's m and v |"
     echo "|---|---|---|---|"
     differ=0
     for c in $configs; do
         IFS=: read -r B T flags <<< "$c"
         IFS=: read -r -a flag_args <<< "$flags"
         for side in old new; do
-            bin=./train_llama3
-            [ $side = new ] || bin=$tmp/train_llama3
-            bits_run "$bin" "$tmp/$side" "$B" "$T" "${flag_args[@]}"
+            if [ $side = new ]; then
+                bits_run ./train_llama3 "$tmp/$side" "$B" "$T" "${flag_args[@]}" "${in_order[@]+"${in_order[@]}"}"
+            else
+                bits_run "$tmp/train_llama3" "$tmp/$side" "$B" "$T" "${flag_args[@]}"
+            fi
             # the step lines without their times (ms, tok/s) and memory
             sed -E 's/, "ms":.*//' "$tmp/$side/log.json" > "$tmp/$side/numbers" 2> /dev/null
         done
         row=""
         for f in numbers ckpt/step_00000006/model.bin ckpt/step_00000006/state.bin; do
-            r=$(same "$tmp/old/$f" "$tmp/new/$f")
+            r=$(same "$tmp/old/$f" "$tmp/new/$f" "$([ "${f##*/}" = state.bin ] && echo 256)") # (the header: its version's)
             [ "$r" = same ] || differ=1
             row="$row | $r"
         done
@@ -107,6 +114,6 @@ for c in $configs; do
     IFS=: read -r B T flags <<< "$c"
     IFS=: read -r -a flag_args <<< "$flags"
     old=$(median "$tmp/train_llama3" "$B" "$T" "${flag_args[@]}")
-    new=$(median ./train_llama3 "$B" "$T" "${flag_args[@]}")
+    new=$(median ./train_llama3 "$B" "$T" "${flag_args[@]}" "${in_order[@]+"${in_order[@]}"}")
     echo "| B=$B T=$T ${flags:+${flags//:/ }} | $old | $new | $(awk -v a="$new" -v b="$old" 'BEGIN { if (b + 0 > 0 && a + 0 > 0) printf "%.3f", a / b; else print "-" }') |"
 done

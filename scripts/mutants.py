@@ -122,7 +122,7 @@ MUTANTS = [
      "1/(N * micro-steps)",
      "1.0f / ((float)N * m->grad_accum), m->stream);", "1.0f / (float)N, m->stream);"),
     ("loader_no_advance", "loader", "llama3.h", "the data loader never moves past the first batch",
-     "    if (!l->overfit_single_batch) l->pos += round;\n", ""),
+     "    if (l->micro == 0 && !l->cfg.overfit_single_batch) l->at.group++;\n", ""),
     ("uint16_offset", "loader", "llama3.h", "uint16 token files read one token late",
      "memcpy(&t16, src + 2 * i, 2);", "memcpy(&t16, src + 2 * i + 2, 2);"),
     ("rope_factor", "rope", "llama3.h", "llama3 RoPE scaling factor 8 whatever the model file says",
@@ -244,6 +244,17 @@ DP_MUTANTS = [
 ]
 
 HOST_MUTANTS = [
+    ("shuffle_same_every_epoch", "loader", "llama3.h", "--shuffle 1 draws one order of the shards and steps for "
+     "the whole run instead of one per epoch",
+     "return mix64(seed ^ mix64((epoch + 1) * 0x9E3779B97F4A7C15ull ^", "return mix64(seed ^ mix64((0 + 1) * 0x9E3779B97F4A7C15ull ^"),
+    ("shuffle_ignored", "loader", "llama3.h", "--shuffle 1 reads every shard and its steps in order",
+     "    if (!shuffle) return;\n    for (size_t i = n; i > 1; i--) {", "    return;\n    for (size_t i = n; i > 1; i--) {"),
+    ("resume_position_lost", "checkpoints", "llama3.h", "a checkpoint keeps the epoch and shard but not the step "
+     "within the shard: a resumed run reads the shard from its first step again",
+     "st.loader_shard = l->at.shard, st.loader_group = l->at.group;", "st.loader_shard = l->at.shard, st.loader_group = 0;"),
+    ("shard_steps_cross_ranks", "loader", "llama3.h", "micro-step a of rank r reads slot a + r*micro_steps: two ranks "
+     "no longer read what one rank of twice the micro-steps reads",
+     "l->micro * l->cfg.world + l->cfg.rank;", "l->micro + l->cfg.rank * l->cfg.micro_steps;"),
     ("shape_flag_ignored", "flags", "train_llama3.cu", "--shape is parsed but the random init keeps the 1B's shape",
      "Llama3Config cfg = family_config(a.loop.shape);", "Llama3Config cfg = family_config(SHAPE_1B);"),
     ("shape_3b_untied", "flags", "llama3.h", "--shape 3b builds an untied 3B (the released one ties its embedding)",
@@ -298,8 +309,8 @@ HOST_MUTANTS = [
      "ShardRun r = {begin + (size_t)z->rank * s->part + (z->rank > 0), state, s->part};"),
     ("rank_reads_rank0_slice", "data parallel", "llama3.h", "every rank reads rank 0's slice of the global batch "
      "(the ranks train on the same tokens)",
-     "const uint32_t* src = l->data->tokens + l->pos + l->rank * l->batch_tokens;",
-     "const uint32_t* src = l->data->tokens + l->pos;"),
+     "int slot = l->cfg.overfit_single_batch ? l->cfg.rank : l->micro * l->cfg.world + l->cfg.rank;",
+     "int slot = l->cfg.overfit_single_batch ? 0 : l->micro * l->cfg.world;"),
     ("rendezvous_hash_unchecked", "data parallel", "llama3.h", "a rank launched with other flags joins rank 0's run "
      "(the configuration hash not compared)",
      "if (got->world != world || got->config_hash != hash)", "if (got->world != world)"),
@@ -350,8 +361,8 @@ HOST_MUTANTS = [
      '("does not exist" if not os.path.exists(parent) else', '(None if not os.path.exists(parent) else'),
     ("out_dir_made_before_work", "scripts", "scripts/prepare_data.py", "prepare_data.py makes --out_dir before "
      "tokenizing: a run that then stops leaves an empty folder",
-     "            refuse_input(out, files + inputs)\n    tokens, starts",
-     "            refuse_input(out, files + inputs)\n    make_folders(args)\n    tokens, starts"),
+     "            refuse_input(out, files + inputs)\n    shard_stem",
+     "            refuse_input(out, files + inputs)\n    make_folders(args)\n    shard_stem"),
     ("hf_dir_missing_as_no_config", "scripts", "scripts/convert_hf.py", "convert_hf.py on a folder that does not "
      "exist says it has no config.json", "    if not os.path.isdir(hf_dir):\n", "    if os.path.isfile(hf_dir):\n"),
     # The scripts' --help and argument errors (scripts/test_help.py).
@@ -376,10 +387,9 @@ HOST_MUTANTS = [
     ("slurm_job_tasks_as_world", "data parallel", "llama3.h", "the world size read from SLURM_NTASKS (the job's) "
      "instead of the step's: a process a batch script starts without srun waits as rank 0 of all the job's tasks",
      '{"SLURM_STEP_NUM_TASKS", "SLURM_PROCID"', '{"SLURM_NTASKS", "SLURM_PROCID"'),
-    ("loader_wraps_per_round", "data", "llama3.h", "the loader's epoch ends when one round of the ranks' "
-     "micro-batches no longer fits, mid-step: one rank of 2A micro-steps and 2 ranks of A read other tokens there",
-     "if (l->micro == 0 && l->pos + round * l->micro_steps + 1 > l->data->n_tokens) l->pos = 0;",
-     "if (l->pos + round + 1 > l->data->n_tokens) l->pos = 0;"),
+    ("shard_steps_without_last_target", "data", "llama3.h", "a shard's steps counted without the last step's "
+     "last target: a shard of a whole number of steps reads one token past its end",
+     "return n ? (n - 1) / l->group_tokens : 0;", "return n / l->group_tokens;"),
     ("dry_run_ignored", "cli", "train_llama3.cu", "--dry_run 1 ignored: the run goes on to the GPU (and trains, "
      "where there is one)", "    if (a.loop.dry_run) return dry_run(&a, &cfg, &ranks);\n", ""),
     ("dry_run_one_rank_memory", "cli", "train_llama3.cu", "--dry_run 1 sizes a rank of several as one rank: "

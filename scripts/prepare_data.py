@@ -11,7 +11,9 @@ default, or your own text with --input; and the tokenizer's id-to-bytes table, f
   scripts/prepare_data.py --input a.txt b.txt --input c.jsonl --name mine
   scripts/prepare_data.py --input a.txt --tokenizer tokenizer.json --vocab_out data/mine_vocab.bin
   scripts/prepare_data.py --input notes.txt --tokenizer tokenizer.json --val_tokens 0   # no val split
+  scripts/prepare_data.py --input corpus.jsonl --tokenizer tokenizer.json --shard_tokens 100000000
   ./train_llama3 --input_bin data/mine_train.bin
+  ./train_llama3 --input_bin 'data/corpus_train_*.bin' --val_bin data/corpus_val.bin
 
 Tiny Shakespeare (no --input): the text (downloaded, or --text) is split into sections on blank
 lines ("\\n\\n"); each section gets a <|begin_of_text|> (BOS, id 128000) in front and is encoded as
@@ -30,7 +32,9 @@ of 2 of the target, else at exactly the target, inside a document; --val_tokens 
 B=4 x T=64, plus the last target), so a val split needs 514 tokens in all. Output in --out_dir (made
 when missing, in a folder that exists: a missing parent is refused before any work, as the trainer's
 --checkpoint_dir): NAME_val.bin (not with --val_tokens 0) and NAME_train.bin (--name; default: the one
-input's name, or "data").
+input's name, or "data"); with --shard_tokens N the train split instead as shards of N tokens each (the
+last one the rest), NAME_train_000000.bin, NAME_train_000001.bin, ..., which the trainer's --input_bin
+takes as a glob ('NAME_train_*.bin') and reads in an order drawn per epoch.
 
 --tokenizer (default: tokenizer.model of the llama-models package) is told apart by its content:
 a tiktoken tokenizer.model ("base64token rank" lines; Meta's file is recognised by its sha256) or
@@ -65,6 +69,9 @@ import cli
 VOCAB_MAGIC, VOCAB_VERSION, VOCAB_NAME = 20241202, 1, "llama3_vocab.bin"
 
 
+MIN_SPLIT_TOKENS = 4 * 64 + 1  # one batch of the trainer's default B=4 x T=64, plus the last target
+
+
 def parse_args(argv):
     what, examples = __doc__.split("\n\n")[:2]  # (the rest of the docstring: the splits, the tokenizers, the files)
     ap = cli.ArgumentParser(__file__, description=what, epilog=f"examples:\n{examples}")
@@ -78,6 +85,8 @@ def parse_args(argv):
                        help="with --input: val's share of the tokens (default 0.005)")
     split.add_argument("--val_tokens", type=int,
                        help="with --input: val's size in tokens; 0: no val split, NAME_train.bin only")
+    ap.add_argument("--shard_tokens", type=int, metavar="N",
+                    help="with --input: the train split as shards of N tokens, NAME_train_000000.bin, ...")
     ap.add_argument("--tokenizer",
                     help="LLaMA-3 tokenizer.model or tokenizer.json (default: Meta's, from the package "
                     "llama-models: pip install -r requirements-data.txt)")
@@ -86,7 +95,7 @@ def parse_args(argv):
     ap.add_argument("--vocab_out", metavar="PATH", help="also write the tokenizer's id-to-bytes table here "
                     f"(Tiny Shakespeare's default: OUT_DIR/{VOCAB_NAME})")
     args = ap.parse_args(argv)
-    own = [f for f in ("text_field", "name", "val_fraction", "val_tokens") if getattr(args, f) is not None]
+    own = [f for f in ("text_field", "name", "val_fraction", "val_tokens", "shard_tokens") if getattr(args, f) is not None]
     if args.input is None and own:
         ap.error(f"--{own[0]} applies to --input only")
     if args.input is not None and args.text:
@@ -95,6 +104,9 @@ def parse_args(argv):
         ap.error(f"--val_fraction {args.val_fraction}: not in (0, 1)")
     if args.val_tokens is not None and args.val_tokens < 0:
         ap.error(f"--val_tokens {args.val_tokens}: negative")
+    if args.shard_tokens is not None and not MIN_SPLIT_TOKENS <= args.shard_tokens < 2**31:
+        ap.error(f"--shard_tokens {args.shard_tokens}: not in [{MIN_SPLIT_TOKENS}, 2^31) (a shard holds one batch of "
+                 "B=4 x T=64 at least, and its count fits the header's int32)")
     args.text_field = args.text_field or "text"
     args.val_fraction = args.val_fraction or 0.005
     return args
@@ -120,7 +132,6 @@ NAMED_SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_tok
                  "<|python_tag|>", "<|image|>"]
 BOS_NAME, LLAMA3_BOS, LLAMA3_VOCAB = "<|begin_of_text|>", 128000, 128256
 MAGIC, VERSION, VAL_TOKENS = 20240801, 7, 32768
-MIN_SPLIT_TOKENS = 4 * 64 + 1
 ONE_BATCH = "tokens (one batch of the trainer's default B=4 x T=64, plus the last target)"
 CHUNK_CHARS = 1 << 20  # a text file is read and encoded in pieces of about this many characters
 BLOCK_TOKENS = 1 << 20  # tokens are moved from a Python list into a numpy block every this many
@@ -522,6 +533,12 @@ def own_data(args, enc, inputs):
     for out in (train_out, val_out, args.vocab_out):  # before any work (write_atomic checks again)
         if out:
             refuse_input(out, files + inputs)
+    shard_stem = os.path.join(args.out_dir, f"{name}_train_")
+    if args.shard_tokens:  # (a shard's name: the stem and 6 digits)
+        for f in files + inputs:
+            base = os.path.basename(f)
+            if os.path.abspath(f).startswith(os.path.abspath(shard_stem)) and base.endswith(".bin"):
+                fail(f"--input {f}: would be overwritten by a train shard {shard_stem}NNNNNN.bin: another --name or --out_dir")
     tokens, starts, n_docs, empty = encode_documents(enc, files, args.text_field)
     if n_docs == 0:
         fail(f"no text: {len(files)} input files hold {empty} documents, all empty")
@@ -534,9 +551,26 @@ def own_data(args, enc, inputs):
     else:
         older = " (the one there, an older file, is left as it was)" if os.path.exists(val_out) else ""
         print(f"no val split (--val_tokens 0): every token goes to train; {val_out} not written{older}")
-    write_datafile(train_out, tokens[cut:], files + inputs)
+    if not args.shard_tokens:
+        write_datafile(train_out, tokens[cut:], files + inputs)
+    else:
+        write_shards(shard_stem, tokens[cut:], args.shard_tokens, files + inputs)
     if args.vocab_out:
         write_vocab(args.vocab_out, enc, files + inputs)
+
+
+def write_shards(stem, tokens, shard_tokens, inputs):
+    """The train split as files of shard_tokens tokens each (the last one the rest: merged into the one
+    before when shorter than a batch), STEM000000.bin, STEM000001.bin, ..."""
+    starts = list(range(0, len(tokens), shard_tokens))
+    if len(starts) > 1 and len(tokens) - starts[-1] < MIN_SPLIT_TOKENS:
+        starts.pop()
+    if len(starts) > 1_000_000:
+        fail(f"--shard_tokens {shard_tokens}: {len(starts):,} shards, more than the 6 digits of their names")
+    for i, begin in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else len(tokens)
+        write_datafile(f"{stem}{i:06d}.bin", tokens[begin:end], inputs)
+    print(f"{len(starts)} train shards: --input_bin '{stem}*.bin'")
 
 
 def main(args, llama3_only=True):

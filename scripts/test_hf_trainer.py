@@ -116,7 +116,7 @@ def train(work, name, model_file, tokens_file, steps, extra=()):
     ok = run(["./train_llama3", "--llmc_filepath", model_file, "--input_bin", tokens_file,
               "--num_iteration", str(steps), "--batch_size", str(B), "--sequence_length", str(T),
               "--total_batch_size", str(B * T), "--learning_rate", str(LR), "--log_file", log,
-              "--checkpoint_dir", ck, *extra])
+              "--checkpoint_dir", ck, "--shuffle", "0", *extra])
     losses, val = {}, {}
     if ok and os.path.isfile(log):
         for line in open(log):

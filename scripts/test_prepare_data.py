@@ -312,6 +312,29 @@ def check_no_val(d, enc, hf, docs):
           f"--val_tokens 0 on too little text: {err.strip()}")
 
 
+def check_shards(d, enc, hf, docs):
+    """--shard_tokens N: the train split as NAME_train_000000.bin, ... of N tokens each, the last the rest
+    (merged into the one before when shorter than a batch), which together are the split's tokens; no
+    NAME_train.bin; a size below one batch is refused."""
+    text = os.path.join(d, "sharded.txt")
+    open(text, "w").write("".join(docs))
+    out = os.path.join(d, "shards")
+    rc, printed, err = run_cli("--input", text, "--tokenizer", hf, "--out_dir", out, "--val_tokens", "0",
+                               "--shard_tokens", "300")
+    names = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    parts = [read_tokens(os.path.join(out, n)) or [] for n in names]
+    stream = expected_stream(enc, ["".join(docs)])  # (one file: one document)
+    sizes = [len(p) for p in parts]
+    ok = rc == 0 and names and all(n == f"sharded_train_{i:06d}.bin" for i, n in enumerate(names))
+    ok = ok and sum(parts, []) == stream and all(s == 300 for s in sizes[:-1]) and 257 <= sizes[-1] < 300 + 257
+    check(ok, f"--shard_tokens 300: {len(names)} shards of {sizes} tokens, together the split's {len(stream)}"
+          f"{said(rc, err)}")
+    check("train shards: --input_bin" in printed, "... and the output names the glob for --input_bin")
+    rc, _, err = run_cli("--input", text, "--tokenizer", hf, "--out_dir", out, "--shard_tokens", "100")
+    check(rc == 2 and "--shard_tokens 100" in err and len(err.strip().splitlines()) == 1,
+          f"--shard_tokens below one batch: {err.strip()}")
+
+
 def check_failures_are_one_line(d, model, hf, text_file):
     """User errors end in one "error: ..." line naming the file or flag, never in a traceback."""
     rc, _, err = run_cli("--out_dir", d, blocked="llama_models")
@@ -464,6 +487,7 @@ def main():
         check_own_data(d, enc, hf, docs)
         check_refusals(d, hf, docs)
         check_no_val(d, enc, hf, docs)
+        check_shards(d, enc, hf, docs)
         check_failures_are_one_line(d, model, hf, text_file)
         check_vocab(d, enc, model, hf, text_file)
         check_shakespeare(d, enc, model)
