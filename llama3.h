@@ -240,6 +240,8 @@ typedef struct {
     const char* val_bin; // NULL: the embedded tiny shakespeare val split
     int val_every, val_tokens; // val_every 0: no validation
     int sample_every, sample_tokens, top_k; // sample_every 0: no sampling
+    const char* eval_file;        // NULL: no multiple-choice eval (--eval_file, an eval file below)
+    int eval_every, eval_examples; // eval_every 0: never; eval_examples 0: every example
     float temperature;                      // 0: greedy
 } EvalConfig;
 
@@ -400,6 +402,9 @@ static const FlagSpec FLAGS[] = {
     {"--val_bin", FLAG_PATH, ARG(eval.val_bin), NULL, 0, 0, NULL, "llm.c token files for the val loss, read in order: a file, a glob or a comma list (default: NAME_val.bin beside an --input_bin NAME_train.bin, else the embedded val split)", NOT_A_SWITCH, NULL},
     {"--val_every", FLAG_INT, ARG(eval.val_every), "0", 0, BIG_INT, NULL, "val loss every N steps and after the last (0: never)", NOT_A_SWITCH, NULL},
     {"--val_tokens", FLAG_INT, ARG(eval.val_tokens), "32768", 1, BIG_INT, NULL, "tokens of val data per val loss (whole batches of B*T)", NOT_A_SWITCH, NULL},
+    {"--eval_file", FLAG_PATH, ARG(eval.eval_file), NULL, 0, 0, NULL, "multiple-choice eval set (HellaSwag's format, written by prepare_data.py --hellaswag): with --eval_every, the accuracy of picking each example's ending of lowest mean loss", NOT_A_SWITCH, NULL},
+    {"--eval_every", FLAG_INT, ARG(eval.eval_every), "0", 0, BIG_INT, NULL, "the --eval_file accuracy every N steps and after the last (0: never)", NOT_A_SWITCH, NULL},
+    {"--eval_examples", FLAG_INT, ARG(eval.eval_examples), "0", 0, BIG_INT, NULL, "examples of --eval_file each eval scores, from its first (0: all)", NOT_A_SWITCH, NULL},
     {"--sample_every", FLAG_INT, ARG(eval.sample_every), "0", 0, BIG_INT, NULL, "generate text from BOS every N steps and after the last, printed decoded (0: never)", NOT_A_SWITCH, NULL},
     {"--sample_tokens", FLAG_INT, ARG(eval.sample_tokens), "32", 1, BIG_INT, NULL, "tokens generated per sample (at most sequence_length - 1)", NOT_A_SWITCH, NULL},
     {"--temperature", FLAG_FLOAT, ARG(eval.temperature), "1", 0.0, 100.0, NULL, "sampling temperature (0: greedy)", NOT_A_SWITCH, NULL},
@@ -1805,13 +1810,16 @@ static inline int log_file_kind_check(const char* path, int resumed, char* err) 
     return 0;
 }
 
-// No output may be one of the inputs: a --log_file naming the model file (directly or through a
-// link) would empty it before anything is read (the token files: source_holds, as they are opened).
+// No output may be one of the inputs: a --log_file naming the model or the eval file (directly or
+// through a link) would empty it before anything is read (the token files: source_holds, as they
+// are opened).
 // Each output can be written.
 static inline int outputs_check(const TrainArgs* a, char* err) {
-    if (same_file(a->loop.log_file, a->loop.llmc_filepath))
-        return l3_fail(err, "--log_file %s is the same file as --llmc_filepath %s, an input: not overwritten",
-                       a->loop.log_file, a->loop.llmc_filepath);
+    const char* inputs[2][2] = {{"--llmc_filepath", a->loop.llmc_filepath}, {"--eval_file", a->eval.eval_file}};
+    for (int i = 0; i < 2; i++)
+        if (same_file(a->loop.log_file, inputs[i][1]))
+            return l3_fail(err, "--log_file %s is the same file as %s %s, an input: not overwritten", a->loop.log_file,
+                           inputs[i][0], inputs[i][1]);
     if (a->ckpt.resume && a->loop.llmc_filepath)
         return l3_fail(err, "--resume loads the checkpoint's model: --llmc_filepath %s cannot be used with it",
                        a->loop.llmc_filepath);
@@ -1907,6 +1915,9 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
     if (a->loop.stop_after > a->optim.sched.total)
         return l3_fail(err, "--stop_after %d is past the schedule's last step, --num_iteration %d", a->loop.stop_after,
                        a->optim.sched.total);
+    if (!a->eval.eval_every != !a->eval.eval_file)
+        return l3_fail(err, "%s", a->eval.eval_file ? "--eval_file takes --eval_every N (how often to score it)"
+                                                    : "--eval_every takes --eval_file (the set to score)");
     if (a->eval.sample_every && a->eval.sample_tokens >= a->loop.sequence_length)
         return l3_fail(err, "--sample_tokens %d: at most --sequence_length - 1 = %d (a sample is one sequence)",
                        a->eval.sample_tokens, a->loop.sequence_length - 1);
@@ -1917,6 +1928,119 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
     if (a->eval.top_k > c->vocab_size)
         return l3_fail(err, "--top_k %d is more than the vocabulary (%d)", a->eval.top_k, c->vocab_size);
     return 0;
+}
+
+// ---- the multiple-choice eval file (--eval_file) ----
+// A set of examples, each a context and n_endings endings of which one (the label) is right, as
+// HellaSwag's; prepare_data.py --hellaswag writes it with the LLaMA-3 tokenizer. The file: 256 int32
+// (magic EVAL_MAGIC, version 1, n_examples, n_endings, n_tokens, rest 0); per example n_endings + 2
+// int32 (label, context length, each ending's length); then n_tokens uint32, example by example:
+// its context, then its endings in order. An example is scored as llm.c scores HellaSwag: each
+// ending after the context is one row, and the ending of lowest mean loss over its own tokens is
+// the model's pick.
+#define EVAL_MAGIC 20241206
+#define EVAL_MAX_ENDINGS 16
+
+typedef struct {
+    int n, n_endings;
+    int32_t* record;    // (n, n_endings + 2): label, context length, each ending's length
+    size_t* first;      // each example's first token in `tokens`
+    uint32_t* tokens;
+    size_t n_tokens;
+} EvalSet;
+
+static inline int eval_label(const EvalSet* e, int i) { return e->record[(size_t)i * (e->n_endings + 2)]; }
+static inline int eval_context(const EvalSet* e, int i) { return e->record[(size_t)i * (e->n_endings + 2) + 1]; }
+static inline int eval_ending(const EvalSet* e, int i, int k) { return e->record[(size_t)i * (e->n_endings + 2) + 2 + k]; }
+
+static inline void eval_free(EvalSet* e) {
+    free(e->record), free(e->first), free(e->tokens);
+    memset(e, 0, sizeof(*e));
+}
+
+// Every record against the file's counts, and each example against the rows it needs: context plus
+// its longest ending, at most T + 1 tokens (T inputs and the shifted targets).
+static inline int eval_records_check(EvalSet* e, const char* path, int T, char* err) {
+    size_t at = 0;
+    for (int i = 0; i < e->n; i++) {
+        int label = eval_label(e, i), ctx = eval_context(e, i), longest = 0;
+        if (label < 0 || label >= e->n_endings || ctx < 1)
+            return l3_fail(err, "%s: example %d: label %d (of %d endings) or context length %d out of range", path, i,
+                           label, e->n_endings, ctx);
+        e->first[i] = at, at += (size_t)ctx;
+        for (int k = 0; k < e->n_endings; k++) {
+            int len = eval_ending(e, i, k);
+            if (len < 1) return l3_fail(err, "%s: example %d: ending %d has length %d", path, i, k, len);
+            longest = len > longest ? len : longest, at += (size_t)len;
+        }
+        if (at > e->n_tokens)
+            return l3_fail(err, "%s: example %d: its tokens run past the file's %zu", path, i, e->n_tokens);
+        if (ctx + longest > T + 1)
+            return l3_fail(err, "%s: example %d is %d tokens (context %d, longest ending %d): more than "
+                           "--sequence_length %d + 1", path, i, ctx + longest, ctx, longest, T);
+    }
+    if (at != e->n_tokens)
+        return l3_fail(err, "%s: the examples hold %zu tokens, the header says %zu", path, at, e->n_tokens);
+    return 0;
+}
+
+// Reads and checks an eval file (every token below vocab_size, every example at most T + 1 tokens).
+static inline int eval_read(EvalSet* e, const char* path, int vocab_size, int T, char* err) {
+    memset(e, 0, sizeof(*e));
+    long long size;
+    FILE* f = open_regular(path, "eval file", &size, err);
+    if (!f) return -1;
+    int32_t h[256];
+    int rc = fread(h, 1, sizeof(h), f) == sizeof(h) ? 0 : shorter_than_header(path, "eval file", size, sizeof(h), err);
+    if (rc == 0 && (h[0] != EVAL_MAGIC || h[1] != 1))
+        rc = l3_fail(err, "%s: bad magic %d or version %d (expected %d, 1: an eval file of prepare_data.py --hellaswag)",
+                     path, h[0], h[1], EVAL_MAGIC);
+    if (rc == 0 && (h[2] < 1 || h[3] < 2 || h[3] > EVAL_MAX_ENDINGS || h[4] < 0))
+        rc = l3_fail(err, "%s: corrupt header (%d examples, %d endings, %d tokens)", path, h[2], h[3], h[4]);
+    long long records = rc ? 0 : (long long)h[2] * (h[3] + 2);
+    if (rc == 0 && size != 1024 + 4 * records + 4LL * h[4])
+        rc = l3_fail(err, "%s: truncated or corrupt: %lld bytes, its header says %lld", path, size,
+                     1024 + 4 * records + 4LL * h[4]);
+    if (rc == 0) {
+        e->n = h[2], e->n_endings = h[3], e->n_tokens = (size_t)h[4];
+        e->record = (int32_t*)malloc(4 * (size_t)records), e->first = (size_t*)malloc(sizeof(size_t) * e->n);
+        e->tokens = (uint32_t*)malloc(4 * (e->n_tokens ? e->n_tokens : 1));
+        if (!e->record || !e->first || !e->tokens) rc = l3_fail(err, "%s: out of host memory", path);
+    }
+    if (rc == 0 && (fread(e->record, 4, (size_t)records, f) != (size_t)records ||
+                    fread(e->tokens, 4, e->n_tokens, f) != e->n_tokens))
+        rc = l3_fail(err, "%s: read failed: %s", path, ferror(f) ? strerror(errno) : "end of file");
+    fclose(f);
+    for (size_t i = 0; rc == 0 && i < e->n_tokens; i++)
+        if (e->tokens[i] >= (uint32_t)vocab_size)
+            rc = l3_fail(err, "%s: token id %u at position %zu is >= vocab_size %d", path, e->tokens[i], i, vocab_size);
+    if (rc == 0) rc = eval_records_check(e, path, T, err);
+    if (rc) eval_free(e);
+    return rc;
+}
+
+// Row k of example i: inputs and targets of T positions (the context then ending k, zeros after),
+// and the positions whose targets are the ending's tokens, [*from, *to).
+static inline void eval_row(const EvalSet* e, int i, int k, int T, int32_t* inputs, int32_t* targets, int* from,
+                            int* to) {
+    int ctx = eval_context(e, i), len = ctx + eval_ending(e, i, k);
+    const uint32_t* c = e->tokens + e->first[i];
+    const uint32_t* end = c + ctx;
+    for (int j = 0; j < k; j++) end += eval_ending(e, i, j);
+    for (int t = 0; t < T; t++) {
+        int a = t, b = t + 1; // the row's token t and t + 1
+        inputs[t] = a < len ? (int32_t)(a < ctx ? c[a] : end[a - ctx]) : 0;
+        targets[t] = b < len ? (int32_t)(b < ctx ? c[b] : end[b - ctx]) : 0;
+    }
+    *from = ctx - 1, *to = len - 1;
+}
+
+// The pick among an example's endings: the lowest mean loss (the first of equals).
+static inline int eval_pick(const double* mean_loss, int n_endings) {
+    int best = 0;
+    for (int k = 1; k < n_endings; k++)
+        if (mean_loss[k] < mean_loss[best]) best = k;
+    return best;
 }
 
 // ---- checkpoints ----

@@ -721,7 +721,7 @@ static void test_train_loop(Model* m, const Ref* r) {
     a.loop.log_file = log_path; // for train()'s write-error message
     reset_training(m, r);
     use_ref_grads(r);
-    TrainIO io = {&loader, log, NULL, NULL, NULL, NULL};
+    TrainIO io = {&loader, log, NULL, NULL, NULL, NULL, NULL};
     TokenData val_tokens = {};
     TokenSource val_source;
     DataLoader val_loader;

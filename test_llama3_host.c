@@ -2032,6 +2032,61 @@ static void test_token_shards(void) {
     token_source_free(&s);
 }
 
+// An eval file: two examples of 3 endings read back; each row is the context then its ending,
+// zeros after, its loss positions the ending's; the pick is the lowest mean loss (the first of
+// equals); bad files (magic, a cut, a label out of range, an example longer than T + 1, a token
+// past the vocab, counts that disagree) refused in one line naming the file.
+static const char* write_eval(const char* name, int32_t magic, int n, int E, const int32_t* records,
+                              const uint32_t* toks, int n_toks, int size_cut) {
+    int32_t h[256] = {0};
+    h[0] = magic, h[1] = 1, h[2] = n, h[3] = E, h[4] = n_toks;
+    const char* path = tmp_path(name);
+    size_t rec = (size_t)n * (E + 2) * 4, bytes = rec + (size_t)n_toks * 4;
+    unsigned char* body = malloc(bytes);
+    memcpy(body, records, rec), memcpy(body + rec, toks, (size_t)n_toks * 4);
+    write_file(path, h, sizeof(h), body, bytes - size_cut);
+    free(body);
+    return path;
+}
+static void test_eval_file(void) {
+    char err[L3_ERR_LEN];
+    // example 0: context 3, endings 1, 2, 1 (label 1); example 1: context 2, endings 2, 2, 3 (label 2)
+    int32_t rec[2][5] = {{1, 3, 1, 2, 1}, {2, 2, 2, 2, 3}};
+    uint32_t toks[16];
+    for (int i = 0; i < 16; i++) toks[i] = 100 + i;
+    EvalSet e;
+    const char* ok = write_eval("eval_ok.bin", EVAL_MAGIC, 2, 3, &rec[0][0], toks, 16, 0);
+    int rc = eval_read(&e, ok, 1000, 4, err);
+    int32_t x[4], y[4];
+    int from = -1, to = -1, rows_ok = rc == 0;
+    if (rc == 0) {
+        eval_row(&e, 0, 1, 4, x, y, &from, &to); // 100 101 102 | 104 105: x 100 101 102 104
+        rows_ok &= x[0] == 100 && x[2] == 102 && x[3] == 104 && y[2] == 104 && y[3] == 105 && from == 2 && to == 4;
+        eval_row(&e, 1, 2, 4, x, y, &from, &to); // 107 108 | 113 114 115: x 107 108 113 114, y 108 113 114 115
+        rows_ok &= x[0] == 107 && x[1] == 108 && x[2] == 113 && y[3] == 115 && from == 1 && to == 4;
+        eval_row(&e, 1, 0, 4, x, y, &from, &to); // 107 108 | 109 110: the last target a zero
+        rows_ok &= x[3] == 110 && y[2] == 110 && y[3] == 0 && from == 1 && to == 3;
+    }
+    CHECK(rows_ok && e.n == 2 && e.n_endings == 3 && eval_label(&e, 1) == 2,
+          "eval file: 2 examples of 3 endings; each row the context then its ending, zeros after (%s)", rc ? err : "ok");
+    if (rc == 0) eval_free(&e);
+    double means[3] = {2.0, 1.5, 1.5};
+    CHECK(eval_pick(means, 3) == 1, "eval: the lowest mean loss is the pick, the first of equals");
+    expect_error(eval_read(&e, write_eval("eval_magic.bin", 7, 2, 3, &rec[0][0], toks, 16, 0), 1000, 4, err), err,
+                 "eval file bad magic", "bad magic 7", "eval_magic.bin");
+    expect_error(eval_read(&e, write_eval("eval_cut.bin", EVAL_MAGIC, 2, 3, &rec[0][0], toks, 16, 4), 1000, 4, err),
+                 err, "eval file cut short", "truncated", "eval_cut.bin");
+    expect_error(eval_read(&e, ok, 1000, 3, err), err, "an example longer than T + 1", "more than --sequence_length 3",
+                 "eval_ok.bin");
+    expect_error(eval_read(&e, ok, 110, 4, err), err, "an eval token past the vocab", "token id 110", "eval_ok.bin");
+    rec[1][0] = 3;
+    expect_error(eval_read(&e, write_eval("eval_label.bin", EVAL_MAGIC, 2, 3, &rec[0][0], toks, 16, 0), 1000, 4, err),
+                 err, "an eval label out of range", "label 3", "eval_label.bin");
+    rec[1][0] = 2, rec[1][4] = 2;
+    expect_error(eval_read(&e, write_eval("eval_count.bin", EVAL_MAGIC, 2, 3, &rec[0][0], toks, 16, 0), 1000, 4, err),
+                 err, "eval lengths that do not add up to the header's count", "the header says 16", NULL);
+}
+
 // The ranks' slices of each global batch: N ranks of A micro-steps read what one rank of N*A does.
 static int cmp_i32(const void* a, const void* b) { return *(const int32_t*)a - *(const int32_t*)b; }
 static void test_loader_ranks(void) {
@@ -2253,6 +2308,7 @@ int main(void) {
     test_rank_env();
     test_shards();
     test_token_shards();
+    test_eval_file();
     test_loader_ranks();
     test_config_hash();
     test_rendezvous();

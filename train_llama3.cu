@@ -392,6 +392,7 @@ static float* sumsq_of(const Model* m, int tensor, int layer) {
 // All the partial sums: SUMSQ_BLOCKS for each slot; [data parallel] then as many for the slots'
 // tails (rank 0 sums the tails, which every rank holds alike).
 static size_t sumsq_slots(const Model* m) { return m->tab.n_sumsq_slots; }
+static int world_of(const Model* m) { return m->comm ? m->comm->world : 1; }
 static size_t sumsq_count(const Model* m) { return sumsq_slots(m) * SUMSQ_BLOCKS * (m->comm ? 2 : 1); }
 
 // Bytes of bf16 weights: the shadow block, or the largest single weight a GEMM reads, to cast into
@@ -1857,6 +1858,73 @@ static float val_loss(Model* m, ValData* v) {
     return loss;
 }
 
+// [eval] The multiple-choice eval (--eval_file, llama3.h EvalSet): every ending of an example is
+// one row (its context, then the ending), B rows to a forward (the rows of several examples, or one
+// example's over several forwards), and each row's mean loss over its ending's tokens, from the
+// per-token losses on the host; the ending of lowest mean loss is the pick. [data parallel] Rank r
+// scores examples r, r + world, ...; the ranks sum their right picks.
+typedef struct {
+    const EvalSet* set;
+    int n_examples; // scored each time: --eval_examples, at most the set's
+    int* tokens;    // device: one forward's inputs (B*T), then its targets
+    int32_t* host;  // the same, staged
+    float* losses;  // host: one forward's per-token losses (B*T)
+    int *from, *to; // host: each row's positions whose targets are its ending's tokens (B each)
+} EvalData;
+
+static void eval_create(EvalData* e, const Model* m, const EvalSet* set, int n_examples) {
+    size_t N = (size_t)m->B * m->T;
+    e->set = set, e->n_examples = n_examples > 0 && n_examples < set->n ? n_examples : set->n;
+    e->tokens = (int*)device_alloc(2 * N * sizeof(int), "eval tokens");
+    e->host = (int32_t*)malloc(2 * N * sizeof(int32_t)), e->losses = (float*)malloc(N * sizeof(float));
+    e->from = (int*)malloc(m->B * sizeof(int)), e->to = (int*)malloc(m->B * sizeof(int));
+}
+static void eval_destroy(EvalData* e) {
+    CUDA_CHECK(cudaFree(e->tokens));
+    free(e->host), free(e->losses), free(e->from), free(e->to);
+}
+
+// The per-token losses of `rows` rows (row r: this rank's example mine0 + r / E's ending r % E) in
+// one forward; each row's mean over its ending into mean_loss[r].
+static void eval_forward(Model* m, const EvalData* e, int first_row, int rows, int rank, int world, double* mean_loss) {
+    const EvalSet* s = e->set;
+    int T = m->T, E = s->n_endings;
+    size_t N = (size_t)m->B * T;
+    int *from = e->from, *to = e->to;
+    memset(e->host, 0, 2 * N * sizeof(int32_t));
+    for (int r = 0; r < rows; r++) {
+        int row = first_row + r, example = rank + (row / E) * world;
+        eval_row(s, example, row % E, T, e->host + (size_t)r * T, e->host + N + (size_t)r * T, &from[r], &to[r]);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(e->tokens, e->host, 2 * N * sizeof(int), cudaMemcpyHostToDevice, m->stream));
+    forward(m, e->tokens, false);
+    classifier(m, e->tokens + N, 0); // (also writes dlogits: unused)
+    CUDA_CHECK(cudaMemcpyAsync(e->losses, m->acts.losses, N * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    for (int r = 0; r < rows; r++) {
+        double sum = 0;
+        for (int t = from[r]; t < to[r]; t++) sum += e->losses[(size_t)r * T + t];
+        mean_loss[first_row + r] = sum / (to[r] - from[r]);
+    }
+}
+
+// The share of the first n_examples examples whose pick is the label. Waits for the GPU.
+static float eval_accuracy(Model* m, const EvalData* e) {
+    NVTX_PUSH("eval");
+    optimizer_flush(m);
+    int rank = m->comm ? m->comm->rank : 0, world = world_of(m), E = e->set->n_endings;
+    int mine = e->n_examples > rank ? (e->n_examples - rank + world - 1) / world : 0, rows = mine * E;
+    double* mean_loss = (double*)malloc(sizeof(double) * (rows ? rows : 1));
+    for (int first = 0; first < rows; first += m->B)
+        eval_forward(m, e, first, rows - first < m->B ? rows - first : m->B, rank, world, mean_loss);
+    int right = 0;
+    for (int j = 0; j < mine; j++) right += eval_pick(mean_loss + (size_t)j * E, E) == eval_label(e->set, rank + j * world);
+    free(mean_loss);
+    if (m->comm) right = ranks_sum(m, right);
+    NVTX_POP();
+    return (float)right / e->n_examples;
+}
+
 #define LLAMA3_BOS 128000
 typedef struct {
     const EvalConfig* cfg; // sample_tokens per sample, temperature (0: greedy), top_k
@@ -1898,7 +1966,6 @@ static void sample_ids(Model* m, Sampler* s, int* ids) {
 // ---- training loop ----
 
 // Tokens of one optimizer step, on all ranks.
-static int world_of(const Model* m) { return m->comm ? m->comm->world : 1; }
 static double tokens_per_step(const Model* m) { return (double)m->grad_accum * m->B * m->T * world_of(m); }
 
 static double median(double* v, int n) {
@@ -1913,9 +1980,15 @@ typedef struct {
     FILE* json; // NULL: no --log_file; closed at the end
     Saver* saver;   // NULL: no --checkpoint_dir
     ValData* val;   // NULL: no --val_every
+    EvalData* eval; // NULL: no --eval_file
     Sampler* sampler; // NULL: no --sample_every
     const Vocab* vocab; // decodes samples
 } TrainIO;
+
+// The val loss and the eval accuracy after a step; NaN: not measured.
+typedef struct {
+    float val_loss, eval_acc;
+} Measured;
 
 typedef struct {
     cudaEvent_t start[2], end[2];
@@ -1924,9 +1997,9 @@ typedef struct {
     const char* json_path;
     double mem_mib, wall_start;
     int first, logged; // the run's first step; the last step logged
-    float val[2];      // the val loss measured after the step in that slot; NaN: none
+    Measured got[2];   // what was measured after the step in that slot (NaN: nothing)
     StepStats last;    // the last step logged
-    float last_val;
+    Measured last_got; // the last of each measure
 } StepLog;
 
 // A write to the JSON log failed (a full disk, /dev/full): the run stops, since a log that ends
@@ -1938,21 +2011,24 @@ static void log_write_failed(const char* path) {
 
 // Step t's line on stdout and in the JSON log.
 static void print_step(const Model* m, StepLog* lg, const TrainArgs* a, int t, const StepStats* st, double ms,
-                       float val) {
+                       const Measured* got) {
     double tok_s = tokens_per_step(m) / (ms / 1000.0), elapsed = monotonic_seconds() - lg->wall_start;
     double eta = elapsed / (t - lg->first + 1) * (last_step(a) - t);
     printf("step %4d/%d | loss %.6f | lr %.2e", t, a->optim.sched.total, st->loss, st->lr);
     if (a->optim.grad_clip > 0) printf(" | norm %.4f", st->grad_norm);
-    if (val == val) printf(" | val %.6f", val);
+    if (got->val_loss == got->val_loss) printf(" | val %.6f", got->val_loss);
+    if (got->eval_acc == got->eval_acc) printf(" | eval %.4f", got->eval_acc);
     printf(" | %.2f ms | %.0f tok/s | peak %.0f MiB | %.0f s, ETA %.0f s", ms, tok_s, lg->mem_mib, elapsed, eta);
     if (st->skipped) printf(" | SKIPPED (non-finite loss or norm; %d in a row)", st->bad_in_row);
     printf("\n");
     if (!lg->json) return;
-    char loss[32], lr[32], norm[32], vloss[32], extra[96] = ""; // a non-finite value is JSON's null
+    char loss[32], lr[32], norm[32], vloss[32], extra[128] = ""; // a non-finite value is JSON's null
     int len = a->optim.grad_clip > 0 ? snprintf(extra, sizeof(extra), ", \"grad_norm\": %s",
                                           json_number(norm, sizeof(norm), "%.6g", st->grad_norm)) : 0;
-    if (val == val) snprintf(extra + len, sizeof(extra) - len, ", \"val_loss\": %s",
-                             json_number(vloss, sizeof(vloss), "%.6f", val));
+    if (got->val_loss == got->val_loss)
+        len += snprintf(extra + len, sizeof(extra) - len, ", \"val_loss\": %s",
+                        json_number(vloss, sizeof(vloss), "%.6f", got->val_loss));
+    if (got->eval_acc == got->eval_acc) snprintf(extra + len, sizeof(extra) - len, ", \"eval_acc\": %.6f", got->eval_acc);
     if (fprintf(lg->json, "{\"step\": %d, \"loss\": %s, \"lr\": %s%s, \"skipped\": %d, \"ms\": %.3f, "
                 "\"tok_per_s\": %.1f, \"peak_mib\": %.0f}\n", t, json_number(loss, sizeof(loss), "%.6f", st->loss),
                 json_number(lr, sizeof(lr), "%.6g", st->lr), extra, st->skipped, ms, tok_s, lg->mem_mib) < 0 ||
@@ -1975,9 +2051,11 @@ static void log_step(Model* m, StepLog* lg, const TrainArgs* a, Saver* saver, in
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     lg->mem_mib = fmax(lg->mem_mib, (total_b - free_b) / 1048576.0);
     StepStats st = m->stats_host[slot];
-    print_step(m, lg, a, t, &st, ms, lg->val[slot]);
+    const Measured* got = &lg->got[slot];
+    print_step(m, lg, a, t, &st, ms, got);
     lg->last = st, lg->logged = t;
-    if (lg->val[slot] == lg->val[slot]) lg->last_val = lg->val[slot];
+    if (got->val_loss == got->val_loss) lg->last_got.val_loss = got->val_loss;
+    if (got->eval_acc == got->eval_acc) lg->last_got.eval_acc = got->eval_acc;
     if (st.bad_in_row < a->loop.max_bad_steps) return;
     if (saver) saver_join(saver);
     fprintf(stderr, "error: steps %d..%d had a non-finite loss or gradient norm (--max_bad_steps %d): stopping; their "
@@ -2007,14 +2085,17 @@ static void log_sample(Model* m, const StepLog* lg, const TrainIO* io, int t) {
     free(ids);
 }
 
-// The val loss and a sample after step t, when due; the step's line first (both wait for the GPU).
+// The val loss, the eval accuracy and a sample after step t, when due; the step's line first (all
+// wait for the GPU).
 static void evaluate(Model* m, StepLog* lg, const TrainArgs* a, const TrainIO* io, int t) {
-    bool val = io->val && due(a->eval.val_every, t, a);
+    bool val = io->val && due(a->eval.val_every, t, a), scored = io->eval && due(a->eval.eval_every, t, a);
     bool sample = io->sampler && due(a->eval.sample_every, t, a);
-    if (!val && !sample) return;
-    if (val) lg->val[t % 2] = val_loss(m, io->val);
+    if (!val && !scored && !sample) return;
+    Measured* got = &lg->got[t % 2];
+    if (val) got->val_loss = val_loss(m, io->val);
+    if (scored) got->eval_acc = eval_accuracy(m, io->eval);
     log_step(m, lg, a, io->saver, t);
-    lg->val[t % 2] = NAN;
+    got->val_loss = got->eval_acc = NAN;
     if (sample) log_sample(m, lg, io, t);
 }
 
@@ -2042,7 +2123,8 @@ static void print_summary(const Model* m, const StepLog* lg, const TrainArgs* a,
     printf("done: %d steps, %.0f tokens in %.1f s, %.0f tok/s", n, tokens, wall, tok_s);
     if (peak > 0) printf(", MFU %.1f%%", 100.0 * flops_per_token(m) * tok_s / (peak * world_of(m)));
     printf(" | last loss %.6f", lg->last.loss);
-    if (lg->last_val == lg->last_val) printf(", val %.6f", lg->last_val);
+    if (lg->last_got.val_loss == lg->last_got.val_loss) printf(", val %.6f", lg->last_got.val_loss);
+    if (lg->last_got.eval_acc == lg->last_got.eval_acc) printf(", eval %.4f", lg->last_got.eval_acc);
     if (lg->last.skipped_total) printf(" | %d steps skipped (non-finite)", lg->last.skipped_total);
     printf("\n");
     if (n > 1) {
@@ -2073,7 +2155,7 @@ static void train(Model* m, const TrainArgs* a, const TrainIO* io, int first) {
     StepLog lg = {};
     lg.ms = (double*)calloc(a->optim.sched.total, sizeof(double));
     lg.json = io->json, lg.json_path = a->loop.log_file, lg.first = first, lg.logged = first - 1;
-    lg.val[0] = lg.val[1] = lg.last_val = NAN;
+    lg.got[0] = lg.got[1] = lg.last_got = Measured{NAN, NAN};
     for (int s = 0; s < 2; s++) CUDA_CHECK(cudaEventCreate(&lg.start[s])), CUDA_CHECK(cudaEventCreate(&lg.end[s]));
     lg.wall_start = monotonic_seconds();
     int last = last_step(a);
@@ -2152,6 +2234,7 @@ typedef struct {
     TokenSource train_source, val_source; // val: with --val_every
     TokenData train_embedded, val_embedded; // the embedded splits, when used
     DataLoader val_loader;
+    EvalSet eval_set; // with --eval_file
     Vocab vocab; // with --sample_every
 } RunInputs;
 
@@ -2170,6 +2253,8 @@ static void check_eval_inputs(const TrainArgs* a, const Llama3Config* cfg, RunIn
         LoaderConfig lc = loader_config(a, false);
         if (loader_init(&in->val_loader, &in->val_source, &lc, err)) die(err, prog, false);
     }
+    if (a->eval.eval_file && eval_read(&in->eval_set, a->eval.eval_file, cfg->vocab_size, a->loop.sequence_length, err))
+        die(err, prog, false);
     const unsigned char* v = _binary_data_llama3_vocab_bin_start;
     if (a->eval.sample_every &&
         vocab_parse(&in->vocab, v, _binary_data_llama3_vocab_bin_end - v, "embedded data/llama3_vocab.bin", err))
@@ -2494,20 +2579,27 @@ int main(int argc, char** argv) {
     model_start(&m, &a, fmt, &in, argv[0]);
     static Saver saver;
     ValData val;
+    EvalData eval;
     Sampler sampler = {&a.eval, NULL, a.loop.seed ^ 0x5a4d504cULL};
     TrainIO io = {&loader, NULL, a.ckpt.dir ? &saver : NULL, a.eval.val_every ? &val : NULL,
-                  a.eval.sample_every && ranks.rank == 0 ? &sampler : NULL, &in.vocab}; // (samples: rank 0's)
+                  a.eval.eval_file ? &eval : NULL, a.eval.sample_every && ranks.rank == 0 ? &sampler : NULL,
+                  &in.vocab}; // (samples: rank 0's)
     if (io.saver) saver_create(&saver, &m, &a.ckpt);
     if (io.val) {
         val_create(&val, &m, &in.val_loader, a.eval.val_tokens);
         printf("val: %d batches of %d x %d from %s\n", val.n_batches, m.B, m.T,
                in.val_path ? in.val_path : "the embedded val split");
     }
+    if (io.eval) {
+        eval_create(&eval, &m, &in.eval_set, a.eval.eval_examples);
+        printf("eval: %d examples of %d endings from %s\n", eval.n_examples, in.eval_set.n_endings, a.eval.eval_file);
+    }
     if (io.sampler) sampler.seq = (int*)device_alloc(m.T * sizeof(int), "sample tokens");
     if (ranks.rank == 0) io.json = open_outputs(&a, &in, argv[0]); // (several ranks: no checkpoints yet)
     train(&m, &a, &io, a.ckpt.resume ? in.st.step + 1 : 1);
     if (io.saver) saver_free(&saver);
     if (io.val) val_free(&val), loader_free(&in.val_loader), token_source_free(&in.val_source);
+    if (io.eval) eval_destroy(&eval), eval_free(&in.eval_set);
     if (io.sampler) CUDA_CHECK(cudaFree(sampler.seq)), vocab_free(&in.vocab);
     model_free(&m);
     loader_free(&loader), token_source_free(&in.train_source);
