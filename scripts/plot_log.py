@@ -6,8 +6,8 @@
 Several logs are drawn over each other, one colour per run, to compare runs (fp32 and bf16 AdamW
 state, say); --label names each run in the legend (one per log, in order; default: the file names).
 Panels against the step: the train loss (and the val loss where a line has "val_loss"), the
-learning rate, the gradient norm (when the log has "grad_norm": runs with --grad_clip), and tokens
-per second. Each step line of the log is one JSON object with at least "step" and "loss" (the
+learning rate, the gradient norm (when the log has "grad_norm": runs with --grad_clip), the eval
+accuracy (when the log has "eval_acc": runs with --eval_file), and tokens per second. Each step line of the log is one JSON object with at least "step" and "loss" (the
 trainer also writes "lr", "skipped", "ms", "tok_per_s", "peak_mib"); a field a line lacks, or whose
 value is null or not finite (a skipped step's loss or grad_norm), is left out of its panel; the
 trainer's sample lines ("sample_ids") are skipped. A line that is not JSON, or lacks step or loss,
@@ -83,8 +83,12 @@ def series(records, field):
 def plot(plt, runs, title, fmt):
     """The figure's bytes: runs is [(label, records)], each run one colour in every panel."""
     has_norm = any(series(records, "grad_norm")[0] for _, records in runs)
-    fig, axes = plt.subplots(4 if has_norm else 3, 1, figsize=(8, 10 if has_norm else 8), sharex=True)
+    has_acc = any(series(records, "eval_acc")[0] for _, records in runs)
+    n = 3 + has_norm + has_acc
+    fig, axes = plt.subplots(n, 1, figsize=(8, 2 + 2 * n), sharex=True)
     ax_loss, ax_lr, ax_tok = axes[0], axes[1], axes[-1]
+    ax_norm = axes[2] if has_norm else None
+    ax_acc = axes[2 + has_norm] if has_acc else None
     for i, (label, records) in enumerate(runs):
         colour = f"C{i}"
         prefix = f"{label} " if len(runs) > 1 else ""
@@ -94,11 +98,15 @@ def plot(plt, runs, title, fmt):
         if val:
             ax_loss.plot(val_steps, val, "o-", ms=3, color=colour if len(runs) > 1 else "C1", label=prefix + "val")
         if has_norm:
-            axes[2].plot(*series(records, "grad_norm"), lw=0.8, color=colour, label=label)
+            ax_norm.plot(*series(records, "grad_norm"), lw=0.8, color=colour, label=label)
+        if has_acc:
+            ax_acc.plot(*series(records, "eval_acc"), "o-", ms=3, color=colour, label=label)
         ax_lr.plot(*series(records, "lr"), lw=0.8, color=colour, label=label)
         ax_tok.plot(*series(records, "tok_per_s"), lw=0.8, color=colour, label=label)
     if has_norm:
-        axes[2].set_ylabel("grad norm")
+        ax_norm.set_ylabel("grad norm")
+    if has_acc:
+        ax_acc.set_ylabel("eval accuracy")
     ax_loss.set_ylabel("loss")
     ax_loss.legend()
     ax_lr.set_ylabel("learning rate")

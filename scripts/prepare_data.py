@@ -14,6 +14,7 @@ default, or your own text with --input; and the tokenizer's id-to-bytes table, f
   scripts/prepare_data.py --input corpus.jsonl --tokenizer tokenizer.json --shard_tokens 100000000
   ./train_llama3 --input_bin data/mine_train.bin
   ./train_llama3 --input_bin 'data/corpus_train_*.bin' --val_bin data/corpus_val.bin
+  scripts/prepare_data.py --hellaswag hellaswag_val.jsonl --tokenizer tokenizer.json   # data/hellaswag_eval.bin
 
 Tiny Shakespeare (no --input): the text (downloaded, or --text) is split into sections on blank
 lines ("\\n\\n"); each section gets a <|begin_of_text|> (BOS, id 128000) in front and is encoded as
@@ -48,6 +49,14 @@ Each file: a header of 256 little-endian int32 ([0]=20240801 magic, [1]=7 versio
 tokens, rest 0), then the tokens as little-endian uint32; written whole (safe_write.write_atomic),
 never over an input. Needs tiktoken and numpy (pip install -r requirements.txt), and for the default
 tokenizer llama-models (pip install -r requirements-data.txt).
+
+A multiple-choice eval set (--hellaswag JSONL: HellaSwag's validation file, hellaswag_val.jsonl of
+github.com/rowanz/hellaswag, one {"ctx": ..., "endings": [4 strings], "label": N} per line) becomes
+OUT_DIR/NAME_eval.bin (--name; default hellaswag) for the trainer's --eval_file: per example BOS and
+the context's tokens, each ending encoded with a space in front (as llm.c's hellaswag.py renders it),
+the label. The file: 256 little-endian int32 ([0]=20241206 magic, [1]=1 version, [2]=examples,
+[3]=endings per example, [4]=tokens), per example endings+2 int32 (label, context length, each
+ending's length), then the tokens as uint32, example by example (context, then the endings).
 
 The vocabulary table (--vocab_out PATH; Tiny Shakespeare writes OUT_DIR/llama3_vocab.bin unless
 given another path), for the trainer to print token ids as text: a header of 256 little-endian
@@ -85,6 +94,8 @@ def parse_args(argv):
                        help="with --input: val's share of the tokens (default 0.005)")
     split.add_argument("--val_tokens", type=int,
                        help="with --input: val's size in tokens; 0: no val split, NAME_train.bin only")
+    ap.add_argument("--hellaswag", metavar="JSONL",
+                    help="write HellaSwag's validation JSONL as an eval file, OUT_DIR/NAME_eval.bin (--eval_file)")
     ap.add_argument("--shard_tokens", type=int, metavar="N",
                     help="with --input: the train split as shards of N tokens, NAME_train_000000.bin, ...")
     ap.add_argument("--tokenizer",
@@ -96,10 +107,14 @@ def parse_args(argv):
                     f"(Tiny Shakespeare's default: OUT_DIR/{VOCAB_NAME})")
     args = ap.parse_args(argv)
     own = [f for f in ("text_field", "name", "val_fraction", "val_tokens", "shard_tokens") if getattr(args, f) is not None]
+    if args.hellaswag:
+        own = [f for f in own if f != "name"]
     if args.input is None and own:
         ap.error(f"--{own[0]} applies to --input only")
     if args.input is not None and args.text:
         ap.error("--text (Tiny Shakespeare) and --input exclude each other")
+    if args.hellaswag and (args.input is not None or args.text):
+        ap.error("--hellaswag writes an eval file alone: not with --input or --text")
     if args.val_fraction is not None and not 0 < args.val_fraction < 1:
         ap.error(f"--val_fraction {args.val_fraction}: not in (0, 1)")
     if args.val_tokens is not None and args.val_tokens < 0:
@@ -573,6 +588,60 @@ def write_shards(stem, tokens, shard_tokens, inputs):
     print(f"{len(starts)} train shards: --input_bin '{stem}*.bin'")
 
 
+EVAL_MAGIC = 20241206
+
+
+def hellaswag_examples(path):
+    """[(ctx, endings, label)] of a HellaSwag JSONL; a line without them stops with its number."""
+    examples = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    ex = json.loads(line)
+                    ctx, endings, label = ex["ctx"], ex["endings"], int(ex["label"])
+                    ok = isinstance(ctx, str) and isinstance(endings, list) and len(endings) >= 2 and all(
+                        isinstance(e, str) for e in endings) and 0 <= label < len(endings)
+                except (ValueError, KeyError, TypeError):
+                    ok = False
+                if not ok:
+                    fail(f"--hellaswag {path}: line {n}: not an example (\"ctx\", \"endings\", \"label\")")
+                if examples and len(endings) != len(examples[0][1]):
+                    fail(f"--hellaswag {path}: line {n}: {len(endings)} endings, the first example has {len(examples[0][1])}")
+                examples.append((ctx, endings, label))
+    except OSError as e:
+        fail(f"--hellaswag {path}: cannot read ({e.strerror})")
+    except UnicodeDecodeError:
+        fail(f"--hellaswag {path}: not UTF-8 text")
+    if not examples:
+        fail(f"--hellaswag {path}: no examples")
+    return examples
+
+
+def hellaswag(args, enc, inputs):
+    """The eval file of HellaSwag's JSONL (format in the docstring), written whole."""
+    out = os.path.join(args.out_dir, f"{args.name or 'hellaswag'}_eval.bin")
+    refuse_input(out, inputs)
+    examples = hellaswag_examples(args.hellaswag)
+    bos = enc.encode_single_token(BOS_NAME)
+    records, tokens, longest = [], [], 0
+    for ctx, endings, label in examples:
+        c = [bos] + enc.encode_ordinary(ctx)
+        ends = [enc.encode_ordinary(" " + e) for e in endings]
+        records += [label, len(c)] + [len(e) for e in ends]
+        tokens += c + [t for e in ends for t in e]
+        longest = max(longest, len(c) + max(len(e) for e in ends))
+    if len(tokens) >= 2**31:
+        fail(f"{out}: {len(tokens):,} tokens do not fit the header's int32 count")
+    header = struct.pack("<256i", EVAL_MAGIC, 1, len(examples), len(examples[0][1]), len(tokens), *([0] * 251))
+    make_folders(args)
+    write_atomic(out, [header, np.array(records, dtype="<i4"), np.array(tokens, dtype="<u4")], inputs)
+    print(f"wrote {len(examples):,} examples of {len(examples[0][1])} endings ({len(tokens):,} tokens; the longest "
+          f"example {longest}, which --sequence_length must reach less one) to {out}")
+
+
 def main(args, llama3_only=True):
     """args: parse_args's; llama3_only=False (tests only) takes any byte-level BPE with a <|begin_of_text|> token."""
     check_folders(args)
@@ -584,8 +653,10 @@ def main(args, llama3_only=True):
         fail(f"{tokenizer}: not the LLaMA-3 tokenizer: {why}")
     if BOS_NAME not in enc._special_tokens:
         fail(f"{tokenizer}: no {BOS_NAME} token")
-    inputs = [p for p in (args.text, args.tokenizer) if p]
-    if args.input:
+    inputs = [p for p in (args.text, args.tokenizer, args.hellaswag) if p]
+    if args.hellaswag:
+        hellaswag(args, enc, inputs)
+    elif args.input:
         own_data(args, enc, inputs)
     else:
         shakespeare(args, enc, inputs)

@@ -41,9 +41,10 @@ def png_size(path):
     return struct.unpack(">II", head[16:24]) if head[:8] == b"\x89PNG\r\n\x1a\n" else None
 
 
-def write_log(path, n, with_val, with_norm=False, skip_every=0):
-    """A log as the trainer writes it: with_val adds val_loss every 10 steps and a sample line after it;
-    every skip_every-th step is skipped, its loss and grad_norm null (the trainer's non-finite values)."""
+def write_log(path, n, with_val, with_norm=False, skip_every=0, with_acc=False):
+    """A log as the trainer writes it: with_val adds val_loss every 10 steps and a sample line after it,
+    with_acc eval_acc every 20; every skip_every-th step is skipped, its loss and grad_norm null (the
+    trainer's non-finite values)."""
     with open(path, "w") as f:
         for step in range(1, n + 1):
             skipped = skip_every and step % skip_every == 0
@@ -53,6 +54,8 @@ def write_log(path, n, with_val, with_norm=False, skip_every=0):
                 rec["grad_norm"] = None if skipped else 2.0 / step ** 0.5
             if with_val and step % 10 == 0:
                 rec["val_loss"] = 12.0 / step ** 0.3 + 0.1
+            if with_acc and step % 20 == 0:
+                rec["eval_acc"] = 0.25 + step / 1000
             f.write(json.dumps(rec) + "\n")
             if with_val and step % 10 == 0:
                 f.write(json.dumps({"step": step, "sample_ids": [128000, 791, 1176]}) + "\n")
@@ -133,6 +136,9 @@ def main():
     write_log(log, 100, True, with_norm=True)
     rc, out = run(log, png)
     check(rc == 0 and png_size(png) == (800, 1000), f"a log with grad_norm gets its panel: 800x1000 ({out})")
+    write_log(log, 100, True, with_norm=True, with_acc=True)
+    rc, out = run(log, png)
+    check(rc == 0 and png_size(png) == (800, 1200), f"... and with eval_acc one more: 800x1200 ({out})")
     write_log(log, 1, False)
     rc, out = run(log, png, "--title", "one step")
     check(rc == 0 and png_size(png) == (800, 800), f"a one-step log without val_loss plots ({out})")

@@ -335,6 +335,43 @@ def check_shards(d, enc, hf, docs):
           f"--shard_tokens below one batch: {err.strip()}")
 
 
+def check_hellaswag(d, enc, hf):
+    """--hellaswag JSONL: OUT_DIR/hellaswag_eval.bin holds each example's label, BOS and its context,
+    its endings each encoded with a space in front, as the docstring lays them out; a line without an
+    example is refused in one line naming it."""
+    import numpy as np
+    examples = [{"ctx": "A man is sitting on a roof. he", "endings": ["is using wrap.", "starts pulling up roofing.",
+                                                                       "is ripping level tiles.", "holds a sandwich."],
+                 "label": 1},
+                {"ctx": "Sugar is added", "endings": ["to a bowl.", "and stirred.", "slowly.", "then milk."], "label": 3}]
+    jsonl = os.path.join(d, "hs.jsonl")
+    with open(jsonl, "w") as f:
+        f.write("\n".join(json.dumps(e) for e in examples) + "\n")
+    out = os.path.join(d, "hs")
+    rc, _, err = run_cli("--hellaswag", jsonl, "--tokenizer", hf, "--out_dir", out)
+    path = os.path.join(out, "hellaswag_eval.bin")
+    ok = rc == 0 and os.path.exists(path)
+    if ok:
+        raw = open(path, "rb").read()
+        h = np.frombuffer(raw[:1024], "<i4")
+        rec = np.frombuffer(raw[1024:1024 + 4 * 2 * 6], "<i4").reshape(2, 6)
+        toks = np.frombuffer(raw[1024 + 48:], "<u4").tolist()
+        bos = enc.encode_single_token(pd.BOS_NAME)
+        want_rec, want_toks = [], []
+        for e in examples:
+            c = [bos] + enc.encode_ordinary(e["ctx"])
+            ends = [enc.encode_ordinary(" " + x) for x in e["endings"]]
+            want_rec.append([e["label"], len(c)] + [len(x) for x in ends])
+            want_toks += c + [t for x in ends for t in x]
+        ok = (h[:5].tolist() == [20241206, 1, 2, 4, len(want_toks)] and rec.tolist() == want_rec
+              and toks == want_toks and len(raw) == 1024 + 48 + 4 * len(want_toks))
+    check(ok, f"--hellaswag: hellaswag_eval.bin holds the 2 examples' labels, BOS + context, \" \" + endings{said(rc, err)}")
+    with open(jsonl, "a") as f:
+        f.write('{"ctx": "no endings", "label": 0}\n')
+    rc, _, err = run_cli("--hellaswag", jsonl, "--tokenizer", hf, "--out_dir", out)
+    check(one_error(rc, err, "line 3: not an example"), f"--hellaswag: a line without endings: {err.strip()}")
+
+
 def check_failures_are_one_line(d, model, hf, text_file):
     """User errors end in one "error: ..." line naming the file or flag, never in a traceback."""
     rc, _, err = run_cli("--out_dir", d, blocked="llama_models")
@@ -488,6 +525,7 @@ def main():
         check_refusals(d, hf, docs)
         check_no_val(d, enc, hf, docs)
         check_shards(d, enc, hf, docs)
+        check_hellaswag(d, enc, hf)
         check_failures_are_one_line(d, model, hf, text_file)
         check_vocab(d, enc, model, hf, text_file)
         check_shakespeare(d, enc, model)
