@@ -252,9 +252,6 @@ HOST_MUTANTS = [
     ("resume_position_lost", "checkpoints", "llama3.h", "a checkpoint keeps the epoch and shard but not the step "
      "within the shard: a resumed run reads the shard from its first step again",
      "st.loader_shard = l->at.shard, st.loader_group = l->at.group;", "st.loader_shard = l->at.shard, st.loader_group = 0;"),
-    ("shard_steps_cross_ranks", "loader", "llama3.h", "micro-step a of rank r reads slot a + r*micro_steps: two ranks "
-     "no longer read what one rank of twice the micro-steps reads",
-     "l->micro * l->cfg.world + l->cfg.rank;", "l->micro + l->cfg.rank * l->cfg.micro_steps;"),
     ("shape_flag_ignored", "flags", "train_llama3.cu", "--shape is parsed but the random init keeps the 1B's shape",
      "Llama3Config cfg = family_config(a.loop.shape);", "Llama3Config cfg = family_config(SHAPE_1B);"),
     ("shape_3b_untied", "flags", "llama3.h", "--shape 3b builds an untied 3B (the released one ties its embedding)",
