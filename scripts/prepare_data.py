@@ -25,7 +25,9 @@ tiny_shakespeare_val.bin and tiny_shakespeare_train.bin in --out_dir.
 Your own text (--input PATH..., repeatable): a file is one document, except a .jsonl file, whose
 every non-blank line is a JSON object with the document in --text_field (default "text"); a folder
 gives every file in it and its subfolders, sorted by path, names starting with "." skipped. Each
-document gets BOS in front and is encoded as ordinary text; empty documents are skipped (counted).
+document gets BOS in front and is encoded as ordinary text (by --workers of tiktoken's threads, in
+order, with a progress line: the share of the input, tokens per second, the time left); empty documents
+are skipped (counted).
 The val split is the first documents: up to the document boundary nearest to the target size
 (--val_tokens, or --val_fraction of all tokens, default 0.005) when that boundary lies within a factor
 of 2 of the target, else at exactly the target, inside a document; --val_tokens 0 makes no val split
@@ -70,7 +72,7 @@ Every failure (a missing package, a download that fails, an input that cannot be
 should be, an output folder that cannot be made, too little text) stops with one line "error: ..."
 naming the file or flag, exit status 1; a bad flag stops with one line naming it, exit 2.
 """
-import base64, bisect, hashlib, http.client, importlib.util, json, os, struct, sys, urllib.request
+import base64, bisect, hashlib, http.client, importlib.util, json, os, struct, sys, time, urllib.request
 from pathlib import Path
 
 import cli
@@ -96,6 +98,8 @@ def parse_args(argv):
                        help="with --input: val's size in tokens; 0: no val split, NAME_train.bin only")
     ap.add_argument("--hellaswag", metavar="JSONL",
                     help="write HellaSwag's validation JSONL as an eval file, OUT_DIR/NAME_eval.bin (--eval_file)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N",
+                    help="threads that encode the text (default: this machine's cores, %(default)s)")
     ap.add_argument("--shard_tokens", type=int, metavar="N",
                     help="with --input: the train split as shards of N tokens, NAME_train_000000.bin, ...")
     ap.add_argument("--tokenizer",
@@ -119,6 +123,8 @@ def parse_args(argv):
         ap.error(f"--val_fraction {args.val_fraction}: not in (0, 1)")
     if args.val_tokens is not None and args.val_tokens < 0:
         ap.error(f"--val_tokens {args.val_tokens}: negative")
+    if args.workers < 1:
+        ap.error(f"--workers {args.workers}: at least 1")
     if args.shard_tokens is not None and not MIN_SPLIT_TOKENS <= args.shard_tokens < 2**31:
         ap.error(f"--shard_tokens {args.shard_tokens}: not in [{MIN_SPLIT_TOKENS}, 2^31) (a shard holds one batch of "
                  "B=4 x T=64 at least, and its count fits the header's int32)")
@@ -150,6 +156,7 @@ MAGIC, VERSION, VAL_TOKENS = 20240801, 7, 32768
 ONE_BATCH = "tokens (one batch of the trainer's default B=4 x T=64, plus the last target)"
 CHUNK_CHARS = 1 << 20  # a text file is read and encoded in pieces of about this many characters
 BLOCK_TOKENS = 1 << 20  # tokens are moved from a Python list into a numpy block every this many
+BATCH_CHARS = 1 << 24  # text encoded in one batch of tiktoken's threads
 
 
 def fail(what):
@@ -410,22 +417,59 @@ class Tokens:
         return np.concatenate(self.blocks + [np.array(self.pending, dtype="<u4")])
 
 
-def encode_documents(enc, files, field):
-    """(tokens, document start offsets, documents, empty documents skipped): BOS before each."""
+class Progress:
+    """A line on stdout as the text is encoded: its share of the input bytes, the rate, the time left;
+    redrawn in place at most every half second on a terminal, else a line every 30 s and at the end."""
+
+    def __init__(self, total_bytes):
+        self.total, self.done, self.start, self.shown = max(total_bytes, 1), 0, time.monotonic(), 0.0
+        self.tty = sys.stdout.isatty()
+
+    def add(self, n_bytes, n_tokens, final=False):
+        self.done = self.total if final else self.done + n_bytes  # (a JSONL's syntax is not encoded text)
+        now = time.monotonic()
+        if not final and now - self.shown < (0.5 if self.tty else 30):
+            return
+        self.shown, elapsed = now, max(now - self.start, 1e-9)
+        share = min(self.done / self.total, 1.0)
+        eta = elapsed / share - elapsed if share > 0 else 0
+        line = (f"encoded {self.done / 1e6:,.1f} of {self.total / 1e6:,.1f} MB ({100 * share:.0f} %), "
+                f"{n_tokens / elapsed / 1e6:.2f} M tokens/s, {elapsed:.0f} s, ETA {eta:.0f} s")
+        print(("\r" + line + ("\n" if final else "")) if self.tty else line, end="" if self.tty else "\n", flush=True)
+
+
+def encode_documents(enc, files, field, workers):
+    """(tokens, document start offsets, documents, empty documents skipped): BOS before each. The text
+    pieces are encoded BATCH_CHARS at a time by tiktoken's threads (`workers` of them), in order."""
     bos = enc.encode_single_token(BOS_NAME)
-    tokens, starts, empty = Tokens(), [], 0
-    for doc in documents(files, field):
-        start = tokens.count
-        for piece in doc:
-            ids = enc.encode_ordinary(piece)
-            if ids and tokens.count == start:
+    tokens, starts = Tokens(), []
+    progress = Progress(sum(os.path.getsize(f) for f in files))
+    batch, batch_chars, current = [], 0, [None]  # (document number, piece); the document being appended
+
+    def flush():
+        for (doc, _), ids in zip(batch, enc.encode_ordinary_batch([p for _, p in batch], num_threads=workers)):
+            if doc != current[0]:  # the first piece of the next document
+                current[0] = doc
+                starts.append(tokens.count)
+            if ids and tokens.count == starts[-1]:
                 tokens.extend([bos])
             tokens.extend(ids)
-        if tokens.count == start:
-            empty += 1
-        else:
-            starts.append(start)
-    return tokens.array(), starts, len(starts), empty
+        progress.add(sum(len(p.encode("utf-8", "surrogatepass")) for _, p in batch), tokens.count)
+        batch.clear()
+
+    for number, doc in enumerate(documents(files, field)):
+        batch.append((number, ""))  # (every document has a piece: an empty one is counted too)
+        for piece in doc:
+            batch.append((number, piece))
+            batch_chars += len(piece)
+            if batch_chars >= BATCH_CHARS:
+                flush()
+                batch_chars = 0
+    flush()
+    progress.add(0, tokens.count, final=True)
+    # documents that gave no token started where the next one starts: drop them, counted as empty
+    kept = [s for i, s in enumerate(starts) if (starts[i + 1] if i + 1 < len(starts) else tokens.count) > s]
+    return tokens.array(), kept, len(kept), len(starts) - len(kept)
 
 
 def val_split(starts, total, target):
@@ -554,7 +598,7 @@ def own_data(args, enc, inputs):
             base = os.path.basename(f)
             if os.path.abspath(f).startswith(os.path.abspath(shard_stem)) and base.endswith(".bin"):
                 fail(f"--input {f}: would be overwritten by a train shard {shard_stem}NNNNNN.bin: another --name or --out_dir")
-    tokens, starts, n_docs, empty = encode_documents(enc, files, args.text_field)
+    tokens, starts, n_docs, empty = encode_documents(enc, files, args.text_field, args.workers)
     if n_docs == 0:
         fail(f"no text: {len(files)} input files hold {empty} documents, all empty")
     print(f"{n_docs:,} documents from {len(files):,} files ({empty:,} empty, skipped), "

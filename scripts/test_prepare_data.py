@@ -249,14 +249,17 @@ def check_own_data(d, enc, hf, docs):
 
 
 def check_blocks(enc, files, docs):
-    """encode_documents with numpy blocks of 100 tokens: the same stream and document starts."""
-    block, pd.BLOCK_TOKENS = pd.BLOCK_TOKENS, 100
-    tokens, starts, n_docs, empty = pd.encode_documents(enc, files, "text")
-    pd.BLOCK_TOKENS = block
+    """encode_documents with numpy blocks of 100 tokens, and batches of 37 characters on 3 threads (a
+    batch ends inside documents and pieces): the same stream and document starts."""
+    block, batch = pd.BLOCK_TOKENS, pd.BATCH_CHARS
+    pd.BLOCK_TOKENS, pd.BATCH_CHARS = 100, 37
+    tokens, starts, n_docs, empty = pd.encode_documents(enc, files, "text", 3)
+    pd.BLOCK_TOKENS, pd.BATCH_CHARS = block, batch
     sizes = [1 + len(enc.encode_ordinary(x)) for x in docs]
     check(tokens.dtype == np.uint32 and tokens.tolist() == expected_stream(enc, docs)
           and (n_docs, empty) == (4, 1) and starts == [sum(sizes[:i]) for i in range(4)],
-          "tokens gathered in numpy blocks of 100: the same stream, document starts and counts")
+          "tokens in numpy blocks of 100, encoded in batches of 37 characters on 3 threads: the same stream, "
+          "document starts and counts")
 
 
 def check_refusals(d, hf, docs):
