@@ -1206,7 +1206,8 @@ static void gradients_done(const Model* m, const int* slices, int n) {
     if (timing != ADAMW_OVERLAPPED && timing != ADAMW_SHARDED && !p->measure_norm) return;
     optimizer_stream_waits(m);
     if (timing == ADAMW_SHARDED) shard_group_reduce(m, slices, n);
-    if (timing == ADAMW_SHARDED && !p->measure_norm) return shard_group_update(m, slices, n, optimizer_hyper(&m->optim));
+    if (timing == ADAMW_SHARDED && !p->measure_norm)
+        return shard_group_update(m, slices, n, optimizer_hyper(&m->optim));
     for (int i = 0; i < n; i++) {
         const TensorSlice* g = &m->tab.slice[slices[i]];
         if (p->measure_norm) grad_sum_squares(m, g->tensor, g->layer, m->opt_stream);
@@ -1417,7 +1418,8 @@ static void norm_guard(const Model* m) {
         all_reduce(m->comm->nccl, m->sumsq, m->comm->sumsq_total, sumsq_count(m), COMM_SUM, m->opt_stream);
         partial = m->comm->sumsq_total;
     }
-    clip_guard(optimizer_hyper(&m->optim), m->stats, partial, (int)sumsq_count(m), m->optim.cfg.grad_clip, m->opt_stream);
+    clip_guard(optimizer_hyper(&m->optim), m->stats, partial, (int)sumsq_count(m), m->optim.cfg.grad_clip,
+               m->opt_stream);
 }
 
 // [data parallel] The NaN guard's inputs agreed on: the step's loss averaged over the ranks and the
@@ -1431,7 +1433,8 @@ static void ranks_agree_on_loss(const Model* m) {
     int* skip = &optimizer_hyper(&m->optim)->skip;
     all_reduce(c->nccl, skip, skip, 1, COMM_MAX, m->opt_stream);
     comm_group(false);
-    if (m->plan->counted_by == COUNTED_AFTER_RANKS) count_step_after(optimizer_hyper(&m->optim), m->stats, m->opt_stream);
+    if (m->plan->counted_by == COUNTED_AFTER_RANKS)
+        count_step_after(optimizer_hyper(&m->optim), m->stats, m->opt_stream);
 }
 
 // [clipping] The sum of squares of one gradient tensor into its slot's partial sums: bf16 or fp32,
@@ -1529,8 +1532,8 @@ static void micro_step(const Model* m, int micro, bool to_optimizer) {
     forward(m, inputs, micro == 0 && m->pending.updates);
     classifier(m, m->tokens + n_step + (size_t)micro * N, micro);
     if (last)
-        loss_guard(optimizer_hyper(&m->optim), m->stats, m->acts.losses, n_step, m->plan->counted_by == COUNTED_BY_LOSS_GUARD,
-                   m->stream);
+        loss_guard(optimizer_hyper(&m->optim), m->stats, m->acts.losses, n_step,
+                   m->plan->counted_by == COUNTED_BY_LOSS_GUARD, m->stream);
     if (last && m->comm) ranks_agree_on_loss(m);
     bool head_writes_wte = m->cfg.tied_embeddings && !accumulate; // [tied embeddings] with beta 0, every row
     if (micro == 0 && !m->sw.sparse_embedding && !head_writes_wte) // dense wte gradient: re-zeroed every step
@@ -1550,7 +1553,8 @@ static void micro_step(const Model* m, int micro, bool to_optimizer) {
 static void step_work(const Model* m) {
     const StepPlan* p = m->plan;
     optimizer_begin_step(&m->optim, m->stats, m->stream);
-    if (m->pending.updates) optimizer_stream_waits(m), adamw_deferred(m, optimizer_hyper_previous(&m->optim), m->opt_stream);
+    if (m->pending.updates)
+        optimizer_stream_waits(m), adamw_deferred(m, optimizer_hyper_previous(&m->optim), m->opt_stream);
     if (m->sw.grad_zeroing != GRAD_ZERO_NONE) zero_grads(m);
     for (int micro = 0; micro < m->grad_accum; micro++) micro_step(m, micro, true);
     if (p->measure_norm) norm_guard(m);
@@ -1918,7 +1922,8 @@ static float eval_accuracy(Model* m, const EvalData* e) {
     for (int first = 0; first < rows; first += m->B)
         eval_forward(m, e, first, rows - first < m->B ? rows - first : m->B, rank, world, mean_loss);
     int right = 0;
-    for (int j = 0; j < mine; j++) right += eval_pick(mean_loss + (size_t)j * E, E) == eval_label(e->set, rank + j * world);
+    for (int j = 0; j < mine; j++)
+        right += eval_pick(mean_loss + (size_t)j * E, E) == eval_label(e->set, rank + j * world);
     free(mean_loss);
     if (m->comm) right = ranks_sum(m, right);
     NVTX_POP();
@@ -2028,7 +2033,8 @@ static void print_step(const Model* m, StepLog* lg, const TrainArgs* a, int t, c
     if (got->val_loss == got->val_loss)
         len += snprintf(extra + len, sizeof(extra) - len, ", \"val_loss\": %s",
                         json_number(vloss, sizeof(vloss), "%.6f", got->val_loss));
-    if (got->eval_acc == got->eval_acc) snprintf(extra + len, sizeof(extra) - len, ", \"eval_acc\": %.6f", got->eval_acc);
+    if (got->eval_acc == got->eval_acc)
+        snprintf(extra + len, sizeof(extra) - len, ", \"eval_acc\": %.6f", got->eval_acc);
     if (fprintf(lg->json, "{\"step\": %d, \"loss\": %s, \"lr\": %s%s, \"skipped\": %d, \"ms\": %.3f, "
                 "\"tok_per_s\": %.1f, \"peak_mib\": %.0f}\n", t, json_number(loss, sizeof(loss), "%.6f", st->loss),
                 json_number(lr, sizeof(lr), "%.6g", st->lr), extra, st->skipped, ms, tok_s, lg->mem_mib) < 0 ||
