@@ -399,7 +399,7 @@ static const FlagSpec FLAGS[] = {
     {"--overfit_single_batch", FLAG_BOOL, ARG(loop.overfit_single_batch), "0", 0, 0, NULL, "train on the first batch only", NOT_A_SWITCH, NULL},
     {"--dry_run", FLAG_BOOL, ARG(loop.dry_run), "0", 0, 0, NULL, "1: check the flags and the input files (every check made before the GPU), print the setup, and exit 0 without starting the GPU or writing anything", NOT_A_SWITCH, NULL},
     {"--log_file", FLAG_PATH, ARG(loop.log_file), NULL, 0, 0, NULL, "one JSON line per step (step, loss, lr, grad_norm with clipping, val_loss when measured, skipped, ms, tok_per_s, peak_mib; non-finite: null) and per sample; continued by --resume", NOT_A_SWITCH, NULL},
-    {"--val_bin", FLAG_PATH, ARG(eval.val_bin), NULL, 0, 0, NULL, "llm.c token files for the val loss, read in order: a file, a glob or a comma list (default: NAME_val.bin beside an --input_bin NAME_train.bin, else the embedded val split)", NOT_A_SWITCH, NULL},
+    {"--val_bin", FLAG_PATH, ARG(eval.val_bin), NULL, 0, 0, NULL, "llm.c token files for the val loss, read in order: a file, a glob or a comma list (default: NAME_val.bin beside an --input_bin NAME_train.bin or 'NAME_train_*.bin', else the embedded val split)", NOT_A_SWITCH, NULL},
     {"--val_every", FLAG_INT, ARG(eval.val_every), "0", 0, BIG_INT, NULL, "val loss every N steps and after the last (0: never)", NOT_A_SWITCH, NULL},
     {"--val_tokens", FLAG_INT, ARG(eval.val_tokens), "32768", 1, BIG_INT, NULL, "tokens of val data per val loss (whole batches of B*T)", NOT_A_SWITCH, NULL},
     {"--eval_file", FLAG_PATH, ARG(eval.eval_file), NULL, 0, 0, NULL, "multiple-choice eval set (HellaSwag's format, written by prepare_data.py --hellaswag): with --eval_every, the accuracy of picking each example's ending of lowest mean loss", NOT_A_SWITCH, NULL},
@@ -1748,15 +1748,18 @@ static inline int gpu_check(int major, int minor, const char* name, char* err) {
     return 0;
 }
 
-// The val split of a user's token file when --val_bin is not given: prepare_data.py writes
-// NAME_val.bin beside NAME_train.bin. Written to out (L3_PATH_LEN bytes); -1 with a message when
+// The val split of a user's token files when --val_bin is not given: prepare_data.py writes
+// NAME_val.bin beside NAME_train.bin, or beside the shards NAME_train_*.bin. Written to out (L3_PATH_LEN bytes); -1 with a message when
 // there is none (the embedded val split belongs to the embedded training data only).
 static inline int val_path_beside(const char* input_bin, char* out, char* err) {
-    size_t n = strlen(input_bin), suffix = strlen("_train.bin");
+    static const char* const TRAIN[2] = {"_train.bin", "_train_*.bin"}; // (a file; prepare_data.py's shards)
+    size_t n = strlen(input_bin), suffix = 0;
     struct stat st;
-    if (n < suffix || strcmp(input_bin + n - suffix, "_train.bin") || n >= L3_PATH_LEN)
+    for (int i = 0; i < 2; i++)
+        if (n >= strlen(TRAIN[i]) && !strcmp(input_bin + n - strlen(TRAIN[i]), TRAIN[i])) suffix = strlen(TRAIN[i]);
+    if (!suffix || n >= L3_PATH_LEN)
         return l3_fail(err, "--val_every with --input_bin %s: pass --val_bin (a val split is looked for beside the "
-                       "token file only for a NAME_train.bin)", input_bin);
+                       "token files only for NAME_train.bin or NAME_train_*.bin)", input_bin);
     snprintf(out, L3_PATH_LEN, "%.*s_val.bin", (int)(n - suffix), input_bin);
     if (stat(out, &st) != 0 || !S_ISREG(st.st_mode))
         return l3_fail(err, "--val_every with --input_bin %s: no val split %s beside it: pass --val_bin, or write one "

@@ -797,6 +797,8 @@ static void test_gpu_and_val_paths(void) {
     write_file(val, "x", 1, NULL, 0);
     CHECK(val_path_beside(train, out, err) == 0 && !strcmp(out, val), "NAME_val.bin beside NAME_train.bin is the val "
           "split (%s)", out);
+    CHECK(val_path_beside(tmp_path("mine_train_*.bin"), out, err) == 0 && !strcmp(out, val),
+          "NAME_val.bin beside the shards NAME_train_*.bin is their val split (%s)", out);
     expect_error(val_path_beside(tmp_path("tokens.bin"), out, err), err, "a token file not named NAME_train.bin",
                  "pass --val_bin", "tokens.bin");
 }
