@@ -16,7 +16,8 @@
 #  - the same exact resume with --optimizer_state bf16 (its state file half the size), and its
 #    checkpoint resumed with fp32 moments refused;
 #  - the same exact resume on a tied model (ref/small_tied's, or one ref_llama3.py --model_only writes),
-#    and with --fp8 1 at 2 micro-steps (compute capability 8.9+);
+#    with --fp8 1 at 2 micro-steps (compute capability 8.9+), and on 3 shard files (a resume on 2 of
+#    them refused);
 #  - SIGKILL while checkpoints are written (one every step, so the writer is nearly always busy),
 #    0.3, 0.6 and 0.9 s after the first one is complete: a resume from the folder takes its newest
 #    complete checkpoint (latest's, or a newer one whose save was killed between state.bin and
@@ -124,6 +125,35 @@ if nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head 
 else
     echo "skipped: the FP8 exact resume (--fp8 1 needs compute capability 8.9 or newer)"
 fi
+
+# [shards] The small model's tokens as 3 shard files, read shuffled (the default): 20 steps straight and
+# 10 + resume + 10 cross the shards' and the epochs' ends alike; a resume on 2 of the shards is refused.
+python3 - "$c" <<'PY'
+import sys
+import numpy as np
+tokens = np.fromfile("ref/small_t64_tokens.bin", dtype="<u4", offset=1024)
+for i, part in enumerate(np.array_split(tokens, 3)):
+    header = np.zeros(256, "<i4")
+    header[:3] = [20240801, 7, len(part)]
+    open(f"{sys.argv[1]}/shard_{i}.bin", "wb").write(header.tobytes() + part.astype("<u4").tobytes())
+PY
+sharded() { # LOG DIR FLAGS...: train() on the shards
+    local log=$1 dir=$2
+    shift 2
+    ./train_llama3 --input_bin "$c/shard_*.bin" "${schedule[@]}" --log_file "$log" --checkpoint_dir "$dir" "$@" \
+        >> "$log.out" 2>&1
+}
+sharded "$c/s_straight.jsonl" "$c/s_straight" "${model[@]}" --num_iteration 20 && \
+    sharded "$c/s_split.jsonl" "$c/s_split" "${model[@]}" --num_iteration 20 --stop_after 10 && \
+    sharded "$c/s_split.jsonl" "$c/s_split" --num_iteration 20 --resume "$c/s_split" && ok=1 || ok=0
+for f in model.bin state.bin; do cmp -s "$c/s_straight/step_00000020/$f" "$c/s_split/step_00000020/$f" || ok=0; done
+cmp -s <(losses "$c/s_straight.jsonl") <(losses "$c/s_split.jsonl") || ok=0
+cmp -s <(losses "$c/s_straight.jsonl") <(losses "$c/straight.jsonl") && ok=0 # (another order than the one file's)
+result $ok "3 shards, shuffled: 10 + resume + 10 give the straight run's model.bin, state.bin and losses (another order than the one file's)" \
+    "$(errors "$c"/s_*.out)"
+out=$(./train_llama3 --input_bin "$c/shard_[01].bin" --resume "$c/s_split/step_00000010" --num_iteration 20 2>&1)
+[[ $? -ne 0 && "$out" == *"differs from the checkpoint's token data (3 files"* ]] && ok=1 || ok=0
+result $ok "a resume on 2 of the 3 shards is refused" "$out"
 
 train "$c/long.jsonl" "$c/long" "${model[@]}" --num_iteration 3000
 bad="" debris=0
