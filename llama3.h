@@ -1978,7 +1978,7 @@ static inline int eval_records_check(EvalSet* e, const char* path, int T, char* 
         }
         if (at > e->n_tokens)
             return l3_fail(err, "%s: example %d: its tokens run past the file's %zu", path, i, e->n_tokens);
-        if (ctx + longest > T + 1)
+        if ((long long)ctx + longest > (long long)T + 1)
             return l3_fail(err, "%s: example %d is %d tokens (context %d, longest ending %d): more than "
                            "--sequence_length %d + 1", path, i, ctx + longest, ctx, longest, T);
     }
