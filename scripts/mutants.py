@@ -244,6 +244,11 @@ DP_MUTANTS = [
 ]
 
 HOST_MUTANTS = [
+    ("eval_pick_highest", "eval", "llama3.h", "the eval picks the ending of the highest mean loss",
+     "if (mean_loss[k] < mean_loss[best]) best = k;", "if (mean_loss[k] > mean_loss[best]) best = k;"),
+    ("eval_targets_unshifted", "eval", "llama3.h", "an eval row's targets are its inputs (not the next tokens): "
+     "every ending's loss reads the wrong logits", "int a = t, b = t + 1; // the row's token t and t + 1",
+     "int a = t, b = t; // the row's token t and t + 1"),
     ("shuffle_same_every_epoch", "loader", "llama3.h", "--shuffle 1 draws one order of the shards and steps for "
      "the whole run instead of one per epoch",
      "return mix64(seed ^ mix64((epoch + 1) * 0x9E3779B97F4A7C15ull ^", "return mix64(seed ^ mix64((0 + 1) * 0x9E3779B97F4A7C15ull ^"),
