@@ -502,7 +502,6 @@ SMALL_REFS=(
     "small_tied_accum_clip --shape small --batch_size 4 --seq_len 64 --grad_accum 3 --tied --lr_schedule cosine --warmup_iters 1 --grad_clip 1.0"
 )
 # [fp8] compute capability 8.9 or newer (Ada, Hopper): torch._scaled_mm and the trainer's --fp8 1
-fp8_gpu() { nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -n 1 | awk '{ exit !($1 >= 8.9) }'; }
 if fp8_gpu; then
     SMALL_REFS+=("small_fp8 --shape small --batch_size 4 --seq_len 64 --steps 5 --fp8"
                  "small_fp8_e4m3 --shape small --batch_size 4 --seq_len 64 --steps 5 --fp8 --fp8_grads e4m3"

@@ -113,7 +113,7 @@ result $ok "tied embeddings: 10 + resume + 10 give the straight run's model.bin,
 
 # [fp8] --fp8 1 with 2 micro-steps (compute capability 8.9+): a resume remakes the weights' FP8 copies
 # from the loaded shadow, as the straight run made them after its update: the same exact resume.
-if nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -n 1 | awk '{ exit !($1 >= 8.9) }'; then
+if fp8_gpu; then
     fp8=(--fp8 1 --total_batch_size 512 --num_iteration 20)
     train "$c/f_straight.jsonl" "$c/f_straight" "${model[@]}" "${fp8[@]}" && \
         train "$c/f_split.jsonl" "$c/f_split" "${model[@]}" "${fp8[@]}" --stop_after 10 && \

@@ -110,8 +110,7 @@ if [ ! -f "$tied_model" ]; then
 fi
 # [fp8] compute capability 8.9 or newer: also FP8 (fp8_clip1)
 names="clip1 clip0 tied_clip1"
-nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -n 1 | awk '{ exit !($1 >= 8.9) }' &&
-    names+=" fp8_clip1"
+fp8_gpu && names+=" fp8_clip1"
 for name in $names; do
     clip=${name: -1}
     m=("${model[@]}")

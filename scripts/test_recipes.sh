@@ -132,8 +132,7 @@ run_recipe() {
         case $cmd in
         "hf "*) echo "     $name: not run, no network here (Llama-3.2-1B/ is the test's small model): $cmd"; continue ;;
         *"--shape 8b"*) [ "$gpu_mib" -ge 122880 ] || why="needs a GPU of 120 GiB or more; this one has $gpu_mib MiB" ;;
-        *"--fp8 1"*) nvidia-smi --query-gpu=compute_cap --format=csv,noheader | awk '{ exit !($1 >= 8.9) }' ||
-            why="needs compute capability 8.9 or newer" ;;
+        *"--fp8 1"*) fp8_gpu || why="needs compute capability 8.9 or newer" ;;
         esac
         if [ -n "$why" ]; then echo "skipped: recipe $name, $cmd ($why)"; continue; fi
         if ! (cd "$work" && timeout 900 bash -c "$cmd") > "$work/$name.$k.log" 2>&1; then
