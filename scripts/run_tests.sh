@@ -309,6 +309,17 @@ trainer_errors() {
     printf 'a text file, 42 bytes, where one was meant' > "$tmp/text42.txt"
     expect_error "a 42-byte text file as --input_bin" "not a token file (42 bytes, shorter than the 1024-byte header)" \
         ./train_llama3 --input_bin "$tmp/text42.txt"
+    # shards and the eval file, before the GPU
+    expect_error "a glob of no token file" "no file matches" ./train_llama3 --input_bin "$tmp/none_*.bin"
+    expect_error "a list with a missing shard" "$tmp/none.bin: cannot open token file" \
+        ./train_llama3 --input_bin "data/tiny_shakespeare_val.bin,$tmp/none.bin"
+    python3 -c 'import struct, sys; open(sys.argv[1], "wb").write(struct.pack("<256i", 20240520, 1, 300, *[0] * 253)
+                + struct.pack("<300H", *range(300)))' "$tmp/gpt2.bin"
+    expect_error "a shard of another token format" "one token format per list" \
+        ./train_llama3 --input_bin "data/tiny_shakespeare_val.bin,$tmp/gpt2.bin"
+    expect_error "--eval_every without --eval_file" "--eval_every takes --eval_file" ./train_llama3 --eval_every 5
+    expect_error "a model file as --eval_file" "bad magic" \
+        ./train_llama3 --eval_file "$tmp/junk.bin" --eval_every 5
     bad_checkpoints
     user_errors
     # Every script the README names runs as it is named: executable, with a #! line.
