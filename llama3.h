@@ -1427,23 +1427,41 @@ static inline int tokens_parse(TokenData* d, const unsigned char* bytes, size_t 
 
 // Reads a token file: the header first (so that a wrong file is refused before it is read), then
 // the tokens in chunks straight into their array, each checked against the vocab.
-static inline int tokens_load_file(TokenData* d, const char* path, int vocab_size, char* err) {
-    *d = (TokenData){NULL, 0};
+// A token file opened past its header, once the header is checked against the file's size: its
+// token width and count; NULL with a message in err.
+static inline FILE* tokens_open(const char* path, size_t* width, size_t* count, char* err) {
     long long size;
     FILE* f = open_regular(path, "token file", &size, err);
-    if (!f) return -1;
-    unsigned char h[1024], chunk[1 << 16];
-    size_t width = 0, count = 0, got = fread(h, 1, sizeof(h), f);
-    int rc = got < sizeof(h) ? tokens_header_check(h, got, path, &width, &count, err)
-                             : tokens_header_check(h, (size_t)size, path, &width, &count, err);
-    if (rc == 0) rc = tokens_alloc(d, count, path, err);
-    for (size_t done = 0; rc == 0 && done < count;) {
-        size_t n = count - done < sizeof(chunk) / width ? count - done : sizeof(chunk) / width;
-        if (fread(chunk, width, n, f) != n) rc = l3_fail(err, "%s: read failed after %zu of %zu tokens: %s", path,
-                                                         done, count, ferror(f) ? strerror(errno) : "end of file");
-        else rc = tokens_widen(d->tokens, chunk, n, width, done, vocab_size, path, err);
-        done += n;
+    if (!f) return NULL;
+    unsigned char h[1024];
+    size_t got = fread(h, 1, sizeof(h), f);
+    if (tokens_header_check(h, got < sizeof(h) ? got : (size_t)size, path, width, count, err) == 0) return f;
+    fclose(f);
+    return NULL;
+}
+// The next n tokens of an open token file (of `count`), in chunks, widened into dst[0..n) and
+// checked against the vocab.
+static inline int tokens_read(FILE* f, uint32_t* dst, size_t n, size_t width, size_t count, int vocab_size,
+                              const char* path, char* err) {
+    unsigned char chunk[1 << 16];
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < sizeof(chunk) / width ? n - done : sizeof(chunk) / width;
+        if (fread(chunk, width, k, f) != k)
+            return l3_fail(err, "%s: read failed after %zu of %zu tokens: %s", path, done, count,
+                           ferror(f) ? strerror(errno) : "end of file");
+        if (tokens_widen(dst, chunk, k, width, done, vocab_size, path, err)) return -1;
+        done += k;
     }
+    return 0;
+}
+
+static inline int tokens_load_file(TokenData* d, const char* path, int vocab_size, char* err) {
+    *d = (TokenData){NULL, 0};
+    size_t width = 0, count = 0;
+    FILE* f = tokens_open(path, &width, &count, err);
+    if (!f) return -1;
+    int rc = tokens_alloc(d, count, path, err);
+    if (rc == 0) rc = tokens_read(f, d->tokens, count, width, count, vocab_size, path, err);
     fclose(f);
     if (rc && d->tokens) {
         free(d->tokens);
@@ -1491,26 +1509,21 @@ static inline void token_source_memory(TokenSource* s, const TokenData* d, const
 // A shard file onto the source: its header against its size and the first shard's token format,
 // its first tokens (checked against the vocab) into the hash.
 static inline int source_add_file(TokenSource* s, const char* path, char* err) {
-    long long size;
-    FILE* f = open_regular(path, "token file", &size, err);
+    size_t width = 0, count = 0;
+    FILE* f = tokens_open(path, &width, &count, err);
     if (!f) return -1;
-    unsigned char h[1024];
-    size_t width = 0, count = 0, got = fread(h, 1, sizeof(h), f);
-    int rc = tokens_header_check(h, got < sizeof(h) ? got : (size_t)size, path, &width, &count, err);
-    if (rc == 0 && s->n > 0 && width != s->width)
+    int rc = 0;
+    if (s->n > 0 && width != s->width)
         rc = l3_fail(err, "%s: %s tokens, but %s holds %s tokens: one token format per list", path,
                      width == 4 ? "LLaMA-3 (uint32)" : "GPT-2 (uint16)", s->paths[0],
                      s->width == 4 ? "LLaMA-3 (uint32)" : "GPT-2 (uint16)");
     size_t n_first = count < TOKENS_HASH_COUNT ? count : TOKENS_HASH_COUNT;
-    unsigned char* first = (unsigned char*)malloc(TOKENS_HASH_COUNT * 4);
-    uint32_t* wide = (uint32_t*)malloc(TOKENS_HASH_COUNT * 4);
-    if (rc == 0 && (!first || !wide)) rc = l3_fail(err, "%s: out of host memory", path);
-    if (rc == 0 && fread(first, width, n_first, f) != n_first)
-        rc = l3_fail(err, "%s: read failed in its first tokens: %s", path, ferror(f) ? strerror(errno) : "end of file");
+    uint32_t* first = (uint32_t*)malloc(TOKENS_HASH_COUNT * 4);
+    if (rc == 0 && !first) rc = l3_fail(err, "%s: out of host memory", path);
+    if (rc == 0) rc = tokens_read(f, first, n_first, width, count, s->vocab_size, path, err);
     fclose(f);
-    if (rc == 0) rc = tokens_widen(wide, first, n_first, width, 0, s->vocab_size, path, err);
-    if (rc == 0) s->hash = tokens_hash_from(s->hash, wide, n_first);
-    free(first), free(wide);
+    if (rc == 0) s->hash = tokens_hash_from(s->hash, first, n_first);
+    free(first);
     if (rc) return -1;
     s->paths = (char**)realloc(s->paths, sizeof(char*) * (s->n + 1));
     s->counts = (size_t*)realloc(s->counts, sizeof(size_t) * (s->n + 1));
@@ -1648,18 +1661,14 @@ static inline int loader_enter_shard(DataLoader* l, char* err) {
 // next epoch's first after the last shard), entering its shard.
 static inline int loader_seek(DataLoader* l, LoaderPos pos, char* err) {
     l->at = pos, l->micro = 0;
-    if (l->at.shard < (uint64_t)l->src->n) {
-        if (loader_enter_shard(l, err)) return -1;
-        if (l->at.group > l->n_groups)
-            return l3_fail(err, "%s: data position (epoch %llu, shard %llu, step %llu) is past its shard's %zu steps",
-                           l->src->name, (unsigned long long)pos.epoch, (unsigned long long)pos.shard,
-                           (unsigned long long)pos.group, l->n_groups);
-    }
-    for (;;) {
+    for (bool first = true;; first = false, l->at.shard++, l->at.group = 0) {
         if (l->at.shard >= (uint64_t)l->src->n) l->at.epoch++, l->at.shard = 0, l->at.group = 0;
         if (loader_enter_shard(l, err)) return -1;
         if (l->at.group < l->n_groups) return 0;
-        l->at.shard++, l->at.group = 0;
+        if (first && l->at.group > l->n_groups)
+            return l3_fail(err, "%s: data position (epoch %llu, shard %llu, step %llu) is past its shard's %zu steps",
+                           l->src->name, (unsigned long long)pos.epoch, (unsigned long long)pos.shard,
+                           (unsigned long long)pos.group, l->n_groups);
     }
 }
 
@@ -1749,7 +1758,8 @@ static inline int gpu_check(int major, int minor, const char* name, char* err) {
 }
 
 // The val split of a user's token files when --val_bin is not given: prepare_data.py writes
-// NAME_val.bin beside NAME_train.bin, or beside the shards NAME_train_*.bin. Written to out (L3_PATH_LEN bytes); -1 with a message when
+// NAME_val.bin beside NAME_train.bin, or beside the shards NAME_train_*.bin. Written to out
+// (L3_PATH_LEN bytes); -1 with a message when
 // there is none (the embedded val split belongs to the embedded training data only).
 static inline int val_path_beside(const char* input_bin, char* out, char* err) {
     static const char* const TRAIN[2] = {"_train.bin", "_train_*.bin"}; // (a file; prepare_data.py's shards)
@@ -1815,8 +1825,7 @@ static inline int log_file_kind_check(const char* path, int resumed, char* err) 
 
 // No output may be one of the inputs: a --log_file naming the model or the eval file (directly or
 // through a link) would empty it before anything is read (the token files: source_holds, as they
-// are opened).
-// Each output can be written.
+// are opened). Each output can be written.
 static inline int outputs_check(const TrainArgs* a, char* err) {
     const char* inputs[2][2] = {{"--llmc_filepath", a->loop.llmc_filepath}, {"--eval_file", a->eval.eval_file}};
     for (int i = 0; i < 2; i++)
