@@ -1888,8 +1888,9 @@ static void eval_destroy(EvalData* e) {
     free(e->host), free(e->losses), free(e->from), free(e->to);
 }
 
-// The per-token losses of `rows` rows (row r: this rank's example mine0 + r / E's ending r % E) in
-// one forward; each row's mean over its ending into mean_loss[r].
+// One forward of `rows` rows from this rank's row first_row on (its row k: ending k % E of its
+// example k / E, the set's rank + (k / E) * world); each row's mean loss over its ending's tokens
+// into mean_loss[k].
 static void eval_forward(Model* m, const EvalData* e, int first_row, int rows, int rank, int world, double* mean_loss) {
     const EvalSet* s = e->set;
     int T = m->T, E = s->n_endings;
