@@ -244,6 +244,12 @@ DP_MUTANTS = [
 ]
 
 HOST_MUTANTS = [
+    ("hellaswag_no_space", "scripts", "scripts/prepare_data.py", "--hellaswag encodes each ending without the "
+     "space before it (a different first token than the text has)",
+     'ends = [enc.encode_ordinary(" " + e) for e in endings]', 'ends = [enc.encode_ordinary(e) for e in endings]'),
+    ("shards_short_last_kept", "scripts", "scripts/prepare_data.py", "--shard_tokens leaves a last shard shorter "
+     "than one batch on its own (the trainer skips it: its tokens are never read)",
+     "    if len(starts) > 1 and len(tokens) - starts[-1] < MIN_SPLIT_TOKENS:\n        starts.pop()\n", ""),
     ("eval_pick_highest", "eval", "llama3.h", "the eval picks the ending of the highest mean loss",
      "if (mean_loss[k] < mean_loss[best]) best = k;", "if (mean_loss[k] > mean_loss[best]) best = k;"),
     ("eval_targets_unshifted", "eval", "llama3.h", "an eval row's targets are its inputs (not the next tokens): "
