@@ -307,7 +307,7 @@ static void check_step_weights(const Model* m, const char* what, const float* ou
     for (int j = 0; j < m->tab.n_slices; j++) {
         const TensorSlice* w = &m->tab.slice[j];
         size_t off = w->offset;
-        bool deferred = m->pending.updates && group_deferred(m, w->group);
+        bool deferred = m->step.pending.updates && group_deferred(m, w->group);
         char name[96];
         snprintf(name, sizeof(name), "%s %s[%d]%s", what, PARAM_NAMES[w->tensor], w->layer,
                  deferred ? " (deferred: p_t-1)" : "");
@@ -1157,7 +1157,7 @@ int main(int argc, char** argv) {
     RunConfig run = {r.B, r.T, r.grad_accum, a.loop.recompute, a.loop.fp8, a.loop.fp8_grads, &r.opt, &a.sw};
     model_create(&m, &r.cfg, &run, NULL);
     printf("flags given: %d | bf16 grads %d | recompute %d\n", argc - 2, m.grads_bf16 != NULL, m.recompute);
-    step_plan_print(stdout, m.plan);
+    step_plan_print(stdout, m.step.plan);
     if (argc == 2) {
         test_rope(&m, &r);
         test_files(&m, &r);

@@ -267,6 +267,44 @@ typedef struct {
     cudaEvent_t* save_copy; // NULL: no save since the last step
 } Pending;
 
+// The step's schedule, fixed for the run but for what the last step left: when each AdamW update
+// group runs (the plan, step_plan), the optimizer stream [streams] and the events that order it
+// against the main stream, what is pending, and the captured step [graphs]. Its plan decides whether
+// a step counts (counted_by); the functions from "optimizer: the step's updates" to "training step"
+// launch every update and every collective of a step from it.
+typedef struct {
+    const StepPlan* plan;
+    cudaStream_t opt_stream;           // AdamW and the collectives, at low priority
+    cudaEvent_t grads_ready, opt_done; // the main stream's work so far; the optimizer stream's
+    cudaEvent_t* group_updated;        // per update group: its deferred AdamW is done
+    Pending pending;
+    cudaGraphExec_t graph; // [graphs] captured at this process's second step (the first made every GEMM plan)
+    int steps_run;         // steps this process has launched
+} StepSchedule;
+
+// The stream (at priority `priority`) and events of a schedule whose plan is set.
+static void schedule_create(StepSchedule* s, int priority) {
+    CUDA_CHECK(cudaStreamCreateWithPriority(&s->opt_stream, cudaStreamDefault, priority));
+    CUDA_CHECK(cudaEventCreateWithFlags(&s->grads_ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&s->opt_done, cudaEventDisableTiming));
+    s->group_updated = (cudaEvent_t*)malloc(s->plan->n_groups * sizeof(cudaEvent_t));
+    for (int g = 0; g < s->plan->n_groups; g++)
+        CUDA_CHECK(cudaEventCreateWithFlags(&s->group_updated[g], cudaEventDisableTiming));
+}
+// Drops the captured step: the next step runs eagerly, the one after is captured anew.
+static void schedule_drop_graph(StepSchedule* s) {
+    if (s->graph) CUDA_CHECK(cudaGraphExecDestroy(s->graph));
+    s->graph = NULL;
+}
+static void schedule_free(StepSchedule* s) {
+    schedule_drop_graph(s);
+    CUDA_CHECK(cudaStreamDestroy(s->opt_stream));
+    CUDA_CHECK(cudaEventDestroy(s->grads_ready));
+    CUDA_CHECK(cudaEventDestroy(s->opt_done));
+    for (int g = 0; g < s->plan->n_groups; g++) CUDA_CHECK(cudaEventDestroy(s->group_updated[g]));
+    free(s->group_updated);
+}
+
 // [data parallel] This process's share of a run over several ranks.
 typedef struct {
     int rank, world;
@@ -307,7 +345,6 @@ typedef struct {
     ParamLayout layout;
     TensorTable tab; // every weight slice's update group and slots (llama3.h tensor_table)
     Switches sw; // which optimisations are on (all, except in the ablation)
-    const StepPlan* plan; // when each AdamW group runs, for the whole run (step_plan)
     int B, T, grad_accum, sms;
     int recompute; // [recompute] --recompute: RECOMPUTE_NONE, _NORMS or _BLOCKS
     // one block each, parameter-sized (see llama3.h for the order)
@@ -331,13 +368,7 @@ typedef struct {
     float* sumsq;          // [clipping] SUMSQ_BLOCKS partial sums of squares per gradient slice (sumsq_of)
     Gemm* gemm;            // cuBLASLt and its plans (made on each shape's first use)
     cudaStream_t stream;
-    // [streams] the optimizer stream, and the events that order it against the main stream
-    cudaStream_t opt_stream;
-    cudaEvent_t grads_ready, opt_done;
-    cudaEvent_t* group_updated; // per update group: its deferred AdamW is done
-    Pending pending;
-    cudaGraphExec_t step_graph; // [graphs] captured at this process's second step (the first made every GEMM plan)
-    int steps_run;              // steps this process has launched
+    StepSchedule step; // when the step's work runs, on which stream, and what is pending
     HeadShape* shape_in_memory; // with metadata_by_value off: where shapes are copied before launches
     Comm* comm;                 // [data parallel] NULL: one rank
     Fp8Buffers* fp8;            // [fp8] NULL: --fp8 0
@@ -375,7 +406,7 @@ static const bf16* weight_bf16(const Model* m, int tensor, int layer) {
 // AdamW update groups, in the order the forward reads them: wte, layer l at 1 + l, then the head
 // (final norm and lm_head); the table says which slices each holds (llama3.h tensor_table), the
 // plan when each is updated (step_plan).
-static int num_groups(const Model* m) { return m->plan->n_groups; }
+static int num_groups(const Model* m) { return m->step.plan->n_groups; }
 static int head_group(const Model* m) { return num_groups(m) - 1; }
 // Update group g's slices (indices into the table) in the order AdamW takes them; returns how many.
 static int group_slices(const Model* m, int g, const int** slices) {
@@ -383,7 +414,7 @@ static int group_slices(const Model* m, int g, const int** slices) {
     return m->tab.group_start[g + 1] - m->tab.group_start[g];
 }
 // [deferred AdamW] Whether the plan defers update group g's AdamW to the next step.
-static bool group_deferred(const Model* m, int g) { return m->plan->timing[g] == ADAMW_DEFERRED; }
+static bool group_deferred(const Model* m, int g) { return m->step.plan->timing[g] == ADAMW_DEFERRED; }
 // [clipping] The partial sums of squares of a gradient slice: SUMSQ_BLOCKS at its slot (the table's
 // sumsq_slot).
 static float* sumsq_of(const Model* m, int tensor, int layer) {
@@ -573,12 +604,7 @@ static void model_streams(Model* m) {
     int prio_low, prio_high;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&prio_low, &prio_high));
     CUDA_CHECK(cudaStreamCreateWithPriority(&m->stream, cudaStreamDefault, prio_high));
-    CUDA_CHECK(cudaStreamCreateWithPriority(&m->opt_stream, cudaStreamDefault, prio_low));
-    CUDA_CHECK(cudaEventCreateWithFlags(&m->grads_ready, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&m->opt_done, cudaEventDisableTiming));
-    m->group_updated = (cudaEvent_t*)malloc(num_groups(m) * sizeof(cudaEvent_t));
-    for (int g = 0; g < num_groups(m); g++)
-        CUDA_CHECK(cudaEventCreateWithFlags(&m->group_updated[g], cudaEventDisableTiming));
+    schedule_create(&m->step, prio_low);
 }
 
 // [data parallel] The buffers of the step's collectives: the norm's summed partial sums and [sparse
@@ -601,16 +627,15 @@ static void comm_alloc(Model* m) {
 // test calls it between its runs.
 static void model_reset_training(Model* m) {
     CUDA_CHECK(cudaDeviceSynchronize());
-    if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
-    m->step_graph = NULL;
+    schedule_drop_graph(&m->step);
     size_t P = m->layout.total, grads_f32_n = grads_f32_count(&m->layout, m->grads_bf16 != NULL);
     optimizer_reset(&m->optim);
     CUDA_CHECK(cudaMemset(m->grads, 0, grads_f32_n * 4));
     if (m->grads_bf16) CUDA_CHECK(cudaMemset(m->grads_bf16, 0, (P - grads_f32_n) * 2));
     CUDA_CHECK(cudaMemset(m->sumsq, 0, sumsq_count(m) * sizeof(float)));
     CUDA_CHECK(cudaMemset(m->stats, 0, sizeof(StepStats)));
-    m->pending.updates = false, m->pending.save_copy = NULL;
-    m->steps_run = 0;
+    m->step.pending.updates = false, m->step.pending.save_copy = NULL;
+    m->step.steps_run = 0;
 }
 
 // [fp8] --fp8 1 for this model and batch (llama3.h fp8_check: what train_args_check refuses too, for
@@ -663,14 +688,14 @@ static void model_size(Model* m, const Llama3Config* cfg, const RunConfig* run, 
     }
     StepPlan* plan = (StepPlan*)malloc(sizeof(StepPlan));
     *plan = step_plan(sw, &m->optim.cfg, cfg->n_layer, comm ? comm->world : 1);
-    m->plan = plan;
+    m->step.plan = plan;
     m->acts_bytes = act_layout(&m->acts, NULL, cfg, m->B, m->T, m->grad_accum, m->sms, sw->flash_attention,
                                sw->fused_rmsnorm, m->recompute);
 }
 // What model_size allocated on the host.
 static void model_host_free(Model* m) {
     free(m->fp8);
-    free((void*)m->plan);
+    free((void*)m->step.plan);
     tensor_table_free(&m->tab);
 }
 
@@ -699,7 +724,6 @@ static void model_free(Model* m) {
         void* fp8_device[] = {m->fp8->w, m->fp8->x, m->fp8->x_t, m->fp8->dy, m->fp8->w_scale};
         for (void* p : fp8_device) CUDA_CHECK(cudaFree(p));
     }
-    if (m->step_graph) CUDA_CHECK(cudaGraphExecDestroy(m->step_graph));
     optimizer_free(&m->optim);
     void* device[] = {m->params,     m->grads,      m->grads_bf16, m->shadow,        m->cast_weight,
                       m->shape_in_memory, m->acts_block, m->tokens,   m->stats,     m->sumsq,
@@ -708,11 +732,7 @@ static void model_free(Model* m) {
     CUDA_CHECK(cudaFreeHost(m->tokens_host));
     CUDA_CHECK(cudaFreeHost(m->stats_host));
     CUDA_CHECK(cudaStreamDestroy(m->stream));
-    CUDA_CHECK(cudaStreamDestroy(m->opt_stream));
-    CUDA_CHECK(cudaEventDestroy(m->grads_ready));
-    CUDA_CHECK(cudaEventDestroy(m->opt_done));
-    for (int g = 0; g < num_groups(m); g++) CUDA_CHECK(cudaEventDestroy(m->group_updated[g]));
-    free(m->group_updated);
+    schedule_free(&m->step);
     free(m->gemm);
     model_host_free(m);
     if (!m->comm) return;
@@ -983,7 +1003,7 @@ static void block_forward(const Model* m, int l, bool again) {
 // one), the forward reads update group g only once that update of it is done.
 static void wait_for_update(const Model* m, int g, bool after_deferred) {
     if (after_deferred && group_deferred(m, g))
-        CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->group_updated[g]));
+        CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->step.group_updated[g]));
 }
 
 // inputs: (B*T) token ids on the device. Leaves bf16 logits (B*T, V) in acts.logits.
@@ -1187,13 +1207,13 @@ static void shard_group_update(const Model* m, const int* slices, int n, const A
 // T=64 15.29 -> 14.46 ms, dev/PERF.md). This orders the optimizer stream after everything the
 // main stream has issued.
 static void optimizer_stream_waits(const Model* m) {
-    CUDA_CHECK(cudaEventRecord(m->grads_ready, m->stream));
-    CUDA_CHECK(cudaStreamWaitEvent(m->opt_stream, m->grads_ready));
+    CUDA_CHECK(cudaEventRecord(m->step.grads_ready, m->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->step.opt_stream, m->step.grads_ready));
 }
 // The other way: the main stream waits for everything the optimizer stream has issued.
 static void main_stream_waits(const Model* m) {
-    CUDA_CHECK(cudaEventRecord(m->opt_done, m->opt_stream));
-    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->opt_done));
+    CUDA_CHECK(cudaEventRecord(m->step.opt_done, m->step.opt_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->step.opt_done));
 }
 
 // [streams] The step's last backward has just written the gradients of n `slices` (table indices,
@@ -1201,7 +1221,7 @@ static void main_stream_waits(const Model* m) {
 // reduction over the ranks first; with clipping their sums of squares (AdamW then waits for the
 // global norm), else their AdamW if it is overlapped or sharded.
 static void gradients_done(const Model* m, const int* slices, int n) {
-    const StepPlan* p = m->plan;
+    const StepPlan* p = m->step.plan;
     AdamWTiming timing = p->timing[m->tab.slice[slices[0]].group];
     if (timing != ADAMW_OVERLAPPED && timing != ADAMW_SHARDED && !p->measure_norm) return;
     optimizer_stream_waits(m);
@@ -1210,8 +1230,8 @@ static void gradients_done(const Model* m, const int* slices, int n) {
         return shard_group_update(m, slices, n, optimizer_hyper(&m->optim));
     for (int i = 0; i < n; i++) {
         const TensorSlice* g = &m->tab.slice[slices[i]];
-        if (p->measure_norm) grad_sum_squares(m, g->tensor, g->layer, m->opt_stream);
-        else adamw_tensor(m, g->tensor, g->layer, optimizer_hyper(&m->optim), m->opt_stream);
+        if (p->measure_norm) grad_sum_squares(m, g->tensor, g->layer, m->step.opt_stream);
+        else adamw_tensor(m, g->tensor, g->layer, optimizer_hyper(&m->optim), m->step.opt_stream);
     }
 }
 
@@ -1308,11 +1328,11 @@ static void reduce_union_rows(const Model* m) {
     const Comm* c = m->comm;
     int n_step = m->grad_accum * m->B * m->T, C = m->cfg.n_embd;
     float* table = grad_f32(m, m->layout.offset[P_WTE]);
-    all_gather(c->nccl, m->tokens, c->all_tokens, n_step, m->opt_stream); // (the step's inputs come first)
-    token_sort(&c->union_sorter, c->all_tokens, n_union(m), m->opt_stream);
-    union_rows<true>(table, c->union_grads, c->union_sorter.sorted_tokens, n_union(m), C, m->opt_stream);
-    all_reduce(c->nccl, c->union_grads, c->union_grads, (size_t)n_union(m) * C, COMM_AVG, m->opt_stream);
-    union_rows<false>(table, c->union_grads, c->union_sorter.sorted_tokens, n_union(m), C, m->opt_stream);
+    all_gather(c->nccl, m->tokens, c->all_tokens, n_step, m->step.opt_stream); // (the step's inputs come first)
+    token_sort(&c->union_sorter, c->all_tokens, n_union(m), m->step.opt_stream);
+    union_rows<true>(table, c->union_grads, c->union_sorter.sorted_tokens, n_union(m), C, m->step.opt_stream);
+    all_reduce(c->nccl, c->union_grads, c->union_grads, (size_t)n_union(m) * C, COMM_AVG, m->step.opt_stream);
+    union_rows<false>(table, c->union_grads, c->union_sorter.sorted_tokens, n_union(m), C, m->step.opt_stream);
 }
 
 // The average over the ranks of tensor `tensor`'s slice of `layer`: reduce-scattered onto the parts
@@ -1322,8 +1342,8 @@ static void shard_reduce(const Model* m, int tensor, int layer) {
     size_t offset = param_offset(m, tensor, layer);
     RangeShard sh = c->zero.shard[tensor];
     auto reduce = [&](auto* g) {
-        if (sh.part) reduce_scatter(c->nccl, g, sh.part, c->rank, m->opt_stream);
-        if (sh.tail) all_reduce(c->nccl, g + c->world * sh.part, g + c->world * sh.part, sh.tail, COMM_AVG, m->opt_stream);
+        if (sh.part) reduce_scatter(c->nccl, g, sh.part, c->rank, m->step.opt_stream);
+        if (sh.tail) all_reduce(c->nccl, g + c->world * sh.part, g + c->world * sh.part, sh.tail, COMM_AVG, m->step.opt_stream);
     };
     if (grad_is_bf16(m, offset)) reduce(grad_bf16(m, offset));
     else reduce(grad_f32(m, offset));
@@ -1335,12 +1355,12 @@ static void shard_adamw(const Model* m, int tensor, int layer, const AdamWParams
     if (sparse_wte(m, tensor)) {
         size_t wte = m->layout.offset[P_WTE], state = c->zero.state_offset[P_WTE];
         optimizer_update_rows(&m->optim, m->params + wte, grad_f32(m, wte), c->union_sorter.sorted_tokens, n_union(m),
-                              m->cfg.n_embd, wte, state, h, m->opt_stream);
+                              m->cfg.n_embd, wte, state, h, m->step.opt_stream);
         return;
     }
     for (int which = 0; which < 2; which++) {
         ShardRun r = zero_run(&c->zero, &m->layout, tensor, layer, which);
-        if (r.n) adamw_range(m, r.param, r.param + r.n, r.state, h, m->opt_stream);
+        if (r.n) adamw_range(m, r.param, r.param + r.n, r.state, h, m->step.opt_stream);
     }
 }
 
@@ -1353,7 +1373,7 @@ static void shard_gather(const Model* m, int tensor, int layer) {
     RangeShard sh = c->zero.shard[tensor];
     size_t offset = param_offset(m, tensor, layer);
     if (!sh.part) return;
-    auto gather = [&](auto* x) { all_gather(c->nccl, x + (size_t)c->rank * sh.part, x, sh.part, m->opt_stream); };
+    auto gather = [&](auto* x) { all_gather(c->nccl, x + (size_t)c->rank * sh.part, x, sh.part, m->step.opt_stream); };
     if (has_shadow(m, offset)) gather(m->shadow + (offset - m->layout.shadow_begin));
     if (!is_matmul_weight(m, offset)) gather(m->params + offset);
 }
@@ -1378,7 +1398,7 @@ static void shard_group_update(const Model* m, const int* slices, int n, const A
     comm_group(false);
     for (int i = 0; i < n; i++)
         if (fp8_linear(m, s[slices[i]].tensor, s[slices[i]].layer))
-            fp8_quantize_weight(m, s[slices[i]].tensor, s[slices[i]].layer, m->opt_stream);
+            fp8_quantize_weight(m, s[slices[i]].tensor, s[slices[i]].layer, m->step.opt_stream);
 }
 
 // [clipping] This rank's sums of squares of the slice: its part into the slot, the tail (rank 0's
@@ -1415,11 +1435,11 @@ static void shard_update_after_norm(const Model* m) {
 static void norm_guard(const Model* m) {
     const float* partial = m->sumsq;
     if (m->comm) {
-        all_reduce(m->comm->nccl, m->sumsq, m->comm->sumsq_total, sumsq_count(m), COMM_SUM, m->opt_stream);
+        all_reduce(m->comm->nccl, m->sumsq, m->comm->sumsq_total, sumsq_count(m), COMM_SUM, m->step.opt_stream);
         partial = m->comm->sumsq_total;
     }
     clip_guard(optimizer_hyper(&m->optim), m->stats, partial, (int)sumsq_count(m), m->optim.cfg.grad_clip,
-               m->opt_stream);
+               m->step.opt_stream);
 }
 
 // [data parallel] The NaN guard's inputs agreed on: the step's loss averaged over the ranks and the
@@ -1429,12 +1449,12 @@ static void ranks_agree_on_loss(const Model* m) {
     const Comm* c = m->comm;
     optimizer_stream_waits(m);
     comm_group(true);
-    all_reduce(c->nccl, &m->stats->loss, &m->stats->loss, 1, COMM_AVG, m->opt_stream);
+    all_reduce(c->nccl, &m->stats->loss, &m->stats->loss, 1, COMM_AVG, m->step.opt_stream);
     int* skip = &optimizer_hyper(&m->optim)->skip;
-    all_reduce(c->nccl, skip, skip, 1, COMM_MAX, m->opt_stream);
+    all_reduce(c->nccl, skip, skip, 1, COMM_MAX, m->step.opt_stream);
     comm_group(false);
-    if (m->plan->counted_by == COUNTED_AFTER_RANKS)
-        count_step_after(optimizer_hyper(&m->optim), m->stats, m->opt_stream);
+    if (m->step.plan->counted_by == COUNTED_AFTER_RANKS)
+        count_step_after(optimizer_hyper(&m->optim), m->stats, m->step.opt_stream);
 }
 
 // [clipping] The sum of squares of one gradient tensor into its slot's partial sums: bf16 or fp32,
@@ -1480,10 +1500,10 @@ static void adamw_group(const Model* m, int g, const AdamWParams* h, cudaStream_
 // previous step's AdamW, which the whole forward had to wait for. With clipping every group is
 // deferred: no update may start before the backward has given the global norm.
 static void adamw_deferred(const Model* m, const AdamWParams* h, cudaStream_t s) {
-    for (int g = 0; g < m->plan->n_groups; g++) {
+    for (int g = 0; g < m->step.plan->n_groups; g++) {
         if (!group_deferred(m, g)) continue;
         adamw_group(m, g, h, s);
-        CUDA_CHECK(cudaEventRecord(m->group_updated[g], s));
+        CUDA_CHECK(cudaEventRecord(m->step.group_updated[g], s));
     }
 }
 
@@ -1492,9 +1512,9 @@ static void adamw_deferred(const Model* m, const AdamWParams* h, cudaStream_t s)
 // val loss, a sample, the end of the run. Nothing is pending after it, so the next step runs
 // eagerly (the graph holds the steady state, whose first work would apply them again).
 static void optimizer_flush(Model* m) {
-    if (!m->pending.updates) return;
+    if (!m->step.pending.updates) return;
     adamw_deferred(m, optimizer_hyper(&m->optim), m->stream);
-    m->pending.updates = false;
+    m->step.pending.updates = false;
 }
 
 // ---- training step ----
@@ -1529,16 +1549,16 @@ static void micro_step(const Model* m, int micro, bool to_optimizer) {
     int N = m->B * m->T, n_step = m->grad_accum * N;
     const int* inputs = m->tokens + (size_t)micro * N;
     bool last = micro == m->grad_accum - 1, accumulate = micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE;
-    forward(m, inputs, micro == 0 && m->pending.updates);
+    forward(m, inputs, micro == 0 && m->step.pending.updates);
     classifier(m, m->tokens + n_step + (size_t)micro * N, micro);
     if (last)
         loss_guard(optimizer_hyper(&m->optim), m->stats, m->acts.losses, n_step,
-                   m->plan->counted_by == COUNTED_BY_LOSS_GUARD, m->stream);
+                   m->step.plan->counted_by == COUNTED_BY_LOSS_GUARD, m->stream);
     if (last && m->comm) ranks_agree_on_loss(m);
     bool head_writes_wte = m->cfg.tied_embeddings && !accumulate; // [tied embeddings] with beta 0, every row
     if (micro == 0 && !m->sw.sparse_embedding && !head_writes_wte) // dense wte gradient: re-zeroed every step
         CUDA_CHECK(cudaMemsetAsync(grad_f32(m, m->layout.offset[P_WTE]), 0, m->layout.size[P_WTE] * 4, m->stream));
-    if (last && m->pending.save_copy) CUDA_CHECK(cudaStreamWaitEvent(m->stream, *m->pending.save_copy));
+    if (last && m->step.pending.save_copy) CUDA_CHECK(cudaStreamWaitEvent(m->stream, *m->step.pending.save_copy));
     backward(m, inputs, accumulate, last && to_optimizer);
 }
 
@@ -1551,10 +1571,10 @@ static void micro_step(const Model* m, int micro, bool to_optimizer) {
 // shape's first use, which the eager first step makes); no host sync, and every value that changes
 // per step lives on the device.
 static void step_work(const Model* m) {
-    const StepPlan* p = m->plan;
+    const StepPlan* p = m->step.plan;
     optimizer_begin_step(&m->optim, m->stats, m->stream);
-    if (m->pending.updates)
-        optimizer_stream_waits(m), adamw_deferred(m, optimizer_hyper_previous(&m->optim), m->opt_stream);
+    if (m->step.pending.updates)
+        optimizer_stream_waits(m), adamw_deferred(m, optimizer_hyper_previous(&m->optim), m->step.opt_stream);
     if (m->sw.grad_zeroing != GRAD_ZERO_NONE) zero_grads(m);
     for (int micro = 0; micro < m->grad_accum; micro++) micro_step(m, micro, true);
     if (p->measure_norm) norm_guard(m);
@@ -1574,7 +1594,7 @@ static void capture_step(Model* m) {
     CUDA_CHECK(cudaStreamEndCapture(m->stream, &graph));
     // Each kernel node keeps the priority of the stream it was captured from (the optimizer's is
     // low); without this flag the whole graph would run at the priority of the launch stream.
-    CUDA_CHECK(cudaGraphInstantiateWithFlags(&m->step_graph, graph, cudaGraphInstantiateFlagUseNodePriority));
+    CUDA_CHECK(cudaGraphInstantiateWithFlags(&m->step.graph, graph, cudaGraphInstantiateFlagUseNodePriority));
     CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
@@ -1582,7 +1602,7 @@ static void capture_step(Model* m) {
 // steps, and so the one the graph is captured in: the last step's deferred updates pending (if the
 // plan defers any), no save's copy running. Any other step runs eagerly.
 static bool pending_is_steady(const Model* m) {
-    return m->pending.updates == m->plan->any_deferred && !m->pending.save_copy;
+    return m->step.pending.updates == m->step.plan->any_deferred && !m->step.pending.save_copy;
 }
 
 // Optimizer step t on the batches already staged in tokens_host slot `slot`: one host-to-device
@@ -1594,15 +1614,15 @@ static void train_step(Model* m, int slot) {
     int n_step = m->grad_accum * m->B * m->T;
     CUDA_CHECK(cudaMemcpyAsync(m->tokens, m->tokens_host + (size_t)slot * 2 * n_step, 2 * n_step * sizeof(int),
                                cudaMemcpyHostToDevice, m->stream));
-    if (m->plan->use_graph && m->steps_run > 0 && pending_is_steady(m)) { // (the first step makes the GEMM plans)
-        if (!m->step_graph) capture_step(m);
-        CUDA_CHECK(cudaGraphLaunch(m->step_graph, m->stream));
+    if (m->step.plan->use_graph && m->step.steps_run > 0 && pending_is_steady(m)) { // (the first step makes the GEMM plans)
+        if (!m->step.graph) capture_step(m);
+        CUDA_CHECK(cudaGraphLaunch(m->step.graph, m->stream));
     } else {
         step_work(m);
     }
-    m->pending.updates = m->plan->any_deferred;
-    m->pending.save_copy = NULL;
-    m->steps_run++;
+    m->step.pending.updates = m->step.plan->any_deferred;
+    m->step.pending.save_copy = NULL;
+    m->step.steps_run++;
     CUDA_CHECK(cudaMemcpyAsync(m->stats_host + slot, m->stats, sizeof(StepStats), cudaMemcpyDeviceToHost, m->stream));
     NVTX_POP();
 }
@@ -1699,7 +1719,7 @@ static void gather_masters(const Model* m) {
         RangeShard sh = m->comm->zero.shard[w->tensor];
         float* slice = m->params + w->offset;
         if (is_matmul_weight(m, w->offset) && sh.part)
-            all_gather(m->comm->nccl, slice + (size_t)m->comm->rank * sh.part, slice, sh.part, m->opt_stream);
+            all_gather(m->comm->nccl, slice + (size_t)m->comm->rank * sh.part, slice, sh.part, m->step.opt_stream);
     }
     comm_group(false);
     main_stream_waits(m);
@@ -1709,9 +1729,9 @@ static void gather_masters(const Model* m) {
 static int ranks_sum(const Model* m, int value) {
     int* sum = m->comm->count;
     CUDA_CHECK(cudaMemcpy(sum, &value, sizeof(int), cudaMemcpyHostToDevice));
-    all_reduce(m->comm->nccl, sum, sum, 1, COMM_SUM, m->opt_stream);
-    CUDA_CHECK(cudaMemcpyAsync(&value, sum, sizeof(int), cudaMemcpyDeviceToHost, m->opt_stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->opt_stream));
+    all_reduce(m->comm->nccl, sum, sum, 1, COMM_SUM, m->step.opt_stream);
+    CUDA_CHECK(cudaMemcpyAsync(&value, sum, sizeof(int), cudaMemcpyDeviceToHost, m->step.opt_stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->step.opt_stream));
     return value;
 }
 
@@ -1736,7 +1756,7 @@ static void checkpoint_save_ranks(Model* m, Saver* s) {
         fprintf(stderr, "error: %scheckpoint not saved: %s\n", rank_tag, err);
         exit(EXIT_FAILURE);
     }
-    m->pending.save_copy = NULL; // (copied already)
+    m->step.pending.save_copy = NULL; // (copied already)
 }
 
 // Saves the state after step `step` (launched, maybe still running). No host sync here with one
@@ -1751,7 +1771,7 @@ static void checkpoint_save(Model* m, Saver* s, const TrainArgs* a, const DataLo
     if (s->params) CUDA_CHECK(cudaMemcpyAsync(s->params, m->params, bytes, cudaMemcpyDeviceToHost, s->stream));
     optimizer_save(&m->optim, s->adam_m, s->adam_v, s->stream);
     CUDA_CHECK(cudaEventRecord(s->copied, s->stream));
-    m->pending.save_copy = &s->copied;
+    m->step.pending.save_copy = &s->copied;
     s->st = checkpoint_state_make(a, step, s->n_params, s->state_floats, loader);
     if (m->comm) return checkpoint_save_ranks(m, s);
     if (pthread_create(&s->writer, NULL, saver_write, s) != 0) {
@@ -1808,7 +1828,7 @@ static void checkpoint_restore(Model* m, const char* state_path, const Checkpoin
 // on the optimizer stream like every collective, and the main stream after it.
 static void ranks_average(const Model* m, float* x) {
     optimizer_stream_waits(m);
-    all_reduce(m->comm->nccl, x, x, 1, COMM_AVG, m->opt_stream);
+    all_reduce(m->comm->nccl, x, x, 1, COMM_AVG, m->step.opt_stream);
     main_stream_waits(m);
 }
 
@@ -2502,7 +2522,7 @@ static void print_model(const Model* m, const TrainArgs* a) {
     if (a->sw.sparse_embedding && !m->sw.sparse_embedding) // [tied embeddings] (switches_for_model)
         printf(", sparse_embedding 0: tied embeddings, the head GEMM writes every row of wte's gradient");
     printf("\n");
-    step_plan_print(stdout, m->plan);
+    step_plan_print(stdout, m->step.plan);
     if (m->comm) // [data parallel] what ZeRO-1 saves on each GPU
         printf("ZeRO-1 over %d ranks: AdamW's m and v %.2f GiB on each GPU (%.2f GiB on one; the embedding's state "
                "%s)\n", m->comm->world, 2.0 * optimizer_moment_bytes(&m->optim) / 1073741824.0,

@@ -98,19 +98,19 @@ MUTANTS = [
      "            store16(grads + row + c, Vec16<float>{});\n", ""),
     ("deferred_wrong_step", "optimizer path", "train_llama3.cu", "deferred AdamW with the current step's "
      "bias corrections instead of its own step's",
-     "adamw_deferred(m, optimizer_hyper_previous(&m->optim), m->opt_stream)",
-     "adamw_deferred(m, optimizer_hyper(&m->optim), m->opt_stream)"),
+     "adamw_deferred(m, optimizer_hyper_previous(&m->optim), m->step.opt_stream)",
+     "adamw_deferred(m, optimizer_hyper(&m->optim), m->step.opt_stream)"),
     ("overlapped_wrong_step", "optimizer path", "train_llama3.cu", "overlapped per-layer AdamW with the "
      "previous step's hyperparameters",
-     "else adamw_tensor(m, g->tensor, g->layer, optimizer_hyper(&m->optim), m->opt_stream);",
-     "else adamw_tensor(m, g->tensor, g->layer, optimizer_hyper_previous(&m->optim), m->opt_stream);"),
+     "else adamw_tensor(m, g->tensor, g->layer, optimizer_hyper(&m->optim), m->step.opt_stream);",
+     "else adamw_tensor(m, g->tensor, g->layer, optimizer_hyper_previous(&m->optim), m->step.opt_stream);"),
     ("previous_step_not_kept", "optimizer path", "kernels.cuh", "the step counter kernel does not keep the "
      "previous step's hyperparameters for the deferred layers",
      "    h->previous = h->latest;\n", ""),
     ("flush_skipped", "optimizer path", "train_llama3.cu", "the final flush applies nothing: the last "
      "step's deferred layers are never updated",
-     "    adamw_deferred(m, optimizer_hyper(&m->optim), m->stream);\n    m->pending.updates = false;",
-     "    m->pending.updates = false;"),
+     "    adamw_deferred(m, optimizer_hyper(&m->optim), m->stream);\n    m->step.pending.updates = false;",
+     "    m->step.pending.updates = false;"),
     ("micro_steps_overwrite", "accumulation", "train_llama3.cu", "every micro-step's weight-gradient GEMM "
      "overwrites (beta 0) instead of adding",
      "true, false, !bf16_out, 1.0f, accumulate ? 1.0f : 0.0f);", "true, false, !bf16_out, 1.0f, 0.0f);"),
@@ -132,7 +132,7 @@ MUTANTS = [
     ("checkpoint_no_flush", "checkpoints", "train_llama3.cu", "a save does not apply the deferred AdamW updates "
      "first (the saved weights miss them, and the eager step after the save skips them)",
      "    saver_join(s); // the host buffers are free again\n    optimizer_flush(m);\n",
-     "    saver_join(s); // the host buffers are free again\n    m->pending.updates = false;\n"),
+     "    saver_join(s); // the host buffers are free again\n    m->step.pending.updates = false;\n"),
     ("resume_step_not_restored", "checkpoints", "train_llama3.cu", "a resume restores m and v but not AdamW's step "
      "counter (bias corrections start again at step 1)",
      "    CUDA_CHECK(cudaMemcpy(o->steps, &step, sizeof(int), cudaMemcpyHostToDevice));\n", ""),
@@ -151,7 +151,7 @@ MUTANTS = [
      "    for (int i = 0; i < v->n_batches; i++) {"),
     ("flush_keeps_pending", "training loop", "train_llama3.cu", "a flush (val loss, sample, save) leaves the "
      "updates it applied pending: the next step (from the graph) applies them a second time",
-     "    adamw_deferred(m, optimizer_hyper(&m->optim), m->stream);\n    m->pending.updates = false;\n",
+     "    adamw_deferred(m, optimizer_hyper(&m->optim), m->stream);\n    m->step.pending.updates = false;\n",
      "    adamw_deferred(m, optimizer_hyper(&m->optim), m->stream);\n"),
     ("sample_temperature_ignored", "sampling", "kernels.cuh", "sampling weighs exp(logit - max) whatever the "
      "temperature", "expf((logit_value(x) - max_logit) / temperature)", "expf(logit_value(x) - max_logit)"),
@@ -219,14 +219,14 @@ DP_MUTANTS = [
      "NCCL_CHECK(ncclReduceScatter(x, x + (size_t)rank * part, part, nccl_type<T>(), ncclSum, c, s));"),
     ("grads_not_reduced", "data parallel", "train_llama3.cu", "each rank updates its part with its own gradient "
      "(the reduce-scatter left out)",
-     "        if (sh.part) reduce_scatter(c->nccl, g, sh.part, c->rank, m->opt_stream);\n", ""),
+     "        if (sh.part) reduce_scatter(c->nccl, g, sh.part, c->rank, m->step.opt_stream);\n", ""),
     ("fp8_scales_differ_between_ranks", "data parallel", "train_llama3.cu", "--fp8 1: each rank quantises a "
      "group's weights before their all-gather, from its own new part and the others' old ones: the ranks' weight "
      "scales and FP8 copies differ",
      "    comm_group(false);\n    for (int i = 0; i < n; i++)\n        if (fp8_linear(m, s[slices[i]].tensor, "
-     "s[slices[i]].layer))\n            fp8_quantize_weight(m, s[slices[i]].tensor, s[slices[i]].layer, m->opt_stream);\n",
+     "s[slices[i]].layer))\n            fp8_quantize_weight(m, s[slices[i]].tensor, s[slices[i]].layer, m->step.opt_stream);\n",
      "    for (int i = 0; i < n; i++)\n        if (fp8_linear(m, s[slices[i]].tensor, s[slices[i]].layer))\n"
-     "            fp8_quantize_weight(m, s[slices[i]].tensor, s[slices[i]].layer, m->opt_stream);\n"
+     "            fp8_quantize_weight(m, s[slices[i]].tensor, s[slices[i]].layer, m->step.opt_stream);\n"
      "    comm_group(false);\n"),
     ("gather_before_adamw", "data parallel", "train_llama3.cu", "a group's all-gather issued before its AdamW: the "
      "ranks read each other's parts as they were before the step",
@@ -240,7 +240,7 @@ DP_MUTANTS = [
      "    if (m->comm) gather_masters(m);\n", ""),
     ("union_rows_one_rank", "data parallel", "train_llama3.cu", "the embedding's rows are each rank's own (the "
      "union's all-reduce left out): the ranks' embeddings drift apart",
-     "    all_reduce(c->nccl, c->union_grads, c->union_grads, (size_t)n_union(m) * C, COMM_AVG, m->opt_stream);\n", ""),
+     "    all_reduce(c->nccl, c->union_grads, c->union_grads, (size_t)n_union(m) * C, COMM_AVG, m->step.opt_stream);\n", ""),
 ]
 
 HOST_MUTANTS = [
