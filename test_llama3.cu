@@ -576,7 +576,7 @@ static void test_step1(Model* m, const Ref* r) {
     reset_training(m, r);
     stage_ref_batch(m, r, 0, 0);
     CUDA_CHECK(cudaMemcpy(m->tokens, m->tokens_host, 2 * n_step * 4, cudaMemcpyHostToDevice));
-    forward(m, m->tokens, false);
+    forward(m, m->B, m->tokens, false);
     check_logits(m, r);
     for (int micro = 0; micro < r->grad_accum; micro++) micro_step(m, micro, false);
     StepStats st;

@@ -847,8 +847,8 @@ static int model_load(Model* m, const char* path, ModelFileFormat fmt, char* err
 
 // ---- forward ----
 
-static HeadShape head_shape(const Model* m) {
-    HeadShape sh = {m->B, m->T, m->cfg.n_head, m->cfg.n_kv_head, m->cfg.n_embd / m->cfg.n_head};
+static HeadShape head_shape(const Model* m, int B) {
+    HeadShape sh = {B, m->T, m->cfg.n_head, m->cfg.n_kv_head, m->cfg.n_embd / m->cfg.n_head};
     return sh;
 }
 
@@ -857,9 +857,9 @@ static HeadShape head_shape(const Model* m) {
 // transposed into out_t (width, N) in one pass. On the main stream, after the GEMMs queued before
 // it, which have read the scratch.
 template <typename F8>
-static void fp8_quantize_operand(const Model* m, F8* out, F8* out_t, int tensor, int layer, bool grad, const bf16* x,
-                                 int width) {
-    int N = m->B * m->T;
+static void fp8_quantize_operand(const Model* m, int B, F8* out, F8* out_t, int tensor, int layer, bool grad,
+                                 const bf16* x, int width) {
+    int N = B * m->T;
     Fp8Scale* scale = fp8_act_scale(m, tensor, layer, grad);
     if (!fp8_amax_fused(m, tensor, grad)) fp8_amax(scale, x, (size_t)N * width, m->sms, m->stream);
     quantize_fp8(out, out_t, scale, x, N, width, m->stream);
@@ -872,22 +872,22 @@ static void fp8_reset_scales(const Model* m) {
 
 // [fp8] A block linear's input x (N, in) in e4m3, straight for the forward GEMM and transposed for
 // the weight gradient (fp8_input_t).
-static void fp8_quantize_input(const Model* m, int tensor, int layer, const bf16* x, int in) {
-    fp8_quantize_operand(m, m->fp8->x, fp8_input_t(m, tensor, layer), tensor, layer, false, x, in);
+static void fp8_quantize_input(const Model* m, int B, int tensor, int layer, const bf16* x, int in) {
+    fp8_quantize_operand(m, B, m->fp8->x, fp8_input_t(m, tensor, layer), tensor, layer, false, x, in);
 }
 // y (N, out) = x (N, in) @ W^T: a linear layer's forward, bf16 (W the layer's bf16 weight), or
 // [fp8] for a block linear x and W in e4m3 (fp32 accumulation: with cuBLASLt's fast accumulation,
 // torchao's forward, the comparison with PyTorch's own loses a digit, dev/PERF.md issue 24).
-static void linear_forward(const Model* m, bf16* y, const bf16* x, int tensor, int layer, int out, int in) {
+static void linear_forward(const Model* m, int B, bf16* y, const bf16* x, int tensor, int layer, int out, int in) {
     if (fp8_linear(m, tensor, layer)) {
         Fp8Buffers* f = m->fp8;
-        fp8_quantize_input(m, tensor, layer, x, in);
+        fp8_quantize_input(m, B, tensor, layer, x, in);
         matmul_fp8(m->gemm, m->stream, y, f->x, CUDA_R_8F_E4M3, &fp8_act_scale(m, tensor, layer, false)->scale_inv,
                    f->w + fp8_weight_at(m, tensor, layer), CUDA_R_8F_E4M3, &fp8_weight_scale(m, tensor, layer)->scale_inv,
-                   m->B * m->T, out, in, false);
+                   B * m->T, out, in, false);
         return;
     }
-    matmul(m->gemm, m->stream, y, x, weight_bf16(m, tensor, layer), m->B * m->T, out, in, false, true, false);
+    matmul(m->gemm, m->stream, y, x, weight_bf16(m, tensor, layer), B * m->T, out, in, false, true, false);
 }
 
 // The unfused attention's GEMMs, batched over (batch, kv head): the G query heads that share a kv
@@ -897,29 +897,29 @@ typedef struct {
     int G, T, HD, batch;
     long long rows, keys, probs; // the strides of the (G*T, HD), (T, HD) and (G*T, T) matrices
 } AttnGemm;
-static AttnGemm attn_gemm(const Model* m) {
-    HeadShape sh = head_shape(m);
+static AttnGemm attn_gemm(const Model* m, int B) {
+    HeadShape sh = head_shape(m, B);
     int G = sh.NH / sh.KVH;
     AttnGemm g = {G, sh.T, sh.HD, sh.B * sh.KVH, (long long)G * sh.T * sh.HD, (long long)sh.T * sh.HD,
                   (long long)G * sh.T * sh.T};
     return g;
 }
 // (G*T, T) fp32 = alpha * rows (G*T, HD) @ keys^T (T, HD): scores = q k^T / sqrt(HD), dP = dO v^T.
-static void attn_scores_gemm(const Model* m, float* out, const bf16* rows, const bf16* keys, float alpha) {
-    AttnGemm g = attn_gemm(m);
+static void attn_scores_gemm(const Model* m, int B, float* out, const bf16* rows, const bf16* keys, float alpha) {
+    AttnGemm g = attn_gemm(m, B);
     matmul(m->gemm, m->stream, out, rows, keys, g.G * g.T, g.T, g.HD, false, true, true, alpha, 0.0f, g.batch, g.rows,
            g.keys, g.probs);
 }
 // (G*T, HD) = alpha * P (G*T, T) @ x (T, HD), bf16: o = P v, dq = dS k / sqrt(HD).
-static void attn_mix_gemm(const Model* m, bf16* out, const bf16* probs, const bf16* x, float alpha) {
-    AttnGemm g = attn_gemm(m);
+static void attn_mix_gemm(const Model* m, int B, bf16* out, const bf16* probs, const bf16* x, float alpha) {
+    AttnGemm g = attn_gemm(m, B);
     matmul(m->gemm, m->stream, out, probs, x, g.G * g.T, g.HD, g.T, false, false, false, alpha, 0.0f, g.batch, g.probs,
            g.keys, g.rows);
 }
 // (T, HD) = alpha * P^T (T, G*T) @ y (G*T, HD), bf16, summing over the G query heads: dv = P^T dO,
 // dk = dS^T q / sqrt(HD).
-static void attn_mix_t_gemm(const Model* m, bf16* out, const bf16* probs, const bf16* y, float alpha) {
-    AttnGemm g = attn_gemm(m);
+static void attn_mix_t_gemm(const Model* m, int B, bf16* out, const bf16* probs, const bf16* y, float alpha) {
+    AttnGemm g = attn_gemm(m, B);
     matmul(m->gemm, m->stream, out, probs, y, g.T, g.HD, g.G * g.T, true, false, false, alpha, 0.0f, g.batch, g.probs,
            g.rows, g.keys);
 }
@@ -927,8 +927,8 @@ static void attn_mix_t_gemm(const Model* m, bf16* out, const bf16* probs, const 
 // Causal GQA attention of one layer on head-major q, k, v into token-major att_y[l]: flash
 // attention, or (--flash_attention 0) unfused: scores = q k^T / sqrt(HD) (fp32), P = softmax
 // (bf16), o = P v.
-static void attention_forward(const Model* m, int l) {
-    HeadShape sh = head_shape(m);
+static void attention_forward(const Model* m, int B, int l) {
+    HeadShape sh = head_shape(m, B);
     size_t N = (size_t)sh.B * sh.T, copy = block_copy(m, l);
     bf16* q = m->acts.qkv_heads + copy * N * qkv_dim(&m->cfg);
     bf16 *k = q + N * m->cfg.n_embd, *v = k + N * sh.KVH * sh.HD;
@@ -938,30 +938,30 @@ static void attention_forward(const Model* m, int l) {
         return;
     }
     bf16* probs = m->acts.probs + copy * sh.B * sh.NH * sh.T * sh.T;
-    attn_scores_gemm(m, m->acts.scores, q, k, 1.0f / sqrtf((float)sh.HD));
+    attn_scores_gemm(m, B, m->acts.scores, q, k, 1.0f / sqrtf((float)sh.HD));
     attention_softmax(false, probs, m->acts.scores, sh.B * sh.NH * sh.T, sh.T, m->stream);
-    attn_mix_gemm(m, m->acts.heads_o, probs, v, 1.0f);
+    attn_mix_gemm(m, B, m->acts.heads_o, probs, v, 1.0f);
     permute_heads(false, att_y, m->acts.heads_o, sh, m->stream, m->shape_in_memory);
 }
 
 // The --fused_rmsnorm 0 ops' scratch buffers.
-static RmsScratch rms_scratch(const Model* m) {
-    size_t NC = (size_t)m->B * m->T * m->cfg.n_embd, N = (size_t)m->B * m->T;
+static RmsScratch rms_scratch(const Model* m, int B) {
+    size_t NC = (size_t)B * m->T * m->cfg.n_embd, N = (size_t)B * m->T;
     RmsScratch s = {{m->acts.rms_ops, m->acts.rms_ops + NC, m->acts.rms_ops + 2 * NC},
                     {m->acts.rms_rows, m->acts.rms_rows + N}};
     return s;
 }
 // One RMSNorm, with the residual add first when branch != NULL: the fused kernel, or (ablation,
 // --fused_rmsnorm 0) the separate ops autograd would run.
-static void norm_forward(const Model* m, int tensor, int layer, float* resid_out, bf16* normed, float* rstd,
+static void norm_forward(const Model* m, int B, int tensor, int layer, float* resid_out, bf16* normed, float* rstd,
                          const float* resid_in, const bf16* branch) {
-    int N = m->B * m->T, C = m->cfg.n_embd;
+    int N = B * m->T, C = m->cfg.n_embd;
     const float* weight = param_ptr(m, m->params, tensor, layer);
     if (m->sw.fused_rmsnorm) {
         rmsnorm_forward(resid_out, normed, rstd, resid_in, branch, weight, N, C, m->cfg.norm_eps, m->stream,
                         fp8_norm_amax(m, tensor, layer, false));
     } else {
-        RmsScratch s = rms_scratch(m);
+        RmsScratch s = rms_scratch(m, B);
         rmsnorm_forward_ops(resid_out, normed, rstd, resid_in, branch, weight, N, C, m->cfg.norm_eps, &s, m->stream);
     }
 }
@@ -971,32 +971,33 @@ static void norm_forward(const Model* m, int tensor, int layer, float* resid_out
 // just before the block's backward): from the saved resid[l], whose RMSNorm gives the same bits as
 // the fused add's, up to act; the down projection's output (the next block's input) is not needed,
 // [fp8] but its input's transpose is (down's weight gradient reads it: one layer's is kept).
-static void block_forward(const Model* m, int l, bool again) {
+static void block_forward(const Model* m, int B, int l, bool again) {
     const Llama3Config* c = &m->cfg;
-    int N = m->B * m->T, C = c->n_embd, F = c->ffn_hidden, QKV = qkv_dim(c);
+    int N = B * m->T, C = c->n_embd, F = c->ffn_hidden, QKV = qkv_dim(c);
     size_t NC = (size_t)N * C, copy = block_copy(m, l);
     float* resid = m->acts.resid + l * NC;
     float* h = m->acts.h + copy * NC;
     bf16* normed_attn = m->acts.normed_attn + norms_copy(m, l) * NC;
     bf16* branch = m->acts.branch;
     float* rstd_attn = m->acts.rstd_attn + copy * N;
-    if (again || l == 0) norm_forward(m, P_ATTN_NORM, l, NULL, normed_attn, rstd_attn, resid, NULL);
-    else norm_forward(m, P_ATTN_NORM, l, resid, normed_attn, rstd_attn, m->acts.h + block_copy(m, l - 1) * NC, branch);
+    if (again || l == 0) norm_forward(m, B, P_ATTN_NORM, l, NULL, normed_attn, rstd_attn, resid, NULL);
+    else
+        norm_forward(m, B, P_ATTN_NORM, l, resid, normed_attn, rstd_attn, m->acts.h + block_copy(m, l - 1) * NC, branch);
     bf16* qkv = m->acts.qkv;
-    linear_forward(m, qkv, normed_attn, P_QKV, l, QKV, C);
+    linear_forward(m, B, qkv, normed_attn, P_QKV, l, QKV, C);
     bf16* q = m->acts.qkv_heads + copy * N * QKV;
-    rope_permute(false, qkv, q, q + NC, q + NC + (size_t)N * (QKV - C) / 2, m->rope_cos, m->rope_sin, head_shape(m),
+    rope_permute(false, qkv, q, q + NC, q + NC + (size_t)N * (QKV - C) / 2, m->rope_cos, m->rope_sin, head_shape(m, B),
                  m->stream, m->shape_in_memory);
-    attention_forward(m, l);
-    linear_forward(m, branch, m->acts.att_y + copy * NC, P_ATTN_OUT, l, C, C);
+    attention_forward(m, B, l);
+    linear_forward(m, B, branch, m->acts.att_y + copy * NC, P_ATTN_OUT, l, C, C);
     bf16* normed_ffn = m->acts.normed_ffn + norms_copy(m, l) * NC;
-    norm_forward(m, P_FFN_NORM, l, h, normed_ffn, m->acts.rstd_ffn + copy * N, resid, branch);
+    norm_forward(m, B, P_FFN_NORM, l, h, normed_ffn, m->acts.rstd_ffn + copy * N, resid, branch);
     bf16* gate_up = m->acts.gate_up + copy * N * 2 * F;
-    linear_forward(m, gate_up, normed_ffn, P_GATE_UP, l, 2 * F, C);
+    linear_forward(m, B, gate_up, normed_ffn, P_GATE_UP, l, 2 * F, C);
     bf16* act = m->acts.act + norms_copy(m, l) * N * F;
     swiglu(false, act, NULL, gate_up, N, F, m->stream, fp8_producer_amax(m, P_DOWN, l, false));
-    if (!again) linear_forward(m, branch, act, P_DOWN, l, C, F);
-    else if (fp8_linear(m, P_DOWN, l)) fp8_quantize_input(m, P_DOWN, l, act, F); // [fp8] its transpose, for dW
+    if (!again) linear_forward(m, B, branch, act, P_DOWN, l, C, F);
+    else if (fp8_linear(m, P_DOWN, l)) fp8_quantize_input(m, B, P_DOWN, l, act, F); // [fp8] its transpose, for dW
 }
 
 // [deferred AdamW] With after_deferred (the previous step left its deferred groups' AdamW to this
@@ -1006,30 +1007,31 @@ static void wait_for_update(const Model* m, int g, bool after_deferred) {
         CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->step.group_updated[g]));
 }
 
-// inputs: (B*T) token ids on the device. Leaves bf16 logits (B*T, V) in acts.logits.
-static void forward(const Model* m, const int* inputs, bool after_deferred) {
+// inputs: B rows of T token ids on the device (B at most the model's: sampling runs one row).
+// Leaves bf16 logits (B*T, V) in acts.logits.
+static void forward(const Model* m, int B, const int* inputs, bool after_deferred) {
     NVTX_PUSH("forward");
     const Llama3Config* c = &m->cfg;
-    int N = m->B * m->T, C = c->n_embd, L = c->n_layer;
+    int N = B * m->T, C = c->n_embd, L = c->n_layer;
     size_t NC = (size_t)N * C;
     fp8_reset_scales(m);
     wait_for_update(m, 0, after_deferred);
     embedding_forward(m->acts.resid, inputs, m->params + m->layout.offset[P_WTE], N, C, m->stream);
     for (int l = 0; l < L; l++) {
         wait_for_update(m, 1 + l, after_deferred);
-        block_forward(m, l, false);
+        block_forward(m, B, l, false);
     }
     wait_for_update(m, head_group(m), after_deferred);
-    norm_forward(m, P_FINAL_NORM, 0, m->acts.resid + L * NC, m->acts.normed_final, m->acts.rstd_final,
+    norm_forward(m, B, P_FINAL_NORM, 0, m->acts.resid + L * NC, m->acts.normed_final, m->acts.rstd_final,
                  m->acts.h + block_copy(m, L - 1) * NC, m->acts.branch);
-    linear_forward(m, m->acts.logits, m->acts.normed_final, m->layout.head, 0, c->vocab_size, C);
+    linear_forward(m, B, m->acts.logits, m->acts.normed_final, m->layout.head, 0, c->vocab_size, C);
     NVTX_POP();
 }
 
 // Per-token losses of micro-step `micro` and dlogits in place, scaled for the mean over the
 // whole step's tokens.
-static void classifier(const Model* m, const int* targets, int micro) {
-    int N = m->B * m->T;
+static void classifier(const Model* m, int B, const int* targets, int micro) {
+    int N = B * m->T;
     cross_entropy(m->acts.logits, m->acts.losses + (size_t)micro * N, targets, N, m->cfg.vocab_size,
                   1.0f / ((float)N * m->grad_accum), m->stream);
 }
@@ -1049,39 +1051,41 @@ static inline void grad_written(const Model*, size_t, size_t) {}
 // Weight gradient of a linear layer y = x W^T: dW (out, in) (+)= dy^T x, bf16 [bf16 grads] or
 // fp32. The first micro-step writes (beta 0), later ones accumulate: no zeroing of grads needed.
 // [tied embeddings] A tied wte's gradient is whole only once the embedding backward has added its rows.
-static void weight_grad(const Model* m, int tensor, int layer, const bf16* dy, const bf16* x, int out, int in, bool accumulate) {
+static void weight_grad(const Model* m, int B, int tensor, int layer, const bf16* dy, const bf16* x, int out, int in,
+                        bool accumulate) {
     size_t offset = param_offset(m, tensor, layer);
     bool bf16_out = grad_is_bf16(m, offset);
     void* dw = bf16_out ? (void*)grad_bf16(m, offset) : (void*)grad_f32(m, offset);
-    matmul(m->gemm, m->stream, dw, dy, x, out, in, m->B * m->T, true, false, !bf16_out, 1.0f, accumulate ? 1.0f : 0.0f);
+    matmul(m->gemm, m->stream, dw, dy, x, out, in, B * m->T, true, false, !bf16_out, 1.0f, accumulate ? 1.0f : 0.0f);
     if (tensor != P_WTE) grad_written(m, offset, (size_t)out * in);
 }
 // Input gradient of a linear layer: dx (N, in) = dy (N, out) @ W (out, in), bf16.
-static void input_grad(const Model* m, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in) {
-    matmul(m->gemm, m->stream, dx, dy, weight_bf16(m, tensor, layer), m->B * m->T, in, out, false, false, false);
+static void input_grad(const Model* m, int B, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in) {
+    matmul(m->gemm, m->stream, dx, dy, weight_bf16(m, tensor, layer), B * m->T, in, out, false, false, false);
 }
 
 // [fp8] A block linear's output gradient dy (N, out) quantised, straight and transposed, in the
 // format the GEMMs will read it as (Fp8Buffers.grad_type).
-static void fp8_quantize_grad(const Model* m, int tensor, int layer, const bf16* dy, int out) {
+static void fp8_quantize_grad(const Model* m, int B, int tensor, int layer, const bf16* dy, int out) {
     Fp8Buffers* f = m->fp8;
-    if (f->grad_type == CUDA_R_8F_E4M3) fp8_quantize_operand(m, (e4m3*)f->dy, (e4m3*)f->dy_t, tensor, layer, true, dy, out);
-    else fp8_quantize_operand(m, (e5m2*)f->dy, (e5m2*)f->dy_t, tensor, layer, true, dy, out);
+    if (f->grad_type == CUDA_R_8F_E4M3)
+        fp8_quantize_operand(m, B, (e4m3*)f->dy, (e4m3*)f->dy_t, tensor, layer, true, dy, out);
+    else fp8_quantize_operand(m, B, (e5m2*)f->dy, (e5m2*)f->dy_t, tensor, layer, true, dy, out);
 }
 // [fp8] A block linear's two backward GEMMs in FP8, in the NT layout its tensor cores take:
 // dW (out, in) (+)= (dy^T)8 (x^T)8^T, and dx (N, in) = dy8 (W^T)8^T; dy in e5m2 (the range gradients
 // need) or e4m3 (--fp8_grads), x and W in e4m3, x^T and its scale as this micro-step's forward made
 // them (a recomputed x has the same bits). dW as weight_grad keeps it: bf16 written at one
 // micro-step, else the fp32 sum that later micro-steps add onto (beta 1).
-static void linear_backward_fp8(const Model* m, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in,
+static void linear_backward_fp8(const Model* m, int B, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in,
                                 bool accumulate) {
     Fp8Buffers* f = m->fp8;
-    int N = m->B * m->T;
+    int N = B * m->T;
     size_t offset = param_offset(m, tensor, layer);
     bool bf16_out = grad_is_bf16(m, offset);
     void* dw = bf16_out ? (void*)grad_bf16(m, offset) : (void*)grad_f32(m, offset);
     const float* s_dy = &fp8_act_scale(m, tensor, layer, true)->scale_inv;
-    fp8_quantize_grad(m, tensor, layer, dy, out);
+    fp8_quantize_grad(m, B, tensor, layer, dy, out);
     matmul_fp8(m->gemm, m->stream, dw, f->dy_t, f->grad_type, s_dy, fp8_input_t(m, tensor, layer), CUDA_R_8F_E4M3,
                &fp8_act_scale(m, tensor, layer, false)->scale_inv, out, in, N, false, !bf16_out, accumulate ? 1.0f : 0.0f);
     grad_written(m, offset, (size_t)out * in);
@@ -1090,25 +1094,25 @@ static void linear_backward_fp8(const Model* m, int tensor, int layer, bf16* dx,
 }
 // Both gradients of a block linear y = x W^T from dy: the weight's (written, or accumulated onto the
 // earlier micro-steps') and dx.
-static void linear_backward(const Model* m, int tensor, int layer, bf16* dx, const bf16* dy, const bf16* x, int out,
-                            int in, bool accumulate) {
-    if (fp8_linear(m, tensor, layer)) return linear_backward_fp8(m, tensor, layer, dx, dy, out, in, accumulate);
-    weight_grad(m, tensor, layer, dy, x, out, in, accumulate);
-    input_grad(m, tensor, layer, dx, dy, out, in);
+static void linear_backward(const Model* m, int B, int tensor, int layer, bf16* dx, const bf16* dy, const bf16* x,
+                            int out, int in, bool accumulate) {
+    if (fp8_linear(m, tensor, layer)) return linear_backward_fp8(m, B, tensor, layer, dx, dy, out, in, accumulate);
+    weight_grad(m, B, tensor, layer, dy, x, out, in, accumulate);
+    input_grad(m, B, tensor, layer, dx, dy, out, in);
 }
 
 // Backward of one RMSNorm: dresid (+)= its input gradient, dresid_bf16 = the same rounded, and
 // the weight gradient written or accumulated.
-static void norm_backward(const Model* m, int tensor, int layer, const float* x, const float* rstd, bool accumulate_dx,
-                          bool accumulate) {
-    int N = m->B * m->T, C = m->cfg.n_embd;
+static void norm_backward(const Model* m, int B, int tensor, int layer, const float* x, const float* rstd,
+                          bool accumulate_dx, bool accumulate) {
+    int N = B * m->T, C = m->cfg.n_embd;
     float *dw = grad_f32(m, param_offset(m, tensor, layer)), *weight = param_ptr(m, m->params, tensor, layer);
     if (m->sw.fused_rmsnorm) {
         rmsnorm_backward(m->acts.dresid, m->acts.dresid_bf16, dw, m->acts.dw_partial,
                          m->acts.branch, x, weight, rstd, N, C, accumulate_dx, accumulate, m->sms, m->stream,
                          fp8_norm_amax(m, tensor, layer, true));
     } else {
-        RmsScratch s = rms_scratch(m);
+        RmsScratch s = rms_scratch(m, B);
         rmsnorm_backward_ops(m->acts.dresid, m->acts.dresid_bf16, dw, m->acts.branch, x, weight,
                              rstd, N, C, accumulate_dx, accumulate, &s, m->stream);
     }
@@ -1119,8 +1123,8 @@ static void norm_backward(const Model* m, int tensor, int layer, const float* x,
 // acts.dheads). Unfused: dO = dy head-major, dV = P^T dO, dP = dO V^T, dS = softmax'(P, dP) over P,
 // dQ = dS K / sqrt(HD), dK = dS^T Q / sqrt(HD); the G query heads of a kv head are G*T rows of one
 // GEMM, so dK and dV sum over them as K = G*T.
-static void attention_backward(const Model* m, int l, bf16* dy) {
-    HeadShape sh = head_shape(m);
+static void attention_backward(const Model* m, int B, int l, bf16* dy) {
+    HeadShape sh = head_shape(m, B);
     size_t N = (size_t)sh.B * sh.T, C = m->cfg.n_embd, KVD = (size_t)sh.KVH * sh.HD, copy = block_copy(m, l);
     bf16* q = m->acts.qkv_heads + copy * N * qkv_dim(&m->cfg);
     bf16 *k = q + N * C, *v = k + N * KVD;
@@ -1133,11 +1137,11 @@ static void attention_backward(const Model* m, int l, bf16* dy) {
     bf16 *probs = m->acts.probs + copy * sh.B * sh.NH * sh.T * sh.T, *dout = m->acts.heads_o;
     float scale = 1.0f / sqrtf((float)sh.HD);
     permute_heads(true, dy, dout, sh, m->stream, m->shape_in_memory);
-    attn_mix_t_gemm(m, dv, probs, dout, 1.0f);
-    attn_scores_gemm(m, m->acts.scores, dout, v, 1.0f); // dP
+    attn_mix_t_gemm(m, B, dv, probs, dout, 1.0f);
+    attn_scores_gemm(m, B, m->acts.scores, dout, v, 1.0f); // dP
     attention_softmax(true, probs, m->acts.scores, sh.B * sh.NH * sh.T, sh.T, m->stream); // dS over P
-    attn_mix_gemm(m, dq, probs, k, scale);
-    attn_mix_t_gemm(m, dk, probs, q, scale);
+    attn_mix_gemm(m, B, dq, probs, k, scale);
+    attn_mix_t_gemm(m, B, dk, probs, q, scale);
 }
 
 // Ablation only (--delete_fills 0): zero n bf16 that the next kernel overwrites whole, as the
@@ -1153,47 +1157,47 @@ static void redundant_fill(const Model* m, bf16* buf, size_t n) {
 // forward's on the same inputs: the same bits). 2: block_forward has just made them.
 // [fp8] Not under --fp8 1: the block linears' weight gradients read the inputs' FP8 transposes that
 // the forward kept, so nothing reads these.
-static void recompute_norm(const Model* m, int tensor, int l) {
+static void recompute_norm(const Model* m, int B, int tensor, int l) {
     if (m->recompute != RECOMPUTE_NORMS || m->fp8) return;
-    size_t N = (size_t)m->B * m->T, NC = N * m->cfg.n_embd;
+    size_t N = (size_t)B * m->T, NC = N * m->cfg.n_embd;
     if (tensor == P_ATTN_NORM)
-        norm_forward(m, P_ATTN_NORM, l, NULL, m->acts.normed_attn, m->acts.rstd_attn + l * N, m->acts.resid + l * NC, NULL);
-    else norm_forward(m, P_FFN_NORM, l, NULL, m->acts.normed_ffn, m->acts.rstd_ffn + l * N, m->acts.h + l * NC, NULL);
+        norm_forward(m, B, tensor, l, NULL, m->acts.normed_attn, m->acts.rstd_attn + l * N, m->acts.resid + l * NC, NULL);
+    else norm_forward(m, B, tensor, l, NULL, m->acts.normed_ffn, m->acts.rstd_ffn + l * N, m->acts.h + l * NC, NULL);
 }
-static void recompute_act(const Model* m, int l) {
+static void recompute_act(const Model* m, int B, int l) {
     if (m->recompute != RECOMPUTE_NORMS || m->fp8) return;
-    int N = m->B * m->T, F = m->cfg.ffn_hidden;
+    int N = B * m->T, F = m->cfg.ffn_hidden;
     swiglu(false, m->acts.act, NULL, m->acts.gate_up + (size_t)l * N * 2 * F, N, F, m->stream);
 }
 
 // One block in reverse. On entry dresid holds the gradient of the block's output and
 // dresid_bf16 its rounded copy; on exit they hold the gradient of its input.
-static void block_backward(const Model* m, int l, bool accumulate) {
+static void block_backward(const Model* m, int B, int l, bool accumulate) {
     const Llama3Config* c = &m->cfg;
-    int N = m->B * m->T, C = c->n_embd, F = c->ffn_hidden, QKV = qkv_dim(c);
+    int N = B * m->T, C = c->n_embd, F = c->ffn_hidden, QKV = qkv_dim(c);
     size_t NC = (size_t)N * C, copy = block_copy(m, l), ncopy = norms_copy(m, l);
     bf16 *dresid_bf16 = m->acts.dresid_bf16, *dbranch = m->acts.branch;
-    if (m->recompute == RECOMPUTE_BLOCKS) block_forward(m, l, true); // (branch and qkv are free here)
+    if (m->recompute == RECOMPUTE_BLOCKS) block_forward(m, B, l, true); // (branch and qkv are free here)
     // MLP: down, SwiGLU, gate_up, ffn norm
     bf16 *dact = m->acts.dact, *dgate_up = m->acts.dgate_up;
-    recompute_act(m, l);
-    linear_backward(m, P_DOWN, l, dact, dresid_bf16, m->acts.act + ncopy * N * F, C, F, accumulate);
+    recompute_act(m, B, l);
+    linear_backward(m, B, P_DOWN, l, dact, dresid_bf16, m->acts.act + ncopy * N * F, C, F, accumulate);
     swiglu(true, dgate_up, dact, m->acts.gate_up + copy * N * 2 * F, N, F, m->stream,
            fp8_producer_amax(m, P_GATE_UP, l, true));
-    recompute_norm(m, P_FFN_NORM, l);
-    linear_backward(m, P_GATE_UP, l, dbranch, dgate_up, m->acts.normed_ffn + ncopy * NC, 2 * F, C, accumulate);
-    norm_backward(m, P_FFN_NORM, l, m->acts.h + copy * NC, m->acts.rstd_ffn + copy * N, true, accumulate);
+    recompute_norm(m, B, P_FFN_NORM, l);
+    linear_backward(m, B, P_GATE_UP, l, dbranch, dgate_up, m->acts.normed_ffn + ncopy * NC, 2 * F, C, accumulate);
+    norm_backward(m, B, P_FFN_NORM, l, m->acts.h + copy * NC, m->acts.rstd_ffn + copy * N, true, accumulate);
     // attention: out projection, heads, RoPE, qkv, attention norm
-    linear_backward(m, P_ATTN_OUT, l, dbranch, dresid_bf16, m->acts.att_y + copy * NC, C, C, accumulate);
+    linear_backward(m, B, P_ATTN_OUT, l, dbranch, dresid_bf16, m->acts.att_y + copy * NC, C, C, accumulate);
     bf16 *dheads = m->acts.dheads, *dqkv = m->acts.qkv;
     redundant_fill(m, dheads, (size_t)N * QKV);
-    attention_backward(m, l, dbranch);
+    attention_backward(m, B, l, dbranch);
     redundant_fill(m, dqkv, (size_t)N * QKV);
     rope_permute(true, dqkv, dheads, dheads + NC, dheads + NC + (size_t)N * (QKV - C) / 2, m->rope_cos, m->rope_sin,
-                 head_shape(m), m->stream, m->shape_in_memory);
-    recompute_norm(m, P_ATTN_NORM, l);
-    linear_backward(m, P_QKV, l, dbranch, dqkv, m->acts.normed_attn + ncopy * NC, QKV, C, accumulate);
-    norm_backward(m, P_ATTN_NORM, l, m->acts.resid + l * NC, m->acts.rstd_attn + copy * N, true, accumulate);
+                 head_shape(m, B), m->stream, m->shape_in_memory);
+    recompute_norm(m, B, P_ATTN_NORM, l);
+    linear_backward(m, B, P_QKV, l, dbranch, dqkv, m->acts.normed_attn + ncopy * NC, QKV, C, accumulate);
+    norm_backward(m, B, P_ATTN_NORM, l, m->acts.resid + l * NC, m->acts.rstd_attn + copy * N, true, accumulate);
 }
 
 static void adamw_tensor(const Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s); // in the optimizer section
@@ -1238,10 +1242,10 @@ static void gradients_done(const Model* m, const int* slices, int n) {
 // From dlogits (in acts.logits) to every weight gradient. accumulate: add to the gradients of
 // earlier micro-steps of this step instead of overwriting them. to_optimizer: the step's last
 // micro-step, whose gradients go to the optimizer group by group as they are written.
-static void backward(const Model* m, const int* inputs, bool accumulate, bool to_optimizer) {
+static void backward(const Model* m, int B, const int* inputs, bool accumulate, bool to_optimizer) {
     NVTX_PUSH("backward");
     const Llama3Config* c = &m->cfg;
-    int N = m->B * m->T, C = c->n_embd, V = c->vocab_size, L = c->n_layer;
+    int N = B * m->T, C = c->n_embd, V = c->vocab_size, L = c->n_layer;
     size_t NC = (size_t)N * C;
     const int* first = m->tab.first; // (a tensor's layer-0 slice: a list of one)
     auto done = [&](const int* slices, int n) {
@@ -1249,13 +1253,13 @@ static void backward(const Model* m, const int* inputs, bool accumulate, bool to
     };
     bf16* dlogits = m->acts.logits;
     int head = m->layout.head; // [tied embeddings] wte: its gradient starts here, the embedding's rows are added last
-    weight_grad(m, head, 0, dlogits, m->acts.normed_final, V, C, accumulate);
-    input_grad(m, head, 0, m->acts.branch, dlogits, V, C); // reads the head's shadow: before its AdamW
+    weight_grad(m, B, head, 0, dlogits, m->acts.normed_final, V, C, accumulate);
+    input_grad(m, B, head, 0, m->acts.branch, dlogits, V, C); // reads the head's shadow: before its AdamW
     if (head == P_LM_HEAD) done(&first[P_LM_HEAD], 1);
-    norm_backward(m, P_FINAL_NORM, 0, m->acts.resid + L * NC, m->acts.rstd_final, false, accumulate);
+    norm_backward(m, B, P_FINAL_NORM, 0, m->acts.resid + L * NC, m->acts.rstd_final, false, accumulate);
     done(&first[P_FINAL_NORM], 1);
     for (int l = L - 1; l >= 0; l--) {
-        block_backward(m, l, accumulate);
+        block_backward(m, B, l, accumulate);
         const int* layer_slices;
         int n = group_slices(m, 1 + l, &layer_slices);
         done(layer_slices, n);
@@ -1549,8 +1553,8 @@ static void micro_step(const Model* m, int micro, bool to_optimizer) {
     int N = m->B * m->T, n_step = m->grad_accum * N;
     const int* inputs = m->tokens + (size_t)micro * N;
     bool last = micro == m->grad_accum - 1, accumulate = micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE;
-    forward(m, inputs, micro == 0 && m->step.pending.updates);
-    classifier(m, m->tokens + n_step + (size_t)micro * N, micro);
+    forward(m, m->B, inputs, micro == 0 && m->step.pending.updates);
+    classifier(m, m->B, m->tokens + n_step + (size_t)micro * N, micro);
     if (last)
         loss_guard(optimizer_hyper(&m->optim), m->stats, m->acts.losses, n_step,
                    m->step.plan->counted_by == COUNTED_BY_LOSS_GUARD, m->stream);
@@ -1559,7 +1563,7 @@ static void micro_step(const Model* m, int micro, bool to_optimizer) {
     if (micro == 0 && !m->sw.sparse_embedding && !head_writes_wte) // dense wte gradient: re-zeroed every step
         CUDA_CHECK(cudaMemsetAsync(grad_f32(m, m->layout.offset[P_WTE]), 0, m->layout.size[P_WTE] * 4, m->stream));
     if (last && m->step.pending.save_copy) CUDA_CHECK(cudaStreamWaitEvent(m->stream, *m->step.pending.save_copy));
-    backward(m, inputs, accumulate, last && to_optimizer);
+    backward(m, m->B, inputs, accumulate, last && to_optimizer);
 }
 
 // Everything of one optimizer step after its tokens are on the device, as the plan has it: the
@@ -1869,8 +1873,8 @@ static float val_loss(Model* m, ValData* v) {
     size_t N = (size_t)m->B * m->T;
     optimizer_flush(m);
     for (int i = 0; i < v->n_batches; i++) {
-        forward(m, v->tokens + i * 2 * N, false);
-        classifier(m, v->tokens + i * 2 * N + N, 0); // (also writes dlogits: unused)
+        forward(m, m->B, v->tokens + i * 2 * N, false);
+        classifier(m, m->B, v->tokens + i * 2 * N + N, 0); // (also writes dlogits: unused)
         mean(v->batch_loss + i, m->acts.losses, (int)N, m->stream);
     }
     mean(v->batch_loss + v->n_batches, v->batch_loss, v->n_batches, m->stream);
@@ -1922,8 +1926,8 @@ static void eval_forward(Model* m, const EvalData* e, int first_row, int rows, i
         eval_row(s, example, row % E, T, e->host + (size_t)r * T, e->host + N + (size_t)r * T, &from[r], &to[r]);
     }
     CUDA_CHECK(cudaMemcpyAsync(e->tokens, e->host, 2 * N * sizeof(int), cudaMemcpyHostToDevice, m->stream));
-    forward(m, e->tokens, false);
-    classifier(m, e->tokens + N, 0); // (also writes dlogits: unused)
+    forward(m, m->B, e->tokens, false);
+    classifier(m, m->B, e->tokens + N, 0); // (also writes dlogits: unused)
     CUDA_CHECK(cudaMemcpyAsync(e->losses, m->acts.losses, N * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     for (int r = 0; r < rows; r++) {
@@ -1967,20 +1971,17 @@ static float next_uniform(uint64_t* state) { // splitmix64, top 24 bits: [0, 1)
 
 // Generates cfg->sample_tokens tokens after BOS (token 0 in a vocabulary without LLaMA-3's BOS) into
 // ids[0..sample_tokens]: one forward pass of one sequence (B = 1, the same T) per token, the next id
-// drawn on the device from the row of the last position. The forward reads its batch shape from the
-// model it is given: here a copy of m whose B is 1 (the same buffers and streams), so that sampling
-// leaves the model as it was.
+// drawn on the device from the row of the last position (the forward of one row writes the first
+// T rows of the activation buffers).
 static void sample_ids(Model* m, Sampler* s, int* ids) {
     NVTX_PUSH("sample");
     int T = m->T, V = m->cfg.vocab_size;
     optimizer_flush(m);
-    Model one_row = *m;
-    one_row.B = 1;
     ids[0] = V > LLAMA3_BOS ? LLAMA3_BOS : 0;
     CUDA_CHECK(cudaMemsetAsync(s->seq, 0, T * sizeof(int), m->stream));
     CUDA_CHECK(cudaMemcpyAsync(s->seq, ids, sizeof(int), cudaMemcpyHostToDevice, m->stream));
     for (int pos = 0; pos < s->cfg->sample_tokens; pos++) {
-        forward(&one_row, s->seq, false);
+        forward(m, 1, s->seq, false);
         sample_token(s->seq + pos + 1, m->acts.logits + (size_t)pos * V, V, s->cfg->temperature, s->cfg->top_k,
                      next_uniform(&s->rng), m->stream);
     }

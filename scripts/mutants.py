@@ -37,7 +37,7 @@ GENCODE = "-gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=c
 # name, kind, file, what the bug does, code, its replacement
 MUTANTS = [
     ("ffn_norm_weight", "wiring", "train_llama3.cu", "the FFN RMSNorm reads the layer's attention-norm weight",
-     "norm_forward(m, P_FFN_NORM, l, h, normed_ffn,", "norm_forward(m, P_ATTN_NORM, l, h, normed_ffn,"),
+     "norm_forward(m, B, P_FFN_NORM, l, h, normed_ffn,", "norm_forward(m, B, P_ATTN_NORM, l, h, normed_ffn,"),
     ("norm_backward_weight", "wiring", "train_llama3.cu", "every RMSNorm backward reads layer 0's weight",
      "*weight = param_ptr(m, m->params, tensor, layer);", "*weight = param_ptr(m, m->params, tensor, 0);"),
     ("softmax_no_rescale", "kernel", "kernels.cuh", "flash forward: the running sum and output not rescaled "
@@ -53,8 +53,8 @@ MUTANTS = [
      "kt, T);\n        const KeyTile<HD>& tile = kv[kt % 2];\n        float s["),
     ("fp8_weight_scale_is_inputs", "fp8", "train_llama3.cu", "--fp8 1 forward: the input's inverse scale applied "
      "twice, the weight's not at all",
-     "&fp8_weight_scale(m, tensor, layer)->scale_inv,\n                   m->B * m->T, out, in, false);",
-     "&fp8_act_scale(m, tensor, layer, false)->scale_inv,\n                   m->B * m->T, out, in, false);"),
+     "&fp8_weight_scale(m, tensor, layer)->scale_inv,\n                   B * m->T, out, in, false);",
+     "&fp8_act_scale(m, tensor, layer, false)->scale_inv,\n                   B * m->T, out, in, false);"),
     ("fp8_stale_amax", "fp8", "train_llama3.cu", "--fp8 1: one amax slot per linear for every layer, so an "
      "operand's scale comes from the largest of the earlier layers' too",
      "(size_t)slice_of(&m->tab, tensor, layer)->fp8_slot * 2 + grad", "(size_t)slice_of(&m->tab, tensor, 0)->fp8_slot * 2 + grad"),
@@ -65,7 +65,7 @@ MUTANTS = [
      "    fp8_reset_scales(m);\n", "    if (inputs == m->tokens) fp8_reset_scales(m);\n"),
     ("fp8_recompute_down_input_stale", "fp8", "train_llama3.cu", "--fp8 1 --recompute 2: the block's forward again "
      "skips down's input quantisation with its GEMM, so down's weight gradient reads the last layer's input",
-     "    else if (fp8_linear(m, P_DOWN, l)) fp8_quantize_input(m, P_DOWN, l, act, F); // [fp8] its transpose, for dW\n", ""),
+     "    else if (fp8_linear(m, P_DOWN, l)) fp8_quantize_input(m, B, P_DOWN, l, act, F); // [fp8] its transpose, for dW\n", ""),
     ("fp8_accumulated_grad_overwritten", "fp8", "train_llama3.cu", "--fp8 1 with micro-steps: the FP8 weight-"
      "gradient GEMM writes (beta 0) over the earlier micro-steps' sum instead of adding",
      "N, false, !bf16_out, accumulate ? 1.0f : 0.0f);", "N, false, !bf16_out, 0.0f);"),
@@ -73,11 +73,11 @@ MUTANTS = [
      "AdamW, so the next step's GEMMs read the weights from before the update",
      "    if (fp8_linear(m, tensor, layer)) fp8_quantize_weight(m, tensor, layer, s); // [fp8] from the new shadow\n", ""),
     ("fp8_grads_e4m3", "fp8", "train_llama3.cu", "--fp8 1: the output gradients quantised to e4m3 where the GEMMs "
-     "read e5m2", "else fp8_quantize_operand(m, (e5m2*)f->dy, (e5m2*)f->dy_t,",
-     "else fp8_quantize_operand(m, (e4m3*)f->dy, (e4m3*)f->dy_t,"),
+     "read e5m2", "else fp8_quantize_operand(m, B, (e5m2*)f->dy, (e5m2*)f->dy_t,",
+     "else fp8_quantize_operand(m, B, (e4m3*)f->dy, (e4m3*)f->dy_t,"),
     ("fp8_e4m3_grads_as_e5m2", "fp8", "train_llama3.cu", "--fp8_grads e4m3: the output gradients quantised to e5m2 "
-     "where the GEMMs read e4m3", "CUDA_R_8F_E4M3) fp8_quantize_operand(m, (e4m3*)f->dy, (e4m3*)f->dy_t,",
-     "CUDA_R_8F_E4M3) fp8_quantize_operand(m, (e5m2*)f->dy, (e5m2*)f->dy_t,"),
+     "where the GEMMs read e4m3", "CUDA_R_8F_E4M3)\n        fp8_quantize_operand(m, B, (e4m3*)f->dy, (e4m3*)f->dy_t,",
+     "CUDA_R_8F_E4M3)\n        fp8_quantize_operand(m, B, (e5m2*)f->dy, (e5m2*)f->dy_t,"),
     ("fp8_grads_flag_ignored", "fp8", "train_llama3.cu", "--fp8_grads e4m3 ignored: the gradients stay e5m2",
      "m->fp8->grad_type = grads == FP8_GRADS_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;",
      "m->fp8->grad_type = CUDA_R_8F_E5M2;"),
@@ -186,12 +186,12 @@ MUTANTS = [
     return;"""),
     ("tied_head_grad_dropped", "tied embeddings", "train_llama3.cu", "the head's weight gradient written to "
      "lm_head's slot as when untied: a tied wte's gradient lacks it (only the embedding's rows)",
-     "weight_grad(m, head, 0, dlogits, m->acts.normed_final, V, C, accumulate);",
-     "weight_grad(m, P_LM_HEAD, 0, dlogits, m->acts.normed_final, V, C, accumulate);"),
+     "weight_grad(m, B, head, 0, dlogits, m->acts.normed_final, V, C, accumulate);",
+     "weight_grad(m, B, P_LM_HEAD, 0, dlogits, m->acts.normed_final, V, C, accumulate);"),
     ("recompute_previous_input", "recompute", "train_llama3.cu", "--recompute 2 runs each block's forward again "
      "from the previous layer's saved input",
-     "if (again || l == 0) norm_forward(m, P_ATTN_NORM, l, NULL, normed_attn, rstd_attn, resid, NULL);",
-     "if (again || l == 0) norm_forward(m, P_ATTN_NORM, l, NULL, normed_attn, rstd_attn, again && l > 0 ? resid - NC : resid, NULL);"),
+     "if (again || l == 0) norm_forward(m, B, P_ATTN_NORM, l, NULL, normed_attn, rstd_attn, resid, NULL);",
+     "if (again || l == 0)\n        norm_forward(m, B, P_ATTN_NORM, l, NULL, normed_attn, rstd_attn, again && l > 0 ? resid - NC : resid, NULL);"),
     ("recompute_ffn_norm_of_resid", "recompute", "train_llama3.cu", "--recompute 1 recomputes the FFN norm's "
      "output from the block's input instead of the residual after attention",
      "m->acts.rstd_ffn + l * N, m->acts.h + l * NC, NULL);", "m->acts.rstd_ffn + l * N, m->acts.resid + l * NC, NULL);"),
