@@ -210,7 +210,10 @@ static inline size_t moment_bytes(int moments) { return moments == MOMENTS_BF16 
 // The training loop's: its inputs and log, the batch, and how long it runs.
 typedef struct {
     const char* input_bin;     // NULL: the embedded default data set
-    const char* llmc_filepath; // NULL: random init (std 0.02, norms 1) of `shape`
+    const char* llmc_filepath; // NULL: random init (std 0.02, norms 1) of `shape`, or hf_dir
+    const char* hf_dir;        // a Hugging Face model folder (NULL: llmc_filepath or the random init)
+    const char* save_hf;       // a folder for the trained model in Hugging Face's format (NULL: none)
+    int save_hf_dtype;         // --save_hf_dtype: HF_DTYPE_BF16 or HF_DTYPE_FP32
     int shape;                 // --shape: SHAPE_1B, _3B or _8B, the random init's [family]
     const char* log_file;      // NULL: no JSON log
     int batch_size, sequence_length, total_batch_size; // total: of all ranks
@@ -233,6 +236,7 @@ typedef struct {
 // bit: the same kernels on the same inputs.
 enum { RECOMPUTE_NONE, RECOMPUTE_NORMS, RECOMPUTE_BLOCKS };
 enum { FP8_GRADS_E5M2, FP8_GRADS_E4M3 };
+enum { HF_DTYPE_BF16, HF_DTYPE_FP32 }; // --save_hf_dtype's choices, in order
 #define FP8_GRADS_CHOICES "e5m2|e4m3" // (their order: the enum's)
 
 // Evaluation's: the val loss and samples between steps.
@@ -374,6 +378,9 @@ static const FlagSpec FLAGS[] = {
     {"--input_bin", FLAG_PATH, ARG(loop.input_bin), NULL, 0, 0, NULL, "llm.c token files, uint32 LLaMA-3 or uint16 GPT-2 tokens: a file, a glob of shards (quoted: 'data/train_*.bin') or a comma list of either (default: embedded tiny shakespeare)", NOT_A_SWITCH, NULL},
     {"--shuffle", FLAG_BOOL, ARG(loop.shuffle), "1", 0, 0, NULL, "1: each epoch reads the shards, and each shard's steps, in an order drawn from --seed and the epoch; 0: in order", NOT_A_SWITCH, NULL},
     {"--llmc_filepath", FLAG_PATH, ARG(loop.llmc_filepath), NULL, 0, 0, NULL, "model file: this trainer's format (convert_hf.py's, a checkpoint's model.bin, InfiniTrain's) or llm.c's llama3 format, told apart by size (default: random init)", NOT_A_SWITCH, NULL},
+    {"--hf_dir", FLAG_PATH, ARG(loop.hf_dir), NULL, 0, 0, NULL, "a Hugging Face LLaMA 3 folder (config.json, model.safetensors or its index and shards; F32, F16 or BF16), read straight onto the GPU as convert_hf.py would convert it (default: --llmc_filepath, else random init)", NOT_A_SWITCH, NULL},
+    {"--save_hf", FLAG_PATH, ARG(loop.save_hf), NULL, 0, 0, NULL, "after the last step, write the model as a Hugging Face folder here, as export_hf.py would (model.safetensors, config.json, and --hf_dir's tokenizer files); made if missing", NOT_A_SWITCH, NULL},
+    {"--save_hf_dtype", FLAG_CHOICE, ARG(loop.save_hf_dtype), "bfloat16", 0, 0, "bfloat16|float32", "--save_hf's tensors: bf16 rounded to nearest even, or the fp32 weights", NOT_A_SWITCH, NULL},
     {"--shape", FLAG_CHOICE, ARG(loop.shape), "1b", 0, 0, SHAPE_CHOICES, "the random init's shape: LLaMA 3.2-1B (untied), 3.2-3B (tied) or 3.1-8B (untied, RoPE factor 8); a model file or --resume gives its own", NOT_A_SWITCH, NULL},
     {"--num_iteration", FLAG_INT, ARG(optim.sched.total), "100", 1, BIG_INT, NULL, "optimizer steps of the run: the lr schedule's length, and its last step", NOT_A_SWITCH, NULL},
     {"--stop_after", FLAG_INT, ARG(loop.stop_after), "0", 0, BIG_INT, NULL, "end this invocation after step N, to --resume later on the same schedule (0: at --num_iteration)", NOT_A_SWITCH, NULL},
@@ -980,10 +987,11 @@ static inline void rope_table(const Llama3Config* c, int T, float* cos_out, floa
 // A file is read as a list of segments: `count` floats at `file_offset` that go to
 // `param_offset` in our layout, or that must be zero (llm.c's biases, param_offset < 0).
 
-typedef enum { MODEL_FILE_SEED = 1, MODEL_FILE_LLMC = 2, MODEL_FILE_LLMC_BF16 = 3 } ModelFileFormat;
+typedef enum { MODEL_FILE_SEED = 1, MODEL_FILE_LLMC = 2, MODEL_FILE_LLMC_BF16 = 3, MODEL_FILE_HF = 4 } ModelFileFormat;
 static inline const char* model_format_name(ModelFileFormat f) {
-    return f == MODEL_FILE_SEED ? "seed (InfiniTrain llmc_filepath, 1024-byte header)"
+    return f == MODEL_FILE_SEED   ? "seed (InfiniTrain llmc_filepath, 1024-byte header)"
            : f == MODEL_FILE_LLMC ? "llm.c llama3 (2048-byte header, zero biases)"
+           : f == MODEL_FILE_HF   ? "Hugging Face folder (config.json, safetensors; q and k rows reordered)"
                                   : "llm.c llama3 bf16 (version 5, 2048-byte header, zero biases; widened to fp32)";
 }
 
@@ -1233,8 +1241,701 @@ static inline int segments_load(const char* path, const SegmentList* s, float* b
     return 0;
 }
 
+// ---- JSON (a Hugging Face folder's config.json, index and safetensors headers) ----
+// A reader of whole JSON texts into a tree of nodes in one array: each holds its type, its value (a
+// number as a double; a string's bytes between the quotes, escapes left as written), as an object's
+// member its key, and the indices of its first child and next sibling. Keys compare byte for byte (no
+// name the trainer looks up has an escape); of repeated keys the last counts, as in Python's json.
+// Nesting deeper than JSON_MAX_DEPTH is refused, so no input runs the parser out of stack.
+typedef enum { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUMBER, JSON_STRING, JSON_ARRAY, JSON_OBJECT } JsonType;
+typedef struct {
+    JsonType type;
+    const char *key, *str; // a member's key, a string's contents: into the text, not NUL-terminated
+    int key_len, str_len;
+    double number;
+    int child, next; // first element or member, next sibling (node indices; -1: none)
+} JsonNode;
+typedef struct {
+    JsonNode* node; // node[0]: the whole text's value
+    int n, cap;
+    char* text;     // owned; NUL-terminated
+    const char *p, *end, *source; // the parse position and end; the file, for messages
+    char* err;
+} JsonDoc;
+#define JSON_MAX_DEPTH 32
+
+static inline int json_fail(JsonDoc* d, const char* what) {
+    return l3_fail(d->err, "%s: not valid JSON: %s at byte %td", d->source, what, d->p - d->text);
+}
+static inline void json_space(JsonDoc* d) {
+    while (d->p < d->end && (*d->p == ' ' || *d->p == '\t' || *d->p == '\n' || *d->p == '\r')) d->p++;
+}
+static inline int json_new(JsonDoc* d, JsonType type) {
+    if (d->n == d->cap) {
+        d->cap = d->cap ? 2 * d->cap : 64;
+        d->node = (JsonNode*)realloc(d->node, d->cap * sizeof(JsonNode));
+    }
+    d->node[d->n] = (JsonNode){type, NULL, NULL, 0, 0, 0.0, -1, -1};
+    return d->n++;
+}
+// A string at d->p (its opening quote): its contents' span, the escapes checked.
+static inline int json_string(JsonDoc* d, const char** s, int* len) {
+    const char* start = ++d->p;
+    for (; d->p < d->end && *d->p != '"'; d->p++) {
+        unsigned char c = (unsigned char)*d->p;
+        if (c < 0x20) return json_fail(d, "a control character in a string");
+        if (c != '\\') continue;
+        if (++d->p >= d->end) break;
+        c = (unsigned char)*d->p;
+        if (c == 'u') {
+            for (int i = 1; i <= 4; i++)
+                if (d->p + i >= d->end || !strchr("0123456789abcdefABCDEF", d->p[i]) || !d->p[i])
+                    return json_fail(d, "a \\u escape without four hex digits");
+            d->p += 4;
+        } else if (!c || !strchr("\"\\/bfnrt", c)) {
+            return json_fail(d, "an unknown escape in a string");
+        }
+    }
+    if (d->p >= d->end) return json_fail(d, "a string without its closing quote");
+    *s = start, *len = (int)(d->p++ - start);
+    return 0;
+}
+// A number at d->p, in JSON's grammar (strtod alone would take hex, inf and nan).
+static inline int json_number_at(JsonDoc* d, double* v) {
+    const char* q = d->p;
+    if (q < d->end && *q == '-') q++;
+    const char* digits = q;
+    while (q < d->end && *q >= '0' && *q <= '9') q++;
+    if (q == digits || (*digits == '0' && q - digits > 1)) return json_fail(d, "a malformed number");
+    if (q < d->end && *q == '.') {
+        const char* frac = ++q;
+        while (q < d->end && *q >= '0' && *q <= '9') q++;
+        if (q == frac) return json_fail(d, "a malformed number");
+    }
+    if (q < d->end && (*q == 'e' || *q == 'E')) {
+        if (++q < d->end && (*q == '+' || *q == '-')) q++;
+        const char* exp = q;
+        while (q < d->end && *q >= '0' && *q <= '9') q++;
+        if (q == exp) return json_fail(d, "a malformed number");
+    }
+    *v = strtod(d->p, NULL); // (stops where the grammar did: the text is NUL-terminated)
+    d->p = q;
+    return 0;
+}
+static inline int json_value(JsonDoc* d, int depth);
+// The elements of an array or the members of an object at d->p (its bracket), as node i's children.
+static inline int json_children(JsonDoc* d, int i, int depth, bool object) {
+    char close = object ? '}' : ']';
+    d->p++;
+    json_space(d);
+    if (d->p < d->end && *d->p == close) return d->p++, 0;
+    for (int last = -1;;) {
+        const char* key = NULL;
+        int key_len = 0;
+        if (object) {
+            if (d->p >= d->end || *d->p != '"') return json_fail(d, "an object member without a string key");
+            if (json_string(d, &key, &key_len)) return -1;
+            json_space(d);
+            if (d->p >= d->end || *d->p != ':') return json_fail(d, "a key without ':'");
+            d->p++;
+        }
+        int child = json_value(d, depth + 1);
+        if (child < 0) return -1;
+        d->node[child].key = key, d->node[child].key_len = key_len;
+        if (last < 0) d->node[i].child = child;
+        else d->node[last].next = child;
+        last = child;
+        json_space(d);
+        if (d->p < d->end && *d->p == ',') {
+            d->p++;
+            json_space(d);
+            continue;
+        }
+        if (d->p < d->end && *d->p == close) return d->p++, 0;
+        return json_fail(d, object ? "an object without ',' or '}'" : "an array without ',' or ']'");
+    }
+}
+static inline int json_value(JsonDoc* d, int depth) {
+    if (depth > JSON_MAX_DEPTH) return json_fail(d, "nesting deeper than 32"), -1;
+    json_space(d);
+    if (d->p >= d->end) return json_fail(d, "the text ends where a value is due"), -1;
+    static const struct { const char* word; JsonType type; } words[] = {
+        {"null", JSON_NULL}, {"false", JSON_FALSE}, {"true", JSON_TRUE}};
+    for (int w = 0; w < 3; w++) {
+        size_t n = strlen(words[w].word);
+        if ((size_t)(d->end - d->p) >= n && memcmp(d->p, words[w].word, n) == 0) {
+            d->p += n;
+            return json_new(d, words[w].type);
+        }
+    }
+    char c = *d->p;
+    if (c != '"' && c != '[' && c != '{' && c != '-' && !(c >= '0' && c <= '9'))
+        return json_fail(d, "an unexpected character"), -1;
+    int i = json_new(d, c == '"' ? JSON_STRING : c == '[' ? JSON_ARRAY : c == '{' ? JSON_OBJECT : JSON_NUMBER);
+    int rc = c == '"'               ? json_string(d, &d->node[i].str, &d->node[i].str_len)
+             : c == '[' || c == '{' ? json_children(d, i, depth, c == '{')
+                                    : json_number_at(d, &d->node[i].number);
+    return rc ? -1 : i;
+}
+static inline void json_free(JsonDoc* d) {
+    free(d->node);
+    free(d->text);
+    d->node = NULL, d->text = NULL;
+}
+// Parses text[0..n) (owned by the doc from here on; text[n] must be NUL) from `source`.
+static inline int json_parse(JsonDoc* d, char* text, size_t n, const char* source, char* err) {
+    *d = (JsonDoc){NULL, 0, 0, text, text, text + n, source, err};
+    if (json_value(d, 0) < 0) return -1;
+    json_space(d);
+    if (d->p != d->end) return json_fail(d, "characters after the value");
+    return 0;
+}
+// Reads and parses the file `path` (at most max_bytes).
+static inline int json_read_file(JsonDoc* d, const char* path, size_t max_bytes, char* err) {
+    *d = (JsonDoc){0};
+    long long size;
+    FILE* f = open_regular(path, "JSON file", &size, err);
+    if (!f) return -1;
+    if ((unsigned long long)size > max_bytes) {
+        fclose(f);
+        return l3_fail(err, "%s: %lld bytes, more than the %zu a JSON file of a model folder may have", path, size,
+                       max_bytes);
+    }
+    char* text = (char*)malloc((size_t)size + 1);
+    size_t got = fread(text, 1, (size_t)size, f);
+    fclose(f);
+    text[got] = 0;
+    if (got != (size_t)size) {
+        free(text);
+        return l3_fail(err, "%s: cannot read: %s", path, strerror(errno));
+    }
+    return json_parse(d, text, got, path, err);
+}
+// The member `key` of object node `obj` (the last if repeated), or -1.
+static inline int json_member(const JsonDoc* d, int obj, const char* key) {
+    if (obj < 0 || d->node[obj].type != JSON_OBJECT) return -1;
+    int found = -1, n = (int)strlen(key);
+    for (int i = d->node[obj].child; i >= 0; i = d->node[i].next)
+        if (d->node[i].key_len == n && memcmp(d->node[i].key, key, n) == 0) found = i;
+    return found;
+}
+static inline bool json_is_string(const JsonDoc* d, int i, const char* s) {
+    return i >= 0 && d->node[i].type == JSON_STRING && d->node[i].str_len == (int)strlen(s) &&
+           memcmp(d->node[i].str, s, d->node[i].str_len) == 0;
+}
+// Node i's value as an integer in [lo, hi], or -1 (not a number, not whole, out of range).
+static inline int json_integer(const JsonDoc* d, int i, long long lo, long long hi, long long* v) {
+    if (i < 0 || d->node[i].type != JSON_NUMBER) return -1;
+    double x = d->node[i].number;
+    if (!(x >= (double)lo && x <= (double)hi) || x != floor(x)) return -1;
+    *v = (long long)x;
+    return 0;
+}
+
+// ---- Hugging Face folders (--hf_dir) ----
+// A LLaMA 3 model as Hugging Face saves it: config.json, and model.safetensors or
+// model.safetensors.index.json with the shards its weight_map names. A safetensors file is an 8-byte
+// little-endian header length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__"},
+// then the data (offsets from the header's end). Read with scripts/convert_hf.py's rules, so that the
+// weights land as its seed file's do, bit for bit: the same configs refused, F32, F16 and BF16
+// widened exactly, and q and k rows from HF's half rotation to the pairs this trainer rotates.
+#define HF_MAX_JSON_BYTES (64u << 20) // config.json, the index, a safetensors header
+#define HF_MAX_DIMS 8
+
+typedef struct {
+    char* name;
+    char dtype[8];      // safetensors' name; F32, F16 and BF16 are read (other names kept cut to 7)
+    int n_dims;
+    long long shape[HF_MAX_DIMS];
+    int file;           // index into HfModel.files
+    long long offset;   // of its first byte in the file
+} HfTensor;
+
+typedef struct {
+    char config_path[L3_PATH_LEN];
+    char (*files)[L3_PATH_LEN]; // the safetensors files
+    int n_files;
+    HfTensor* tensor;
+    int n_tensors;
+    Llama3Config cfg;
+} HfModel;
+
+static inline void hf_model_free(HfModel* h) {
+    for (int i = 0; i < h->n_tensors; i++) free(h->tensor[i].name);
+    free(h->tensor);
+    free(h->files);
+    memset(h, 0, sizeof(*h));
+}
+static inline int hf_find(const HfModel* h, const char* name) {
+    for (int i = 0; i < h->n_tensors; i++)
+        if (strcmp(h->tensor[i].name, name) == 0) return i;
+    return -1;
+}
+static inline int hf_dtype_bytes(const char* dtype) {
+    return strcmp(dtype, "F32") == 0 ? 4 : strcmp(dtype, "F16") == 0 || strcmp(dtype, "BF16") == 0 ? 2 : 0;
+}
+
+// One entry of a safetensors header: its dtype, shape and data_offsets, checked against the data's
+// `data_bytes`, into t.
+static inline int hf_entry(const JsonDoc* d, int e, const char* path, long long data_bytes, HfTensor* t, char* err) {
+    int dtype = json_member(d, e, "dtype"), shape = json_member(d, e, "shape"), offsets = json_member(d, e, "data_offsets");
+    bool ok = dtype >= 0 && d->node[dtype].type == JSON_STRING && shape >= 0 && d->node[shape].type == JSON_ARRAY &&
+              offsets >= 0 && d->node[offsets].type == JSON_ARRAY;
+    long long range[2] = {-1, -1}, count = 1;
+    int k = 0;
+    for (int i = ok ? d->node[offsets].child : -1; i >= 0 && ok; i = d->node[i].next, k++)
+        ok = k < 2 && json_integer(d, i, 0, LLONG_MAX / 2, &range[k]) == 0;
+    ok = ok && k == 2;
+    t->n_dims = 0;
+    for (int i = ok ? d->node[shape].child : -1; i >= 0 && ok; i = d->node[i].next) {
+        long long n;
+        ok = t->n_dims < HF_MAX_DIMS && json_integer(d, i, 0, 1LL << 40, &n) == 0;
+        if (ok) t->shape[t->n_dims++] = n, count = count > (1LL << 40) ? count : count * n;
+    }
+    if (!ok) return l3_fail(err, "%s: tensor %s: no valid dtype, shape and data_offsets", path, t->name);
+    snprintf(t->dtype, sizeof(t->dtype), "%.*s", d->node[dtype].str_len, d->node[dtype].str);
+    int bytes = hf_dtype_bytes(t->dtype);
+    if (range[0] > range[1] || range[1] > data_bytes || (bytes && range[1] - range[0] != count * bytes))
+        return l3_fail(err, "%s: tensor %s: data_offsets %lld..%lld do not fit its shape or the file's data (%lld "
+                       "bytes)", path, t->name, range[0], range[1], data_bytes);
+    t->offset = range[0];
+    return 0;
+}
+
+// The tensors of safetensors file number `file` (h->files[file]) added to h's list; a name already
+// in the list (from another shard) is refused.
+static inline int hf_read_safetensors(HfModel* h, int file, char* err) {
+    const char* path = h->files[file];
+    long long size;
+    FILE* f = open_regular(path, "safetensors file", &size, err);
+    if (!f) return -1;
+    uint64_t n = 0; // the header's length, little-endian as this host
+    bool have = size >= 8 && fread(&n, 1, 8, f) == 8;
+    if (!have || n < 2 || n > (uint64_t)size - 8 || n > HF_MAX_JSON_BYTES) {
+        fclose(f);
+        return l3_fail(err, "%s: not a safetensors file (header length %lld, file %lld bytes)", path,
+                       have ? (long long)(n > LLONG_MAX ? LLONG_MAX : n) : -1LL, size);
+    }
+    char* text = (char*)malloc(n + 1);
+    size_t got = fread(text, 1, n, f);
+    fclose(f);
+    text[got] = 0;
+    JsonDoc d;
+    if (got != n) {
+        free(text);
+        return l3_fail(err, "%s: cannot read its header: %s", path, strerror(errno));
+    }
+    if (json_parse(&d, text, n, path, err)) return json_free(&d), -1;
+    if (d.node[0].type != JSON_OBJECT) return json_free(&d), l3_fail(err, "%s: the header is not a JSON object", path);
+    int rc = 0;
+    for (int e = d.node[0].child; e >= 0 && rc == 0; e = d.node[e].next) {
+        char* name = (char*)malloc(d.node[e].key_len + 1);
+        snprintf(name, d.node[e].key_len + 1, "%.*s", d.node[e].key_len, d.node[e].key);
+        if (strcmp(name, "__metadata__") == 0 || json_member(&d, 0, name) != e) { // (a repeat: its last counts)
+            free(name);
+            continue;
+        }
+        int other = hf_find(h, name);
+        h->tensor = (HfTensor*)realloc(h->tensor, (h->n_tensors + 1) * sizeof(HfTensor));
+        HfTensor* t = &h->tensor[h->n_tensors++];
+        *t = (HfTensor){name, "", 0, {0}, file, 0};
+        if (other >= 0) rc = l3_fail(err, "%s: tensor %s is also in %s", path, name, h->files[h->tensor[other].file]);
+        else rc = hf_entry(&d, e, path, size - 8 - (long long)n, t, err);
+        t->offset += 8 + (long long)n;
+    }
+    json_free(&d);
+    return rc;
+}
+
+// The folder's safetensors files into h->files: model.safetensors, or the shards the index's
+// weight_map names (each once, in name order), each file's tensors then read; a tensor of a shard
+// the index places elsewhere is refused.
+static inline int hf_read_tensors(HfModel* h, const char* dir, char* err) {
+    char single[L3_PATH_LEN], index[L3_PATH_LEN];
+    snprintf(single, sizeof(single), "%s/model.safetensors", dir);
+    snprintf(index, sizeof(index), "%s/model.safetensors.index.json", dir);
+    struct stat st;
+    if (stat(single, &st) == 0) {
+        h->files = (char(*)[L3_PATH_LEN])malloc(sizeof(*h->files));
+        snprintf(h->files[0], L3_PATH_LEN, "%s", single);
+        h->n_files = 1;
+        return hf_read_safetensors(h, 0, err);
+    }
+    if (stat(index, &st) != 0) return l3_fail(err, "%s: no model.safetensors and no model.safetensors.index.json", dir);
+    JsonDoc d;
+    if (json_read_file(&d, index, HF_MAX_JSON_BYTES, err)) return json_free(&d), -1;
+    int map = json_member(&d, 0, "weight_map"), rc = 0;
+    if (map < 0 || d.node[map].type != JSON_OBJECT || d.node[map].child < 0) rc = l3_fail(err, "%s: no weight_map", index);
+    h->files = (char(*)[L3_PATH_LEN])malloc(sizeof(*h->files) * (rc ? 1 : d.n));
+    for (int e = rc ? -1 : d.node[map].child; e >= 0 && rc == 0; e = d.node[e].next) {
+        const JsonNode* v = &d.node[e];
+        char file[L3_PATH_LEN];
+        if (v->type != JSON_STRING || v->str_len == 0 || memchr(v->str, '/', v->str_len) || memchr(v->str, '\\', v->str_len)) {
+            rc = l3_fail(err, "%s: weight_map: %.*s: not the name of a file in the folder", index, v->key_len, v->key);
+            break;
+        }
+        snprintf(file, sizeof(file), "%s/%.*s", dir, v->str_len, v->str);
+        int at = 0;
+        while (at < h->n_files && strcmp(h->files[at], file) < 0) at++;
+        if (at < h->n_files && strcmp(h->files[at], file) == 0) continue;
+        memmove(h->files[at + 1], h->files[at], (h->n_files++ - at) * sizeof(*h->files));
+        snprintf(h->files[at], L3_PATH_LEN, "%s", file);
+    }
+    for (int i = 0; i < h->n_files && rc == 0; i++)
+        if (stat(h->files[i], &st) != 0) rc = l3_fail(err, "%s: missing: a shard %s names", h->files[i], index);
+    for (int i = 0; i < h->n_files && rc == 0; i++) rc = hf_read_safetensors(h, i, err);
+    for (int i = 0; i < h->n_tensors && rc == 0; i++) {
+        const HfTensor* t = &h->tensor[i];
+        int where = json_member(&d, map, t->name);
+        const char* base = strrchr(h->files[t->file], '/') + 1;
+        if (!json_is_string(&d, where, base))
+            rc = l3_fail(err, "%s: holds %s, which the index places in %.*s", h->files[t->file], t->name,
+                         where >= 0 ? d.node[where].str_len : 4, where >= 0 ? d.node[where].str : "None");
+    }
+    json_free(&d);
+    return rc;
+}
+
+// config.json's number `key` into *v, or a message naming it.
+static inline int hf_number(const JsonDoc* d, int obj, const char* key, double* v) {
+    int i = json_member(d, obj, key);
+    if (i < 0 || d->node[i].type != JSON_NUMBER) return -1;
+    *v = d->node[i].number;
+    return 0;
+}
+
+// LLaMA 3.x's own (ffn_dim_multiplier, multiple_of): 3.2-1B, 3.2-3B, 3.1-8B, 3.1-70B, 3.1-405B.
+static const struct { float mult; int multiple_of; } LLAMA3_FFN[] = {{1.5f, 256}, {1.0f, 256}, {1.3f, 1024},
+                                                                    {1.3f, 4096}, {1.2f, 4096}};
+// The (ffn_dim_multiplier, multiple_of) that ffn_hidden_dim turns into intermediate_size F, as
+// convert_hf.py picks it: the pair config.json names (export_hf.py writes it), else the first of LLaMA
+// 3.x's that fits, else the largest power-of-two multiple_of up to 256 dividing F with the multiplier
+// of fewest decimals that lands on it (k / 10^decimals: the double Python's round gives).
+static inline int hf_ffn(const JsonDoc* d, int cfg, int C, long long F, Llama3Config* c, const char* path, char* err) {
+    double mult;
+    long long multiple_of;
+    if (json_member(d, cfg, "ffn_dim_multiplier") >= 0 || json_member(d, cfg, "multiple_of") >= 0) {
+        if (hf_number(d, cfg, "ffn_dim_multiplier", &mult) ||
+            json_integer(d, json_member(d, cfg, "multiple_of"), 1, 1 << 20, &multiple_of) ||
+            !(mult >= 1e-2 && mult <= 64) || ffn_hidden_dim(C, (float)mult, (int)multiple_of) != F)
+            return l3_fail(err, "%s: ffn_dim_multiplier and multiple_of do not give intermediate_size %lld by the "
+                           "trainer's formula", path, F);
+        c->ffn_dim_multiplier = (float)mult, c->multiple_of = (int)multiple_of;
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(LLAMA3_FFN) / sizeof(LLAMA3_FFN[0]); i++)
+        if (ffn_hidden_dim(C, LLAMA3_FFN[i].mult, LLAMA3_FFN[i].multiple_of) == F) {
+            c->ffn_dim_multiplier = LLAMA3_FFN[i].mult, c->multiple_of = LLAMA3_FFN[i].multiple_of;
+            return 0;
+        }
+    long long base = 2 * (4 * (long long)C) / 3;
+    for (multiple_of = 256; F % multiple_of; multiple_of /= 2) {}
+    for (int decimals = 1; decimals < 8; decimals++) {
+        double step = pow(10.0, -decimals), lo = (double)(F - multiple_of) / base, hi = (double)(F + 1) / base;
+        for (long long k = (long long)floor(lo / step); k <= (long long)ceil(hi / step); k++) {
+            mult = (double)k / pow(10.0, decimals);
+            if (mult >= 1e-2 && mult <= 64 && ffn_hidden_dim(C, (float)mult, (int)multiple_of) == F) {
+                c->ffn_dim_multiplier = (float)mult, c->multiple_of = (int)multiple_of;
+                return 0;
+            }
+        }
+    }
+    return l3_fail(err, "%s: intermediate_size %lld with hidden_size %d: no ffn_dim_multiplier in [0.01, 64] gives "
+                   "it by the trainer's formula", path, F, C);
+}
+
+// RoPE: transformers 5's rope_parameters or 4's rope_scaling with rope_theta; llama3 scaling of the
+// constants rope_inv_freq hardcodes (low 1, high 4, original context 8192), or none.
+static inline int hf_rope(const JsonDoc* d, int cfg, Llama3Config* c, const char* path, char* err) {
+    int rope = json_member(d, cfg, "rope_parameters");
+    if (rope < 0 || d->node[rope].type != JSON_OBJECT || d->node[rope].child < 0) rope = json_member(d, cfg, "rope_scaling");
+    if (rope >= 0 && d->node[rope].type != JSON_OBJECT) rope = -1;
+    int type = json_member(d, rope, "rope_type");
+    if (type < 0) type = json_member(d, rope, "type");
+    double theta = 10000.0, factor;
+    if (hf_number(d, rope, "rope_theta", &theta)) hf_number(d, cfg, "rope_theta", &theta);
+    c->rope_theta = (float)theta, c->use_scaled_rope = 0, c->rope_factor = LLAMA3_2_ROPE_FACTOR;
+    if (type < 0 || json_is_string(d, type, "default")) return 0;
+    if (!json_is_string(d, type, "llama3"))
+        return l3_fail(err, "%s: rope_type %.*s: the trainer runs llama3 RoPE scaling or none", path,
+                       d->node[type].type == JSON_STRING ? d->node[type].str_len : 1,
+                       d->node[type].type == JSON_STRING ? d->node[type].str : "?");
+    const struct { const char* key; double want; } fixed[] = {
+        {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192.0}};
+    for (int i = 0; i < 3; i++) {
+        double v;
+        if (hf_number(d, rope, fixed[i].key, &v) || v != fixed[i].want)
+            return l3_fail(err, "%s: llama3 rope %s: the trainer hardcodes %g (llama3.h rope_inv_freq)", path,
+                           fixed[i].key, fixed[i].want);
+    }
+    if (hf_number(d, rope, "factor", &factor)) return l3_fail(err, "%s: llama3 rope factor: not a number", path);
+    c->use_scaled_rope = 1, c->rope_factor = (float)factor;
+    return 0;
+}
+
+// The trainer's config for the folder's config.json (convert_hf.py's config_of): a LlamaForCausalLM,
+// SiLU, no biases, head_dim hidden_size / num_attention_heads; then config_check's ranges.
+static inline int hf_config(const JsonDoc* d, bool tied, Llama3Config* c, const char* path, char* err) {
+    int arch = json_member(d, 0, "architectures"), act = json_member(d, 0, "hidden_act");
+    bool llama_arch = arch < 0 || (d->node[arch].type == JSON_ARRAY && d->node[arch].child >= 0 &&
+                                   json_is_string(d, d->node[arch].child, "LlamaForCausalLM") &&
+                                   d->node[d->node[arch].child].next < 0);
+    if (!json_is_string(d, json_member(d, 0, "model_type"), "llama") || !llama_arch)
+        return l3_fail(err, "%s: model_type and architectures: not a LlamaForCausalLM", path);
+    if (act >= 0 && !json_is_string(d, act, "silu")) return l3_fail(err, "%s: hidden_act: the trainer's LLaMA has silu", path);
+    const char* biases[] = {"attention_bias", "mlp_bias"};
+    for (int i = 0; i < 2; i++) {
+        int b = json_member(d, 0, biases[i]);
+        if (b >= 0 && d->node[b].type != JSON_FALSE)
+            return l3_fail(err, "%s: %s: the trainer's LLaMA has %s false", path, biases[i], biases[i]);
+    }
+    const char* need[] = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "intermediate_size", "max_position_embeddings", "rms_norm_eps"};
+    long long v[6];
+    double eps;
+    for (int i = 0; i < 7; i++) {
+        int at = json_member(d, 0, need[i]);
+        if (i < 6 ? json_integer(d, at, 0, 1LL << 40, &v[i]) : hf_number(d, 0, need[i], &eps))
+            return l3_fail(err, "%s: %s: missing or not a %s", path, need[i], i < 6 ? "whole number" : "number");
+    }
+    *c = (Llama3Config){0};
+    c->vocab_size = (int)(v[0] > INT_MAX ? INT_MAX : v[0]), c->n_embd = (int)(v[1] > INT_MAX ? INT_MAX : v[1]);
+    c->n_layer = (int)(v[2] > INT_MAX ? INT_MAX : v[2]), c->n_head = (int)(v[3] > INT_MAX ? INT_MAX : v[3]);
+    c->max_seq_len = (int)(v[5] > INT_MAX ? INT_MAX : v[5]), c->norm_eps = (float)eps;
+    long long kv = c->n_head, head_dim;
+    int kv_at = json_member(d, 0, "num_key_value_heads"), hd_at = json_member(d, 0, "head_dim");
+    if (kv_at >= 0 && d->node[kv_at].type != JSON_NULL && json_integer(d, kv_at, 0, 1 << 20, &kv))
+        return l3_fail(err, "%s: num_key_value_heads: not a whole number", path);
+    c->n_kv_head = kv ? (int)kv : c->n_head, c->tied_embeddings = tied; // (0 or null: as many as the heads)
+    if (c->n_head < 1 || c->n_embd % c->n_head ||
+        (hd_at >= 0 && d->node[hd_at].type != JSON_NULL &&
+         (json_integer(d, hd_at, 0, 1 << 20, &head_dim) || head_dim != c->n_embd / c->n_head)))
+        return l3_fail(err, "%s: head_dim: the trainer's is hidden_size %d / num_attention_heads %d", path, c->n_embd,
+                       c->n_head);
+    if (hf_rope(d, 0, c, path, err)) return -1;
+    if (c->n_embd < 8 || c->n_embd > (1 << 20)) return config_check(c, path, err);
+    if (hf_ffn(d, 0, c->n_embd, v[4], c, path, err)) return -1;
+    return config_check(c, path, err);
+}
+
+// Where an HF tensor goes: `count` floats (rows x cols) at param_offset; q and k (heads > 0) row by
+// row from HF's half rotation (i, i + D/2) to the trainer's pairs (2i, 2i + 1).
+typedef struct {
+    char name[64];
+    long long rows, cols; // cols 0: a vector of `rows`
+    size_t param_offset;
+    int heads;
+} HfPlace;
+
+// Every tensor the config implies, in the seed file's order (its layer-stacked tensors by layer).
+static inline int hf_places(const Llama3Config* c, HfPlace* out) {
+    ParamLayout p = param_layout(c);
+    long long C = c->n_embd, F = c->ffn_hidden, KV = (long long)c->n_kv_head * (C / c->n_head), V = c->vocab_size;
+    int n = 0;
+    out[n++] = (HfPlace){"model.embed_tokens.weight", V, C, p.offset[P_WTE], 0};
+    for (int l = 0; l < c->n_layer; l++) {
+        size_t qkv = p.offset[P_QKV] + l * p.layer_size[P_QKV], gate_up = p.offset[P_GATE_UP] + l * p.layer_size[P_GATE_UP];
+        const struct { const char* name; long long rows, cols; size_t offset; int heads; } layer[] = {
+            {"input_layernorm", C, 0, p.offset[P_ATTN_NORM] + l * C, 0},
+            {"self_attn.q_proj", C, C, qkv, c->n_head},
+            {"self_attn.k_proj", KV, C, qkv + C * C, c->n_kv_head},
+            {"self_attn.v_proj", KV, C, qkv + (C + KV) * C, 0},
+            {"self_attn.o_proj", C, C, p.offset[P_ATTN_OUT] + l * p.layer_size[P_ATTN_OUT], 0},
+            {"post_attention_layernorm", C, 0, p.offset[P_FFN_NORM] + l * C, 0},
+            {"mlp.gate_proj", F, C, gate_up, 0},
+            {"mlp.up_proj", F, C, gate_up + F * C, 0},
+            {"mlp.down_proj", C, F, p.offset[P_DOWN] + l * p.layer_size[P_DOWN], 0}};
+        for (int i = 0; i < 9; i++, n++) {
+            out[n] = (HfPlace){"", layer[i].rows, layer[i].cols, layer[i].offset, layer[i].heads};
+            snprintf(out[n].name, sizeof(out->name), "model.layers.%d.%s.weight", l, layer[i].name);
+        }
+    }
+    out[n++] = (HfPlace){"model.norm.weight", C, 0, p.offset[P_FINAL_NORM], 0};
+    if (!c->tied_embeddings) out[n++] = (HfPlace){"lm_head.weight", V, C, p.offset[P_LM_HEAD], 0};
+    return n;
+}
+static inline int hf_places_count(const Llama3Config* c) { return 3 + 9 * c->n_layer; }
+
+// "a, b, c, d ... (n in all)": the first four of n names.
+static inline void hf_name_list(char* out, size_t len, const char* const* names, int n) {
+    size_t at = 0;
+    out[0] = 0;
+    for (int i = 0; i < n && i < 4; i++) at += snprintf(out + at, at < len ? len - at : 0, "%s%s", i ? ", " : "", names[i]);
+    if (n > 4 && at < len) snprintf(out + at, len - at, " ... (%d in all)", n);
+}
+static inline void hf_shape_text(char* out, size_t len, const long long* shape, int n_dims) {
+    size_t at = snprintf(out, len, "[");
+    for (int i = 0; i < n_dims && at < len; i++) at += snprintf(out + at, len - at, "%s%lld", i ? ", " : "", shape[i]);
+    if (at < len) snprintf(out + at, len - at, "]");
+}
+static inline int hf_cmp_names(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
+
+// Every tensor the config implies is there, in a dtype read, with its shape; no bias, nothing else
+// (a tied model's lm_head.weight is left unread, as convert_hf.py leaves it).
+static inline int hf_check_tensors(const HfModel* h, const HfPlace* places, int n_places, const char* dir, char* err) {
+    const char** odd = (const char**)malloc(sizeof(char*) * (h->n_tensors + n_places + 1));
+    int n_extra = 0, n_bias = 0, n_missing = 0;
+    for (int i = 0; i < h->n_tensors; i++) {
+        const char* name = h->tensor[i].name;
+        bool known = h->cfg.tied_embeddings && strcmp(name, "lm_head.weight") == 0;
+        for (int j = 0; j < n_places && !known; j++) known = strcmp(name, places[j].name) == 0;
+        if (!known) odd[n_extra++] = name;
+    }
+    qsort(odd, n_extra, sizeof(char*), hf_cmp_names);
+    for (int i = 0; i < n_extra; i++) {
+        size_t len = strlen(odd[i]);
+        if (len >= 5 && strcmp(odd[i] + len - 5, ".bias") == 0) odd[n_bias++] = odd[i]; // (in place: n_bias <= i)
+    }
+    char list[L3_ERR_LEN / 2];
+    int rc = 0;
+    if (n_bias) {
+        hf_name_list(list, sizeof(list), odd, n_bias);
+        rc = l3_fail(err, "%s: bias tensors %s: the trainer's LLaMA has no biases", dir, list);
+    } else if (n_extra) {
+        hf_name_list(list, sizeof(list), odd, n_extra);
+        rc = l3_fail(err, "%s: unexpected tensors %s", dir, list);
+    }
+    for (int j = 0; j < n_places && rc == 0; j++)
+        if (hf_find(h, places[j].name) < 0) odd[n_missing++] = places[j].name;
+    if (n_missing && rc == 0) {
+        hf_name_list(list, sizeof(list), odd, n_missing);
+        rc = l3_fail(err, "%s: missing tensors %s", dir, list);
+    }
+    for (int j = 0; j < n_places && rc == 0; j++) {
+        const HfPlace* p = &places[j];
+        const HfTensor* t = &h->tensor[hf_find(h, p->name)];
+        int dims = p->cols ? 2 : 1;
+        if (!hf_dtype_bytes(t->dtype))
+            rc = l3_fail(err, "%s: tensor %s is %s; F32, F16 or BF16 are read", h->files[t->file], p->name, t->dtype);
+        else if (t->n_dims != dims || t->shape[0] != p->rows || (dims == 2 && t->shape[1] != p->cols)) {
+            long long want[2] = {p->rows, p->cols};
+            char has[160], implied[64];
+            hf_shape_text(has, sizeof(has), t->shape, t->n_dims);
+            hf_shape_text(implied, sizeof(implied), want, dims);
+            rc = l3_fail(err, "%s: tensor %s has shape %s, the config implies %s", h->files[t->file], p->name, has,
+                         implied);
+        }
+    }
+    free(odd);
+    return rc;
+}
+
+// Everything of the folder `dir` that can be checked before the GPU: config.json and the config it
+// implies (h->cfg), the safetensors headers, and every tensor the config needs. Tied as convert_hf.py
+// decides: tie_word_embeddings, or no lm_head.weight.
+static inline int hf_model_open(const char* dir, HfModel* h, char* err) {
+    memset(h, 0, sizeof(*h));
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return l3_fail(err, "%s: %s (a Hugging Face model's folder, with config.json and model.safetensors)", dir,
+                       stat(dir, &st) == 0 ? "not a folder" : "no such folder");
+    snprintf(h->config_path, sizeof(h->config_path), "%s/config.json", dir);
+    if (stat(h->config_path, &st) != 0) return l3_fail(err, "%s: no config.json (a Hugging Face model's folder)", dir);
+    JsonDoc d;
+    if (json_read_file(&d, h->config_path, HF_MAX_JSON_BYTES, err) || hf_read_tensors(h, dir, err)) {
+        json_free(&d);
+        return -1;
+    }
+    int tie = json_member(&d, 0, "tie_word_embeddings");
+    bool tied = (tie >= 0 && (d.node[tie].type == JSON_TRUE || (d.node[tie].type == JSON_NUMBER && d.node[tie].number != 0)))
+                || hf_find(h, "lm_head.weight") < 0;
+    if (d.node[0].type != JSON_OBJECT) {
+        json_free(&d);
+        return l3_fail(err, "%s: not a JSON object", h->config_path);
+    }
+    int rc = hf_config(&d, tied, &h->cfg, h->config_path, err);
+    json_free(&d);
+    if (rc) return -1;
+    HfPlace* places = (HfPlace*)malloc(sizeof(HfPlace) * hf_places_count(&h->cfg));
+    int n = hf_places(&h->cfg, places);
+    rc = hf_check_tensors(h, places, n, dir, err);
+    free(places);
+    return rc;
+}
+
+// fp16 values in the first n*2 bytes of buf, widened in place to n floats (from the last, as
+// widen_bf16_in_place): exactly, subnormals, infinities and NaN payloads included.
+static inline void widen_f16_in_place(float* buf, size_t n) {
+    const uint16_t* h16 = (const uint16_t*)buf;
+    for (size_t i = n; i-- > 0;) {
+        uint32_t h = h16[i], sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+        if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);
+        else if (exp) bits = sign | ((exp + 112) << 23) | (man << 13);
+        else if (!man) bits = sign;
+        else { // subnormal: normalise
+            int e = -1;
+            do man <<= 1, e++; while (!(man & 0x400));
+            bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+        memcpy(&buf[i], &bits, 4);
+    }
+}
+
+// Reads n elements of tensor t from f (positioned) into buf as floats.
+static inline int hf_read_floats(FILE* f, const HfTensor* t, float* buf, size_t n, const char* path, char* err) {
+    int bytes = hf_dtype_bytes(t->dtype);
+    if (fread(buf, bytes, n, f) != n) return l3_fail(err, "%s: truncated inside tensor %s", path, t->name);
+    if (strcmp(t->dtype, "BF16") == 0) widen_bf16_in_place(buf, n);
+    if (strcmp(t->dtype, "F16") == 0) widen_f16_in_place(buf, n);
+    return 0;
+}
+
+// Streams every tensor of an opened folder into `sink` through buf (buf_floats, at least twice a
+// head's rows: 2 * head_dim * n_embd): in chunks, q and k a head at a time with its rows reordered.
+static inline int hf_model_load(const HfModel* h, float* buf, size_t buf_floats, ParamSink sink, void* ctx, char* err) {
+    const Llama3Config* c = &h->cfg;
+    size_t D = c->n_embd / c->n_head, head = D * c->n_embd;
+    if (buf_floats < 2 * head) return l3_fail(err, "internal error: hf_model_load's buffer holds less than two heads");
+    HfPlace* places = (HfPlace*)malloc(sizeof(HfPlace) * hf_places_count(c));
+    int n = hf_places(c, places), rc = 0;
+    for (int j = 0; j < n && rc == 0; j++) {
+        const HfPlace* p = &places[j];
+        const HfTensor* t = &h->tensor[hf_find(h, p->name)];
+        const char* path = h->files[t->file];
+        FILE* f = fopen(path, "rb");
+        if (!f || fseeko(f, (off_t)t->offset, SEEK_SET) != 0) {
+            rc = l3_fail(err, "%s: cannot read tensor %s: %s", path, p->name, strerror(errno));
+            if (f) fclose(f);
+            break;
+        }
+        size_t count = (size_t)p->rows * (p->cols ? p->cols : 1), chunk = p->heads ? head : buf_floats;
+        for (size_t done = 0; done < count && rc == 0; done += chunk) {
+            size_t m = count - done < chunk ? count - done : chunk;
+            rc = hf_read_floats(f, t, buf, m, path, err);
+            if (rc || !p->heads) {
+                if (!rc) sink(ctx, p->param_offset + done, buf, m);
+                continue;
+            }
+            float* pairs = buf + head; // row 2i + j of the head is HF's row j * D/2 + i
+            for (size_t i = 0; i < D / 2; i++)
+                for (size_t k = 0; k < 2; k++)
+                    memcpy(pairs + (2 * i + k) * c->n_embd, buf + (k * D / 2 + i) * c->n_embd, c->n_embd * sizeof(float));
+            sink(ctx, p->param_offset + done, pairs, m);
+        }
+        fclose(f);
+    }
+    free(places);
+    return rc;
+}
+
+// Loads the folder `dir` that hf_model_open checked before the GPU into `sink`; a folder whose config
+// changed since is refused.
+static inline int hf_dir_load(const char* dir, const Llama3Config* cfg, float* buf, size_t buf_floats, ParamSink sink,
+                              void* ctx, char* err) {
+    HfModel h;
+    int rc = hf_model_open(dir, &h, err);
+    if (rc == 0 && memcmp(&h.cfg, cfg, sizeof(*cfg)) != 0)
+        rc = l3_fail(err, "%s: its config.json changed since the run started", dir);
+    if (rc == 0) rc = hf_model_load(&h, buf, buf_floats, sink, ctx, err);
+    hf_model_free(&h);
+    return rc;
+}
+
+// ---- model files: loading ----
+
 static inline int model_file_load(const char* path, const Llama3Config* cfg, ModelFileFormat fmt,
                            float* buf, size_t buf_floats, ParamSink sink, void* ctx, char* err) {
+    if (fmt == MODEL_FILE_HF) return hf_dir_load(path, cfg, buf, buf_floats, sink, ctx, err);
     SegmentList s = file_segments(cfg, fmt);
     int rc = segments_load(path, &s, buf, buf_floats, sink, ctx, err);
     free(s.seg);
@@ -1244,7 +1945,7 @@ static inline int model_file_load(const char* path, const Llama3Config* cfg, Mod
 // What can be known of a model file's data before the GPU is touched, beyond its header and size:
 // llm.c's bias tensors must be zero (LLaMA has none). Reads only those, a few MB at the 1B.
 static inline int model_file_check(const char* path, const Llama3Config* cfg, ModelFileFormat fmt, char* err) {
-    if (fmt == MODEL_FILE_SEED) return 0;
+    if (fmt == MODEL_FILE_SEED || fmt == MODEL_FILE_HF) return 0; // (hf_model_open checked the folder)
     SegmentList s = file_segments(cfg, fmt), biases = {s.seg, 0, s.end, s.elem_bytes};
     for (int i = 0; i < s.n; i++)
         if (s.seg[i].param_offset < 0) biases.seg[biases.n++] = s.seg[i]; // in place: n <= i
@@ -1779,7 +2480,8 @@ static inline int val_path_beside(const char* input_bin, char* out, char* err) {
 
 // Where the model's config comes from, for messages.
 static inline const char* model_source(const TrainArgs* a) {
-    return a->loop.llmc_filepath ? a->loop.llmc_filepath : "the default LLaMA3.2-1B config";
+    return a->loop.hf_dir ? a->loop.hf_dir : a->loop.llmc_filepath ? a->loop.llmc_filepath
+                                                                   : "the default LLaMA3.2-1B config";
 }
 
 // Whether two paths name one file (device and inode, links followed); false if either is missing.
@@ -1823,6 +2525,17 @@ static inline int log_file_kind_check(const char* path, int resumed, char* err) 
     return 0;
 }
 
+// --save_hf DIR can be written, before anything runs: a folder or nothing there yet (then its parent
+// must be a writable folder), and not the --hf_dir folder the model is read from.
+static inline int save_hf_check(const char* dir, const char* hf_dir, char* err) {
+    struct stat st;
+    if (hf_dir && same_file(dir, hf_dir))
+        return l3_fail(err, "--save_hf %s is the --hf_dir folder, an input: its files would be written over", dir);
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return l3_fail(err, "--save_hf %s: exists and is not a folder", dir);
+    return writable_check("--save_hf", dir, err);
+}
+
 // No output may be one of the inputs: a --log_file naming the model or the eval file (directly or
 // through a link) would empty it before anything is read (the token files: source_holds, as they
 // are opened). Each output can be written.
@@ -1832,15 +2545,19 @@ static inline int outputs_check(const TrainArgs* a, char* err) {
         if (same_file(a->loop.log_file, inputs[i][1]))
             return l3_fail(err, "--log_file %s is the same file as %s %s, an input: not overwritten", a->loop.log_file,
                            inputs[i][0], inputs[i][1]);
-    if (a->ckpt.resume && a->loop.llmc_filepath)
-        return l3_fail(err, "--resume loads the checkpoint's model: --llmc_filepath %s cannot be used with it",
+    if (a->loop.hf_dir && a->loop.llmc_filepath)
+        return l3_fail(err, "--hf_dir %s and --llmc_filepath %s: give the model one way", a->loop.hf_dir,
                        a->loop.llmc_filepath);
+    if (a->ckpt.resume && (a->loop.llmc_filepath || a->loop.hf_dir))
+        return l3_fail(err, "--resume loads the checkpoint's model: %s %s cannot be used with it",
+                       a->loop.hf_dir ? "--hf_dir" : "--llmc_filepath", model_source(a));
     struct stat st;
     if (a->ckpt.dir && stat(a->ckpt.dir, &st) == 0 && !S_ISDIR(st.st_mode))
         return l3_fail(err, "--checkpoint_dir %s: exists and is not a directory", a->ckpt.dir);
     if (a->ckpt.dir && writable_check("--checkpoint_dir", a->ckpt.dir, err)) return -1;
     if (a->loop.log_file && log_file_kind_check(a->loop.log_file, a->ckpt.resume != NULL, err)) return -1;
     if (a->loop.log_file && writable_check("--log_file", a->loop.log_file, err)) return -1;
+    if (a->loop.save_hf && save_hf_check(a->loop.save_hf, a->loop.hf_dir, err)) return -1;
     return 0;
 }
 
@@ -1896,11 +2613,11 @@ static inline void fit_advice(const FitAdvice* f, char* out, size_t n) {
 // [family] --shape is the random init's: a model file or a checkpoint brings its own shape, so
 // another --shape beside one is refused (checked before the file is read).
 static inline int shape_args_check(const TrainArgs* a, char* err) {
-    if (a->loop.shape == SHAPE_1B || !(a->loop.llmc_filepath || a->ckpt.resume)) return 0;
+    if (a->loop.shape == SHAPE_1B || !(a->loop.llmc_filepath || a->loop.hf_dir || a->ckpt.resume)) return 0;
     char shape[16];
     flag_format(a, flag_find("--shape"), shape, sizeof(shape));
     return l3_fail(err, "--shape %s: %s gives the model's shape; leave --shape out", shape,
-                   a->ckpt.resume ? "--resume's model.bin" : "--llmc_filepath");
+                   a->ckpt.resume ? "--resume's model.bin" : a->loop.hf_dir ? "--hf_dir" : "--llmc_filepath");
 }
 
 static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, char* err) {
@@ -2159,15 +2876,20 @@ static inline int fsync_dir_of(const char* path) {
     return rc;
 }
 
-// Writes the chunks to `path` whole or not at all: a temporary file beside it, fsynced, renamed
-// over `path`, then the folder fsynced so that the rename itself survives a crash.
-static inline int write_file_atomic(const char* path, const Chunk* chunks, int n, char* err) {
+// A file's bytes produced piece by piece: each call sets *data to the next piece and returns its
+// length, 0 at the end (a piece is only read before the next call).
+typedef size_t (*PieceSource)(void* ctx, const void** data);
+
+// Writes the pieces of `source` to `path` whole or not at all: a temporary file beside it, fsynced,
+// renamed over `path`, then the folder fsynced so that the rename itself survives a crash.
+static inline int write_pieces_atomic(const char* path, PieceSource source, void* ctx, char* err) {
     char tmp[L3_PATH_LEN];
     if (path_fmt(tmp, err, "%s.tmp.%d", path, (int)getpid())) return -1;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return l3_fail(err, "%s: cannot create: %s", tmp, strerror(errno));
-    for (int i = 0; i < n; i++)
-        if (write_all(fd, chunks[i].data, chunks[i].bytes)) {
+    const void* data;
+    for (size_t bytes; (bytes = source(ctx, &data)) > 0;)
+        if (write_all(fd, data, bytes)) {
             l3_fail(err, "%s: write failed: %s", tmp, strerror(errno));
             close(fd), unlink(tmp);
             return -1;
@@ -2183,6 +2905,22 @@ static inline int write_file_atomic(const char* path, const Chunk* chunks, int n
         return -1;
     }
     return 0;
+}
+// The n chunks as pieces, in order (a Chunk of 0 bytes is skipped).
+typedef struct {
+    const Chunk* chunk;
+    int n, next;
+} ChunkList;
+static inline size_t next_chunk(void* ctx, const void** data) {
+    ChunkList* l = (ChunkList*)ctx;
+    while (l->next < l->n && l->chunk[l->next].bytes == 0) l->next++;
+    if (l->next == l->n) return 0;
+    *data = l->chunk[l->next].data;
+    return l->chunk[l->next++].bytes;
+}
+static inline int write_file_atomic(const char* path, const Chunk* chunks, int n, char* err) {
+    ChunkList list = {chunks, n, 0};
+    return write_pieces_atomic(path, next_chunk, &list, err);
 }
 
 // The weights (our layout, host memory) as a seed-format model file.
@@ -2452,6 +3190,195 @@ static inline int checkpoint_dir_check(const char* dir, int start_step, char* er
         if (steps[i] > start_step && checkpoint_complete(dir, steps[i]))
             return l3_fail(err, "--checkpoint_dir %s already holds step_%08d, after this run's start (step %d): "
                            "--resume from it, or use another folder", dir, steps[i], start_step);
+    return 0;
+}
+
+// ---- Hugging Face folders written (--save_hf) ----
+// The weights as export_hf.py writes them, byte for byte: model.safetensors (the tensors in HF's
+// names and order, q and k rows back in HF's half rotation, bf16 rounded to nearest even or fp32),
+// config.json (its text as Python's json.dumps(indent=2) prints export_hf.py's dict), and the
+// tokenizer files copied from the folder the model came from.
+static const char* const HF_TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                                  "generation_config.json"};
+
+// Python's repr of float(numpy's str(np.float32(f))), as export_hf.py writes config.json's floats:
+// the shortest digits that read back as the float32; fixed notation for exponents -4 to 15 (".0" when
+// whole), else d.ddde-05.
+static inline void py_float_text(char* out, size_t len, float f) {
+    char sci[32], digits[16];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(sci, sizeof(sci), "%.*e", p - 1, (double)f);
+        if (strtof(sci, NULL) == f) break;
+    }
+    const char* q = sci + (sci[0] == '-');
+    int nd = 0;
+    for (; *q && *q != 'e'; q++)
+        if (*q != '.') digits[nd++] = *q;
+    int exp = atoi(q + 1);
+    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    digits[nd] = 0;
+    size_t at = snprintf(out, len, "%s", sci[0] == '-' ? "-" : "");
+    if (exp < -4 || exp >= 16) {
+        snprintf(out + at, len - at, "%c%s%se%c%02d", digits[0], nd > 1 ? "." : "", digits + 1, exp < 0 ? '-' : '+',
+                 exp < 0 ? -exp : exp);
+    } else if (exp < 0) {
+        snprintf(out + at, len - at, "0.%.*s%s", -exp - 1, "0000", digits);
+    } else {
+        for (int i = 0; i <= exp; i++) at += snprintf(out + at, len - at, "%c", i < nd ? digits[i] : '0');
+        snprintf(out + at, len - at, ".%s", nd > exp + 1 ? digits + exp + 1 : "0");
+    }
+}
+
+// config.json's text as export_hf.py writes it for config c and dtype ("bfloat16" or "float32").
+static inline void hf_config_text(char* out, size_t len, const Llama3Config* c, const char* dtype) {
+    char eps[32], theta[32], factor[32], mult[32], special[2][16] = {"null", "null"};
+    py_float_text(eps, sizeof(eps), c->norm_eps), py_float_text(theta, sizeof(theta), c->rope_theta);
+    py_float_text(factor, sizeof(factor), c->rope_factor), py_float_text(mult, sizeof(mult), c->ffn_dim_multiplier);
+    if (c->vocab_size == 128256) snprintf(special[0], 16, "128000"), snprintf(special[1], 16, "128001");
+    char rope[256] = "null";
+    if (c->use_scaled_rope)
+        snprintf(rope, sizeof(rope), "{\n    \"low_freq_factor\": 1.0,\n    \"high_freq_factor\": 4.0,\n    "
+                 "\"original_max_position_embeddings\": 8192,\n    \"factor\": %s,\n    \"rope_type\": \"llama3\"\n  }",
+                 factor);
+    snprintf(out, len,
+             "{\n  \"architectures\": [\n    \"LlamaForCausalLM\"\n  ],\n  \"model_type\": \"llama\",\n"
+             "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n"
+             "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n"
+             "  \"hidden_act\": \"silu\",\n  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %s,\n"
+             "  \"rope_theta\": %s,\n  \"rope_scaling\": %s,\n  \"attention_bias\": false,\n"
+             "  \"attention_dropout\": 0.0,\n  \"mlp_bias\": false,\n  \"tie_word_embeddings\": %s,\n"
+             "  \"torch_dtype\": \"%s\",\n  \"bos_token_id\": %s,\n  \"eos_token_id\": %s,\n  \"use_cache\": true,\n"
+             "  \"ffn_dim_multiplier\": %s,\n  \"multiple_of\": %d\n}\n",
+             c->vocab_size, c->n_embd, c->ffn_hidden, c->n_layer, c->n_head, c->n_kv_head, c->n_embd / c->n_head,
+             c->max_seq_len, eps, theta, rope, c->tied_embeddings ? "true" : "false", dtype, special[0], special[1],
+             mult, c->multiple_of);
+}
+
+// fp32 to bf16 bits, rounded to nearest even as torch rounds; a NaN stays a (quiet) NaN.
+static inline uint16_t bf16_nearest_even(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if (isnan(x)) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+// model.safetensors as pieces (write_pieces_atomic): its header, then each tensor converted a
+// buffer (or, for q and k, a head) at a time.
+typedef struct {
+    const Llama3Config* c;
+    const float* params; // our layout, host memory
+    bool bf16;
+    HfPlace* places;
+    int n_places, place;  // the tensor being written
+    size_t done;          // its elements written so far
+    char* header;         // the header piece (length prefix, JSON, padding), given first
+    size_t header_bytes;
+    float* rows;          // q or k: one head's rows in HF's order
+    void* out;            // the piece: buf_elems converted elements
+    size_t buf_elems;
+} HfWriter;
+
+static inline size_t hf_tensor_elems(const HfPlace* p) { return (size_t)p->rows * (p->cols ? p->cols : 1); }
+
+static inline void hf_writer_header(HfWriter* w) {
+    size_t cap = 256 + (size_t)w->n_places * 160, at = 8, offset = 0, item = w->bf16 ? 2 : 4;
+    w->header = (char*)malloc(cap + 8);
+    at += snprintf(w->header + at, cap - at, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int j = 0; j < w->n_places; j++) {
+        const HfPlace* p = &w->places[j];
+        size_t end = offset + hf_tensor_elems(p) * item;
+        char shape[64];
+        if (p->cols) snprintf(shape, sizeof(shape), "%lld,%lld", p->rows, p->cols);
+        else snprintf(shape, sizeof(shape), "%lld", p->rows);
+        at += snprintf(w->header + at, cap - at, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%zu,%zu]}",
+                       p->name, w->bf16 ? "BF16" : "F32", shape, offset, end);
+        offset = end;
+    }
+    at += snprintf(w->header + at, cap - at, "}");
+    while ((at - 8) % 8) w->header[at++] = ' '; // the data 8-byte aligned, as safetensors pads
+    uint64_t n = at - 8;
+    memcpy(w->header, &n, 8);
+    w->header_bytes = at;
+}
+
+static inline size_t hf_next_piece(void* ctx, const void** data) {
+    HfWriter* w = (HfWriter*)ctx;
+    if (w->header_bytes) { // (the first piece; hf_write_weights frees it)
+        size_t bytes = w->header_bytes;
+        w->header_bytes = 0, *data = w->header;
+        return bytes;
+    }
+    while (w->place < w->n_places && w->done == hf_tensor_elems(&w->places[w->place])) w->place++, w->done = 0;
+    if (w->place == w->n_places) return 0;
+    const HfPlace* p = &w->places[w->place];
+    size_t C = w->c->n_embd, D = C / w->c->n_head, head = D * C;
+    size_t n = p->heads ? head : hf_tensor_elems(p) - w->done < w->buf_elems ? hf_tensor_elems(p) - w->done : w->buf_elems;
+    const float* src = w->params + p->param_offset + w->done;
+    if (p->heads) { // HF's row k * D/2 + i is the trainer's row 2i + k
+        for (size_t i = 0; i < D / 2; i++)
+            for (size_t k = 0; k < 2; k++) memcpy(w->rows + (k * D / 2 + i) * C, src + (2 * i + k) * C, C * sizeof(float));
+        src = w->rows;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (w->bf16) ((uint16_t*)w->out)[i] = bf16_nearest_even(src[i]);
+        else ((float*)w->out)[i] = src[i];
+    w->done += n;
+    *data = w->out;
+    return n * (w->bf16 ? 2 : 4);
+}
+
+// DIR/model.safetensors from the weights (our layout, host memory).
+static inline int hf_write_weights(const char* path, const Llama3Config* c, const float* params, bool bf16, char* err) {
+    size_t head = (size_t)c->n_embd * (c->n_embd / c->n_head), buf_elems = head > (1u << 22) ? head : (1u << 22);
+    HfWriter w = {c, params, bf16, (HfPlace*)malloc(sizeof(HfPlace) * hf_places_count(c)), 0, 0, 0, NULL, 0,
+                  (float*)malloc(head * sizeof(float)), malloc(buf_elems * 4), buf_elems};
+    w.n_places = hf_places(c, w.places);
+    hf_writer_header(&w);
+    char* header = w.header;
+    int rc = write_pieces_atomic(path, hf_next_piece, &w, err);
+    free(header), free(w.places), free(w.rows), free(w.out);
+    return rc;
+}
+
+// The file `src` read whole into *data (*bytes long; the caller frees it).
+static inline int file_read_whole(const char* src, char** data, size_t* bytes, char* err) {
+    long long size;
+    FILE* f = open_regular(src, "file", &size, err);
+    if (!f) return -1;
+    *data = (char*)malloc((size_t)size + 1);
+    *bytes = fread(*data, 1, (size_t)size, f);
+    int bad = ferror(f) || *bytes != (size_t)size;
+    fclose(f);
+    if (bad) free(*data);
+    return bad ? l3_fail(err, "%s: cannot read: %s", src, strerror(errno)) : 0;
+}
+
+// The folder `dir` (made if missing, in a folder that exists) with model.safetensors and config.json
+// from the weights (our layout, host memory), and of tokenizer_from's HF_TOKENIZER_FILES (NULL: none)
+// those it has, copied.
+static inline int hf_save(const char* dir, const Llama3Config* c, const float* params, bool bf16,
+                          const char* tokenizer_from, char* err) {
+    char path[L3_PATH_LEN], src[L3_PATH_LEN], text[4096];
+    if (make_dir(dir, err) || path_fmt(path, err, "%s/model.safetensors", dir) ||
+        hf_write_weights(path, c, params, bf16, err) || path_fmt(path, err, "%s/config.json", dir))
+        return -1;
+    hf_config_text(text, sizeof(text), c, bf16 ? "bfloat16" : "float32");
+    Chunk config = {text, strlen(text)};
+    if (write_file_atomic(path, &config, 1, err)) return -1;
+    for (int i = 0; tokenizer_from && i < 4; i++) {
+        struct stat st;
+        if (path_fmt(src, err, "%s/%s", tokenizer_from, HF_TOKENIZER_FILES[i]) ||
+            path_fmt(path, err, "%s/%s", dir, HF_TOKENIZER_FILES[i]))
+            return -1;
+        if (stat(src, &st) != 0) continue;
+        char* data;
+        size_t bytes;
+        if (file_read_whole(src, &data, &bytes, err)) return -1;
+        Chunk copy = {data, bytes};
+        int rc = write_file_atomic(path, &copy, 1, err);
+        free(data);
+        if (rc) return -1;
+    }
     return 0;
 }
 

@@ -2298,7 +2298,90 @@ static void test_rendezvous(void) {
     CHECK(refused == 6, "malformed --rendezvous values refused (%d of 6)", refused);
 }
 
-int main(void) {
+// The JSON reader of Hugging Face folders (llama3.h json_parse): values, escapes, the last of
+// repeated keys, and malformed texts each refused with what is wrong.
+static void test_json_reader(void) {
+    char err[L3_ERR_LEN];
+    const char* good = " {\"a\": [1, -2.5e3, 0, true, false, null], \"s\": \"q\\\"\\u00e9\\n\", \"a\": {\"b\": {}}} ";
+    JsonDoc d;
+    int rc = json_parse(&d, strdup(good), strlen(good), "good.json", err);
+    int a = json_member(&d, 0, "a"), s = json_member(&d, 0, "s");
+    check_line(rc == 0 && a >= 0 && d.node[a].type == JSON_OBJECT && json_member(&d, a, "b") >= 0,
+               "JSON: an object read; of two members \"a\" the last counts (%s)", rc ? err : "ok");
+    check_line(rc == 0 && s >= 0 && d.node[s].str_len == 11 && memcmp(d.node[s].str, "q\\\"\\u00e9\\n", 11) == 0,
+               "JSON: a string with escapes kept as written (length %d)", s >= 0 ? d.node[s].str_len : -1);
+    json_free(&d);
+    const char* nums = "[1, -2.5e3, 0, 1E+2, 0.125]";
+    rc = json_parse(&d, strdup(nums), strlen(nums), "nums.json", err);
+    double want[] = {1, -2500, 0, 100, 0.125}, got[5] = {0};
+    int k = 0;
+    for (int i = rc ? -1 : d.node[0].child; i >= 0 && k < 5; i = d.node[i].next) got[k++] = d.node[i].number;
+    check_line(rc == 0 && k == 5 && memcmp(got, want, sizeof(want)) == 0, "JSON: numbers 1, -2.5e3, 0, 1E+2, 0.125");
+    json_free(&d);
+    const struct { const char* text; const char* says; } bad[] = {
+        {"", "the text ends where a value is due"}, {"{\"a\" 1}", "a key without ':'"},
+        {"[1, 2", "an array without ',' or ']'"}, {"{\"a\": 1,}", "an object member without a string key"},
+        {"\"abc", "a string without its closing quote"}, {"\"a\\x\"", "an unknown escape"},
+        {"\"\\u12g4\"", "a \\u escape without four hex digits"}, {"01", "a malformed number"},
+        {"-", "a malformed number"}, {"1.e5", "a malformed number"}, {"nan", "an unexpected character"},
+        {"[1] x", "characters after the value"}, {"\"a\tb\"", "a control character in a string"}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        rc = json_parse(&d, strdup(bad[i].text), strlen(bad[i].text), "bad.json", err);
+        check_line(rc != 0 && strstr(err, bad[i].says) != NULL, "JSON: %s refused: %s", bad[i].text, rc ? err : "read");
+        json_free(&d);
+    }
+    char deep[200] = {0};
+    for (int i = 0; i < 40; i++) deep[i] = '[', deep[79 - i] = ']';
+    rc = json_parse(&d, strdup(deep), 80, "deep.json", err);
+    check_line(rc != 0 && strstr(err, "nesting deeper than 32"), "JSON: 40 nested arrays refused: %s", rc ? err : "read");
+    json_free(&d);
+}
+
+// --hf_to_seed HF_DIR OUT: llama3.h's reader of Hugging Face folders (--hf_dir) alone, its weights
+// written as a seed model file, for scripts/test_hf_convert.py to compare with convert_hf.py's bytes.
+// A folder it refuses: "error: ..." on stderr, exit 1.
+static int hf_to_seed(const char* dir, const char* out) {
+    char err[L3_ERR_LEN];
+    HfModel h;
+    int rc = hf_model_open(dir, &h, err);
+    float *params = NULL, *buf = NULL;
+    if (rc == 0) {
+        size_t total = param_layout(&h.cfg).total, chunk = 2 * (size_t)h.cfg.n_embd * (h.cfg.n_embd / h.cfg.n_head);
+        params = (float*)malloc(total * sizeof(float)), buf = (float*)malloc(chunk * sizeof(float));
+        rc = hf_model_load(&h, buf, chunk, host_sink, params, err) || model_file_write(out, &h.cfg, params, err);
+    }
+    if (rc) fprintf(stderr, "error: %s\n", err);
+    free(params), free(buf);
+    hf_model_free(&h);
+    return rc ? 1 : 0;
+}
+
+// --seed_to_hf MODEL OUT_DIR bfloat16|float32: a model file as --save_hf writes it (llama3.h hf_save),
+// for scripts/test_hf_convert.py to compare with export_hf.py's folder.
+static int seed_to_hf(const char* model, const char* out, const char* dtype) {
+    char err[L3_ERR_LEN];
+    Llama3Config c;
+    ModelFileFormat fmt;
+    float *params = NULL, buf[4096];
+    int rc = model_header_read(model, &c, &fmt, err);
+    if (rc == 0) {
+        params = (float*)malloc(param_layout(&c).total * sizeof(float));
+        rc = model_file_load(model, &c, fmt, buf, 4096, host_sink, params, err) ||
+             hf_save(out, &c, params, strcmp(dtype, "bfloat16") == 0, NULL, err);
+    }
+    if (rc) fprintf(stderr, "error: %s\n", err);
+    free(params);
+    return rc ? 1 : 0;
+}
+
+int main(int argc, char** argv) {
+    if (argc == 4 && strcmp(argv[1], "--hf_to_seed") == 0) return hf_to_seed(argv[2], argv[3]);
+    if (argc == 5 && strcmp(argv[1], "--seed_to_hf") == 0) return seed_to_hf(argv[2], argv[3], argv[4]);
+    if (argc != 1) {
+        fprintf(stderr, "usage: %s [--hf_to_seed HF_DIR OUT.bin | --seed_to_hf MODEL OUT_DIR bfloat16|float32]\n",
+                argv[0]);
+        return 2;
+    }
     setvbuf(stdout, NULL, _IOLBF, 0); // each line out as printed: stderr's (ASan's, a forked rank's) fall between them
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/llama3_host_test_XXXXXX");
     if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 1; }
@@ -2329,6 +2412,7 @@ int main(void) {
     test_family_shapes();
     test_gpu_and_val_paths();
     test_json_log();
+    test_json_reader();
     test_flag_table();
     test_list_switches();
     test_step_plan();

@@ -1836,6 +1836,30 @@ static void ranks_average(const Model* m, float* x) {
     main_stream_waits(m);
 }
 
+// --save_hf: the weights after the run's last step as a Hugging Face folder (llama3.h hf_save),
+// written by rank 0 (under ZeRO the ranks' parts gathered first) with --hf_dir's tokenizer files. A
+// write that fails ends every rank, rank 0 with its message.
+static void save_hf(Model* m, const TrainArgs* a) {
+    optimizer_flush(m);
+    if (m->comm) gather_masters(m);
+    char err[L3_ERR_LEN] = "";
+    int rc = 0;
+    if (!m->comm || m->comm->rank == 0) {
+        size_t bytes = m->layout.total * sizeof(float);
+        float* host = (float*)malloc(bytes);
+        if (!host) rc = l3_fail(err, "--save_hf %s: no host memory for the weights (%zu bytes)", a->loop.save_hf, bytes);
+        CUDA_CHECK(cudaStreamSynchronize(m->stream));
+        if (host) CUDA_CHECK(cudaMemcpy(host, m->params, bytes, cudaMemcpyDeviceToHost));
+        if (host) rc = hf_save(a->loop.save_hf, &m->cfg, host, a->loop.save_hf_dtype == HF_DTYPE_BF16, a->loop.hf_dir, err);
+        free(host);
+    }
+    int failed = m->comm ? ranks_sum(m, rc != 0) : rc != 0;
+    if (rc) fprintf(stderr, "error: %s%s\n", rank_tag, err);
+    if (failed) exit(EXIT_FAILURE);
+    printf("saved %s: model.safetensors (%s), config.json%s\n", a->loop.save_hf,
+           a->loop.save_hf_dtype == HF_DTYPE_BF16 ? "bfloat16" : "float32", a->loop.hf_dir ? ", the tokenizer files" : "");
+}
+
 // ---- validation and sampling ----
 // Both read the weights after a step: they first apply what the step deferred (optimizer_flush;
 // the next step then runs eagerly), run forward passes on their own tokens into the activation
@@ -2254,7 +2278,7 @@ static void open_source(TokenSource* s, TokenData* embedded, const char* flag, c
 // What main needs of the inputs: the model (its file, or none: random init), for a resume the
 // checkpoint's state file and header, the val data and the vocabulary when used.
 typedef struct {
-    const char* model_path; // --llmc_filepath, the checkpoint's model.bin, or NULL
+    const char* model_path; // --hf_dir, --llmc_filepath, the checkpoint's model.bin, or NULL
     char resume_model[L3_PATH_LEN], resume_state[L3_PATH_LEN];
     CheckpointState st;
     const char* val_path; // --val_bin, the NAME_val.bin beside --input_bin, or NULL: the embedded val split
@@ -2297,15 +2321,21 @@ static void check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat*
                          RunInputs* in, const char* prog) {
     char err[L3_ERR_LEN];
     if (outputs_check(a, err) || shape_args_check(a, err)) die(err, prog, false);
-    in->model_path = a->loop.llmc_filepath;
+    in->model_path = a->loop.hf_dir ? a->loop.hf_dir : a->loop.llmc_filepath;
     if (a->ckpt.resume) {
         if (checkpoint_resolve(a->ckpt.resume, in->resume_model, in->resume_state, err))
             die(err, prog, false);
         in->model_path = in->resume_model;
     }
-    if (in->model_path && (model_header_read(in->model_path, cfg, fmt, err) ||
-                           model_file_check(in->model_path, cfg, *fmt, err)))
+    if (a->loop.hf_dir) {
+        HfModel hf;
+        if (hf_model_open(a->loop.hf_dir, &hf, err)) die(err, prog, false);
+        *cfg = hf.cfg, *fmt = MODEL_FILE_HF;
+        hf_model_free(&hf);
+    } else if (in->model_path && (model_header_read(in->model_path, cfg, fmt, err) ||
+                                  model_file_check(in->model_path, cfg, *fmt, err))) {
         die(err, prog, false);
+    }
     if (a->ckpt.resume && state_header_read(in->resume_state, param_layout(cfg).total, &in->st, err)) die(err, prog, false);
     if (train_args_check(a, cfg, err)) die(err, prog, false);
     open_source(&in->train_source, &in->train_embedded, "--input_bin", a->loop.input_bin,
@@ -2625,6 +2655,7 @@ int main(int argc, char** argv) {
     if (io.sampler) sampler.seq = (int*)device_alloc(m.T * sizeof(int), "sample tokens");
     if (ranks.rank == 0) io.json = open_outputs(&a, &in, argv[0]); // (several ranks: no checkpoints yet)
     train(&m, &a, &io, a.ckpt.resume ? in.st.step + 1 : 1);
+    if (a.loop.save_hf) save_hf(&m, &a);
     if (io.saver) saver_free(&saver);
     if (io.val) val_free(&val), loader_free(&in.val_loader), token_source_free(&in.val_source);
     if (io.eval) eval_destroy(&eval), eval_free(&in.eval_set);

@@ -244,6 +244,25 @@ DP_MUTANTS = [
 ]
 
 HOST_MUTANTS = [
+    ("hf_qk_rows_kept", "hf_dir", "llama3.h", "--hf_dir keeps q and k rows in HF's half-rotation order (not "
+     "reordered to the pairs the trainer rotates)",
+     "memcpy(pairs + (2 * i + k) * c->n_embd, buf + (k * D / 2 + i) * c->n_embd,",
+     "memcpy(pairs + (2 * i + k) * c->n_embd, buf + (2 * i + k) * c->n_embd,"),
+    ("hf_f16_subnormal_doubled", "hf_dir", "llama3.h", "--hf_dir widens an F16 subnormal to twice its value",
+     "bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);",
+     "bits = sign | ((uint32_t)(113 - e) << 23) | ((man & 0x3ff) << 13);"),
+    ("hf_ffn_search_two_decimals", "hf_dir", "llama3.h", "--hf_dir's search for an ffn_dim_multiplier starts at "
+     "two decimals (0.94 where convert_hf.py finds 1.0: another header)",
+     "for (int decimals = 1; decimals < 8; decimals++) {", "for (int decimals = 2; decimals < 8; decimals++) {"),
+    ("hf_save_qk_rows_kept", "hf_dir", "llama3.h", "--save_hf writes q and k rows in the trainer's pair order "
+     "(not back in HF's half rotation)", "memcpy(w->rows + (k * D / 2 + i) * C, src + (2 * i + k) * C,",
+     "memcpy(w->rows + (2 * i + k) * C, src + (2 * i + k) * C,"),
+    ("hf_save_bf16_truncated", "hf_dir", "llama3.h", "--save_hf's bf16 truncates instead of rounding to nearest "
+     "even", "return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);", "return (uint16_t)(u >> 16);"),
+    ("hf_config_eps_fixed", "hf_dir", "llama3.h", "--save_hf's config.json writes 1e-05 as 0.00001 (Python's "
+     "repr switches to an exponent below 1e-4)", "    if (exp < -4 || exp >= 16) {", "    if (exp < -5 || exp >= 16) {"),
+    ("hf_index_places_unchecked", "hf_dir", "llama3.h", "--hf_dir reads a tensor from a shard the index does "
+     "not place it in", "        if (!json_is_string(&d, where, base))\n", "        if (false)\n"),
     ("hellaswag_no_space", "scripts", "scripts/prepare_data.py", "--hellaswag encodes each ending without the "
      "space before it (a different first token than the text has)",
      'ends = [enc.encode_ordinary(" " + e) for e in endings]', 'ends = [enc.encode_ordinary(e) for e in endings]'),

@@ -241,6 +241,7 @@ bad_checkpoints() {
         ./train_llama3 --resume "$c/step_00000005"
     expect_error "--resume with --llmc_filepath" "cannot be used with it" \
         ./train_llama3 --resume "$c" --llmc_filepath "$c/step_00000005/model.bin"
+    expect_error "--resume with --hf_dir" "cannot be used with it" ./train_llama3 --resume "$c" --hf_dir "$tmp"
 }
 
 # What a user types: each error one line on stderr that names the flag (and a near miss), the total
@@ -320,6 +321,20 @@ trainer_errors() {
     expect_error "--eval_every without --eval_file" "--eval_every takes --eval_file" ./train_llama3 --eval_every 5
     expect_error "a model file as --eval_file" "bad magic" \
         ./train_llama3 --eval_file "$tmp/junk.bin" --eval_every 5
+    # a Hugging Face folder (--hf_dir), before the GPU (its reader's own cases: scripts/test_hf_convert.py)
+    expect_error "--hf_dir and --llmc_filepath together" "give the model one way" \
+        ./train_llama3 --hf_dir "$tmp" --llmc_filepath "$tmp/junk.bin"
+    expect_error "--hf_dir naming a folder that does not exist" "$tmp/Llama-3.2-1B: no such folder" \
+        ./train_llama3 --hf_dir "$tmp/Llama-3.2-1B"
+    expect_error "--hf_dir naming a folder without config.json" "$tmp: no config.json" ./train_llama3 --hf_dir "$tmp"
+    expect_error "--hf_dir with --shape" "--shape 8b: --hf_dir gives the model's shape" \
+        ./train_llama3 --hf_dir "$tmp" --shape 8b
+    expect_error "--save_hf naming the --hf_dir folder" "is the --hf_dir folder, an input" \
+        ./train_llama3 --hf_dir "$tmp" --save_hf "$tmp/"
+    expect_error "--save_hf naming a file" "--save_hf $tmp/junk.bin: exists and is not a folder" \
+        ./train_llama3 --save_hf "$tmp/junk.bin"
+    expect_error "--save_hf in a folder that does not exist" "--save_hf $tmp/none/out: cannot open for writing" \
+        ./train_llama3 --save_hf "$tmp/none/out"
     bad_checkpoints
     user_errors
     # Every script the README names runs as it is named: executable, with a #! line.

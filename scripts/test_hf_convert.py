@@ -360,26 +360,32 @@ def refusal_cases(t):
     q_bias = dict(t, **{"model.layers.0.self_attn.q_proj.bias": np.zeros(256, np.float32)})
     extra = dict(t, **{"model.layers.0.self_attn.rotary_emb.inv_freq": np.zeros(16, np.float32)})
     bad_shape = dict(t, **{"model.layers.0.mlp.down_proj.weight": t["model.layers.0.mlp.gate_proj.weight"]})
-    return [
-        ("rope_type linear", "rope_type 'linear'", linear, t),
-        ("llama3 rope with low_freq_factor 2", "llama3 rope low_freq_factor 2.0", low2, t),
-        ("llama3 rope factor not a number", "llama3 rope factor '8': not a number", text_factor, t),
-        ("attention_bias true", "attention_bias True", dict(SMALL_CFG, attention_bias=True), t),
-        ("a bias tensor", "bias tensors model.layers.0.self_attn.q_proj.bias", SMALL_CFG, q_bias),
-        ("head_dim 256 (1 head of 256)", "head_dim 256", hf_config(wide_hp), hf_tensors(wide_hp, 3)),
-        ("a missing tensor", "missing tensors model.layers.1.mlp.up_proj.weight", SMALL_CFG, no_up),
+    return [  # (the last: what llama3.h's reader says, or None where the trainer's kernel check refuses it)
+        ("rope_type linear", "rope_type 'linear'", linear, t, "rope_type linear"),
+        ("llama3 rope with low_freq_factor 2", "llama3 rope low_freq_factor 2.0", low2, t,
+         "llama3 rope low_freq_factor"),
+        ("llama3 rope factor not a number", "llama3 rope factor '8': not a number", text_factor, t,
+         "llama3 rope factor: not a number"),
+        ("attention_bias true", "attention_bias True", dict(SMALL_CFG, attention_bias=True), t, "attention_bias"),
+        ("a bias tensor", "bias tensors model.layers.0.self_attn.q_proj.bias", SMALL_CFG, q_bias,
+         "bias tensors model.layers.0.self_attn.q_proj.bias"),
+        ("head_dim 256 (1 head of 256)", "head_dim 256", hf_config(wide_hp), hf_tensors(wide_hp, 3), None),
+        ("a missing tensor", "missing tensors model.layers.1.mlp.up_proj.weight", SMALL_CFG, no_up,
+         "missing tensors model.layers.1.mlp.up_proj.weight"),
         ("an unexpected tensor", "unexpected tensors model.layers.0.self_attn.rotary_emb.inv_freq", SMALL_CFG,
-         extra),
+         extra, "unexpected tensors model.layers.0.self_attn.rotary_emb.inv_freq"),
         ("a tensor of the wrong shape", "model.layers.0.mlp.down_proj.weight has shape [1024, 256]",
-         SMALL_CFG, bad_shape),
-        ("model_type mistral", "not a LlamaForCausalLM", dict(SMALL_CFG, model_type="mistral"), t),
-        ("hidden_act gelu", "hidden_act 'gelu'", dict(SMALL_CFG, hidden_act="gelu"), t),
-        ("intermediate_size 1004", "must be multiples of 8", dict(SMALL_CFG, intermediate_size=1004), t),
+         SMALL_CFG, bad_shape, "model.layers.0.mlp.down_proj.weight has shape [1024, 256]"),
+        ("model_type mistral", "not a LlamaForCausalLM", dict(SMALL_CFG, model_type="mistral"), t,
+         "not a LlamaForCausalLM"),
+        ("hidden_act gelu", "hidden_act 'gelu'", dict(SMALL_CFG, hidden_act="gelu"), t, "hidden_act"),
+        ("intermediate_size 1004", "must be multiples of 8", dict(SMALL_CFG, intermediate_size=1004), t,
+         "must be multiples of 8"),
     ]
 
 
 def check_convert_refusals(d, t):
-    for i, (what, fragment, cfg, tensors) in enumerate(refusal_cases(t)):
+    for i, (what, fragment, cfg, tensors, _) in enumerate(refusal_cases(t)):
         hf_dir, out = os.path.join(d, f"refuse{i}"), os.path.join(d, f"refuse{i}.bin")
         write_hf(hf_dir, cfg, tensors)
         expect_refusal("convert_hf.py", [hf_dir, out], fragment, f"convert refuses {what}", absent=out)
@@ -487,6 +493,160 @@ def check_missing_numpy():
 SMALL_CFG = hf_config(SMALL)
 
 
+# ---- the trainer's own reader of HF folders (llama3.h, --hf_dir) ----
+
+HOST_TEST = os.path.join(os.path.dirname(HERE), "test_llama3_host")
+
+
+def c_read(hf_dir, out):
+    """(exit status, stderr) of llama3.h's reader on hf_dir, its weights written as a seed file to out
+    (test_llama3_host --hf_to_seed)."""
+    p = subprocess.run([HOST_TEST, "--hf_to_seed", hf_dir, out], capture_output=True, text=True)
+    return p.returncode, p.stderr
+
+
+def st_write_f16(path, tensors):
+    """A safetensors file of F16 tensors, header and data by the test itself."""
+    header, offset = {}, 0
+    for name, a in tensors.items():
+        header[name] = {"dtype": "F16", "shape": list(a.shape), "data_offsets": [offset, offset + a.size * 2]}
+        offset += a.size * 2
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    write_bytes(path, struct.pack("<Q", len(text)) + text + b"".join(a.astype("<f2").tobytes()
+                                                                     for a in tensors.values()))
+
+
+def check_reader_same_bytes(d, t):
+    """The reader's weights are convert_hf.py's, bit for bit: every folder converted above, F16 tensors
+    (subnormals among them), and an intermediate_size whose ffn_dim_multiplier is searched for."""
+    f16_dir = os.path.join(d, "f16")
+    os.makedirs(f16_dir)
+    with open(os.path.join(f16_dir, "config.json"), "w") as f:
+        json.dump(SMALL_CFG, f)
+    st_write_f16(os.path.join(f16_dir, "model.safetensors"), t)
+    subnormal = sum(int(np.count_nonzero((a != 0) & (np.abs(a.astype(np.float16)) < 2.0 ** -14))) for a in t.values())
+    hp = dict(SMALL, F=704)  # no LLaMA 3 pair gives 704: multiple_of 64 and a searched multiplier
+    write_hf(os.path.join(d, "ffn704"), hf_config(hp), hf_tensors(hp, 4))
+    for name in ("f16", "ffn704"):
+        rc, _, err = run("convert_hf.py", os.path.join(d, name), os.path.join(d, f"{name}.bin"))
+        check(rc == 0, f"convert_hf.py {name} {err.strip()}".strip())
+    for name in ("hf", "sharded", "tied", "factor8", "bf16", "f16", "ffn704"):
+        want, got = os.path.join(d, f"{name}.bin"), os.path.join(d, f"{name}_reader.bin")
+        rc, err = c_read(os.path.join(d, name), got)
+        same = rc == 0 and os.path.exists(want) and read_bytes(got) == read_bytes(want)
+        check(same, f"--hf_dir's reader on {name}{f' ({subnormal} subnormal F16 values)' if name == 'f16' else ''}: "
+              f"convert_hf.py's seed file byte for byte {err.strip()}".strip())
+
+
+def expect_reader_refusal(hf_dir, fragment, what):
+    rc, err = c_read(hf_dir, hf_dir + ".bin")
+    lines = err.strip().splitlines()
+    ok = rc == 1 and len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0]
+    check(ok and not os.path.exists(hf_dir + ".bin"),
+          f"--hf_dir's reader refuses {what}: {lines[0] if len(lines) == 1 else f'exit {rc}, {err.strip()!r}'}")
+
+
+def copy_folder(d, src, name, files=None):
+    """A copy of folder src as d/name, with `files` (name -> bytes, or None: left out) changed."""
+    out = os.path.join(d, name)
+    os.makedirs(out)
+    for f in os.listdir(src):
+        write_bytes(os.path.join(out, f), read_bytes(os.path.join(src, f)))
+    for f, data in (files or {}).items():
+        if data is None:
+            os.remove(os.path.join(out, f))
+        else:
+            write_bytes(os.path.join(out, f), data)
+    return out
+
+
+def st_with_header(data, header):
+    """A safetensors file's bytes with its JSON header replaced (the data left where it was)."""
+    n = struct.unpack("<Q", data[:8])[0]
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (n - len(text))
+    assert len(text) == n, "the new header must not be longer"
+    return data[:8] + text + data[8 + n:]
+
+
+def check_reader_refusals(d, t):
+    """Each folder convert refuses (above), and hostile files: one line, nothing written."""
+    for i, (what, _, _, _, fragment) in enumerate(refusal_cases(t)):
+        if fragment:
+            expect_reader_refusal(os.path.join(d, f"refuse{i}"), fragment, what)
+    hf, st = os.path.join(d, "hf"), read_bytes(os.path.join(d, "hf", "model.safetensors"))
+    n = struct.unpack("<Q", st[:8])[0]
+    header = json.loads(st[8:8 + n])
+    name = "model.layers.0.mlp.up_proj.weight"
+    cases = [
+        ("a safetensors file cut short", st[:len(st) // 2], "do not fit its shape or the file's data"),
+        ("a header length past the file", struct.pack("<Q", len(st)) + st[8:], "not a safetensors file"),
+        ("a 5-byte safetensors file", st[:5], "not a safetensors file (header length -1"),
+        ("a header that is not JSON", st[:8] + b"x" + st[9:], "not valid JSON"),
+        ("data_offsets that lie about the size",
+         st_with_header(st, dict(header, **{name: dict(header[name], data_offsets=[0, 8])})),
+         "do not fit its shape"),
+        ("a dtype not read (I8)", st_with_header(st, dict(header, **{name: dict(header[name], dtype="I8")})),
+         f"tensor {name} is I8"),
+    ]
+    for i, (what, data, fragment) in enumerate(cases):
+        expect_reader_refusal(copy_folder(d, hf, f"hostile{i}", {"model.safetensors": data}), fragment, what)
+    sharded = os.path.join(d, "sharded")
+    index = read_json(os.path.join(sharded, "model.safetensors.index.json"))
+    shards = sorted(set(index["weight_map"].values()))
+    moved = dict(index, weight_map=dict(index["weight_map"], **{"model.norm.weight": shards[0]}))
+    missing = dict(index, weight_map=dict(index["weight_map"], **{"model.norm.weight": "model-9.safetensors"}))
+    outside = dict(index, weight_map=dict(index["weight_map"], **{"model.norm.weight": "../model.safetensors"}))
+    for i, (what, idx, fragment) in enumerate([
+            ("an index that places a tensor in another shard", moved, "which the index places in " + shards[0]),
+            ("an index naming a missing shard", missing, "missing: a shard"),
+            ("an index naming a file outside the folder", outside, "not the name of a file in the folder")]):
+        files = {"model.safetensors.index.json": json.dumps(idx).encode()}
+        expect_reader_refusal(copy_folder(d, sharded, f"bad_index{i}", files), fragment, what)
+    both = copy_folder(d, sharded, "in_two_shards", {shards[1]: read_bytes(os.path.join(sharded, shards[0]))})
+    expect_reader_refusal(both, "is also in", "a tensor in two shards")
+    deep = copy_folder(d, hf, "deep_config", {"config.json": b"[" * 100 + b"]" * 100})
+    expect_reader_refusal(deep, "nesting deeper than 32", "a config.json nested 100 deep")
+    listed = copy_folder(d, hf, "list_config", {"config.json": b"[1, 2]"})
+    expect_reader_refusal(listed, "not a JSON object", "a config.json that is a list")
+    expect_reader_refusal(copy_folder(d, hf, "no_config", {"config.json": None}), "no config.json",
+                          "a folder without config.json")
+    expect_reader_refusal(os.path.join(d, "Llama-3.2-1B"), "no such folder", "a folder that does not exist")
+    expect_reader_refusal(os.path.join(d, "hf", "config.json"), "not a folder", "a file, not a folder")
+
+
+def check_writer_same_bytes(d):
+    """--save_hf's writer (llama3.h hf_save, through test_llama3_host --seed_to_hf) gives export_hf.py's
+    config.json and model.safetensors byte for byte, in both dtypes: untied, tied, RoPE factor 8, no rope
+    scaling (multiplier 1.2, eps 1e-6, theta 10000), a searched multiplier, and LLaMA 3's own vocabulary
+    (whose bos and eos ids config.json names)."""
+    hp = dict(SMALL, V=128256, L=1, C=64, NH=2, KVH=1, F=256)
+    write_bytes(os.path.join(d, "vocab128256.bin"), seed_bytes(hp, {n: a for n, a in hf_tensors(hp, 6).items()
+                                                                   if n != "lm_head.weight"}, tied=True))
+    for name in ("hf", "tied", "factor8", "seed_first", "ffn704", "vocab128256"):
+        for dtype in ("bfloat16", "float32"):
+            want, got = os.path.join(d, f"{name}_py_{dtype}"), os.path.join(d, f"{name}_c_{dtype}")
+            rc, _, err = run("export_hf.py", os.path.join(d, f"{name}.bin"), want, "--dtype", dtype)
+            p = subprocess.run([HOST_TEST, "--seed_to_hf", os.path.join(d, f"{name}.bin"), got, dtype],
+                               capture_output=True, text=True)
+            files = ("config.json", "model.safetensors")
+            same = rc == 0 and p.returncode == 0 and all(
+                read_bytes(os.path.join(got, f)) == read_bytes(os.path.join(want, f)) for f in files)
+            check(same, f"--save_hf's writer on {name} ({dtype}): export_hf.py's config.json and model.safetensors "
+                  f"byte for byte {err.strip()} {p.stderr.strip()}".strip())
+
+
+def check_reader(d, t):
+    if not os.path.exists(HOST_TEST):
+        print("skipped: --hf_dir's reader and --save_hf's writer against convert_hf.py and export_hf.py: no "
+              "./test_llama3_host (make test_llama3_host)")
+        return
+    check_reader_same_bytes(d, t)
+    check_reader_refusals(d, t)
+    check_writer_same_bytes(d)
+
+
 # ---- with torch and transformers (CPU) ----
 
 def rope_of(cfg):
@@ -583,6 +743,7 @@ def all_checks(d, t):
     check_export_refusals(d, seed)
     check_unwritable(d, seed)
     check_tokenizer_from(d, seed)
+    check_reader(d, t)
     try:
         import torch
         import transformers

@@ -8,7 +8,9 @@ through export_hf.py into transformers, each against PyTorch's loss on the same 
    save_pretrained (safetensors) and converted by convert_hf.py; a token file of Tiny Shakespeare with
    the text's 999 most frequent ids (ref_llama3.py's text_tokens).
 2. ./train_llama3 on them for 3 steps with --checkpoint_dir: its logged step-1 loss against HF's loss on
-   batch 1.
+   batch 1. And --hf_dir on the saved folder itself: the converted file's losses of 4 steps, bit for bit.
+   --save_hf after step 3 (float32) and after step 4 of the --hf_dir run (bfloat16): export_hf.py's files of
+   the same step's checkpoint, byte for byte.
 3. The checkpoint after step 3 (DIR/latest names it) exported by export_hf.py and loaded by
    from_pretrained: its loss on batch 4 against the step-4 loss of a second run of 4 steps, same flags
    (runs are deterministic).
@@ -109,11 +111,11 @@ def hf_loss(model, tokens, k):
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1)).item()
 
 
-def train(work, name, model_file, tokens_file, steps, extra=()):
+def train(work, name, model_file, tokens_file, steps, extra=(), model_flag="--llmc_filepath"):
     """./train_llama3 for `steps` steps with a log and a checkpoint folder: {step: loss}, {step: val loss},
-    the folder."""
+    the folder. model_flag: --hf_dir to read model_file as a Hugging Face folder."""
     log, ck = os.path.join(work, f"{name}.jsonl"), os.path.join(work, f"{name}_ck")
-    ok = run(["./train_llama3", "--llmc_filepath", model_file, "--input_bin", tokens_file,
+    ok = run(["./train_llama3", model_flag, model_file, "--input_bin", tokens_file,
               "--num_iteration", str(steps), "--batch_size", str(B), "--sequence_length", str(T),
               "--total_batch_size", str(B * T), "--learning_rate", str(LR), "--log_file", log,
               "--checkpoint_dir", ck, "--shuffle", "0", *extra])
@@ -136,6 +138,14 @@ def latest_checkpoint(ck, step):
     ok = name == f"step_{step:08d}" and os.path.isfile(model)
     check(ok, f"{latest} names step_{step:08d}, which holds model.bin (it says {name!r})")
     return model if ok else None
+
+
+def same_files(saved, exported, what):
+    """--save_hf's folder holds export_hf.py's config.json and model.safetensors, byte for byte."""
+    names = ("config.json", "model.safetensors")
+    read = lambda folder, n: open(os.path.join(folder, n), "rb").read() if os.path.isfile(os.path.join(folder, n)) else None
+    same = all(read(saved, n) is not None and read(saved, n) == read(exported, n) for n in names)
+    check(same, f"{what}: export_hf.py's config.json and model.safetensors of its checkpoint, byte for byte")
 
 
 def compare(what, ours, theirs):
@@ -217,8 +227,10 @@ def round_trip(work, tokens, tokens_file, tied):
     if not converted:
         return
     # val: the token file's first VAL_BATCHES batches (batches 1, 2), after step 3
+    saved3 = os.path.join(work, f"run3_save_hf{tag}")
     losses3, val3, ck3 = train(work, f"run3{tag}", converted, tokens_file, 3,
-                               ["--val_every", "3", "--val_bin", tokens_file, "--val_tokens", str(VAL_BATCHES * B * T)])
+                               ["--val_every", "3", "--val_bin", tokens_file, "--val_tokens", str(VAL_BATCHES * B * T),
+                                "--save_hf", saved3, "--save_hf_dtype", "float32"])
     if 1 in losses3:
         compare(f"step 1 loss on the converted model{of}, batch 1", losses3[1], hf_loss(model, tokens, 1))
     checkpoint = latest_checkpoint(ck3, 3)
@@ -227,6 +239,7 @@ def round_trip(work, tokens, tokens_file, tied):
         check(False, f"export_hf.py on the step-3 checkpoint{of}")
         return
     export_tie(exported, tied)
+    same_files(saved3, exported, f"--save_hf --save_hf_dtype float32 after step 3{of}")
     trained = LlamaForCausalLM.from_pretrained(exported).float().cuda().eval()
     loaded_tie(trained, tied, f"from_pretrained({exported})")
     moved = max((a - b).abs().max().item() for a, b in zip(trained.parameters(), model.parameters()))
@@ -249,6 +262,15 @@ def round_trip(work, tokens, tokens_file, tied):
         check(abs(initial - losses4[4]) > TOL_LOSS, f"... a comparison that tells the weights apart: the "
               f"initial weights' HF loss on batch 4 is {initial:.6f}, more than {TOL_LOSS:g} away")
     latest_checkpoint(ck4, 4)
+    saved4 = os.path.join(work, f"run4_save_hf{tag}")
+    direct, _, ck4_direct = train(work, f"run4_hf_dir{tag}", os.path.join(work, f"hf{tag}"), tokens_file, 4,
+                                  ["--save_hf", saved4], model_flag="--hf_dir")
+    check(direct and direct == losses4, f"--hf_dir on the saved folder{of}: the converted file's 4 losses, bit for "
+          f"bit ({direct.get(4)} and {losses4.get(4)} at step 4)")
+    exported4 = os.path.join(work, f"step4_hf_bf16{tag}")
+    checkpoint4 = latest_checkpoint(ck4_direct, 4)
+    if checkpoint4 and run([sys.executable, "scripts/export_hf.py", checkpoint4, exported4, "--dtype", "bfloat16"]):
+        same_files(saved4, exported4, f"--save_hf (bfloat16) after step 4{of}")
 
 
 def main(work):
