@@ -237,13 +237,17 @@ DP_MUTANTS = [
      "    comm_group(false);\n    for (int i = 0; i < n; i++) shard_adamw(m, s[slices[i]].tensor, s[slices[i]].layer, h);\n"),
     ("model_file_not_gathered", "data parallel", "train_llama3.cu", "a save of two ranks writes model.bin without "
      "the all-gather of the fp32 weights: the parts rank 1 updates are stale in rank 0's copy",
-     "    if (m->comm) gather_masters(m);\n", ""),
+     "    if (m->comm) gather_masters(m);\n    CUDA_CHECK(cudaEventRecord(s->flushed, m->stream));\n",
+     "    CUDA_CHECK(cudaEventRecord(s->flushed, m->stream));\n"),
     ("union_rows_one_rank", "data parallel", "train_llama3.cu", "the embedding's rows are each rank's own (the "
      "union's all-reduce left out): the ranks' embeddings drift apart",
      "    all_reduce(c->nccl, c->union_grads, c->union_grads, (size_t)n_union(m) * C, COMM_AVG, m->step.opt_stream);\n", ""),
 ]
 
 HOST_MUTANTS = [
+    ("parquet_first_row_group_only", "scripts", "scripts/prepare_data.py", "--input PARQUET reads its first "
+     "row group only (FineWeb's files hold many)", "        for batch in table.iter_batches(columns=[field]):",
+     "        for batch in list(table.iter_batches(columns=[field]))[:1]:"),
     ("hf_qk_rows_kept", "hf_dir", "llama3.h", "--hf_dir keeps q and k rows in HF's half-rotation order (not "
      "reordered to the pairs the trainer rotates)",
      "memcpy(pairs + (2 * i + k) * c->n_embd, buf + (k * D / 2 + i) * c->n_embd,",

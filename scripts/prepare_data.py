@@ -23,7 +23,8 @@ dev/data/tinyshakespeare.py does. The first 32768 tokens are the val split, the 
 tiny_shakespeare_val.bin and tiny_shakespeare_train.bin in --out_dir.
 
 Your own text (--input PATH..., repeatable): a file is one document, except a .jsonl file, whose
-every non-blank line is a JSON object with the document in --text_field (default "text"); a folder
+every non-blank line is a JSON object with the document in --text_field (default "text"), and a
+.parquet file (FineWeb's format; needs pyarrow), whose every row holds one in that column; a folder
 gives every file in it and its subfolders, sorted by path, names starting with "." skipped. Each
 document gets BOS in front and is encoded as ordinary text (by --workers of tiktoken's threads, in
 order, with a progress line: the share of the input, tokens per second, the time left); empty documents
@@ -88,8 +89,10 @@ def parse_args(argv):
     ap = cli.ArgumentParser(__file__, description=what, epilog=f"examples:\n{examples}")
     ap.add_argument("--text", help="local text file for Tiny Shakespeare (default: download it)")
     ap.add_argument("--input", nargs="+", action="extend", metavar="PATH",
-                    help="your own text: files, folders of them, .jsonl files (instead of Tiny Shakespeare)")
-    ap.add_argument("--text_field", help="the document's field in a .jsonl line (default: text)")
+                    help="your own text: files, folders of them, .jsonl or .parquet files (instead of Tiny "
+                    "Shakespeare)")
+    ap.add_argument("--text_field", help="the document's field in a .jsonl line or column of a .parquet file "
+                    "(default: text)")
     ap.add_argument("--name", help="with --input: output names NAME_{val,train}.bin")
     split = ap.add_mutually_exclusive_group()
     split.add_argument("--val_fraction", type=float,
@@ -388,11 +391,40 @@ def jsonl_documents(path, field):
         fail(f"{path}: cannot read ({e.strerror})")
 
 
+def parquet_documents(path, field):
+    """The `field` column of a parquet file (FineWeb's format), each row one document (a list of one
+    text), read a batch of rows at a time. Needs pyarrow."""
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ModuleNotFoundError:
+        fail(f"{path}: reading parquet needs pyarrow (python3 -m pip install -r requirements.txt)")
+    try:
+        table = pyarrow.parquet.ParquetFile(path)
+        schema = table.schema_arrow
+        if field not in schema.names:
+            fail(f"{path}: no column {field!r} (its columns: {', '.join(schema.names[:8])})")
+        if not pyarrow.types.is_string(schema.field(field).type) and \
+                not pyarrow.types.is_large_string(schema.field(field).type):
+            fail(f"{path}: column {field!r} holds {schema.field(field).type}, not strings")
+        row = 0
+        for batch in table.iter_batches(columns=[field]):
+            for text in batch.column(0).to_pylist():
+                row += 1
+                if text is None:
+                    fail(f"{path}: row {row}: {field!r} is null")
+                yield [text]
+    except (OSError, ValueError, pyarrow.ArrowException) as e:
+        fail(f"{path}: not a parquet file that can be read ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+
+
 def documents(files, field):
     """Every document as an iterable of its text pieces."""
     for path in files:
         if path.lower().endswith(".jsonl"):
             yield from jsonl_documents(path, field)
+        elif path.lower().endswith(".parquet"):
+            yield from parquet_documents(path, field)
         else:
             yield text_chunks(path)
 

@@ -135,7 +135,7 @@ collect() {
 drain() { while [ -n "$(jobs -rp)" ]; do wait -n; done; }
 
 # ---- the scripts' Python packages ----
-# requirements.txt (the scripts: numpy, safetensors, tiktoken, matplotlib) and, on a GPU machine,
+# requirements.txt (the scripts: numpy, safetensors, tiktoken, matplotlib, pyarrow) and, on a GPU machine,
 # requirements-gpu.txt (torch and transformers, for the reference): installed with pip only when
 # one is missing, so a machine that has them all needs no network. A part that still lacks one
 # says "skipped: ..." and is counted as skipped.

@@ -246,6 +246,35 @@ def check_own_data(d, enc, hf, docs):
     listed = [docs[1], docs[3], docs[4], docs[0]]
     check_outputs(enc, d, "data", listed, "list (b.txt, docs.jsonl, a.txt)", 300)
     check_blocks(enc, [b, jsonl, a], listed)
+    check_parquet(d, enc, hf, docs)
+
+
+def check_parquet(d, enc, hf, docs):
+    """A parquet file's column of documents, as FineWeb ships them: the JSONL's documents, an empty row
+    counted; a missing column, a file that is not parquet and no pyarrow each refused in one line."""
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ModuleNotFoundError:
+        print("skipped: --input PARQUET (no pyarrow: pip install -r requirements.txt)")
+        return
+    path = os.path.join(d, "docs.parquet")
+    table = pyarrow.table({"id": [1, 2, 3], "text": [docs[3], "", docs[4]]})
+    pyarrow.parquet.write_table(table, path, row_group_size=2)  # (two row groups)
+    rc, out, err = run_cli("--input", path, "--tokenizer", hf, "--out_dir", d, "--name", "p", "--val_fraction", "0.4")
+    check(rc == 0 and "2 documents" in out and "1 empty" in out,
+          f"--input a parquet file (2 row groups): 2 documents, 1 empty{said(rc, err)}")
+    check_outputs(enc, d, "p", docs[3:5], "parquet")
+    rc, _, err = run_cli("--input", path, "--text_field", "body", "--tokenizer", hf, "--out_dir", d)
+    check(one_error(rc, err, f"{path}: no column 'body' (its columns: id, text)"),
+          f"a parquet file without the column: {err.strip()}")
+    fake = os.path.join(d, "fake.parquet")
+    open(fake, "w").write("not parquet at all")
+    rc, _, err = run_cli("--input", fake, "--tokenizer", hf, "--out_dir", d)
+    check(one_error(rc, err, f"{fake}: not a parquet file"), f"a .parquet file that is not parquet: {err.strip()}")
+    rc, _, err = run_cli("--input", path, "--tokenizer", hf, "--out_dir", d, blocked="pyarrow")
+    check(one_error(rc, err, "pyarrow", "pip install"), f"parquet without pyarrow: one line with the pip "
+          f"command ({err.strip()})")
 
 
 def check_blocks(enc, files, docs):
@@ -437,8 +466,9 @@ def check_requirements():
         path = os.path.join(root, file)
         lines = open(path).read().splitlines() if os.path.exists(path) else []
         return {re.split(r"[\s=<>~#\[]", x.strip())[0].lower() for x in lines if x.strip()[:1].isalnum()}
-    check({"numpy", "safetensors", "tiktoken", "matplotlib"} <= names("requirements.txt"),
-          f"requirements.txt names numpy, safetensors, tiktoken, matplotlib: {sorted(names('requirements.txt'))}")
+    check({"numpy", "safetensors", "tiktoken", "matplotlib", "pyarrow"} <= names("requirements.txt"),
+          f"requirements.txt names numpy, safetensors, tiktoken, matplotlib, pyarrow: "
+          f"{sorted(names('requirements.txt'))}")
     check("llama-models" in names("requirements-data.txt"),
           f"requirements-data.txt names llama-models: {sorted(names('requirements-data.txt'))}")
 
