@@ -260,6 +260,7 @@ typedef struct {
     const char* dir; // NULL: no checkpoints
     int every;       // 0: only after the last step
     int keep;        // complete checkpoints kept
+    int hf;          // --save_hf_checkpoints: each checkpoint folder also holds hf/, as --save_hf writes it
     const char* resume; // NULL: a fresh run; else a checkpoint folder or a --checkpoint_dir
 } CheckpointConfig;
 
@@ -419,6 +420,7 @@ static const FlagSpec FLAGS[] = {
     {"--checkpoint_dir", FLAG_PATH, ARG(ckpt.dir), NULL, 0, 0, NULL, "save checkpoints there (PATH/step_N/, PATH/latest), always after the last step", NOT_A_SWITCH, NULL},
     {"--checkpoint_every", FLAG_INT, ARG(ckpt.every), "0", 0, BIG_INT, NULL, "also save every N steps (0: only after the last)", NOT_A_SWITCH, NULL},
     {"--checkpoint_keep", FLAG_INT, ARG(ckpt.keep), "2", 1, BIG_INT, NULL, "complete checkpoints kept, older ones deleted once a newer one is complete", NOT_A_SWITCH, NULL},
+    {"--save_hf_checkpoints", FLAG_INT, ARG(ckpt.hf), "0", 0, 1, NULL, "1: each checkpoint folder also holds hf/, the model as --save_hf writes it (--save_hf_dtype, --hf_dir's tokenizer files); deleted with its checkpoint", NOT_A_SWITCH, NULL},
     {"--resume", FLAG_PATH, ARG(ckpt.resume), NULL, 0, 0, NULL, "continue a run: a checkpoint folder, or a --checkpoint_dir (its newest complete checkpoint)", NOT_A_SWITCH, NULL},
     {"--rendezvous", FLAG_PATH, ARG(dist.rendezvous), NULL, 0, 0, NULL, "several ranks: how they share NCCL's id, file:PATH (a new file every rank sees) or tcp:HOST:PORT (rank 0's host, a free port)", NOT_A_SWITCH, NULL},
     {"--nccl_timeout", FLAG_INT, ARG(dist.timeout_s), "300", 1, 86400, NULL, "several ranks: seconds a rank waits for the others (the rendezvous, NCCL's start, a step) before it stops the run", NOT_A_SWITCH, NULL},
@@ -2647,6 +2649,8 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
     if (!a->eval.eval_every != !a->eval.eval_file)
         return l3_fail(err, "%s", a->eval.eval_file ? "--eval_file takes --eval_every N (how often to score it)"
                                                     : "--eval_every takes --eval_file (the set to score)");
+    if (a->ckpt.hf && !a->ckpt.dir)
+        return l3_fail(err, "--save_hf_checkpoints 1 takes --checkpoint_dir (the folders that get hf/)");
     if (a->eval.sample_every && a->eval.sample_tokens >= a->loop.sequence_length)
         return l3_fail(err, "--sample_tokens %d: at most --sequence_length - 1 = %d (a sample is one sequence)",
                        a->eval.sample_tokens, a->loop.sequence_length - 1);
@@ -3030,24 +3034,28 @@ static inline int checkpoint_list(const char* dir, int* steps, int max) {
 }
 
 // Deletes a checkpoint folder and everything in it (temporary files a killed save left included).
-static inline int checkpoint_delete(const char* dir, int step, char* err) {
-    char folder[L3_PATH_LEN], path[L3_PATH_LEN];
-    if (path_fmt(folder, err, "%s/step_%08d", dir, step)) return -1;
+// Deletes the folder and its files, and (depth 1) a folder in it with its files: a checkpoint's hf/.
+static inline int delete_folder(const char* folder, int depth, char* err) {
+    char path[L3_PATH_LEN];
     DIR* d = opendir(folder);
     if (!d) return l3_fail(err, "%s: cannot open: %s", folder, strerror(errno));
     for (struct dirent* e; (e = readdir(d)) != NULL;) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        if (path_fmt(path, err, "%s/%s", folder, e->d_name)) {
+        struct stat st;
+        int rc = path_fmt(path, err, "%s/%s", folder, e->d_name);
+        if (rc == 0 && depth > 0 && lstat(path, &st) == 0 && S_ISDIR(st.st_mode)) rc = delete_folder(path, depth - 1, err);
+        else if (rc == 0 && unlink(path)) rc = l3_fail(err, "%s: cannot delete: %s", path, strerror(errno));
+        if (rc) {
             closedir(d);
             return -1;
-        }
-        if (unlink(path)) {
-            closedir(d);
-            return l3_fail(err, "%s: cannot delete: %s", path, strerror(errno));
         }
     }
     closedir(d);
     return rmdir(folder) ? l3_fail(err, "%s: cannot delete: %s", folder, strerror(errno)) : 0;
+}
+static inline int checkpoint_delete(const char* dir, int step, char* err) {
+    char folder[L3_PATH_LEN];
+    return path_fmt(folder, err, "%s/step_%08d", dir, step) || delete_folder(folder, 1, err) ? -1 : 0;
 }
 
 // After a save of step `newest` is complete: keeps the `keep` newest complete checkpoints and
@@ -3380,6 +3388,15 @@ static inline int hf_save(const char* dir, const Llama3Config* c, const float* p
         if (rc) return -1;
     }
     return 0;
+}
+
+// [--save_hf_checkpoints] Checkpoint `step`'s hf/ folder, as hf_save writes it; written after its
+// model.bin and before its state.bin, which completes it.
+static inline int checkpoint_write_hf(const char* dir, int step, const Llama3Config* c, const float* params, bool bf16,
+                                      const char* tokenizer_from, char* err) {
+    char folder[L3_PATH_LEN];
+    return path_fmt(folder, err, "%s/step_%08d/hf", dir, step) || hf_save(folder, c, params, bf16, tokenizer_from, err)
+               ? -1 : 0;
 }
 
 // ---- the JSON log (--log_file) ----

@@ -1601,6 +1601,7 @@ static void test_checkpoint_prune(void) {
     for (int i = 0; i < 5; i++) {
         CheckpointState st = zero_checkpoint_state(&z, steps[i]);
         rc |= checkpoint_write(dir, &z.c, &st, z.zeros, z.zeros, z.zeros, err);
+        if (steps[i] <= 10) rc |= checkpoint_write_hf(dir, steps[i], &z.c, z.zeros, true, NULL, err); // (an hf/ in it)
     }
     checkpoint_paths(dir, 12, folder, model, state, err);
     make_dir(folder, err);
@@ -1608,7 +1609,8 @@ static void test_checkpoint_prune(void) {
     rc |= checkpoint_prune(dir, 20, 2, err);
     int list[16], k = checkpoint_list(dir, list, 16);
     CHECK(rc == 0 && k == 3 && list[0] == 15 && list[1] == 20 && list[2] == 30,
-          "keep 2 after saving step 20: step 15, 20 kept, 30 (newer) untouched, 5, 10 and the partial 12 gone (%d left)", k);
+          "keep 2 after saving step 20: step 15, 20 kept, 30 (newer) untouched, 5, 10 (with hf/ folders) and the "
+          "partial 12 gone (%d left%s%s)", k, rc ? ": " : "", rc ? err : "");
     zero_checkpoints_free(&z);
 }
 

@@ -1655,6 +1655,8 @@ static void stage_batches(Model* m, DataLoader* loader, int slot) {
 
 typedef struct {
     const CheckpointConfig* ckpt; // where (dir) and how many to keep
+    bool hf_bf16;                 // [--save_hf_checkpoints] hf/'s dtype (--save_hf_dtype)
+    const char* hf_tokenizer;     // and the tokenizer files' folder (--hf_dir; NULL: none)
     Llama3Config cfg;
     size_t n_params, state_floats; // floats of the weights, and values of m and v on this rank
     size_t moments_bytes;          // bytes of each of m and v (their dtype's)
@@ -1669,9 +1671,10 @@ typedef struct {
     char err[L3_ERR_LEN];
 } Saver;
 
-static void saver_create(Saver* s, const Model* m, const CheckpointConfig* ckpt) {
+static void saver_create(Saver* s, const Model* m, const TrainArgs* a) {
     memset(s, 0, sizeof(*s));
-    s->ckpt = ckpt, s->cfg = m->cfg, s->n_params = m->layout.total;
+    s->ckpt = &a->ckpt, s->cfg = m->cfg, s->n_params = m->layout.total;
+    s->hf_bf16 = a->loop.save_hf_dtype == HF_DTYPE_BF16, s->hf_tokenizer = a->loop.hf_dir;
     s->state_floats = m->optim.count, s->moments_bytes = optimizer_moment_bytes(&m->optim);
     void** host[3] = {(void**)&s->params, &s->adam_m, &s->adam_v};
     bool writes_model = !m->comm || m->comm->rank == 0;
@@ -1689,12 +1692,18 @@ static void saver_create(Saver* s, const Model* m, const CheckpointConfig* ckpt)
 
 // The writer thread: waits for the copy, writes the checkpoint, then deletes what --checkpoint_keep
 // no longer keeps (only now that the newer one is complete).
+// [--save_hf_checkpoints] The save's hf/ folder, from its host copy of the weights (0: none asked).
+static int saver_write_hf(const Saver* s, char* err) {
+    if (!s->ckpt->hf) return 0;
+    return checkpoint_write_hf(s->ckpt->dir, s->st.step, &s->cfg, s->params, s->hf_bf16, s->hf_tokenizer, err);
+}
 static void* saver_write(void* arg) {
     Saver* s = (Saver*)arg;
     char err[L3_ERR_LEN];
     int rc = -1;
     if (cudaEventSynchronize(s->copied) != cudaSuccess) snprintf(err, sizeof(err), "the copy to the host failed");
-    else if (checkpoint_write(s->ckpt->dir, &s->cfg, &s->st, s->params, s->adam_m, s->adam_v, err) == 0)
+    else if (checkpoint_write_model(s->ckpt->dir, &s->cfg, s->st.step, s->params, err) == 0 &&
+             saver_write_hf(s, err) == 0 && checkpoint_write_state(s->ckpt->dir, &s->st, s->adam_m, s->adam_v, err) == 0)
         rc = checkpoint_prune(s->ckpt->dir, s->st.step, s->ckpt->keep, err);
     if (rc) {
         snprintf(s->err, sizeof(s->err), "%s", err);
@@ -1746,7 +1755,8 @@ static void checkpoint_save_ranks(Model* m, Saver* s) {
     const Comm* c = m->comm;
     char err[L3_ERR_LEN] = "";
     CUDA_CHECK(cudaEventSynchronize(s->copied));
-    int rc = c->rank == 0 ? checkpoint_write_model(s->ckpt->dir, &s->cfg, s->st.step, s->params, err)
+    int rc = c->rank == 0 ? checkpoint_write_model(s->ckpt->dir, &s->cfg, s->st.step, s->params, err) ||
+                                saver_write_hf(s, err)
                           : checkpoint_write_rank(s->ckpt->dir, &s->st, s->adam_m, s->adam_v, err);
     if (rc) fprintf(stderr, "error: %scheckpoint not saved: %s\n", rank_tag, err);
     int failed = ranks_sum(m, rc != 0);
@@ -2642,7 +2652,7 @@ int main(int argc, char** argv) {
     TrainIO io = {&loader, NULL, a.ckpt.dir ? &saver : NULL, a.eval.val_every ? &val : NULL,
                   a.eval.eval_file ? &eval : NULL, a.eval.sample_every && ranks.rank == 0 ? &sampler : NULL,
                   &in.vocab}; // (samples: rank 0's)
-    if (io.saver) saver_create(&saver, &m, &a.ckpt);
+    if (io.saver) saver_create(&saver, &m, &a);
     if (io.val) {
         val_create(&val, &m, &in.val_loader, a.eval.val_tokens);
         printf("val: %d batches of %d x %d from %s\n", val.n_batches, m.B, m.T,

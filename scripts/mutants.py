@@ -246,8 +246,8 @@ DP_MUTANTS = [
 
 HOST_MUTANTS = [
     ("parquet_first_row_group_only", "scripts", "scripts/prepare_data.py", "--input PARQUET reads its first "
-     "row group only (FineWeb's files hold many)", "        for batch in table.iter_batches(columns=[field]):",
-     "        for batch in list(table.iter_batches(columns=[field]))[:1]:"),
+     "row group only (FineWeb's files hold many)", "        for group in range(table.num_row_groups):",
+     "        for group in range(min(table.num_row_groups, 1)):"),
     ("hf_qk_rows_kept", "hf_dir", "llama3.h", "--hf_dir keeps q and k rows in HF's half-rotation order (not "
      "reordered to the pairs the trainer rotates)",
      "memcpy(pairs + (2 * i + k) * c->n_embd, buf + (k * D / 2 + i) * c->n_embd,",
@@ -265,6 +265,9 @@ HOST_MUTANTS = [
      "even", "return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);", "return (uint16_t)(u >> 16);"),
     ("hf_config_eps_fixed", "hf_dir", "llama3.h", "--save_hf's config.json writes 1e-05 as 0.00001 (Python's "
      "repr switches to an exponent below 1e-4)", "    if (exp < -4 || exp >= 16) {", "    if (exp < -5 || exp >= 16) {"),
+    ("checkpoint_hf_not_deleted", "hf_dir", "llama3.h", "a pruned checkpoint's hf/ folder is not deleted (the "
+     "prune fails on it)", "return path_fmt(folder, err, \"%s/step_%08d\", dir, step) || delete_folder(folder, 1, err) ? -1 : 0;",
+     "return path_fmt(folder, err, \"%s/step_%08d\", dir, step) || delete_folder(folder, 0, err) ? -1 : 0;"),
     ("hf_index_places_unchecked", "hf_dir", "llama3.h", "--hf_dir reads a tensor from a shard the index does "
      "not place it in", "        if (!json_is_string(&d, where, base))\n", "        if (false)\n"),
     ("hellaswag_no_space", "scripts", "scripts/prepare_data.py", "--hellaswag encodes each ending without the "

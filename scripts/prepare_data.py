@@ -393,7 +393,7 @@ def jsonl_documents(path, field):
 
 def parquet_documents(path, field):
     """The `field` column of a parquet file (FineWeb's format), each row one document (a list of one
-    text), read a batch of rows at a time. Needs pyarrow."""
+    text), read a row group at a time. Needs pyarrow."""
     try:
         import pyarrow
         import pyarrow.parquet
@@ -408,8 +408,8 @@ def parquet_documents(path, field):
                 not pyarrow.types.is_large_string(schema.field(field).type):
             fail(f"{path}: column {field!r} holds {schema.field(field).type}, not strings")
         row = 0
-        for batch in table.iter_batches(columns=[field]):
-            for text in batch.column(0).to_pylist():
+        for group in range(table.num_row_groups):
+            for text in table.read_row_group(group, columns=[field]).column(0).to_pylist():
                 row += 1
                 if text is None:
                     fail(f"{path}: row {row}: {field!r} is null")

@@ -335,6 +335,8 @@ trainer_errors() {
         ./train_llama3 --save_hf "$tmp/junk.bin"
     expect_error "--save_hf in a folder that does not exist" "--save_hf $tmp/none/out: cannot open for writing" \
         ./train_llama3 --save_hf "$tmp/none/out"
+    expect_error "--save_hf_checkpoints without --checkpoint_dir" "--save_hf_checkpoints 1 takes --checkpoint_dir" \
+        ./train_llama3 --save_hf_checkpoints 1
     bad_checkpoints
     user_errors
     # Every script the README names runs as it is named: executable, with a #! line.

@@ -9,8 +9,8 @@ through export_hf.py into transformers, each against PyTorch's loss on the same 
    the text's 999 most frequent ids (ref_llama3.py's text_tokens).
 2. ./train_llama3 on them for 3 steps with --checkpoint_dir: its logged step-1 loss against HF's loss on
    batch 1. And --hf_dir on the saved folder itself: the converted file's losses of 4 steps, bit for bit.
-   --save_hf after step 3 (float32) and after step 4 of the --hf_dir run (bfloat16): export_hf.py's files of
-   the same step's checkpoint, byte for byte.
+   --save_hf after step 3 (float32) and after step 4 of the --hf_dir run (bfloat16), and that run's step-4
+   checkpoint's hf/ (--save_hf_checkpoints 1): export_hf.py's files of the same step's checkpoint, byte for byte.
 3. The checkpoint after step 3 (DIR/latest names it) exported by export_hf.py and loaded by
    from_pretrained: its loss on batch 4 against the step-4 loss of a second run of 4 steps, same flags
    (runs are deterministic).
@@ -264,13 +264,15 @@ def round_trip(work, tokens, tokens_file, tied):
     latest_checkpoint(ck4, 4)
     saved4 = os.path.join(work, f"run4_save_hf{tag}")
     direct, _, ck4_direct = train(work, f"run4_hf_dir{tag}", os.path.join(work, f"hf{tag}"), tokens_file, 4,
-                                  ["--save_hf", saved4], model_flag="--hf_dir")
+                                  ["--save_hf", saved4, "--save_hf_checkpoints", "1"], model_flag="--hf_dir")
     check(direct and direct == losses4, f"--hf_dir on the saved folder{of}: the converted file's 4 losses, bit for "
           f"bit ({direct.get(4)} and {losses4.get(4)} at step 4)")
     exported4 = os.path.join(work, f"step4_hf_bf16{tag}")
     checkpoint4 = latest_checkpoint(ck4_direct, 4)
     if checkpoint4 and run([sys.executable, "scripts/export_hf.py", checkpoint4, exported4, "--dtype", "bfloat16"]):
         same_files(saved4, exported4, f"--save_hf (bfloat16) after step 4{of}")
+        same_files(os.path.join(os.path.dirname(checkpoint4), "hf"), exported4,
+                   f"--save_hf_checkpoints 1: the step-4 checkpoint's hf/{of}")
 
 
 def main(work):
