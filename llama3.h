@@ -1492,7 +1492,7 @@ static inline int hf_entry(const JsonDoc* d, int e, const char* path, long long 
     for (int i = ok ? d->node[shape].child : -1; i >= 0 && ok; i = d->node[i].next) {
         long long n;
         ok = t->n_dims < HF_MAX_DIMS && json_integer(d, i, 0, 1LL << 40, &n) == 0;
-        if (ok) t->shape[t->n_dims++] = n, count = count > (1LL << 40) ? count : count * n;
+        if (ok) t->shape[t->n_dims++] = n, count = n && count > (1LL << 60) / n ? 1LL << 60 : count * n; // (saturated)
     }
     if (!ok) return l3_fail(err, "%s: tensor %s: no valid dtype, shape and data_offsets", path, t->name);
     snprintf(t->dtype, sizeof(t->dtype), "%.*s", d->node[dtype].str_len, d->node[dtype].str);

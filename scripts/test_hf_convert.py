@@ -562,12 +562,12 @@ def copy_folder(d, src, name, files=None):
 
 
 def st_with_header(data, header):
-    """A safetensors file's bytes with its JSON header replaced (the data left where it was)."""
+    """A safetensors file's bytes with its JSON header replaced (the data, which its offsets count from the
+    header's end, kept)."""
     n = struct.unpack("<Q", data[:8])[0]
     text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (n - len(text))
-    assert len(text) == n, "the new header must not be longer"
-    return data[:8] + text + data[8 + n:]
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data[8 + n:]
 
 
 def check_reader_refusals(d, t):
@@ -589,6 +589,8 @@ def check_reader_refusals(d, t):
          "do not fit its shape"),
         ("a dtype not read (I8)", st_with_header(st, dict(header, **{name: dict(header[name], dtype="I8")})),
          f"tensor {name} is I8"),
+        ("a shape of 2^120 elements", st_with_header(st, dict(header, **{name: dict(header[name], shape=[1 << 40] * 3)})),
+         "do not fit its shape"),
     ]
     for i, (what, data, fragment) in enumerate(cases):
         expect_reader_refusal(copy_folder(d, hf, f"hostile{i}", {"model.safetensors": data}), fragment, what)
