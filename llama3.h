@@ -21,6 +21,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <glob.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -2296,6 +2297,18 @@ typedef struct {
     uint64_t seed;
 } LoaderConfig;
 
+// [prefetch] The shard after the current one in the loader's order, read whole on a thread of its
+// own while the current one is used: entering it then costs nothing (two shards in host memory).
+typedef struct {
+    const TokenSource* src;
+    size_t id;      // the shard read
+    bool started;   // a read of shard `id` was started (and is joined before anything else)
+    pthread_t thread;
+    TokenData data; // its tokens, once joined
+    int rc;
+    char err[L3_ERR_LEN];
+} ShardPrefetch;
+
 typedef struct {
     const TokenSource* src;
     LoaderConfig cfg;
@@ -2309,6 +2322,8 @@ typedef struct {
     size_t loaded;           // the shard in `owned` or read in place (SIZE_MAX: none)
     TokenData owned;         // a shard file's tokens, whole
     const TokenData* shard;  // the current shard's tokens
+    ShardPrefetch ahead;     // [prefetch] the next shard's
+    size_t reads, prefetched; // shard files entered, and of those read ahead (for the tests)
 } DataLoader;
 
 // out = 0..n-1 in order, or (shuffle) permuted by Fisher-Yates from the counter-based stream keyed
@@ -2334,6 +2349,53 @@ static inline size_t shard_groups(const DataLoader* l, size_t shard) {
     return n ? (n - 1) / l->group_tokens : 0;
 }
 
+static inline void* shard_read_thread(void* arg) {
+    ShardPrefetch* p = (ShardPrefetch*)arg;
+    p->rc = tokens_load_file(&p->data, p->src->paths[p->id], p->src->vocab_size, p->err);
+    return NULL;
+}
+// Waits for the read in flight, if any; its tokens stay in p->data.
+static inline void prefetch_join(ShardPrefetch* p) {
+    if (p->started) pthread_join(p->thread, NULL);
+    p->started = false;
+}
+// The shard after place l->at.shard in the order: the epoch's next, or the next epoch's first.
+static inline size_t next_shard_id(const DataLoader* l) {
+    size_t n = (size_t)l->src->n, next;
+    if (l->at.shard + 1 < n) return l->shard_order[l->at.shard + 1];
+    size_t* order = (size_t*)malloc(sizeof(size_t) * n);
+    permutation(order, n, l->cfg.shuffle, order_key(l->cfg.seed, l->at.epoch + 1, UINT64_MAX));
+    next = order[0];
+    free(order);
+    return next;
+}
+// Shard `id`'s tokens into l->owned, checked against its size at the start: the prefetched read when
+// it is that shard, else a read now; then the read of the shard after it started (when another).
+static inline int shard_read(DataLoader* l, size_t id, char* err) {
+    const TokenSource* s = l->src;
+    ShardPrefetch* p = &l->ahead;
+    bool ready = p->started && p->id == id;
+    prefetch_join(p);
+    l->reads++;
+    int rc;
+    if (ready) {
+        l->owned = p->data, p->data = (TokenData){NULL, 0}, rc = p->rc, l->prefetched++;
+        if (rc) snprintf(err, L3_ERR_LEN, "%s", p->err);
+    } else {
+        tokens_free(&p->data);
+        rc = tokens_load_file(&l->owned, s->paths[id], s->vocab_size, err);
+    }
+    if (rc == 0 && l->owned.n_tokens != s->counts[id])
+        rc = l3_fail(err, "%s: changed since the run started (%zu tokens, then %zu)", s->paths[id], l->owned.n_tokens,
+                     s->counts[id]);
+    size_t next = rc ? id : next_shard_id(l);
+    if (next != id) {
+        p->src = s, p->id = next, p->data = (TokenData){NULL, 0}, p->rc = 0;
+        p->started = pthread_create(&p->thread, NULL, shard_read_thread, p) == 0; // (else read when due)
+    }
+    return rc;
+}
+
 // The shard at place l->at.shard of the epoch's order, loaded (and its tokens checked) unless it is
 // the one already there, and its group order.
 static inline int loader_enter_shard(DataLoader* l, char* err) {
@@ -2346,10 +2408,7 @@ static inline int loader_enter_shard(DataLoader* l, char* err) {
     if (id != l->loaded) {
         tokens_free(&l->owned);
         if (s->memory) l->shard = s->memory;
-        else if (tokens_load_file(&l->owned, s->paths[id], s->vocab_size, err)) return -1;
-        else if (l->owned.n_tokens != s->counts[id])
-            return l3_fail(err, "%s: changed since the run started (%zu tokens, then %zu)", s->paths[id],
-                           l->owned.n_tokens, s->counts[id]);
+        else if (shard_read(l, id, err)) return -1;
         else l->shard = &l->owned;
         l->loaded = id;
     }
@@ -2404,6 +2463,8 @@ static inline LoaderConfig loader_config(const TrainArgs* a, bool train) {
 }
 
 static inline void loader_free(DataLoader* l) {
+    prefetch_join(&l->ahead);
+    tokens_free(&l->ahead.data);
     tokens_free(&l->owned);
     free(l->shard_order), free(l->group_order);
     l->shard_order = NULL, l->group_order = NULL;

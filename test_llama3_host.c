@@ -2003,6 +2003,8 @@ static void test_token_shards(void) {
     CHECK(rc == 0 && epoch_ok && once && orders_differ,
           "--shuffle 1: each epoch reads the 5 + 2 steps of the shards once (the 15-token shard skipped), in another "
           "order the next epoch (%s)", rc ? err : "ok");
+    CHECK(l.reads >= 5 && l.prefetched == l.reads - 1, "[prefetch] every shard read but the first was read ahead, "
+          "into the next epoch's order (%zu of %zu)", l.prefetched, l.reads);
     loader_free(&l);
     int same_seed = 1, other_seed = 0, in_order = 1;
     LoaderConfig c2 = c, c3 = c, c0 = c;

@@ -248,6 +248,10 @@ HOST_MUTANTS = [
     ("parquet_first_row_group_only", "scripts", "scripts/prepare_data.py", "--input PARQUET reads its first "
      "row group only (FineWeb's files hold many)", "        for group in range(table.num_row_groups):",
      "        for group in range(min(table.num_row_groups, 1)):"),
+    ("prefetch_next_epoch_order_wrong", "data", "llama3.h", "at an epoch's end the loader reads ahead the shard "
+     "first in this epoch's order, not the next's (the next epoch's first shard is read when due: a stall)",
+     "permutation(order, n, l->cfg.shuffle, order_key(l->cfg.seed, l->at.epoch + 1, UINT64_MAX));",
+     "permutation(order, n, l->cfg.shuffle, order_key(l->cfg.seed, l->at.epoch, UINT64_MAX));"),
     ("hf_qk_rows_kept", "hf_dir", "llama3.h", "--hf_dir keeps q and k rows in HF's half-rotation order (not "
      "reordered to the pairs the trainer rotates)",
      "memcpy(pairs + (2 * i + k) * c->n_embd, buf + (k * D / 2 + i) * c->n_embd,",
