@@ -9,6 +9,8 @@ through export_hf.py into transformers, each against PyTorch's loss on the same 
    the text's 999 most frequent ids (ref_llama3.py's text_tokens).
 2. ./train_llama3 on them for 3 steps with --checkpoint_dir: its logged step-1 loss against HF's loss on
    batch 1. And --hf_dir on the saved folder itself: the converted file's losses of 4 steps, bit for bit.
+   The eval (--eval_file, --eval_every 3) of 24 examples after step 3: its accuracy within what PyTorch's
+   same rule gives on the exported step-3 checkpoint (examples whose endings tie within 0.05 either way).
    --save_hf after step 3 (float32) and after step 4 of the --hf_dir run (bfloat16), and that run's step-4
    checkpoint's hf/ (--save_hf_checkpoints 1): export_hf.py's files of the same step's checkpoint, byte for byte.
 3. The checkpoint after step 3 (DIR/latest names it) exported by export_hf.py and loaded by
@@ -63,6 +65,7 @@ def parse_args():
 if __name__ == "__main__":
     ARGS = parse_args()  # (before torch's import: --help and a bad argument on any machine)
 try:
+    import numpy as np
     import torch
     import torch.nn.functional as F
     from transformers import LlamaForCausalLM
@@ -77,6 +80,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, T, LR, SEED = 4, 64, 1e-4, 1234
 SAMPLE_TOKENS, EMBED_SCALE, HEAD_SCALE, VAL_BATCHES = 32, 50.0, 4.0, 2
 TOL_LOSS = 1e-2  # test_llama3.cu
+EVAL_EXAMPLES, EVAL_ENDINGS, EVAL_TIE = 24, 4, 0.05  # the eval test's set; endings this close are a tie
 results = []
 
 
@@ -138,6 +142,45 @@ def latest_checkpoint(ck, step):
     ok = name == f"step_{step:08d}" and os.path.isfile(model)
     check(ok, f"{latest} names step_{step:08d}, which holds model.bin (it says {name!r})")
     return model if ok else None
+
+
+def write_eval_file(path, tokens):
+    """An eval file (llama3.h EvalSet) of EVAL_EXAMPLES examples: 16 tokens of the text, then as endings its
+    next 2 to 5 tokens (at the label, i % 4) and 3 runs of as many from further on; the examples, as lists."""
+    records, flat, examples = [], [], []
+    for i in range(EVAL_EXAMPLES):
+        s, n = 37 * i, 2 + i % 4
+        ctx = tokens[s:s + 16]
+        ends = [tokens[900 + 45 * i + 9 * j:900 + 45 * i + 9 * j + n] for j in range(EVAL_ENDINGS - 1)]
+        label = i % EVAL_ENDINGS
+        ends.insert(label, tokens[s + 16:s + 16 + n])
+        records += [label, len(ctx)] + [len(e) for e in ends]
+        flat += list(ctx) + [t for e in ends for t in e]
+        examples.append((ctx, ends, label))
+    header = np.zeros(256, "<i4")
+    header[:5] = [20241206, 1, EVAL_EXAMPLES, EVAL_ENDINGS, len(flat)]
+    write_atomic(path, [header.tobytes() + np.array(records, "<i4").tobytes() + np.array(flat, "<u4").tobytes()])
+    return examples
+
+
+@torch.no_grad()
+def hf_eval_range(model, examples):
+    """(fewest, most) right of the examples by llm.c's rule in PyTorch (each ending's mean loss over its own
+    tokens after the context, under autocast bf16 as hf_loss; the lowest is the pick), an example whose label
+    is within EVAL_TIE of the lowest mean among others counted as either."""
+    fewest = most = 0
+    for ctx, ends, label in examples:
+        means = []
+        for e in ends:
+            row = torch.from_numpy(np.concatenate([ctx, e]).astype(np.int64))[None].cuda()
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                logits = model(input_ids=row[:, :-1]).logits
+            losses = F.cross_entropy(logits.float()[0], row[0, 1:], reduction="none")
+            means.append(losses[len(ctx) - 1:].mean().item())
+        near = [k for k in range(len(ends)) if means[k] - min(means) < EVAL_TIE]
+        fewest += near == [label]
+        most += label in near
+    return fewest, most
 
 
 def same_files(saved, exported, what):
@@ -227,10 +270,12 @@ def round_trip(work, tokens, tokens_file, tied):
     if not converted:
         return
     # val: the token file's first VAL_BATCHES batches (batches 1, 2), after step 3
-    saved3 = os.path.join(work, f"run3_save_hf{tag}")
+    saved3, eval_file = os.path.join(work, f"run3_save_hf{tag}"), os.path.join(work, "eval.bin")
+    examples = write_eval_file(eval_file, tokens)
     losses3, val3, ck3 = train(work, f"run3{tag}", converted, tokens_file, 3,
                                ["--val_every", "3", "--val_bin", tokens_file, "--val_tokens", str(VAL_BATCHES * B * T),
-                                "--save_hf", saved3, "--save_hf_dtype", "float32"])
+                                "--save_hf", saved3, "--save_hf_dtype", "float32", "--eval_file", eval_file,
+                                "--eval_every", "3"])
     if 1 in losses3:
         compare(f"step 1 loss on the converted model{of}, batch 1", losses3[1], hf_loss(model, tokens, 1))
     checkpoint = latest_checkpoint(ck3, 3)
@@ -245,6 +290,12 @@ def round_trip(work, tokens, tokens_file, tied):
     moved = max((a - b).abs().max().item() for a, b in zip(trained.parameters(), model.parameters()))
     check(moved > 0, f"the step-3 checkpoint's weights{of} moved from the initial ones (max |change| "
           f"{moved:.1e})")
+    accuracy = [json.loads(x).get("eval_acc") for x in open(os.path.join(work, f"run3{tag}.jsonl"))
+                if '"step": 3,' in x and "eval_acc" in x]
+    fewest, most = hf_eval_range(trained, examples)
+    check(len(accuracy) == 1 and fewest / EVAL_EXAMPLES - 1e-6 <= accuracy[0] <= most / EVAL_EXAMPLES + 1e-6,
+          f"eval after step 3{of}: train_llama3's accuracy {accuracy} of {EVAL_EXAMPLES} examples, PyTorch's rule on "
+          f"the exported checkpoint {fewest} to {most} right (ties within {EVAL_TIE})")
     if 3 in val3:
         hf_val = sum(hf_loss(trained, tokens, k) for k in range(1, VAL_BATCHES + 1)) / VAL_BATCHES
         compare(f"val loss after step 3 vs the exported step-3 checkpoint{of} on val batches 1-2", val3[3], hf_val)
