@@ -1923,6 +1923,7 @@ static inline int hf_model_load(const HfModel* h, float* buf, size_t buf_floats,
 
 // Loads the folder `dir` that hf_model_open checked before the GPU into `sink`; a folder whose config
 // changed since is refused.
+static_assert(sizeof(Llama3Config) == 14 * 4, "hf_dir_load compares two configs with memcmp: no padding");
 static inline int hf_dir_load(const char* dir, const Llama3Config* cfg, float* buf, size_t buf_floats, ParamSink sink,
                               void* ctx, char* err) {
     HfModel h;
