@@ -639,6 +639,28 @@ def check_writer_same_bytes(d):
                   f"byte for byte {err.strip()} {p.stderr.strip()}".strip())
 
 
+def check_reader_fuzz(d, cases=120):
+    """Random bytes written over the safetensors header or config.json of a good folder (a fixed seed): the
+    reader (under AddressSanitizer) reads the folder or refuses it in one line, every time."""
+    import random
+    st, cfg = read_bytes(os.path.join(d, "hf", "model.safetensors")), read_bytes(os.path.join(d, "hf", "config.json"))
+    n, rng, bad, refused = struct.unpack("<Q", st[:8])[0], random.Random(1), [], 0
+    for i in range(cases):
+        text = bytearray(st[8:8 + n] if i % 2 else cfg)
+        for _ in range(rng.randint(1, 6)):
+            text[rng.randrange(len(text))] = rng.choice([rng.randrange(256), *b'{}[]",:0123456789-.eE\\'])
+        files = {"model.safetensors": st[:8] + bytes(text) + st[8 + n:]} if i % 2 else {"config.json": bytes(text)}
+        folder = copy_folder(d, os.path.join(d, "hf"), f"fuzz{i}", files)
+        p = subprocess.run([HOST_TEST, "--hf_to_seed", folder, folder + ".bin"], capture_output=True, text=True,
+                           errors="replace")
+        lines = p.stderr.strip().splitlines()
+        refused += p.returncode == 1
+        if not ((p.returncode == 0 and not lines) or (p.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "))):
+            bad.append(f"case {i}: exit {p.returncode}, {p.stderr.strip()[:200]!r}")
+    check(not bad, f"--hf_dir's reader on {cases} folders with random bytes in a header or config.json: read or "
+          f"refused in one line every time ({refused} refused){': ' + bad[0] if bad else ''}")
+
+
 def check_reader(d, t):
     if not os.path.exists(HOST_TEST):
         print("skipped: --hf_dir's reader and --save_hf's writer against convert_hf.py and export_hf.py: no "
@@ -646,6 +668,7 @@ def check_reader(d, t):
         return
     check_reader_same_bytes(d, t)
     check_reader_refusals(d, t)
+    check_reader_fuzz(d)
     check_writer_same_bytes(d)
 
 
