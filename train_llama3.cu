@@ -1867,7 +1867,8 @@ static void save_hf(Model* m, const TrainArgs* a) {
     if (rc) fprintf(stderr, "error: %s%s\n", rank_tag, err);
     if (failed) exit(EXIT_FAILURE);
     printf("saved %s: model.safetensors (%s), config.json%s\n", a->loop.save_hf,
-           a->loop.save_hf_dtype == HF_DTYPE_BF16 ? "bfloat16" : "float32", a->loop.hf_dir ? ", the tokenizer files" : "");
+           a->loop.save_hf_dtype == HF_DTYPE_BF16 ? "bfloat16" : "float32",
+           a->loop.hf_dir ? ", and the tokenizer files --hf_dir has" : "");
 }
 
 // ---- validation and sampling ----
