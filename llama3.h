@@ -1393,26 +1393,35 @@ static inline int json_parse(JsonDoc* d, char* text, size_t n, const char* sourc
     if (d->p != d->end) return json_fail(d, "characters after the value");
     return 0;
 }
-// Reads and parses the file `path` (at most max_bytes).
-static inline int json_read_file(JsonDoc* d, const char* path, size_t max_bytes, char* err) {
-    *d = (JsonDoc){0};
+// The file `path` (a `what`, for messages), at most max_bytes, read whole into *data (NUL-terminated
+// after its *bytes; the caller frees it).
+static inline int file_read_whole(const char* path, const char* what, size_t max_bytes, char** data, size_t* bytes,
+                                  char* err) {
     long long size;
-    FILE* f = open_regular(path, "JSON file", &size, err);
+    FILE* f = open_regular(path, what, &size, err);
     if (!f) return -1;
     if ((unsigned long long)size > max_bytes) {
         fclose(f);
-        return l3_fail(err, "%s: %lld bytes, more than the %zu a JSON file of a model folder may have", path, size,
-                       max_bytes);
+        return l3_fail(err, "%s: %lld bytes, more than the %zu a %s may have", path, size, max_bytes, what);
     }
-    char* text = (char*)malloc((size_t)size + 1);
-    size_t got = fread(text, 1, (size_t)size, f);
+    if (!(*data = (char*)malloc((size_t)size + 1))) {
+        fclose(f);
+        return l3_fail(err, "%s: out of host memory for its %lld bytes", path, size);
+    }
+    *bytes = fread(*data, 1, (size_t)size, f);
+    int bad = ferror(f) || *bytes != (size_t)size;
     fclose(f);
-    text[got] = 0;
-    if (got != (size_t)size) {
-        free(text);
-        return l3_fail(err, "%s: cannot read: %s", path, strerror(errno));
-    }
-    return json_parse(d, text, got, path, err);
+    (*data)[*bytes] = 0;
+    if (bad) free(*data);
+    return bad ? l3_fail(err, "%s: cannot read: %s", path, strerror(errno)) : 0;
+}
+// Reads and parses the file `path` (at most max_bytes).
+static inline int json_read_file(JsonDoc* d, const char* path, size_t max_bytes, char* err) {
+    *d = (JsonDoc){0};
+    char* text = NULL;
+    size_t n = 0;
+    if (file_read_whole(path, "JSON file of a model folder", max_bytes, &text, &n, err)) return -1;
+    return json_parse(d, text, n, path, err);
 }
 // The member `key` of object node `obj` (the last if repeated), or -1.
 static inline int json_member(const JsonDoc* d, int obj, const char* key) {
@@ -3036,9 +3045,10 @@ static inline int rank_state_path(const char* state, int rank, char* out, char* 
 }
 
 // A save of step `step` from host copies, in its order: model.bin (rank 0's part), then state.bin
-// and the latest pointer (rank 0's last part: a folder with state.bin is complete). With one rank
-// both at once (checkpoint_write); [data parallel] the other ranks write their state_rank files in
-// between (checkpoint_write_rank), and rank 0 writes state.bin only once every rank has written.
+// and the latest pointer (rank 0's last part: a folder with state.bin is complete); with
+// --save_hf_checkpoints its hf/ between the two (checkpoint_write_hf). With one rank one after the
+// other; [data parallel] the other ranks write their state_rank files in between
+// (checkpoint_write_rank), and rank 0 writes state.bin only once every rank has written.
 static inline int checkpoint_write_model(const char* dir, const Llama3Config* c, int step, const float* params,
                                          char* err) {
     char folder[L3_PATH_LEN], model[L3_PATH_LEN], state[L3_PATH_LEN];
@@ -3054,10 +3064,6 @@ static inline int checkpoint_write_state(const char* dir, const CheckpointState*
     int n = snprintf(name, sizeof(name), "step_%08d\n", st->step);
     Chunk chunk = {name, (size_t)n};
     return write_file_atomic(latest, &chunk, 1, err);
-}
-static inline int checkpoint_write(const char* dir, const Llama3Config* c, const CheckpointState* st,
-                                   const float* params, const void* adam_m, const void* adam_v, char* err) {
-    return checkpoint_write_model(dir, c, st->step, params, err) || checkpoint_write_state(dir, st, adam_m, adam_v, err);
 }
 static inline int checkpoint_write_rank(const char* dir, const CheckpointState* st, const void* adam_m,
                                         const void* adam_v, char* err) {
@@ -3410,19 +3416,6 @@ static inline int hf_write_weights(const char* path, const Llama3Config* c, cons
     return rc;
 }
 
-// The file `src` read whole into *data (*bytes long; the caller frees it).
-static inline int file_read_whole(const char* src, char** data, size_t* bytes, char* err) {
-    long long size;
-    FILE* f = open_regular(src, "file", &size, err);
-    if (!f) return -1;
-    *data = (char*)malloc((size_t)size + 1);
-    *bytes = fread(*data, 1, (size_t)size, f);
-    int bad = ferror(f) || *bytes != (size_t)size;
-    fclose(f);
-    if (bad) free(*data);
-    return bad ? l3_fail(err, "%s: cannot read: %s", src, strerror(errno)) : 0;
-}
-
 // The folder `dir` (made if missing, in a folder that exists) with model.safetensors and config.json
 // from the weights (our layout, host memory), and of tokenizer_from's HF_TOKENIZER_FILES (NULL: none)
 // those it has, copied.
@@ -3441,9 +3434,9 @@ static inline int hf_save(const char* dir, const Llama3Config* c, const float* p
             path_fmt(path, err, "%s/%s", dir, HF_TOKENIZER_FILES[i]))
             return -1;
         if (stat(src, &st) != 0) continue;
-        char* data;
-        size_t bytes;
-        if (file_read_whole(src, &data, &bytes, err)) return -1;
+        char* data = NULL;
+        size_t bytes = 0;
+        if (file_read_whole(src, "tokenizer file", SIZE_MAX, &data, &bytes, err)) return -1;
         Chunk copy = {data, bytes};
         int rc = write_file_atomic(path, &copy, 1, err);
         free(data);

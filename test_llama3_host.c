@@ -205,6 +205,11 @@ static float* seed_file_values(const Llama3Config* c, size_t* n) {
 static void host_sink(void* ctx, size_t offset, const float* src, size_t count) {
     memcpy((float*)ctx + offset, src, count * sizeof(float));
 }
+// A whole checkpoint of one rank, as the trainer's writer thread saves it (without hf/).
+static int checkpoint_write(const char* dir, const Llama3Config* c, const CheckpointState* st, const float* params,
+                            const void* adam_m, const void* adam_v, char* err) {
+    return checkpoint_write_model(dir, c, st->step, params, err) || checkpoint_write_state(dir, st, adam_m, adam_v, err);
+}
 
 // A seed file `name` of config c in the temporary folder: its header in h, its values (n) in *vals.
 static const char* seed_file_make(const char* name, const Llama3Config* c, unsigned char h[1024], float** vals,

@@ -1649,7 +1649,7 @@ static void stage_batches(Model* m, DataLoader* loader, int slot) {
 // ---- checkpoints ----
 // [checkpoints] A save applies the deferred AdamW updates (the saved weights are the true weights
 // after the step), copies the weights and AdamW's m and v to pinned host memory on a side stream,
-// and hands them to a host thread that writes the files (llama3.h: checkpoint_write) while the
+// and hands them to a host thread that writes the files (llama3.h: checkpoint_write_model, _hf, _state) while the
 // next steps run. The next step waits for the copy only before its AdamW, which rewrites what is
 // being copied; the copy of a 1B model (18 GB) runs at PCIe speed, the files at the disk's.
 
