@@ -92,7 +92,16 @@ static void all_gather_group(const Ranks& R, const std::vector<Tensor>& g, const
 static void bench_group(const Ranks& R, const char* group, const std::vector<Tensor>& g, bool check_only) {
     std::vector<bf16*> bufs;
     size_t total = 0;
-    for (const Tensor& t : g) bufs.push_back(dev_alloc<bf16>(t.n)), total += t.n;
+    // Each buffer is allocated to a whole 16 bytes: NCCL's LL protocol reads whole words, so a buffer
+    // ending mid-word (the 13-element tail) is read past its end, which compute-sanitizer's memcheck
+    // reports in NCCL's kernel (2026-12-06); the padding is zeroed so that initcheck sees it written.
+    // The trainer's buffers are slices of one larger slab.
+    for (const Tensor& t : g) {
+        size_t padded = (t.n + 7) / 8 * 8;
+        bufs.push_back(dev_alloc<bf16>(padded));
+        CUDA_CHECK(cudaMemset(bufs.back(), 0, padded * sizeof(bf16)));
+        total += t.n;
+    }
     bool ok = true;
     char what[160];
     float rtol = R.world <= 2 ? 0.0f : 1.0f / 128;
