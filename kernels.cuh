@@ -2114,21 +2114,29 @@ static void fp8_amax(Fp8Scale* s, const bf16* x, size_t n, int sms, cudaStream_t
 // every way). 4 bytes per element (2 read, 1 + 1 written): the backward's GEMMs need both copies of
 // every FP8 operand (Hopper's FP8 GEMMs are TN only), and one read of x serves both. rows and cols
 // multiples of 64. Block (0, 0)'s thread 0 writes s->scale_inv for the GEMMs.
+// In = F8: x is already quantised, and only out_t is written, the bytes transposed (2 bytes per
+// element): [data parallel] each rank's transpose of an all-gathered FP8 weight.
 #define FP8_TILE 64
-template <typename F8>
-__global__ void quantize_fp8_kernel(F8* out, F8* out_t, Fp8Scale* s, const bf16* x, int rows, int cols) {
+template <typename F8, typename In>
+__global__ void quantize_fp8_kernel(F8* out, F8* out_t, Fp8Scale* s, const In* x, int rows, int cols) {
     __shared__ unsigned char tile[FP8_TILE][FP8_TILE + 16]; // encoded bytes, [col in tile][row in tile]
-    float scale = fp8_scale<F8>(s);
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) s->scale_inv = 1.0f / scale;
+    constexpr bool encode = std::is_same<In, bf16>::value;
+    float scale = encode ? fp8_scale<F8>(s) : 1.0f;
+    if (encode && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) s->scale_inv = 1.0f / scale;
     int r0 = blockIdx.y * FP8_TILE, c0 = blockIdx.x * FP8_TILE;
-    for (int k = threadIdx.x; k < FP8_TILE * FP8_TILE / 8; k += blockDim.x) { // 8 bf16 of one row each
+    for (int k = threadIdx.x; k < FP8_TILE * FP8_TILE / 8; k += blockDim.x) { // 8 elements of one row each
         int r = k / (FP8_TILE / 8), c = (k % (FP8_TILE / 8)) * 8;
         size_t at = (size_t)(r0 + r) * cols + c0 + c;
-        Vec16<bf16> v = *(const Vec16<bf16>*)(x + at);
         uint2 packed;
         unsigned char* b = (unsigned char*)&packed;
-        for (int e = 0; e < 8; e++) tile[c + e][r] = b[e] = fp8_encode<F8>(__bfloat162float(v.v[e]), scale);
-        *(uint2*)(out + at) = packed;
+        if constexpr (encode) {
+            Vec16<bf16> v = *(const Vec16<bf16>*)(x + at);
+            for (int e = 0; e < 8; e++) b[e] = fp8_encode<F8>(__bfloat162float(v.v[e]), scale);
+            *(uint2*)(out + at) = packed;
+        } else {
+            packed = *(const uint2*)(x + at);
+        }
+        for (int e = 0; e < 8; e++) tile[c + e][r] = b[e];
     }
     __syncthreads();
     for (int k = threadIdx.x; k < FP8_TILE * FP8_TILE / 16; k += blockDim.x) { // 16 bytes of one out_t row each
@@ -2136,12 +2144,47 @@ __global__ void quantize_fp8_kernel(F8* out, F8* out_t, Fp8Scale* s, const bf16*
         *(uint4*)(out_t + (size_t)(c0 + c) * rows + r0 + r) = *(const uint4*)&tile[c][r];
     }
 }
-template <typename F8>
-static void quantize_fp8(F8* out, F8* out_t, Fp8Scale* s, const bf16* x, int rows, int cols, cudaStream_t st) {
-    fp8_require(rows % FP8_TILE == 0 && cols % FP8_TILE == 0 && aligned16(x) && aligned16(out) && aligned16(out_t),
+template <typename F8, typename In>
+static void fp8_tiles(F8* out, F8* out_t, Fp8Scale* s, const In* x, int rows, int cols, cudaStream_t st) {
+    fp8_require(rows % FP8_TILE == 0 && cols % FP8_TILE == 0 && aligned16(x) && aligned16(out_t) &&
+                    (out == NULL || aligned16(out)),
                 "quantize_fp8: rows and cols must be multiples of 64, x, out and out_t 16-byte aligned");
     dim3 grid(cols / FP8_TILE, rows / FP8_TILE);
-    quantize_fp8_kernel<F8><<<grid, FP8_THREADS, 0, st>>>(out, out_t, s, x, rows, cols);
+    quantize_fp8_kernel<F8, In><<<grid, FP8_THREADS, 0, st>>>(out, out_t, s, x, rows, cols);
+    LAUNCH_CHECK();
+}
+template <typename F8>
+static void quantize_fp8(F8* out, F8* out_t, Fp8Scale* s, const bf16* x, int rows, int cols, cudaStream_t st) {
+    fp8_tiles(out, out_t, s, x, rows, cols, st);
+}
+// out_t (cols, rows) = x^T for FP8 x (rows, cols), the bytes as they are.
+template <typename F8> static void transpose_fp8(F8* out_t, const F8* x, int rows, int cols, cudaStream_t st) {
+    fp8_tiles<F8, F8>(NULL, out_t, NULL, x, rows, cols, st);
+}
+
+// out[0, n) = fp8(x * scale), the scale from s's amax, without a transpose: [data parallel] each rank
+// quantises its own part of a weight (the ranks' amaxes all-reduced first: one scale on every rank)
+// and the ranks all-gather the FP8 bytes, half the bytes of the bf16 copy. 8 elements per thread (a
+// 16-byte load, an 8-byte store); n a positive multiple of 8, x 16-byte and out 8-byte aligned.
+// Thread 0 of block 0 writes s->scale_inv.
+template <typename F8> __global__ void quantize_fp8_range_kernel(F8* out, Fp8Scale* s, const bf16* x, size_t n) {
+    float scale = fp8_scale<F8>(s);
+    if (blockIdx.x == 0 && threadIdx.x == 0) s->scale_inv = 1.0f / scale;
+    size_t stride = (size_t)gridDim.x * blockDim.x * 8;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride) {
+        Vec16<bf16> v = *(const Vec16<bf16>*)(x + i);
+        uint2 packed;
+        unsigned char* b = (unsigned char*)&packed;
+        for (int e = 0; e < 8; e++) b[e] = fp8_encode<F8>(__bfloat162float(v.v[e]), scale);
+        *(uint2*)(out + i) = packed;
+    }
+}
+template <typename F8>
+static void quantize_fp8_range(F8* out, Fp8Scale* s, const bf16* x, size_t n, int sms, cudaStream_t st) {
+    fp8_require(n % 8 == 0 && n > 0 && aligned16(x) && (uintptr_t)out % 8 == 0,
+                "quantize_fp8_range: n must be a positive multiple of 8, x 16-byte and out 8-byte aligned");
+    unsigned blocks = (unsigned)std::min<size_t>(ceil_div(n / 8, (size_t)FP8_THREADS), (size_t)sms * 8);
+    quantize_fp8_range_kernel<F8><<<blocks, FP8_THREADS, 0, st>>>(out, s, x, n);
     LAUNCH_CHECK();
 }
 

@@ -55,6 +55,8 @@ template <typename T> static ncclDataType_t nccl_type();
 template <> ncclDataType_t nccl_type<float>() { return ncclFloat32; }
 template <> ncclDataType_t nccl_type<bf16>() { return ncclBfloat16; }
 template <> ncclDataType_t nccl_type<int>() { return ncclInt32; }
+template <> ncclDataType_t nccl_type<unsigned>() { return ncclUint32; }
+template <> ncclDataType_t nccl_type<e4m3>() { return ncclUint8; } // (moved as bytes, never reduced)
 static ncclRedOp_t nccl_op(CommOp op) { return op == COMM_SUM ? ncclSum : op == COMM_AVG ? ncclAvg : ncclMax; }
 
 // Collectives issued between the two calls start together (one NCCL launch for a group's tensors).
@@ -321,7 +323,8 @@ typedef struct {
 // [fp8] --fp8 1: the block linears' GEMMs (qkv, attn_out, gate_up, down) read FP8 operands
 // (kernels.cuh [fp8]), each with its own dynamic tensorwise scale (the amax of the tensor as it is
 // now). Each weight's e4m3 copy and its transpose are quantised from the bf16 shadow after every
-// AdamW update of it. The forward quantises each GEMM input once, straight for its GEMM and
+// AdamW update of it ([data parallel] each rank quantises its part, the ranks all-gather the bytes and
+// each transposes the whole: fp8_shard_amax). The forward quantises each GEMM input once, straight for its GEMM and
 // transposed for the backward's weight gradient (kept per layer, with its scale); the backward
 // quantises each output gradient, straight and transposed, in one pass. Amaxes come from a pass of
 // their own, or (fp8_amax_fused) from the kernel that writes the tensor.
@@ -1369,17 +1372,65 @@ static void shard_adamw(const Model* m, int tensor, int layer, const AdamWParams
 }
 
 // The ranks' new parts of the slice, all-gathered in place: the bf16 shadow of a matmul weight (the
-// GEMMs read it; the fp32 masters of other ranks' parts go stale, and nothing reads them), the fp32
-// weights of a norm or of a dense wte (read as they are); a tied wte both (the head GEMMs read its
-// shadow, the embedding lookup its fp32 rows).
+// GEMMs read it; the fp32 masters of other ranks' parts go stale, and nothing reads them), or [fp8]
+// a block linear's e4m3 copy instead (its GEMMs read only that: 1 byte per weight, not 2; the
+// other ranks' parts of its shadow go stale too); the fp32 weights of a norm or of a dense wte (read
+// as they are); a tied wte both (the head GEMMs read its shadow, the embedding lookup its fp32 rows).
+typedef struct {
+    bool fp8, shadow, fp32; // the e4m3 copy, the bf16 shadow, the fp32 weights
+} GatheredCopies;
+static GatheredCopies gathered_copies(const Model* m, int tensor, int layer) {
+    size_t offset = param_offset(m, tensor, layer);
+    GatheredCopies g;
+    g.fp8 = fp8_linear(m, tensor, layer);
+    g.shadow = !g.fp8 && has_shadow(m, offset);
+    g.fp32 = !is_matmul_weight(m, offset);
+    return g;
+}
 static void shard_gather(const Model* m, int tensor, int layer) {
     const Comm* c = m->comm;
     RangeShard sh = c->zero.shard[tensor];
     size_t offset = param_offset(m, tensor, layer);
+    GatheredCopies g = gathered_copies(m, tensor, layer);
     if (!sh.part) return;
     auto gather = [&](auto* x) { all_gather(c->nccl, x + (size_t)c->rank * sh.part, x, sh.part, m->step.opt_stream); };
-    if (has_shadow(m, offset)) gather(m->shadow + (offset - m->layout.shadow_begin));
-    if (!is_matmul_weight(m, offset)) gather(m->params + offset);
+    if (g.fp8) gather(m->fp8->w + fp8_weight_at(m, tensor, layer));
+    if (g.shadow) gather(m->shadow + (offset - m->layout.shadow_begin));
+    if (g.fp32) gather(m->params + offset);
+}
+
+// [fp8] The FP8 copy of a block linear under ZeRO-1, in three steps around two collectives, equal bit
+// for bit to fp8_quantize_weight on the whole gathered shadow (a max is exact in any order; each
+// byte depends only on its element and the scale): this rank's amax of its part and of the tail
+// (which every rank updated alike), all-reduced (MAX) to one scale; the part and tail quantised
+// (their bytes then all-gathered by shard_gather); after the gather, the transpose of the whole.
+static void fp8_shard_amax(const Model* m, int tensor, int layer) {
+    const Comm* c = m->comm;
+    Fp8Scale* scale = fp8_weight_scale(m, tensor, layer);
+    CUDA_CHECK(cudaMemsetAsync(scale, 0, sizeof(Fp8Scale), m->step.opt_stream));
+    for (int which = 0; which < 2; which++) {
+        ShardRun r = zero_run(&c->zero, &m->layout, tensor, layer, which);
+        if (r.n) fp8_amax(scale, m->shadow + (r.param - m->layout.shadow_begin), r.n, m->sms, m->step.opt_stream);
+    }
+}
+static void fp8_shard_scale_reduce(const Model* m, int tensor, int layer) {
+    unsigned* amax = &fp8_weight_scale(m, tensor, layer)->amax_bits; // bits of a float >= 0: max as unsigned
+    all_reduce(m->comm->nccl, amax, amax, 1, COMM_MAX, m->step.opt_stream);
+}
+static void fp8_shard_quantize(const Model* m, int tensor, int layer) {
+    const Comm* c = m->comm;
+    size_t begin = param_offset(m, tensor, layer), at = fp8_weight_at(m, tensor, layer);
+    for (int which = 0; which < 2; which++) {
+        ShardRun r = zero_run(&c->zero, &m->layout, tensor, layer, which);
+        if (r.n)
+            quantize_fp8_range(m->fp8->w + at + (r.param - begin), fp8_weight_scale(m, tensor, layer),
+                               m->shadow + (r.param - m->layout.shadow_begin), r.n, m->sms, m->step.opt_stream);
+    }
+}
+static void fp8_shard_transpose(const Model* m, int tensor, int layer) {
+    const TensorSlice* w_slice = slice_of(&m->tab, tensor, layer);
+    size_t at = w_slice->fp8_weight_at;
+    transpose_fp8(m->fp8->w_t + at, m->fp8->w + at, w_slice->out, w_slice->in, m->step.opt_stream);
 }
 
 // The reduction of n slices of an update group (one NCCL launch for them; wte's union has kernels
@@ -1391,18 +1442,28 @@ static void shard_group_reduce(const Model* m, const int* slices, int n) {
     for (int i = 0; i < n; i++) shard_reduce(m, s[slices[i]].tensor, s[slices[i]].layer);
     comm_group(false);
 }
-// Their AdamW on this rank's parts, then their all-gathers (one NCCL launch); [fp8] then the FP8
-// copies of the block linears among them, from the gathered shadow: every rank quantises the same
-// bits, so every rank's weight scales are the same.
+// Their AdamW on this rank's parts, then their all-gathers (one NCCL launch). [fp8] Before the
+// gathers, the block linears' FP8 copies of the parts with the scale of the whole weight (one
+// all-reduce of the amaxes for the group: every rank's weight scales are the same); after, their
+// transposes.
 static void shard_group_update(const Model* m, const int* slices, int n, const AdamWParams* h) {
     const TensorSlice* s = m->tab.slice;
+    auto each_fp8 = [&](void (*f)(const Model*, int, int)) {
+        for (int i = 0; i < n; i++)
+            if (fp8_linear(m, s[slices[i]].tensor, s[slices[i]].layer)) f(m, s[slices[i]].tensor, s[slices[i]].layer);
+    };
     for (int i = 0; i < n; i++) shard_adamw(m, s[slices[i]].tensor, s[slices[i]].layer, h);
+    if (m->fp8) {
+        each_fp8(fp8_shard_amax);
+        comm_group(true);
+        each_fp8(fp8_shard_scale_reduce);
+        comm_group(false);
+        each_fp8(fp8_shard_quantize);
+    }
     comm_group(true);
     for (int i = 0; i < n; i++) shard_gather(m, s[slices[i]].tensor, s[slices[i]].layer);
     comm_group(false);
-    for (int i = 0; i < n; i++)
-        if (fp8_linear(m, s[slices[i]].tensor, s[slices[i]].layer))
-            fp8_quantize_weight(m, s[slices[i]].tensor, s[slices[i]].layer, m->step.opt_stream);
+    each_fp8(fp8_shard_transpose);
 }
 
 // [clipping] This rank's sums of squares of the slice: its part into the slot, the tail (rank 0's
@@ -2545,6 +2606,35 @@ static void print_setup(const TrainArgs* a, const Llama3Config* cfg, ModelFileFo
     if (s->n > 1) printf(" in %d files", s->n);
     printf(", %s\n", a->loop.shuffle ? "shuffled per epoch (--shuffle 1)" : "in order (--shuffle 0)");
 }
+// [data parallel] The buffer bytes of one rank's collectives in an optimizer step (NCCL's count times
+// the element size; a ring moves about (world - 1) / world of each across the links): the gradients
+// reduce-scattered (bf16 or fp32, as the backward writes them; a tail all-reduced) and the weights
+// all-gathered (matmul weights' bf16 shadows or [fp8] the block linears' e4m3 copies, fp32 norms,
+// both for a tied wte), and for the sparse embedding the union's rows.
+static void print_comm_bytes(const Model* m) {
+    const Comm* c = m->comm;
+    bool bf16_grads = uses_bf16_grads(&m->sw, m->grad_accum);
+    double reduced = 0, gathered = 0, fp8_saved = 0;
+    for (int j = 0; j < m->tab.n_slices; j++) {
+        const TensorSlice* w = &m->tab.slice[j];
+        RangeShard sh = c->zero.shard[w->tensor];
+        if (sparse_wte(m, w->tensor)) {
+            reduced += (double)n_union(m) * m->cfg.n_embd * 4;
+            continue;
+        }
+        reduced += (double)w->n * (bf16_grads && is_matmul_weight(m, w->offset) ? 2 : 4);
+        if (!sh.part) continue;
+        double gathered_n = (double)sh.part * c->world;
+        GatheredCopies g = gathered_copies(m, w->tensor, w->layer); // (shard_gather's)
+        gathered += gathered_n * (g.fp8 + 2 * g.shadow + 4 * g.fp32);
+        if (g.fp8) fp8_saved += gathered_n; // (a bf16 copy's 2 bytes a weight)
+    }
+    printf("collectives per optimizer step on each rank: %.3f GiB of gradients reduced, %.3f GiB of weights gathered",
+           reduced / 1073741824.0, gathered / 1073741824.0);
+    if (fp8_saved) printf(" (the block linears as e4m3: %.3f GiB less than their bf16 copies)", fp8_saved / 1073741824.0);
+    printf("\n");
+}
+
 // The model as created: its size and memory, every flag's value, and the step's plan (which
 // optimisations take effect for this model and batch, and when each AdamW group runs).
 // The model's memory on each GPU by part (`parts`), and its activations at each --recompute level.
@@ -2570,6 +2660,7 @@ static void print_model(const Model* m, const TrainArgs* a) {
                "%s)\n", m->comm->world, 2.0 * optimizer_moment_bytes(&m->optim) / 1073741824.0,
                2.0 * m->layout.total * moment_bytes(m->optim.cfg.moments) / 1073741824.0,
                m->sw.sparse_embedding ? "whole on every rank: its sparse rows are updated by all" : "sharded too");
+    if (m->comm) print_comm_bytes(m);
 }
 
 // --dry_run 1, once the flags and inputs passed their checks: the model as model_create would size it
@@ -2584,6 +2675,7 @@ static int dry_run(const TrainArgs* a, const Llama3Config* cfg, const RankEnv* r
     model_size(&m, cfg, &run, ranks->world > 1 ? &shard : NULL, DRY_RUN_SMS);
     MemoryParts parts = memory_parts(&m);
     print_memory(&m, &parts);
+    if (m.comm) print_comm_bytes(&m);
     // What a run may take of each card, smallest first: an H100's 79.65 GiB less the 0.5-0.6 GiB that
     // the CUDA context and cuBLAS took in runs on 2026-12-06; an H200's about 139 GiB as its machine's
     // notes give it.

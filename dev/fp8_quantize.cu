@@ -4,6 +4,10 @@
 //   quantize        out = fp8(x * scale) and out_t = fp8(x^T * scale), scale = FP8_MAX / amax, in
 //                   one pass: a 64 x 64 tile read once, written straight and (through shared
 //                   memory) transposed (4 bytes per element)
+//   quantize range  out = fp8(x * scale) of a range, no transpose (3 bytes per element): a rank's part
+//                   of a weight under ZeRO-1, whose FP8 bytes the ranks all-gather
+//   transpose       out_t = x^T of FP8 bytes (2 bytes per element): each rank's transpose of the
+//                   gathered weight
 // in e4m3 (activations, weights) and e5m2 (gradients).
 //
 // build: make dev/fp8_quantize
@@ -91,6 +95,22 @@ template <typename F8> static void validate(int rows, int cols, Fp8Spec f, const
     check_bytes(what, fp8_bytes(out_t, n), want_t);
     snprintf(what, sizeof(what), "%s scale_inv %dx%d", name, rows, cols);
     dev_check(what, std::vector<float>{dev_download(s, 1)[0].scale_inv}, std::vector<float>{1.0f / scale}, 0.0f, 0.0f);
+    // The ranks' path: the range quantiser over two parts split at a multiple of 8 (as ZeRO-1's
+    // parts are), then the transpose of its bytes; outputs and scale_inv poisoned again.
+    dev_poison(out, n), dev_poison(out_t, n);
+    Fp8Scale poisoned = dev_download(s, 1)[0];
+    poisoned.scale_inv = NAN;
+    CUDA_CHECK(cudaMemcpy(s, &poisoned, sizeof(poisoned), cudaMemcpyHostToDevice));
+    size_t split = n / 3 / 8 * 8;
+    quantize_fp8_range(out, s, xd, split, sms, 0);
+    quantize_fp8_range(out + split, s, xd + split, n - split, sms, 0);
+    snprintf(what, sizeof(what), "%s quantize range %dx%d in 2 parts%s", name, rows, cols, saturate ? " (saturating)" : "");
+    check_bytes(what, fp8_bytes(out, n), want);
+    snprintf(what, sizeof(what), "%s range scale_inv %dx%d", name, rows, cols);
+    dev_check(what, std::vector<float>{dev_download(s, 1)[0].scale_inv}, std::vector<float>{1.0f / scale}, 0.0f, 0.0f);
+    transpose_fp8(out_t, out, rows, cols, 0);
+    snprintf(what, sizeof(what), "%s transpose of FP8 bytes %dx%d", name, rows, cols);
+    check_bytes(what, fp8_bytes(out_t, n), want_t);
     CUDA_CHECK(cudaFree(xd));
     CUDA_CHECK(cudaFree(out));
     CUDA_CHECK(cudaFree(out_t));
@@ -113,6 +133,11 @@ template <typename F8> static void time_kernels(int rows, int cols, const char* 
     snprintf(kernel, sizeof(kernel), "quantize %s + transposed", name);
     print_row(kernel, "1 64x64 tile", size, median_ms([&] { quantize_fp8(out, out_t, s, x, rows, cols, 0); }), 4.0 * n,
               0.0, true);
+    snprintf(kernel, sizeof(kernel), "quantize %s range", name);
+    print_row(kernel, "1", size, median_ms([&] { quantize_fp8_range(out, s, x, n, sms, 0); }), 3.0 * n, 0.0, true);
+    snprintf(kernel, sizeof(kernel), "transpose %s bytes", name);
+    print_row(kernel, "1 64x64 tile", size, median_ms([&] { transpose_fp8(out_t, out, rows, cols, 0); }), 2.0 * n, 0.0,
+              true);
     CUDA_CHECK(cudaFree(x));
     CUDA_CHECK(cudaFree(out));
     CUDA_CHECK(cudaFree(out_t));

@@ -220,21 +220,37 @@ DP_MUTANTS = [
     ("grads_not_reduced", "data parallel", "train_llama3.cu", "each rank updates its part with its own gradient "
      "(the reduce-scatter left out)",
      "        if (sh.part) reduce_scatter(c->nccl, g, sh.part, c->rank, m->step.opt_stream);\n", ""),
-    ("fp8_scales_differ_between_ranks", "data parallel", "train_llama3.cu", "--fp8 1: each rank quantises a "
-     "group's weights before their all-gather, from its own new part and the others' old ones: the ranks' weight "
-     "scales and FP8 copies differ",
-     "    comm_group(false);\n    for (int i = 0; i < n; i++)\n        if (fp8_linear(m, s[slices[i]].tensor, "
-     "s[slices[i]].layer))\n            fp8_quantize_weight(m, s[slices[i]].tensor, s[slices[i]].layer, m->step.opt_stream);\n",
-     "    for (int i = 0; i < n; i++)\n        if (fp8_linear(m, s[slices[i]].tensor, s[slices[i]].layer))\n"
-     "            fp8_quantize_weight(m, s[slices[i]].tensor, s[slices[i]].layer, m->step.opt_stream);\n"
-     "    comm_group(false);\n"),
+    ("fp8_scales_differ_between_ranks", "data parallel", "train_llama3.cu", "--fp8 1: the amaxes of the ranks' "
+     "parts not all-reduced, so each rank quantises its part of a weight with a scale of its own: the gathered FP8 "
+     "copy mixes scales, and the ranks' weight scales differ",
+     "        each_fp8(fp8_shard_scale_reduce);\n", ""),
+    ("fp8_gathered_weight_not_transposed", "data parallel", "train_llama3.cu", "--fp8 1: the all-gathered FP8 weight "
+     "not transposed, so the backward's dX GEMMs read W^T from before the update",
+     "    each_fp8(fp8_shard_transpose);\n", ""),
     ("gather_before_adamw", "data parallel", "train_llama3.cu", "a group's all-gather issued before its AdamW: the "
      "ranks read each other's parts as they were before the step",
      "    for (int i = 0; i < n; i++) shard_adamw(m, s[slices[i]].tensor, s[slices[i]].layer, h);\n"
-     "    comm_group(true);\n    for (int i = 0; i < n; i++) shard_gather(m, s[slices[i]].tensor, s[slices[i]].layer);\n"
+     "    if (m->fp8) {\n"
+     "        each_fp8(fp8_shard_amax);\n"
+     "        comm_group(true);\n"
+     "        each_fp8(fp8_shard_scale_reduce);\n"
+     "        comm_group(false);\n"
+     "        each_fp8(fp8_shard_quantize);\n"
+     "    }\n"
+     "    comm_group(true);\n"
+     "    for (int i = 0; i < n; i++) shard_gather(m, s[slices[i]].tensor, s[slices[i]].layer);\n"
      "    comm_group(false);\n",
-     "    comm_group(true);\n    for (int i = 0; i < n; i++) shard_gather(m, s[slices[i]].tensor, s[slices[i]].layer);\n"
-     "    comm_group(false);\n    for (int i = 0; i < n; i++) shard_adamw(m, s[slices[i]].tensor, s[slices[i]].layer, h);\n"),
+     "    comm_group(true);\n"
+     "    for (int i = 0; i < n; i++) shard_gather(m, s[slices[i]].tensor, s[slices[i]].layer);\n"
+     "    comm_group(false);\n"
+     "    for (int i = 0; i < n; i++) shard_adamw(m, s[slices[i]].tensor, s[slices[i]].layer, h);\n"
+     "    if (m->fp8) {\n"
+     "        each_fp8(fp8_shard_amax);\n"
+     "        comm_group(true);\n"
+     "        each_fp8(fp8_shard_scale_reduce);\n"
+     "        comm_group(false);\n"
+     "        each_fp8(fp8_shard_quantize);\n"
+     "    }\n"),
     ("model_file_not_gathered", "data parallel", "train_llama3.cu", "a save of two ranks writes model.bin without "
      "the all-gather of the fp32 weights: the parts rank 1 updates are stale in rank 0's copy",
      "    if (m->comm) gather_masters(m);\n    CUDA_CHECK(cudaEventRecord(s->flushed, m->stream));\n",
@@ -245,6 +261,9 @@ DP_MUTANTS = [
 ]
 
 HOST_MUTANTS = [
+    ("fp8_gathers_bf16_copy_too", "data parallel", "train_llama3.cu", "--fp8 1 under ranks: the block linears' bf16 "
+     "shadows all-gathered beside their e4m3 copies, 3 bytes a weight where 1 does",
+     "    g.shadow = !g.fp8 && has_shadow(m, offset);\n", "    g.shadow = has_shadow(m, offset);\n"),
     ("parquet_first_row_group_only", "scripts", "scripts/prepare_data.py", "--input PARQUET reads its first "
      "row group only (FineWeb's files hold many)", "        for group in range(table.num_row_groups):",
      "        for group in range(min(table.num_row_groups, 1)):"),

@@ -401,6 +401,17 @@ dry_run_memory() {
     awk -v a="$(moments "$two")" -v b="$(moments "$one")" 'BEGIN { exit !(a > 0 && a < b) }' && ok=1 || ok=0
     check $ok "--dry_run 1 as rank 0 of 2: AdamW's m and v $(moments "$two") GiB, this rank's share of one rank's $(moments "$one") GiB" \
         "$(echo "$two" | tail -n 2)"
+    # [fp8] The ranks all-gather the block linears' e4m3 copies, not their bf16 ones: one byte less per
+    # weight of the 1B's block linears, 16 layers of qkv (3072 x 2048), attn_out (2048 x 2048), gate_up
+    # (16384 x 2048) and down (2048 x 8192).
+    local fp8 gathered
+    # shellcheck disable=SC2086
+    fp8=$(RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 ./train_llama3 $flags --fp8 1 --rendezvous tcp:localhost:29601 2>&1)
+    gathered() { echo "$1" | grep -o '[0-9.]* GiB of weights gathered' | grep -o '^[0-9.]*'; }
+    awk -v bf16="$(gathered "$two")" -v fp8="$(gathered "$fp8")" -v w=$((16 * (3072 + 2048 + 16384 + 8192) * 2048)) \
+        'BEGIN { less = w / 1073741824; exit !(fp8 > 0 && bf16 - fp8 > less - 0.002 && bf16 - fp8 < less + 0.002) }' && ok=1 || ok=0
+    check $ok "--dry_run 1 as rank 0 of 2: --fp8 1 gathers $(gathered "$fp8") GiB of weights a step, bf16 $(gathered "$two"): the block linears' one byte less a weight" \
+        "$(echo "$fp8" | grep collectives)"
 }
 
 # The README's table of which modes combine is the trainer's own verdicts (--dry_run 1 on each cell),
