@@ -1541,87 +1541,101 @@ __device__ inline float grad_at(const bf16* g, size_t i) { return __bfloat162flo
 // average, and v's many small steps of (1 - beta2) g^2, each under half a bf16 ulp, add up instead
 // of rounding away. The 16 random bits of each value come from a counter-based stream, mix64 of
 // (element, step): fresh every step, the same on a rerun or a resume, no generator state to save.
-// An element's m takes the low 16 bits, its v the high 16. Not finite values pass unrounded.
-__device__ inline uint32_t rounding_bits(uint64_t element, unsigned t) {
-    return (uint32_t)mix64((element + 1) * 0x9E3779B97F4A7C15ull + (uint64_t)t * 0xD1B54A32D192ED03ull);
+// An element's m takes bits 0-15, its v bits 16-31, and [bf16 weights] its weight bits 32-47 (the
+// weight with no fp32 master: its update rounded into it the same way). Not finite values pass
+// unrounded.
+__device__ inline uint64_t rounding_bits(uint64_t element, unsigned t) {
+    return mix64((element + 1) * 0x9E3779B97F4A7C15ull + (uint64_t)t * 0xD1B54A32D192ED03ull);
 }
+#define ROUND_M 0
+#define ROUND_V 16
+#define ROUND_W 32
 __device__ inline bf16 bf16_stochastic(float x, uint32_t r16) {
     uint32_t b = __float_as_uint(x);
     if ((b & 0x7F800000u) == 0x7F800000u) return __float2bfloat16_rn(x);
     return __ushort_as_bfloat16((unsigned short)((b + (r16 & 0xFFFFu)) >> 16)); // a carry rounds up
 }
+// x rounded with the 16 bits of `bits` from `shift` on.
+__device__ inline bf16 bf16_rounded(float x, uint64_t bits, int shift) {
+    return bf16_stochastic(x, (uint32_t)(bits >> shift));
+}
 
-// AdamW's moments as floats, and back: fp32 as they are, bf16 rounded as above with 16 of the
-// element's bits (`shift` 0: m's, 16: v's). 4 at a time in one 128-bit (fp32) or 64-bit (bf16)
-// access, or one.
-__device__ inline Vec16<float> load_moment4(const float* p) { return load16(p); }
-__device__ inline Vec16<float> load_moment4(const bf16* p) {
+// AdamW's values (weight, m, v) as floats, and back: fp32 as they are, bf16 rounded as above with
+// 16 of the element's bits from `shift` (ROUND_M, ROUND_V, ROUND_W). 4 at a time in one 128-bit
+// (fp32) or 64-bit (bf16) access, or one.
+__device__ inline Vec16<float> load_state4(const float* p) { return load16(p); }
+__device__ inline Vec16<float> load_state4(const bf16* p) {
     float4 f = load_bf16x4(p);
     return Vec16<float>{{f.x, f.y, f.z, f.w}};
 }
-__device__ inline float moment_at(const float* p, size_t i) { return p[i]; }
-__device__ inline float moment_at(const bf16* p, size_t i) { return __bfloat162float(p[i]); }
-__device__ inline void store_moment4(float* p, const Vec16<float>& x, const uint32_t*, int) { store16(p, x); }
-__device__ inline void store_moment4(bf16* p, const Vec16<float>& x, const uint32_t* bits, int shift) {
+__device__ inline float state_at(const float* p, size_t i) { return p[i]; }
+__device__ inline float state_at(const bf16* p, size_t i) { return __bfloat162float(p[i]); }
+__device__ inline void store_state4(float* p, const Vec16<float>& x, const uint64_t*, int) { store16(p, x); }
+__device__ inline void store_state4(bf16* p, const Vec16<float>& x, const uint64_t* bits, int shift) {
     __nv_bfloat162 a, b;
-    a.x = bf16_stochastic(x.v[0], bits[0] >> shift), a.y = bf16_stochastic(x.v[1], bits[1] >> shift);
-    b.x = bf16_stochastic(x.v[2], bits[2] >> shift), b.y = bf16_stochastic(x.v[3], bits[3] >> shift);
+    a.x = bf16_rounded(x.v[0], bits[0], shift), a.y = bf16_rounded(x.v[1], bits[1], shift);
+    b.x = bf16_rounded(x.v[2], bits[2], shift), b.y = bf16_rounded(x.v[3], bits[3], shift);
     *reinterpret_cast<uint2*>(p) = make_uint2(*reinterpret_cast<unsigned*>(&a), *reinterpret_cast<unsigned*>(&b));
 }
-__device__ inline void store_moment(float* p, size_t i, float x, uint32_t, int) { p[i] = x; }
-__device__ inline void store_moment(bf16* p, size_t i, float x, uint32_t bits, int shift) {
-    p[i] = bf16_stochastic(x, bits >> shift);
+__device__ inline void store_state(float* p, size_t i, float x, uint64_t, int) { p[i] = x; }
+__device__ inline void store_state(bf16* p, size_t i, float x, uint64_t bits, int shift) {
+    p[i] = bf16_rounded(x, bits, shift);
 }
-// The rounding bits of element `element` at step t, drawn only for bf16 moments.
-template <typename M> __device__ inline uint32_t moment_bits(uint64_t element, unsigned t) {
-    if constexpr (std::is_same<M, bf16>::value) return rounding_bits(element, t);
+// The rounding bits of element `element` at step t, drawn only when the weight (P) or the moments
+// (M) are bf16.
+template <typename P, typename M> __device__ inline uint64_t update_bits(uint64_t element, unsigned t) {
+    if constexpr (std::is_same<M, bf16>::value || std::is_same<P, bf16>::value) return rounding_bits(element, t);
     else return 0;
 }
 
-// AdamW on 4 consecutive elements at i with 128-bit loads and stores (64-bit for bf16 moments);
-// returns the new parameters (for the shadow copy). `element` is params[i]'s index in the whole
-// parameter block (the rounding stream's key, the same on every rank). Plain, not streaming
-// (__ldcs/__stcs), accesses: dev/adamw measured the streaming hints at 93% of the copy ceiling and
-// plain ones at 99% on the H200.
-template <typename G, typename M>
-__device__ inline float4 adamw_update4(float* params, M* m, M* v, const G* grads, size_t i, uint64_t element,
+// AdamW on 4 consecutive elements at i with 128-bit loads and stores (64-bit for bf16 values);
+// returns the new parameters (for the shadow copy). P: the weight's type, fp32 (the master) or
+// [bf16 weights] bf16 (the only copy). `element` is params[i]'s index in the whole parameter block
+// (the rounding stream's key, the same on every rank). Plain, not streaming (__ldcs/__stcs),
+// accesses: dev/adamw measured the streaming hints at 93% of the copy ceiling and plain ones at 99%
+// on the H200.
+template <typename P, typename G, typename M>
+__device__ inline float4 adamw_update4(P* params, M* m, M* v, const G* grads, size_t i, uint64_t element,
                                        const AdamWParams& h, float wd) {
-    Vec16<float> p = load16(params + i), m4 = load_moment4(m + i), v4 = load_moment4(v + i);
+    Vec16<float> p = load_state4(params + i), m4 = load_state4(m + i), v4 = load_state4(v + i);
     float4 g4 = load_grad4(grads + i);
     const float g[4] = {g4.x, g4.y, g4.z, g4.w};
-    uint32_t bits[4];
+    uint64_t bits[4];
 #pragma unroll
     for (int e = 0; e < 4; e++) {
         adamw_update(p.v[e], m4.v[e], v4.v[e], g[e], h, wd);
-        bits[e] = moment_bits<M>(element + e, h.t);
+        bits[e] = update_bits<P, M>(element + e, h.t);
     }
-    store16(params + i, p);
-    store_moment4(m + i, m4, bits, 0);
-    store_moment4(v + i, v4, bits, 16);
+    store_state4(params + i, p, bits, ROUND_W);
+    store_state4(m + i, m4, bits, ROUND_M);
+    store_state4(v + i, v4, bits, ROUND_V);
     return make_float4(p.v[0], p.v[1], p.v[2], p.v[3]);
 }
-template <typename G, typename M>
-__device__ inline float adamw_update1(float* params, M* m, M* v, const G* grads, size_t i, uint64_t element,
+template <typename P, typename G, typename M>
+__device__ inline float adamw_update1(P* params, M* m, M* v, const G* grads, size_t i, uint64_t element,
                                       const AdamWParams& h, float wd) {
-    float p = params[i], mi = moment_at(m, i), vi = moment_at(v, i);
+    float p = state_at(params, i), mi = state_at(m, i), vi = state_at(v, i);
     adamw_update(p, mi, vi, grad_at(grads, i), h, wd);
-    uint32_t bits = moment_bits<M>(element, h.t);
-    params[i] = p;
-    store_moment(m, i, mi, bits, 0);
-    store_moment(v, i, vi, bits, 16);
+    uint64_t bits = update_bits<P, M>(element, h.t);
+    store_state(params, i, p, bits, ROUND_W);
+    store_state(m, i, mi, bits, ROUND_M);
+    store_state(v, i, vi, bits, ROUND_V);
     return p;
 }
 
 // [float4 Adam] [shadow weights] Dense AdamW, VEC elements per thread (4: 128-bit loads and
 // stores; 1: the scalar fallback), and with SHADOW the bf16 copy the GEMMs read is written in
 // the same pass: 30 bytes per element (g, p, m, v read; p, m, v, shadow written; 28 with [bf16
-// grads], 22 with [bf16 moments]) and no cast kernel before any GEMM. The last n % VEC elements
-// are done by the first threads, scalar. G: the gradient's type, float or bf16; M: the moments',
-// float or bf16. element0: params[0]'s index in the parameter block. decay: weight decay applies
-// (not to the norm weights). A step the NaN guard skips changes nothing.
-template <int VEC, bool SHADOW, typename G, typename M>
-__global__ void adamw_kernel(float* params, M* m, M* v, const G* grads, bf16* shadow, size_t n, uint64_t element0,
+// grads], 22 with [bf16 moments]) and no cast kernel before any GEMM. [bf16 weights] P bf16: the
+// weight itself is what the GEMMs read, no shadow (14 bytes per element with bf16 grads and
+// moments). The last n % VEC elements are done by the first threads, scalar. G: the gradient's
+// type, float or bf16; M: the moments', float or bf16. element0: params[0]'s index in the
+// parameter block. decay: weight decay applies (not to the norm weights). A step the NaN guard
+// skips changes nothing.
+template <int VEC, bool SHADOW, typename P, typename G, typename M>
+__global__ void adamw_kernel(P* params, M* m, M* v, const G* grads, bf16* shadow, size_t n, uint64_t element0,
                              const AdamWParams* hp, bool decay) {
+    static_assert(!(SHADOW && std::is_same<P, bf16>::value), "bf16 weights are their own bf16 copy: no shadow");
     const AdamWParams h = *hp;
     if (h.skip) return;
     float wd = decay ? h.weight_decay : 0.0f;
@@ -1649,20 +1663,20 @@ __global__ void adamw_kernel(float* params, M* m, M* v, const G* grads, bf16* sh
 template <typename T> static bool aligned_for4(const T* p) { return (uintptr_t)p % (4 * sizeof(T)) == 0; }
 
 // Guards [float4 Adam]: 128-bit access needs every fp32 pointer 16-byte aligned (the shadow, bf16
-// gradients and bf16 moments 8-byte), and a tensor smaller than one float4 per thread over all SMs
+// weights, gradients and moments 8-byte), and a tensor smaller than one float4 per thread over all SMs
 // runs scalar so that it still spreads across the chip (the seed's minimum size, scaled by SM
 // count). shadow NULL: no shadow copy.
-template <typename G, typename M>
-static bool adamw_vec4_ok(const float* params, const M* m, const M* v, const G* grads, const bf16* shadow, size_t n,
+template <typename P, typename G, typename M>
+static bool adamw_vec4_ok(const P* params, const M* m, const M* v, const G* grads, const bf16* shadow, size_t n,
                           int sms) {
-    bool aligned = aligned16(params) && aligned_for4(m) && aligned_for4(v) && aligned_for4(grads) &&
+    bool aligned = aligned_for4(params) && aligned_for4(m) && aligned_for4(v) && aligned_for4(grads) &&
                    (shadow == NULL || aligned_for4(shadow));
     return aligned && n >= (size_t)sms * ADAMW_THREADS * 4;
 }
 // adamw_kernel over n elements, float4 where adamw_vec4_ok allows it; shadow NULL without SHADOW.
 // allow_vec4 = false forces the scalar kernel (the ablation's "no vectorised Adam").
-template <bool SHADOW, typename G, typename M>
-static void adamw_dense(float* params, M* m, M* v, const G* grads, bf16* shadow, size_t n, uint64_t element0,
+template <bool SHADOW, typename P, typename G, typename M>
+static void adamw_dense(P* params, M* m, M* v, const G* grads, bf16* shadow, size_t n, uint64_t element0,
                         const AdamWParams* h, bool decay, int sms, cudaStream_t s, bool allow_vec4 = true) {
     const int threads = ADAMW_THREADS;
     BOOL_SWITCH(allow_vec4 && adamw_vec4_ok(params, m, v, grads, shadow, n, sms), VEC4, [&] {

@@ -202,8 +202,8 @@ MUTANTS = [
      '"tie_word_embeddings": bool(c.tied_embeddings),', '"tie_word_embeddings": False,'),
     ("moments_stream_repeats", "bf16 moments", "kernels.cuh", "the stochastic rounding of bf16 m and v draws the "
      "same bits every step (the stream keyed by the element only)",
-     "if constexpr (std::is_same<M, bf16>::value) return rounding_bits(element, t);",
-     "if constexpr (std::is_same<M, bf16>::value) return rounding_bits(element, 0);"),
+     "std::is_same<P, bf16>::value) return rounding_bits(element, t);",
+     "std::is_same<P, bf16>::value) return rounding_bits(element, 0);"),
     ("moments_round_nearest", "bf16 moments", "kernels.cuh", "bf16 m and v rounded to nearest (v's small steps "
      "rounded away)", "return __ushort_as_bfloat16((unsigned short)((b + (r16 & 0xFFFFu)) >> 16));",
      "return __float2bfloat16_rn(x);"),
@@ -474,6 +474,11 @@ HOST_MUTANTS = [
 # binary in the copy and runs its check (the FP8 kernels' own bugs; the trainer's FP8 path has its
 # mutants in MUTANTS).
 DEV_MUTANTS = [
+    ("weight_draw_shares_v_bits", "bf16 weights", "kernels.cuh", "the stochastic rounding of a bf16 weight takes "
+     "its v's 16 bits: the two round up together", "#define ROUND_W 32", "#define ROUND_W 16", "dev/adamw"),
+    ("float4_elements_share_draw", "bf16 weights", "kernels.cuh", "AdamW's float4 path draws one rounding stream "
+     "value for its 4 elements: neighbours round alike", "        bits[e] = update_bits<P, M>(element + e, h.t);",
+     "        bits[e] = update_bits<P, M>(element, h.t);", "dev/adamw"),
     ("fp8_scale_twice", "fp8", "kernels.cuh", "FP8 quantisation multiplies by the scale twice",
      "return __nv_cvt_float_to_fp8(x * scale, __NV_SATFINITE", "return __nv_cvt_float_to_fp8(x * scale * scale, __NV_SATFINITE",
      "dev/fp8_quantize"),
