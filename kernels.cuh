@@ -143,14 +143,19 @@ __device__ inline float normal_at(uint64_t seed, uint64_t i) {
     return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
 }
 
-// params[i] = mean + std * N(0,1) over one tensor; used once at start (random init: std 0.02 for
-// matrices, mean 1 std 0 for norm weights), never inside a step.
-__global__ void init_params_kernel(float* params, size_t n, float mean, float std, uint64_t seed) {
+// params[i] = mean + std * N(0,1) over one tensor, element `first` + i of the seed's stream; used
+// once at start (random init: std 0.02 for matrices, mean 1 std 0 for norm weights), never inside a
+// step. T float, or [bf16 weights] bf16: the fp32 init's value rounded to nearest, so that a run of
+// bf16 weights starts from the bf16 copy of the fp32 run's.
+template <typename T>
+__global__ void init_params_kernel(T* params, size_t first, size_t n, float mean, float std, uint64_t seed) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) params[i] = mean + (std > 0.0f ? std * normal_at(seed, i) : 0.0f);
+    if (i < n) params[i] = (T)(mean + (std > 0.0f ? std * normal_at(seed, first + i) : 0.0f));
 }
-static void init_params(float* params, size_t n, float mean, float std, uint64_t seed, cudaStream_t s) {
-    init_params_kernel<<<ceil_div(n, 256), 256, 0, s>>>(params, n, mean, std, seed);
+template <typename T>
+static void init_params(T* params, size_t n, float mean, float std, uint64_t seed, cudaStream_t s, size_t first = 0) {
+    if (n == 0) return;
+    init_params_kernel<<<ceil_div(n, 256), 256, 0, s>>>(params, first, n, mean, std, seed);
     LAUNCH_CHECK();
 }
 
@@ -160,6 +165,7 @@ __global__ void cast_to_bf16_kernel(bf16* out, const float* in, size_t n) {
     if (i < n) out[i] = __float2bfloat16_rn(in[i]);
 }
 static void cast_to_bf16(bf16* out, const float* in, size_t n, cudaStream_t s) {
+    if (n == 0) return;
     cast_to_bf16_kernel<<<ceil_div(n, 256), 256, 0, s>>>(out, in, n);
     LAUNCH_CHECK();
 }

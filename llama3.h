@@ -203,8 +203,11 @@ typedef struct {
     float beta1, beta2, eps, weight_decay;
     float grad_clip; // 0: no clipping (and no gradient norm)
     int moments;     // --optimizer_state: MOMENTS_FP32, or MOMENTS_BF16 [bf16 moments] (m and v in bf16)
+    int weights;     // --master_weights: WEIGHTS_FP32 (fp32 masters, bf16 copies), or WEIGHTS_BF16 [bf16 weights]
+                     // (the matmul weights' bf16 copy is the only one, updated with stochastic rounding)
 } OptimConfig;
 enum { MOMENTS_FP32, MOMENTS_BF16 };
+enum { WEIGHTS_FP32, WEIGHTS_BF16 };
 // Bytes of one value of AdamW's m (or v).
 static inline size_t moment_bytes(int moments) { return moments == MOMENTS_BF16 ? 2 : 4; }
 
@@ -401,6 +404,7 @@ static const FlagSpec FLAGS[] = {
     {"--grad_clip", FLAG_FLOAT, ARG(optim.grad_clip), "0", 0.0, 1e9, NULL, "clip the global gradient L2 norm to this, as clip_grad_norm_ (0: off; also measures the norm, printed and logged)", NOT_A_SWITCH, NULL},
     {"--max_bad_steps", FLAG_INT, ARG(loop.max_bad_steps), "5", 1, BIG_INT, NULL, "NaN guard: stop after this many steps in a row skipped for a non-finite loss or grad norm", NOT_A_SWITCH, NULL},
     {"--optimizer_state", FLAG_CHOICE, ARG(optim.moments), "fp32", 0, 0, "fp32|bf16", "AdamW's m and v: fp32, or bf16 with stochastic rounding (22 instead of 30 bytes of AdamW traffic per weight, 4 instead of 8 of memory; the weights stay fp32)", NOT_A_SWITCH, NULL},
+    {"--master_weights", FLAG_CHOICE, ARG(optim.weights), "fp32", 0, 0, "fp32|bf16", "the matmul weights: fp32 masters with bf16 copies, or bf16 only, AdamW's update rounded into them stochastically (4 bytes of memory less per weight; the norm weights and an untied wte stay fp32)", NOT_A_SWITCH, NULL},
     {"--beta1", FLAG_FLOAT, ARG(optim.beta1), "0.9", 0.0, 0.999999, NULL, "AdamW beta1", NOT_A_SWITCH, NULL},
     {"--beta2", FLAG_FLOAT, ARG(optim.beta2), "0.999", 0.0, 0.9999999403953552, NULL, "AdamW beta2", NOT_A_SWITCH, NULL},
     {"--eps", FLAG_FLOAT, ARG(optim.eps), "1e-8", 1e-30, 1.0, NULL, "AdamW eps", NOT_A_SWITCH, NULL},
@@ -2668,6 +2672,8 @@ static inline int fp8_args_check(const TrainArgs* a, const Llama3Config* c, char
 // backward keeps; --fp8 0 frees those.
 typedef struct {
     int moments, recompute, fp8;   // this run's --optimizer_state, --recompute and --fp8
+    int weights;                   // and --master_weights
+    double masters_gib;            // the fp32 masters of the matmul weights (what --master_weights bf16 frees)
     double acts_blocks_gib;        // the activations at --recompute 2
     double fp8_gib;                // the FP8 copies (0 without --fp8 1)
 } FitAdvice;
@@ -2676,6 +2682,7 @@ static inline void fit_advice(const FitAdvice* f, char* out, size_t n) {
 #define ADVISE(...) (k += (size_t)snprintf(out + (k < n ? k : n - 1), k < n ? n - k : 1, __VA_ARGS__))
     out[0] = 0;
     if (f->moments == MOMENTS_FP32) ADVISE("--optimizer_state bf16 (m and v in half), ");
+    if (f->weights == WEIGHTS_FP32) ADVISE("--master_weights bf16 (frees the fp32 masters' %.2f GiB), ", f->masters_gib);
     if (f->recompute < RECOMPUTE_BLOCKS) ADVISE("--recompute 2 (activations %.2f GiB), ", f->acts_blocks_gib);
     if (f->fp8) ADVISE("--fp8 0 (frees the FP8 copies' %.2f GiB), ", f->fp8_gib);
     ADVISE("a smaller --batch_size or --sequence_length (activations%s scale with B*T; keep --total_batch_size for "
@@ -2727,6 +2734,8 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
                        a->eval.sample_tokens, a->loop.sequence_length - 1);
     if (a->loop.world > 1 && dist_args_check(a, err)) return -1;
     if (a->loop.fp8 && fp8_args_check(a, c, err)) return -1;
+    if (a->optim.weights == WEIGHTS_BF16 && !a->sw.shadow_weights)
+        return l3_fail(err, "--master_weights bf16 needs --shadow_weights 1 (the default): the bf16 copy is the weight");
     if (!a->loop.fp8 && a->loop.fp8_grads != FP8_GRADS_E5M2)
         return l3_fail(err, "--fp8_grads e4m3 takes --fp8 1 (without it no gradient is in FP8)");
     if (a->eval.top_k > c->vocab_size)
@@ -3328,6 +3337,20 @@ static inline void hf_config_text(char* out, size_t len, const Llama3Config* c, 
              c->vocab_size, c->n_embd, c->ffn_hidden, c->n_layer, c->n_head, c->n_kv_head, c->n_embd / c->n_head,
              c->max_seq_len, eps, theta, rope, c->tied_embeddings ? "true" : "false", dtype, special[0], special[1],
              mult, c->multiple_of);
+}
+
+// [bf16 weights] n bf16 values held in the upper half of the bytes of x[0, n) (from byte 2n on), widened
+// in place to floats x[0, n) (exact): the trainer copies a range of bf16 weights there to hand a
+// model file fp32 weights without a second host buffer. Front to back, each value is read before
+// any write reaches it: x[i]'s bytes end at 4i + 4 <= 2n + 2(i + 1), where the unread values start.
+static inline void widen_bf16_upper_half(float* x, size_t n) {
+    const unsigned char* half = (const unsigned char*)x + 2 * n;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t b;
+        memcpy(&b, half + 2 * i, 2);
+        uint32_t u = (uint32_t)b << 16;
+        memcpy(&x[i], &u, 4);
+    }
 }
 
 // fp32 to bf16 bits, rounded to nearest even as torch rounds; a NaN stays a (quiet) NaN.

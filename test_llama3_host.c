@@ -714,6 +714,12 @@ static void test_fp8_flags(void) {
     rc = parse(&a, err, "--fp8 1 --shadow_weights 0");
     expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--fp8 1 --shadow_weights 0", "--fp8 1 needs --shadow_weights 1",
                  NULL);
+    rc = parse(&a, err, "--master_weights bf16 --shadow_weights 0");
+    expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--master_weights bf16 --shadow_weights 0",
+                 "--master_weights bf16 needs --shadow_weights 1", "the bf16 copy is the weight");
+    rc = parse(&a, err, "--master_weights bf16 --fp8 1 --optimizer_state bf16 --total_batch_size 512");
+    CHECK(rc == 0 && train_args_check(&a, &c, err) == 0 && a.optim.weights == WEIGHTS_BF16,
+          "--master_weights bf16 with FP8, bf16 moments and micro-steps taken (%s)", rc ? err : "ok");
     rc = parse(&a, err, "--fp8 1 --total_batch_size 1024");
     a.loop.world = 2; // (a launch of two ranks of 2 micro-steps: fp8_args_check alone, before the rendezvous flags')
     CHECK(rc == 0 && fp8_args_check(&a, &c, err) == 0, "--fp8 1 on two ranks of 2 micro-steps taken (%s)", rc ? err : "ok");
@@ -763,24 +769,49 @@ static void test_family_shapes(void) {
     CHECK(rc == 0 && shape_args_check(&a, err) == 0, "--shape 1b (the default) beside a model file taken");
 }
 
+// [bf16 weights] widen_bf16_upper_half turns bf16 values stored in the upper half of a float range's
+// bytes into those floats, in place, for every length (odd ones too): each exact, none clobbered
+// before it is read.
+static void test_widen_bf16_upper_half(void) {
+    for (size_t n = 1; n <= 37; n += 3) {
+        float x[40], want[40];
+        uint16_t b[40];
+        for (size_t i = 0; i < n; i++) {
+            want[i] = (float)(i + 1) * -0.375f + (float)(i % 5) * 1e-3f;
+            b[i] = bf16_nearest_even(want[i]);
+            uint32_t u = (uint32_t)b[i] << 16;
+            memcpy(&want[i], &u, 4);
+        }
+        memset(x, 0xA5, sizeof(x)); // (the lower half as it was: stale floats)
+        memcpy((unsigned char*)x + 2 * n, b, 2 * n);
+        widen_bf16_upper_half(x, n);
+        CHECK(memcmp(x, want, n * 4) == 0, "widen_bf16_upper_half of %zu values: each the bf16 widened", n);
+    }
+}
+
 // The out-of-memory advice names only flags the run can take, nothing the run already has: under
 // --fp8 1 also --fp8 0, and that the FP8 copies of the inputs scale with B*T.
 static void test_fit_advice(void) {
     char out[512];
-    FitAdvice bf16 = {MOMENTS_FP32, RECOMPUTE_NONE, 0, 0.13, 0};
+    FitAdvice bf16 = {.moments = MOMENTS_FP32, .recompute = RECOMPUTE_NONE, .fp8 = 0, .weights = WEIGHTS_FP32,
+                      .masters_gib = 4.61, .acts_blocks_gib = 0.13, .fp8_gib = 0};
     fit_advice(&bf16, out, sizeof(out));
     CHECK(strstr(out, "--optimizer_state bf16") && strstr(out, "--recompute 2 (activations 0.13 GiB)") &&
+              strstr(out, "--master_weights bf16 (frees the fp32 masters' 4.61 GiB)") &&
               strstr(out, "--total_batch_size") && strstr(out, "more ranks") && !strstr(out, "--fp8"),
           "advice of a bf16 run: \"%s\"", out);
-    FitAdvice fp8 = {MOMENTS_FP32, RECOMPUTE_NORMS, 1, 0.13, 3.62};
+    FitAdvice fp8 = {.moments = MOMENTS_FP32, .recompute = RECOMPUTE_NORMS, .fp8 = 1, .weights = WEIGHTS_FP32,
+                     .masters_gib = 4.61, .acts_blocks_gib = 0.13, .fp8_gib = 3.62};
     fit_advice(&fp8, out, sizeof(out));
     CHECK(strstr(out, "--fp8 0 (frees the FP8 copies' 3.62 GiB)") && strstr(out, "--recompute 2") &&
               strstr(out, "--total_batch_size") && strstr(out, "more ranks") && strstr(out, "FP8 copies of the inputs"),
           "advice of an --fp8 1 run: --fp8 0 besides micro-steps and ranks: \"%s\"", out);
-    FitAdvice lean = {MOMENTS_BF16, RECOMPUTE_BLOCKS, 1, 0.13, 3.62};
+    FitAdvice lean = {.moments = MOMENTS_BF16, .recompute = RECOMPUTE_BLOCKS, .fp8 = 1, .weights = WEIGHTS_BF16,
+                      .masters_gib = 0, .acts_blocks_gib = 0.13, .fp8_gib = 3.62};
     fit_advice(&lean, out, sizeof(out));
-    CHECK(!strstr(out, "--optimizer_state") && !strstr(out, "--recompute") && strstr(out, "--batch_size"),
-          "advice of a run with bf16 state and --recompute 2 leaves them out: \"%s\"", out);
+    CHECK(!strstr(out, "--optimizer_state") && !strstr(out, "--recompute") && !strstr(out, "--master_weights") &&
+              strstr(out, "--batch_size"),
+          "advice of a run with bf16 state, bf16 weights and --recompute 2 leaves them out: \"%s\"", out);
     char tiny[24];
     fit_advice(&bf16, tiny, sizeof(tiny));
     CHECK(strlen(tiny) == sizeof(tiny) - 1, "advice cut to a short buffer: \"%s\"", tiny);
@@ -2418,6 +2449,7 @@ int main(int argc, char** argv) {
     test_user_flags();
     test_fp8_flags();
     test_fit_advice();
+    test_widen_bf16_upper_half();
     test_family_shapes();
     test_gpu_and_val_paths();
     test_json_log();

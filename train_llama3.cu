@@ -224,16 +224,21 @@ template <typename F> static void with_moments(const Optimizer* o, size_t state,
     if (o->cfg.moments == MOMENTS_BF16) f((bf16*)o->moment[0] + state, (bf16*)o->moment[1] + state);
     else f((float*)o->moment[0] + state, (float*)o->moment[1] + state);
 }
-// One update with hyperparameters h of n weights w (fp32, index element0 of the parameter block:
-// the [bf16 moments] rounding stream's key) from their gradients (bf16 or fp32) and the state from
-// index `state`, writing their bf16 copies to `shadow` (NULL: none); weight decay when `decay`.
-template <typename G>
-static void optimizer_update(const Optimizer* o, float* w, bf16* shadow, const G* grads, size_t n, size_t element0,
+// One update with hyperparameters h of n weights w (fp32 masters, or [bf16 weights] bf16; index
+// element0 of the parameter block: the rounding stream's key) from their gradients (bf16 or fp32)
+// and the state from index `state`, writing fp32 masters' bf16 copies to `shadow` (NULL: none);
+// weight decay when `decay`.
+template <typename W, typename G>
+static void optimizer_update(const Optimizer* o, W* w, bf16* shadow, const G* grads, size_t n, size_t element0,
                              size_t state, bool decay, const AdamWParams* h, cudaStream_t s) {
     with_moments(o, state, [&](auto* am, auto* av) {
-        BOOL_SWITCH(shadow != NULL, SHADOW, [&] {
-            adamw_dense<SHADOW>(w, am, av, grads, shadow, n, element0, h, decay, o->sms, s, o->vec4);
-        });
+        if constexpr (std::is_same<W, bf16>::value) {
+            adamw_dense<false>(w, am, av, grads, (bf16*)NULL, n, element0, h, decay, o->sms, s, o->vec4);
+        } else {
+            BOOL_SWITCH(shadow != NULL, SHADOW, [&] {
+                adamw_dense<SHADOW>(w, am, av, grads, shadow, n, element0, h, decay, o->sms, s, o->vec4);
+            });
+        }
     });
 }
 // [sparse rows] The update of the rows of `table` (C columns, element0 as above) named by a
@@ -351,7 +356,7 @@ typedef struct {
     int B, T, grad_accum, sms;
     int recompute; // [recompute] --recompute: RECOMPUTE_NONE, _NORMS or _BLOCKS
     // one block each, parameter-sized (see llama3.h for the order)
-    float* params; // fp32 master weights
+    float* params; // fp32 master weights; [bf16 weights] all but the matmul weights' (see param_f32)
     float* grads;  // fp32; wte's rows are zero except those touched this step [sparse rows]. With
                    // bf16 grads it holds only wte and the norm weights, packed (see grad_f32)
     bf16* grads_bf16; // [bf16 grads] the matmul weights' gradients, laid out like the shadow; or NULL
@@ -380,13 +385,23 @@ typedef struct {
 static size_t param_offset(const Model* m, int tensor, int layer) {
     return m->layout.offset[tensor] + (size_t)layer * m->layout.layer_size[tensor];
 }
-static float* param_ptr(const Model* m, float* block, int tensor, int layer) { return block + param_offset(m, tensor, layer); }
-// The fp32 gradient of the parameter at `offset`: every parameter, or with bf16 grads wte and the
-// norm weights, whose block skips the matmul weights' range.
+// An fp32 block of every parameter, or (skips_matmuls) of all but the matmul weights [lm_head, down]
+// (wte and the norm weights), packed: its elements, and the index of the parameter at `offset`.
+static size_t f32_block_count(const ParamLayout* p, bool skips_matmuls) {
+    return p->total - (skips_matmuls ? p->matmul_end - p->matmul_begin : 0);
+}
+static size_t f32_block_index(const ParamLayout* p, bool skips_matmuls, size_t offset) {
+    return skips_matmuls && offset >= p->matmul_begin ? offset - (p->matmul_end - p->matmul_begin) : offset;
+}
+// [bf16 weights] --master_weights bf16: the matmul weights' bf16 copy (the shadow) is the only one.
+static bool bf16_weights(const Model* m) { return m->optim.cfg.weights == WEIGHTS_BF16; }
+// The fp32 weight at `offset`: every parameter's, or with bf16 weights wte's and the norm weights'.
+static float* param_f32(const Model* m, size_t offset) {
+    return m->params + f32_block_index(&m->layout, bf16_weights(m), offset);
+}
+// The fp32 gradient at `offset`: every parameter's, or with bf16 grads wte's and the norm weights'.
 static float* grad_f32(const Model* m, size_t offset) {
-    const ParamLayout* p = &m->layout;
-    if (m->grads_bf16 && offset >= p->matmul_begin) offset -= p->matmul_end - p->matmul_begin;
-    return m->grads + offset;
+    return m->grads + f32_block_index(&m->layout, m->grads_bf16 != NULL, offset);
 }
 // [bf16 grads] The bf16 gradient of the matmul weight at `offset`.
 static bf16* grad_bf16(const Model* m, size_t offset) { return m->grads_bf16 + (offset - m->layout.matmul_begin); }
@@ -403,7 +418,7 @@ static bool has_shadow(const Model* m, size_t offset) {
 static const bf16* weight_bf16(const Model* m, int tensor, int layer) {
     size_t offset = m->layout.offset[tensor] + (size_t)layer * m->layout.layer_size[tensor];
     if (m->sw.shadow_weights) return m->shadow + (offset - m->layout.shadow_begin);
-    cast_to_bf16(m->cast_weight, m->params + offset, m->layout.layer_size[tensor], m->stream);
+    cast_to_bf16(m->cast_weight, param_f32(m, offset), m->layout.layer_size[tensor], m->stream);
     return m->cast_weight;
 }
 // AdamW update groups, in the order the forward reads them: wte, layer l at 1 + l, then the head
@@ -444,10 +459,6 @@ static size_t bf16_weight_bytes(const Model* m) {
 // autocast gives too (its bf16 GEMM writes them, then the weight cast's backward widens them to
 // fp32), and 2 bytes less to write and to read per weight. Accumulating steps keep fp32.
 static bool uses_bf16_grads(const Switches* sw, int grad_accum) { return sw->bf16_grads && grad_accum == 1; }
-// Elements of the fp32 gradient block: every parameter, or all but the matmul weights.
-static size_t grads_f32_count(const ParamLayout* p, bool bf16_grads) {
-    return p->total - (bf16_grads ? p->matmul_end - p->matmul_begin : 0);
-}
 // Device bytes of the model's buffers, by the parts a flag changes (not the token buffers, RoPE
 // table, sort scratch and the union's rows: a few MiB at the bench shapes).
 typedef struct {
@@ -488,8 +499,9 @@ static size_t fp8_bytes(const Model* m) {
 }
 static MemoryParts memory_parts(const Model* m) {
     const ParamLayout* p = &m->layout;
-    size_t f32_n = grads_f32_count(p, uses_bf16_grads(&m->sw, m->grad_accum)); // the rest are bf16
-    MemoryParts parts = {p->total * 4 + bf16_weight_bytes(m), 2 * optimizer_moment_bytes(&m->optim),
+    size_t f32_n = f32_block_count(p, uses_bf16_grads(&m->sw, m->grad_accum)); // the rest are bf16
+    MemoryParts parts = {f32_block_count(p, bf16_weights(m)) * 4 + bf16_weight_bytes(m),
+                         2 * optimizer_moment_bytes(&m->optim),
                          f32_n * 4 + (p->total - f32_n) * 2, m->acts_bytes, GEMM_WORKSPACE_BYTES, fp8_bytes(m)};
     return parts;
 }
@@ -514,8 +526,10 @@ static size_t acts_bytes_at(const Model* m, int level) {
 // The flags that would shrink this model's memory `parts` (llama3.h fit_advice), into advice[n].
 static void model_fit_advice(const Model* m, const MemoryParts* parts, char* advice, size_t n) {
     const double G = 1073741824.0;
-    FitAdvice f = {m->optim.cfg.moments, m->recompute, m->fp8 != NULL, acts_bytes_at(m, RECOMPUTE_BLOCKS) / G,
-                   parts->fp8 / G};
+    const ParamLayout* p = &m->layout;
+    FitAdvice f = {.moments = m->optim.cfg.moments, .recompute = m->recompute, .fp8 = m->fp8 != NULL,
+                   .weights = m->optim.cfg.weights, .masters_gib = (p->matmul_end - p->matmul_begin) * 4 / G,
+                   .acts_blocks_gib = acts_bytes_at(m, RECOMPUTE_BLOCKS) / G, .fp8_gib = parts->fp8 / G};
     fit_advice(&f, advice, n);
 }
 
@@ -581,8 +595,8 @@ static void fp8_alloc(Model* m) {
 // and the step's small state.
 static void model_alloc(Model* m) {
     size_t P = m->layout.total, n_step = (size_t)m->grad_accum * m->B * m->T;
-    m->params = (float*)device_alloc(P * 4, "fp32 weights");
-    size_t grads_f32_n = grads_f32_count(&m->layout, uses_bf16_grads(&m->sw, m->grad_accum));
+    m->params = (float*)device_alloc(f32_block_count(&m->layout, bf16_weights(m)) * 4, "fp32 weights");
+    size_t grads_f32_n = f32_block_count(&m->layout, uses_bf16_grads(&m->sw, m->grad_accum));
     m->grads = (float*)device_alloc(grads_f32_n * 4, "fp32 gradients");
     if (grads_f32_n < P) m->grads_bf16 = (bf16*)device_alloc((P - grads_f32_n) * 2, "bf16 gradients");
     optimizer_alloc(&m->optim);
@@ -631,7 +645,7 @@ static void comm_alloc(Model* m) {
 static void model_reset_training(Model* m) {
     CUDA_CHECK(cudaDeviceSynchronize());
     schedule_drop_graph(&m->step);
-    size_t P = m->layout.total, grads_f32_n = grads_f32_count(&m->layout, m->grads_bf16 != NULL);
+    size_t P = m->layout.total, grads_f32_n = f32_block_count(&m->layout, m->grads_bf16 != NULL);
     optimizer_reset(&m->optim);
     CUDA_CHECK(cudaMemset(m->grads, 0, grads_f32_n * 4));
     if (m->grads_bf16) CUDA_CHECK(cudaMemset(m->grads_bf16, 0, (P - grads_f32_n) * 2));
@@ -813,37 +827,70 @@ static void fp8_quantize_weights(const Model* m, cudaStream_t s) {
     }
 }
 
+// [bf16 weights] The matmul weights' bf16 copy, which is then the only one (the shadow's range from
+// matmul_begin).
+static bf16* bf16_weights_ptr(const Model* m) { return m->shadow + (m->layout.matmul_begin - m->layout.shadow_begin); }
+
 // The bf16 shadow of the matmul weights, made once after the masters are set; from then on the
-// Adam kernel rewrites it in the same pass as the masters [shadow weights].
+// Adam kernel rewrites it in the same pass as the masters [shadow weights]. [bf16 weights] Only a
+// tied wte's: the matmul weights were set in bf16.
 static void model_sync_shadow(Model* m) {
     if (!m->sw.shadow_weights) return;
-    cast_to_bf16(m->shadow, m->params + m->layout.shadow_begin, m->layout.matmul_end - m->layout.shadow_begin, m->stream);
+    const ParamLayout* p = &m->layout;
+    size_t end = bf16_weights(m) ? p->matmul_begin : p->matmul_end;
+    cast_to_bf16(m->shadow, param_f32(m, p->shadow_begin), end - p->shadow_begin, m->stream);
     if (m->fp8) fp8_quantize_weights(m, m->stream);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }
 
-// Random init: N(0, 0.02) for wte and every matrix, 1 for the norm weights.
+// Random init: N(0, 0.02) for wte and every matrix, 1 for the norm weights; [bf16 weights] the matmul
+// weights drawn from the same elements of the stream, rounded to bf16.
 static void model_init_random(Model* m, uint64_t seed) {
     ParamLayout* p = &m->layout;
-    init_params(m->params, p->norm_begin, 0.0f, 0.02f, seed, m->stream);
-    init_params(m->params + p->norm_begin, p->total - p->norm_begin, 1.0f, 0.0f, seed, m->stream);
+    if (bf16_weights(m)) {
+        init_params(m->params, p->matmul_begin, 0.0f, 0.02f, seed, m->stream);
+        init_params(bf16_weights_ptr(m), p->matmul_end - p->matmul_begin, 0.0f, 0.02f, seed, m->stream, p->matmul_begin);
+    } else {
+        init_params(m->params, p->norm_begin, 0.0f, 0.02f, seed, m->stream);
+    }
+    init_params(param_f32(m, p->norm_begin), p->total - p->norm_begin, 1.0f, 0.0f, seed, m->stream);
     model_sync_shadow(m);
 }
 
+// Where a model file's fp32 weights go, chunk by chunk: the fp32 block, and [bf16 weights] the
+// matmul weights to their bf16 copy, rounded to nearest even on the host (through `staging`).
 typedef struct {
-    float* device_params;
+    const Model* m;
+    uint16_t* staging; // pinned, a chunk's bf16 (NULL without bf16 weights)
 } DeviceSink;
 static void device_sink(void* ctx, size_t offset, const float* src, size_t count) {
-    CUDA_CHECK(cudaMemcpy(((DeviceSink*)ctx)->device_params + offset, src, count * sizeof(float), cudaMemcpyHostToDevice));
+    const DeviceSink* d = (const DeviceSink*)ctx;
+    const ParamLayout* p = &d->m->layout;
+    size_t end = offset + count, cut[4] = {offset, p->matmul_begin, p->matmul_end, end};
+    for (int k = 1; k < 3; k++) cut[k] = cut[k] < offset ? offset : cut[k] > end ? end : cut[k];
+    for (int k = 0; k < 3; k++) { // the chunk before, inside and after the matmul weights
+        size_t a = cut[k], n = cut[k + 1] - cut[k];
+        if (n == 0) continue;
+        const float* from = src + (a - offset);
+        if (k == 1 && d->staging) {
+            for (size_t i = 0; i < n; i++) d->staging[i] = bf16_nearest_even(from[i]);
+            bf16* to = bf16_weights_ptr(d->m) + (a - p->matmul_begin);
+            CUDA_CHECK(cudaMemcpy(to, d->staging, n * sizeof(bf16), cudaMemcpyHostToDevice));
+        } else {
+            CUDA_CHECK(cudaMemcpy(param_f32(d->m, a), from, n * sizeof(float), cudaMemcpyHostToDevice));
+        }
+    }
 }
 
 static int model_load(Model* m, const char* path, ModelFileFormat fmt, char* err) {
     const size_t chunk = 16 << 20; // floats per read
     float* buf;
     CUDA_CHECK(cudaMallocHost(&buf, chunk * sizeof(float)));
-    DeviceSink sink = {m->params};
+    DeviceSink sink = {m, NULL};
+    if (bf16_weights(m)) CUDA_CHECK(cudaMallocHost(&sink.staging, chunk * sizeof(uint16_t)));
     int rc = model_file_load(path, &m->cfg, fmt, buf, chunk, device_sink, &sink, err);
     CUDA_CHECK(cudaFreeHost(buf));
+    if (sink.staging) CUDA_CHECK(cudaFreeHost(sink.staging));
     if (rc == 0) model_sync_shadow(m);
     return rc;
 }
@@ -959,7 +1006,7 @@ static RmsScratch rms_scratch(const Model* m, int B) {
 static void norm_forward(const Model* m, int B, int tensor, int layer, float* resid_out, bf16* normed, float* rstd,
                          const float* resid_in, const bf16* branch) {
     int N = B * m->T, C = m->cfg.n_embd;
-    const float* weight = param_ptr(m, m->params, tensor, layer);
+    const float* weight = param_f32(m, param_offset(m, tensor, layer));
     if (m->sw.fused_rmsnorm) {
         rmsnorm_forward(resid_out, normed, rstd, resid_in, branch, weight, N, C, m->cfg.norm_eps, m->stream,
                         fp8_norm_amax(m, tensor, layer, false));
@@ -1019,7 +1066,7 @@ static void forward(const Model* m, int B, const int* inputs, bool after_deferre
     size_t NC = (size_t)N * C;
     fp8_reset_scales(m);
     wait_for_update(m, 0, after_deferred);
-    embedding_forward(m->acts.resid, inputs, m->params + m->layout.offset[P_WTE], N, C, m->stream);
+    embedding_forward(m->acts.resid, inputs, param_f32(m, m->layout.offset[P_WTE]), N, C, m->stream);
     for (int l = 0; l < L; l++) {
         wait_for_update(m, 1 + l, after_deferred);
         block_forward(m, B, l, false);
@@ -1109,7 +1156,7 @@ static void linear_backward(const Model* m, int B, int tensor, int layer, bf16* 
 static void norm_backward(const Model* m, int B, int tensor, int layer, const float* x, const float* rstd,
                           bool accumulate_dx, bool accumulate) {
     int N = B * m->T, C = m->cfg.n_embd;
-    float *dw = grad_f32(m, param_offset(m, tensor, layer)), *weight = param_ptr(m, m->params, tensor, layer);
+    float *dw = grad_f32(m, param_offset(m, tensor, layer)), *weight = param_f32(m, param_offset(m, tensor, layer));
     if (m->sw.fused_rmsnorm) {
         rmsnorm_backward(m->acts.dresid, m->acts.dresid_bf16, dw, m->acts.dw_partial,
                          m->acts.branch, x, weight, rstd, N, C, accumulate_dx, accumulate, m->sms, m->stream,
@@ -1282,15 +1329,19 @@ static void backward(const Model* m, int B, const int* inputs, bool accumulate, 
 // as the backward wrote them (bf16 or fp32) and the state from index `state` (begin with one rank;
 // [data parallel] the rank's run, zero_run), writing the bf16 shadow where the range holds matmul
 // weights; weight decay on all but the norm weights (as llm.c and the Hugging Face Trainer decay).
-// The range lies within the matmul weights, the norm weights, or wte.
+// [bf16 weights] The matmul weights are updated in their bf16 copy. The range lies within the
+// matmul weights, the norm weights, or wte.
 static void adamw_range(const Model* m, size_t begin, size_t end, size_t state, const AdamWParams* h, cudaStream_t s) {
     bool decay = begin < m->layout.norm_begin;
     bf16* shadow = has_shadow(m, begin) ? m->shadow + (begin - m->layout.shadow_begin) : NULL;
-    float* w = m->params + begin;
-    if (grad_is_bf16(m, begin))
-        optimizer_update(&m->optim, w, shadow, grad_bf16(m, begin), end - begin, begin, state, decay, h, s);
-    else
-        optimizer_update(&m->optim, w, shadow, grad_f32(m, begin), end - begin, begin, state, decay, h, s);
+    auto update = [&](auto* w, bf16* copy) {
+        if (grad_is_bf16(m, begin))
+            optimizer_update(&m->optim, w, copy, grad_bf16(m, begin), end - begin, begin, state, decay, h, s);
+        else
+            optimizer_update(&m->optim, w, copy, grad_f32(m, begin), end - begin, begin, state, decay, h, s);
+    };
+    if (bf16_weights(m) && is_matmul_weight(m, begin)) update(shadow, NULL);
+    else update(param_f32(m, begin), shadow);
 }
 
 // wte: lazy AdamW over the rows this step touched [sparse rows] (sorted by the backward), or dense.
@@ -1300,7 +1351,7 @@ static void adamw_embedding(const Model* m, const AdamWParams* h, cudaStream_t s
         adamw_range(m, wte, wte + m->layout.size[P_WTE], wte, h, s);
         return;
     }
-    optimizer_update_rows(&m->optim, m->params + wte, grad_f32(m, wte), m->sorter.sorted_tokens,
+    optimizer_update_rows(&m->optim, param_f32(m, wte), grad_f32(m, wte), m->sorter.sorted_tokens,
                           m->grad_accum * m->B * m->T, m->cfg.n_embd, wte, wte, h, s);
 }
 
@@ -1361,7 +1412,7 @@ static void shard_adamw(const Model* m, int tensor, int layer, const AdamWParams
     const Comm* c = m->comm;
     if (sparse_wte(m, tensor)) {
         size_t wte = m->layout.offset[P_WTE], state = c->zero.state_offset[P_WTE];
-        optimizer_update_rows(&m->optim, m->params + wte, grad_f32(m, wte), c->union_sorter.sorted_tokens, n_union(m),
+        optimizer_update_rows(&m->optim, param_f32(m, wte), grad_f32(m, wte), c->union_sorter.sorted_tokens, n_union(m),
                               m->cfg.n_embd, wte, state, h, m->step.opt_stream);
         return;
     }
@@ -1396,7 +1447,7 @@ static void shard_gather(const Model* m, int tensor, int layer) {
     auto gather = [&](auto* x) { all_gather(c->nccl, x + (size_t)c->rank * sh.part, x, sh.part, m->step.opt_stream); };
     if (g.fp8) gather(m->fp8->w + fp8_weight_at(m, tensor, layer));
     if (g.shadow) gather(m->shadow + (offset - m->layout.shadow_begin));
-    if (g.fp32) gather(m->params + offset);
+    if (g.fp32) gather(param_f32(m, offset));
 }
 
 // [fp8] The FP8 copy of a block linear under ZeRO-1, in three steps around two collectives, equal bit
@@ -1707,6 +1758,26 @@ static void stage_batches(Model* m, DataLoader* loader, int slot) {
     for (int micro = 0; micro < m->grad_accum; micro++) next_batch(loader, base + micro * N, base + n_step + micro * N);
 }
 
+// The weights in a model file's order, fp32, into host[0, total) on stream s: the fp32 block's
+// pieces, and [bf16 weights] the matmul weights' bf16 into the upper half of their range's bytes,
+// which weights_widen turns into floats once the copy is done.
+static void weights_to_host(const Model* m, float* host, cudaStream_t s) {
+    const ParamLayout* p = &m->layout;
+    if (!bf16_weights(m)) {
+        CUDA_CHECK(cudaMemcpyAsync(host, m->params, p->total * sizeof(float), cudaMemcpyDeviceToHost, s));
+        return;
+    }
+    size_t n = p->matmul_end - p->matmul_begin, after = p->total - p->matmul_end;
+    CUDA_CHECK(cudaMemcpyAsync(host, m->params, p->matmul_begin * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync((unsigned char*)(host + p->matmul_begin) + 2 * n, bf16_weights_ptr(m), n * sizeof(bf16),
+                               cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(host + p->matmul_end, param_f32(m, p->matmul_end), after * sizeof(float),
+                               cudaMemcpyDeviceToHost, s));
+}
+static void weights_widen(const ParamLayout* p, bool bf16_weights, float* host) {
+    if (bf16_weights) widen_bf16_upper_half(host + p->matmul_begin, p->matmul_end - p->matmul_begin);
+}
+
 // ---- checkpoints ----
 // [checkpoints] A save applies the deferred AdamW updates (the saved weights are the true weights
 // after the step), copies the weights and AdamW's m and v to pinned host memory on a side stream,
@@ -1719,6 +1790,7 @@ typedef struct {
     bool hf_bf16;                 // [--save_hf_checkpoints] hf/'s dtype (--save_hf_dtype)
     const char* hf_tokenizer;     // and the tokenizer files' folder (--hf_dir; NULL: none)
     Llama3Config cfg;
+    bool bf16_weights;             // [bf16 weights] params holds the matmul weights as weights_to_host leaves them
     size_t n_params, state_floats; // floats of the weights, and values of m and v on this rank
     size_t moments_bytes;          // bytes of each of m and v (their dtype's)
     float* params;        // pinned host copies of one save ([data parallel] params: rank 0's only)
@@ -1734,7 +1806,7 @@ typedef struct {
 
 static void saver_create(Saver* s, const Model* m, const TrainArgs* a) {
     memset(s, 0, sizeof(*s));
-    s->ckpt = &a->ckpt, s->cfg = m->cfg, s->n_params = m->layout.total;
+    s->ckpt = &a->ckpt, s->cfg = m->cfg, s->n_params = m->layout.total, s->bf16_weights = bf16_weights(m);
     s->hf_bf16 = a->loop.save_hf_dtype == HF_DTYPE_BF16, s->hf_tokenizer = a->loop.hf_dir;
     s->state_floats = m->optim.count, s->moments_bytes = optimizer_moment_bytes(&m->optim);
     void** host[3] = {(void**)&s->params, &s->adam_m, &s->adam_v};
@@ -1751,6 +1823,12 @@ static void saver_create(Saver* s, const Model* m, const TrainArgs* a) {
     CUDA_CHECK(cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming));
 }
 
+// The weights' host copy as floats, once copied ([bf16 weights] widened where weights_to_host left bf16).
+static void saver_weights_ready(Saver* s) {
+    ParamLayout p = param_layout(&s->cfg);
+    weights_widen(&p, s->bf16_weights, s->params);
+}
+
 // The writer thread: waits for the copy, writes the checkpoint, then deletes what --checkpoint_keep
 // no longer keeps (only now that the newer one is complete).
 // [--save_hf_checkpoints] The save's hf/ folder, from its host copy of the weights (0: none asked).
@@ -1763,7 +1841,7 @@ static void* saver_write(void* arg) {
     char err[L3_ERR_LEN];
     int rc = -1;
     if (cudaEventSynchronize(s->copied) != cudaSuccess) snprintf(err, sizeof(err), "the copy to the host failed");
-    else if (checkpoint_write_model(s->ckpt->dir, &s->cfg, s->st.step, s->params, err) == 0 &&
+    else if (saver_weights_ready(s), checkpoint_write_model(s->ckpt->dir, &s->cfg, s->st.step, s->params, err) == 0 &&
              saver_write_hf(s, err) == 0 && checkpoint_write_state(s->ckpt->dir, &s->st, s->adam_m, s->adam_v, err) == 0)
         rc = checkpoint_prune(s->ckpt->dir, s->st.step, s->ckpt->keep, err);
     if (rc) {
@@ -1784,16 +1862,20 @@ static void saver_join(Saver* s) {
 }
 
 // [data parallel] [checkpoints] Every part's fp32 weights all-gathered, for model.bin (between steps
-// the matmul weights' masters are current only in each rank's own parts).
+// the matmul weights' masters are current only in each rank's own parts); [bf16 weights] their bf16
+// copies, the only ones (under FP8 the step gathers the FP8 copies, not these).
 static void gather_masters(const Model* m) {
     optimizer_stream_waits(m);
     comm_group(true);
     for (int j = 0; j < m->tab.n_slices; j++) {
         const TensorSlice* w = &m->tab.slice[j];
         RangeShard sh = m->comm->zero.shard[w->tensor];
-        float* slice = m->params + w->offset;
-        if (is_matmul_weight(m, w->offset) && sh.part)
-            all_gather(m->comm->nccl, slice + (size_t)m->comm->rank * sh.part, slice, sh.part, m->step.opt_stream);
+        if (!is_matmul_weight(m, w->offset) || !sh.part) continue;
+        auto gather = [&](auto* x) {
+            all_gather(m->comm->nccl, x + (size_t)m->comm->rank * sh.part, x, sh.part, m->step.opt_stream);
+        };
+        if (bf16_weights(m)) gather(m->shadow + (w->offset - m->layout.shadow_begin));
+        else gather(param_f32(m, w->offset));
     }
     comm_group(false);
     main_stream_waits(m);
@@ -1816,6 +1898,7 @@ static void checkpoint_save_ranks(Model* m, Saver* s) {
     const Comm* c = m->comm;
     char err[L3_ERR_LEN] = "";
     CUDA_CHECK(cudaEventSynchronize(s->copied));
+    if (c->rank == 0) saver_weights_ready(s);
     int rc = c->rank == 0 ? checkpoint_write_model(s->ckpt->dir, &s->cfg, s->st.step, s->params, err) ||
                                 saver_write_hf(s, err)
                           : checkpoint_write_rank(s->ckpt->dir, &s->st, s->adam_m, s->adam_v, err);
@@ -1842,8 +1925,7 @@ static void checkpoint_save(Model* m, Saver* s, const TrainArgs* a, const DataLo
     if (m->comm) gather_masters(m);
     CUDA_CHECK(cudaEventRecord(s->flushed, m->stream));
     CUDA_CHECK(cudaStreamWaitEvent(s->stream, s->flushed));
-    size_t bytes = s->n_params * sizeof(float);
-    if (s->params) CUDA_CHECK(cudaMemcpyAsync(s->params, m->params, bytes, cudaMemcpyDeviceToHost, s->stream));
+    if (s->params) weights_to_host(m, s->params, s->stream);
     optimizer_save(&m->optim, s->adam_m, s->adam_v, s->stream);
     CUDA_CHECK(cudaEventRecord(s->copied, s->stream));
     m->step.pending.save_copy = &s->copied;
@@ -1919,9 +2001,12 @@ static void save_hf(Model* m, const TrainArgs* a) {
         size_t bytes = m->layout.total * sizeof(float);
         float* host = (float*)malloc(bytes);
         if (!host) rc = l3_fail(err, "--save_hf %s: no host memory for the weights (%zu bytes)", a->loop.save_hf, bytes);
-        CUDA_CHECK(cudaStreamSynchronize(m->stream));
-        if (host) CUDA_CHECK(cudaMemcpy(host, m->params, bytes, cudaMemcpyDeviceToHost));
-        if (host) rc = hf_save(a->loop.save_hf, &m->cfg, host, a->loop.save_hf_dtype == HF_DTYPE_BF16, a->loop.hf_dir, err);
+        if (host) {
+            weights_to_host(m, host, m->stream);
+            CUDA_CHECK(cudaStreamSynchronize(m->stream));
+            weights_widen(&m->layout, bf16_weights(m), host);
+            rc = hf_save(a->loop.save_hf, &m->cfg, host, a->loop.save_hf_dtype == HF_DTYPE_BF16, a->loop.hf_dir, err);
+        }
         free(host);
     }
     int failed = m->comm ? ranks_sum(m, rc != 0) : rc != 0;
@@ -2457,7 +2542,7 @@ static void gpu_start(const RankEnv* ranks, const char* prog) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     if (gpu_check(prop.major, prop.minor, prop.name, err)) die(err, prog, false);
     cudaFuncAttributes attr;
-    if ((e = cudaFuncGetAttributes(&attr, init_params_kernel)) != cudaSuccess) {
+    if ((e = cudaFuncGetAttributes(&attr, init_params_kernel<float>)) != cudaSuccess) {
         snprintf(err, sizeof(err), "GPU %d (%s, compute capability %d.%d): this build has no kernels for it (%s); "
                  "rebuild with make GENCODE=\"-gencode arch=compute_%d%d,code=sm_%d%d\"", device, prop.name, prop.major,
                  prop.minor, cudaGetErrorString(e), prop.major, prop.minor, prop.major, prop.minor);

@@ -391,9 +391,17 @@ dry_run_memory() {
     big=$(./train_llama3 --dry_run 1 --shape 8b --batch_size 1 --sequence_length 2048 --total_batch_size 65536 \
         --optimizer_state bf16 --recompute 1 2>&1)
     echo "$one" | grep -q '^fits: 80 GB (H100, about 79 GiB for a run) yes, 141 GB (H200, about 139 GiB) yes$' &&
-        echo "$big" | grep -q '^fits: 80 GB ([^)]*) no, 141 GB ([^)]*) yes. Smaller: --recompute 2' && ok=1 || ok=0
+        echo "$big" | grep -q '^fits: 80 GB ([^)]*) no, 141 GB ([^)]*) yes. Smaller: --master_weights bf16 (frees the fp32 masters. 27.96 GiB), --recompute 2' &&
+        ok=1 || ok=0
     check $ok "--dry_run 1 says which card each fits: the 1B at B=16, T=1024 both, the 8B recipe only 141 GB, and what shrinks it" \
         "$(echo "$one" | grep '^fits') | $(echo "$big" | grep '^fits')"
+    # [bf16 weights] The 8B's matmul weights without fp32 masters (6.98 G weights, 4 bytes each) and
+    # --recompute 2: the recipe's 32 micro-steps of B=1, T=2048 on an 80 GB card.
+    local lean
+    lean=$(./train_llama3 --dry_run 1 --shape 8b --batch_size 1 --sequence_length 2048 --total_batch_size 65536 \
+        --optimizer_state bf16 --recompute 2 --master_weights bf16 2>&1)
+    echo "$lean" | grep -q '^fits: 80 GB ([^)]*) yes' && ok=1 || ok=0
+    check $ok "--dry_run 1: the 8B recipe with --master_weights bf16 --recompute 2 fits 80 GB" "$(echo "$lean" | grep -E '^(memory|fits)')"
     # shellcheck disable=SC2086
     two=$(RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 ./train_llama3 $flags --rendezvous tcp:localhost:29601 2>&1)
     if echo "$two" | grep -q 'built without NCCL'; then echo "skipped: --dry_run 1 of a rank of two (train_llama3 built without NCCL)"; return; fi
