@@ -39,7 +39,7 @@ MUTANTS = [
     ("ffn_norm_weight", "wiring", "train_llama3.cu", "the FFN RMSNorm reads the layer's attention-norm weight",
      "norm_forward(m, B, P_FFN_NORM, l, h, normed_ffn,", "norm_forward(m, B, P_ATTN_NORM, l, h, normed_ffn,"),
     ("norm_backward_weight", "wiring", "train_llama3.cu", "every RMSNorm backward reads layer 0's weight",
-     "*weight = param_ptr(m, m->params, tensor, layer);", "*weight = param_ptr(m, m->params, tensor, 0);"),
+     "*weight = param_f32(m, param_offset(m, tensor, layer));", "*weight = param_f32(m, param_offset(m, tensor, 0));"),
     ("softmax_no_rescale", "kernel", "kernels.cuh", "flash forward: the running sum and output not rescaled "
      "when the row max moves to a later key tile",
      "float correction = exp2f(row_max[r] - base[r]);", "float correction = 1.0f;"),
