@@ -261,6 +261,13 @@ DP_MUTANTS = [
 ]
 
 HOST_MUTANTS = [
+    ("bf16_weights_memory_counts_masters", "bf16 weights", "train_llama3.cu", "--master_weights bf16: the memory "
+     "check counts the fp32 masters it no longer has, so the 8B recipe seems not to fit 80 GB",
+     "    MemoryParts parts = {f32_block_count(p, bf16_weights(m)) * 4 + bf16_weight_bytes(m),",
+     "    MemoryParts parts = {p->total * 4 + bf16_weight_bytes(m),"),
+    ("widen_reads_lower_half", "bf16 weights", "llama3.h", "a save of bf16 weights widens bf16 values read from the "
+     "lower half of the range's bytes, where the stale floats are",
+     "    const unsigned char* half = (const unsigned char*)x + 2 * n;", "    const unsigned char* half = (const unsigned char*)x;"),
     ("fp8_gathers_bf16_copy_too", "data parallel", "train_llama3.cu", "--fp8 1 under ranks: the block linears' bf16 "
      "shadows all-gathered beside their e4m3 copies, 3 bytes a weight where 1 does",
      "    g.shadow = !g.fp8 && has_shadow(m, offset);\n", "    g.shadow = has_shadow(m, offset);\n"),
