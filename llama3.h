@@ -2682,7 +2682,8 @@ static inline void fit_advice(const FitAdvice* f, char* out, size_t n) {
 #define ADVISE(...) (k += (size_t)snprintf(out + (k < n ? k : n - 1), k < n ? n - k : 1, __VA_ARGS__))
     out[0] = 0;
     if (f->moments == MOMENTS_FP32) ADVISE("--optimizer_state bf16 (m and v in half), ");
-    if (f->weights == WEIGHTS_FP32) ADVISE("--master_weights bf16 (frees the fp32 masters' %.2f GiB), ", f->masters_gib);
+    if (f->weights == WEIGHTS_FP32)
+        ADVISE("--master_weights bf16 (frees the fp32 masters' %.2f GiB), ", f->masters_gib);
     if (f->recompute < RECOMPUTE_BLOCKS) ADVISE("--recompute 2 (activations %.2f GiB), ", f->acts_blocks_gib);
     if (f->fp8) ADVISE("--fp8 0 (frees the FP8 copies' %.2f GiB), ", f->fp8_gib);
     ADVISE("a smaller --batch_size or --sequence_length (activations%s scale with B*T; keep --total_batch_size for "
@@ -2735,7 +2736,8 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
     if (a->loop.world > 1 && dist_args_check(a, err)) return -1;
     if (a->loop.fp8 && fp8_args_check(a, c, err)) return -1;
     if (a->optim.weights == WEIGHTS_BF16 && !a->sw.shadow_weights)
-        return l3_fail(err, "--master_weights bf16 needs --shadow_weights 1 (the default): the bf16 copy is the weight");
+        return l3_fail(err, "--master_weights bf16 needs --shadow_weights 1 (the default): the bf16 copy is the "
+                       "weight");
     if (!a->loop.fp8 && a->loop.fp8_grads != FP8_GRADS_E5M2)
         return l3_fail(err, "--fp8_grads e4m3 takes --fp8 1 (without it no gradient is in FP8)");
     if (a->eval.top_k > c->vocab_size)

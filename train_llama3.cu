@@ -849,7 +849,8 @@ static void model_init_random(Model* m, uint64_t seed) {
     ParamLayout* p = &m->layout;
     if (bf16_weights(m)) {
         init_params(m->params, p->matmul_begin, 0.0f, 0.02f, seed, m->stream);
-        init_params(bf16_weights_ptr(m), p->matmul_end - p->matmul_begin, 0.0f, 0.02f, seed, m->stream, p->matmul_begin);
+        size_t n = p->matmul_end - p->matmul_begin;
+        init_params(bf16_weights_ptr(m), n, 0.0f, 0.02f, seed, m->stream, p->matmul_begin);
     } else {
         init_params(m->params, p->norm_begin, 0.0f, 0.02f, seed, m->stream);
     }
@@ -1840,9 +1841,11 @@ static void* saver_write(void* arg) {
     Saver* s = (Saver*)arg;
     char err[L3_ERR_LEN];
     int rc = -1;
-    if (cudaEventSynchronize(s->copied) != cudaSuccess) snprintf(err, sizeof(err), "the copy to the host failed");
-    else if (saver_weights_ready(s), checkpoint_write_model(s->ckpt->dir, &s->cfg, s->st.step, s->params, err) == 0 &&
-             saver_write_hf(s, err) == 0 && checkpoint_write_state(s->ckpt->dir, &s->st, s->adam_m, s->adam_v, err) == 0)
+    bool copied = cudaEventSynchronize(s->copied) == cudaSuccess;
+    if (!copied) snprintf(err, sizeof(err), "the copy to the host failed");
+    else saver_weights_ready(s);
+    if (copied && checkpoint_write_model(s->ckpt->dir, &s->cfg, s->st.step, s->params, err) == 0 &&
+        saver_write_hf(s, err) == 0 && checkpoint_write_state(s->ckpt->dir, &s->st, s->adam_m, s->adam_v, err) == 0)
         rc = checkpoint_prune(s->ckpt->dir, s->st.step, s->ckpt->keep, err);
     if (rc) {
         snprintf(s->err, sizeof(s->err), "%s", err);

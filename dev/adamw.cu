@@ -278,7 +278,8 @@ static void time_versions(const DevArgs& a, const bool* ok, int sms) {
                 for (size_t k = 0; k < sets; k++)
                     adamw_version(version, adam_at(arena, k * n), n, H_device(), true, sms);
             }) / sets;
-            double bytes = (version == 1 ? 34.0 : version == 4 ? 28.0 : version == 5 ? 22.0 : version == 6 ? 14.0 : 30.0) * n;
+            const double bytes_per_element[7] = {0, 34, 30, 30, 28, 22, 14}; // (the header's counts)
+            double bytes = bytes_per_element[version] * n;
             const char* guard = trainer_uses_float4(arena, n, sms, version) ? "float4" : "scalar";
             char label[64];
             if (version == 1) snprintf(label, sizeof(label), "1 scalar, then cast");
