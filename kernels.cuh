@@ -2128,6 +2128,15 @@ static void fp8_amax(Fp8Scale* s, const bf16* x, size_t n, int sms, cudaStream_t
     LAUNCH_CHECK();
 }
 
+// fp8(x[0, 8) * scale), packed: one 16-byte load of bf16, 8 bytes out (both quantisers below).
+template <typename F8> __device__ inline uint2 fp8_encode8(const bf16* x, float scale) {
+    Vec16<bf16> v = *(const Vec16<bf16>*)x;
+    uint2 packed;
+    unsigned char* b = (unsigned char*)&packed;
+    for (int e = 0; e < 8; e++) b[e] = fp8_encode<F8>(__bfloat162float(v.v[e]), scale);
+    return packed;
+}
+
 // out = fp8(x * scale) and out_t (cols, rows) = fp8(x^T * scale) for x (rows, cols) row-major, the
 // scale from s's amax, in one pass: each 64 x 64 tile is read once as 16-byte rows of x, written
 // straight as 8-byte rows of out, and through shared memory as 16-byte rows of out_t (coalesced
@@ -2148,14 +2157,13 @@ __global__ void quantize_fp8_kernel(F8* out, F8* out_t, Fp8Scale* s, const In* x
         int r = k / (FP8_TILE / 8), c = (k % (FP8_TILE / 8)) * 8;
         size_t at = (size_t)(r0 + r) * cols + c0 + c;
         uint2 packed;
-        unsigned char* b = (unsigned char*)&packed;
         if constexpr (encode) {
-            Vec16<bf16> v = *(const Vec16<bf16>*)(x + at);
-            for (int e = 0; e < 8; e++) b[e] = fp8_encode<F8>(__bfloat162float(v.v[e]), scale);
+            packed = fp8_encode8<F8>(x + at, scale);
             *(uint2*)(out + at) = packed;
         } else {
             packed = *(const uint2*)(x + at);
         }
+        const unsigned char* b = (const unsigned char*)&packed;
         for (int e = 0; e < 8; e++) tile[c + e][r] = b[e];
     }
     __syncthreads();
@@ -2191,13 +2199,8 @@ template <typename F8> __global__ void quantize_fp8_range_kernel(F8* out, Fp8Sca
     float scale = fp8_scale<F8>(s);
     if (blockIdx.x == 0 && threadIdx.x == 0) s->scale_inv = 1.0f / scale;
     size_t stride = (size_t)gridDim.x * blockDim.x * 8;
-    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride) {
-        Vec16<bf16> v = *(const Vec16<bf16>*)(x + i);
-        uint2 packed;
-        unsigned char* b = (unsigned char*)&packed;
-        for (int e = 0; e < 8; e++) b[e] = fp8_encode<F8>(__bfloat162float(v.v[e]), scale);
-        *(uint2*)(out + i) = packed;
-    }
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += stride)
+        *(uint2*)(out + i) = fp8_encode8<F8>(x + i, scale);
 }
 template <typename F8>
 static void quantize_fp8_range(F8* out, Fp8Scale* s, const bf16* x, size_t n, int sms, cudaStream_t st) {

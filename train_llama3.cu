@@ -1408,6 +1408,14 @@ static void shard_reduce(const Model* m, int tensor, int layer) {
     else reduce(grad_f32(m, offset));
 }
 
+// f(run, which) for each of this rank's non-empty runs of the slice: its part (which 0), then the tail (1).
+template <typename F> static void each_own_run(const Model* m, int tensor, int layer, F f) {
+    for (int which = 0; which < 2; which++) {
+        ShardRun r = zero_run(&m->comm->zero, &m->layout, tensor, layer, which);
+        if (r.n) f(r, which);
+    }
+}
+
 // This rank's AdamW of the slice: its part and the tail, or [sparse rows] the union's rows.
 static void shard_adamw(const Model* m, int tensor, int layer, const AdamWParams* h) {
     const Comm* c = m->comm;
@@ -1417,10 +1425,8 @@ static void shard_adamw(const Model* m, int tensor, int layer, const AdamWParams
                               m->cfg.n_embd, wte, state, h, m->step.opt_stream);
         return;
     }
-    for (int which = 0; which < 2; which++) {
-        ShardRun r = zero_run(&c->zero, &m->layout, tensor, layer, which);
-        if (r.n) adamw_range(m, r.param, r.param + r.n, r.state, h, m->step.opt_stream);
-    }
+    each_own_run(m, tensor, layer,
+                 [&](ShardRun r, int) { adamw_range(m, r.param, r.param + r.n, r.state, h, m->step.opt_stream); });
 }
 
 // The ranks' new parts of the slice, all-gathered in place: the bf16 shadow of a matmul weight (the
@@ -1457,27 +1463,22 @@ static void shard_gather(const Model* m, int tensor, int layer) {
 // (which every rank updated alike), all-reduced (MAX) to one scale; the part and tail quantised
 // (their bytes then all-gathered by shard_gather); after the gather, the transpose of the whole.
 static void fp8_shard_amax(const Model* m, int tensor, int layer) {
-    const Comm* c = m->comm;
     Fp8Scale* scale = fp8_weight_scale(m, tensor, layer);
     CUDA_CHECK(cudaMemsetAsync(scale, 0, sizeof(Fp8Scale), m->step.opt_stream));
-    for (int which = 0; which < 2; which++) {
-        ShardRun r = zero_run(&c->zero, &m->layout, tensor, layer, which);
-        if (r.n) fp8_amax(scale, m->shadow + (r.param - m->layout.shadow_begin), r.n, m->sms, m->step.opt_stream);
-    }
+    each_own_run(m, tensor, layer, [&](ShardRun r, int) {
+        fp8_amax(scale, m->shadow + (r.param - m->layout.shadow_begin), r.n, m->sms, m->step.opt_stream);
+    });
 }
 static void fp8_shard_scale_reduce(const Model* m, int tensor, int layer) {
     unsigned* amax = &fp8_weight_scale(m, tensor, layer)->amax_bits; // bits of a float >= 0: max as unsigned
     all_reduce(m->comm->nccl, amax, amax, 1, COMM_MAX, m->step.opt_stream);
 }
 static void fp8_shard_quantize(const Model* m, int tensor, int layer) {
-    const Comm* c = m->comm;
     size_t begin = param_offset(m, tensor, layer), at = fp8_weight_at(m, tensor, layer);
-    for (int which = 0; which < 2; which++) {
-        ShardRun r = zero_run(&c->zero, &m->layout, tensor, layer, which);
-        if (r.n)
-            quantize_fp8_range(m->fp8->w + at + (r.param - begin), fp8_weight_scale(m, tensor, layer),
-                               m->shadow + (r.param - m->layout.shadow_begin), r.n, m->sms, m->step.opt_stream);
-    }
+    each_own_run(m, tensor, layer, [&](ShardRun r, int) {
+        quantize_fp8_range(m->fp8->w + at + (r.param - begin), fp8_weight_scale(m, tensor, layer),
+                           m->shadow + (r.param - m->layout.shadow_begin), r.n, m->sms, m->step.opt_stream);
+    });
 }
 static void fp8_shard_transpose(const Model* m, int tensor, int layer) {
     const TensorSlice* w_slice = slice_of(&m->tab, tensor, layer);
@@ -1530,11 +1531,10 @@ static void shard_sum_squares(const Model* m, int tensor, int layer, cudaStream_
                              m->cfg.n_embd, s);
         return;
     }
-    for (int which = 0; which < 2; which++) {
-        ShardRun r = zero_run(&c->zero, &m->layout, tensor, layer, which);
+    each_own_run(m, tensor, layer, [&](ShardRun r, int which) {
         float* into = partial + which * sumsq_slots(m) * SUMSQ_BLOCKS;
-        if (r.n && (which == 0 || c->rank == 0)) sum_squares_at(m, into, r.param, r.n, s);
-    }
+        if (which == 0 || c->rank == 0) sum_squares_at(m, into, r.param, r.n, s);
+    });
 }
 
 // [clipping] Under several ranks, once the norm is known: every group's sharded update.
