@@ -64,13 +64,16 @@ all_off=$(./train_llama3 --list_switches | awk '{ if (!($1 in v)) order[++n] = $
 # AdamW, scalar AdamW, fills); every switch off (also casts before the GEMMs, shapes copied to the
 # device, AdamW after the backward); the modes: tied embeddings (with 2 micro-steps), head_dim 128,
 # recompute 1 and 2 (with bf16 AdamW moments and clipping), FP8 block linears with either gradient
-# format (compute capability 8.9+), and two ranks sharing the GPU (ZeRO-1; a trainer built with
+# format (compute capability 8.9+), bf16 weights without fp32 masters, and two ranks sharing the GPU
+# (ZeRO-1, and again under FP8 with bf16 weights; a trainer built with
 # NCCL >= 2.30, each rank under the tool: compute-sanitizer follows the launcher's children; a rank
 # that fails ends the other, which would otherwise wait in NCCL until --nccl_timeout).
 tokens="--input_bin ref/small_t64_tokens.bin"
-ranks="env NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0 bash -c 'for r in 0 1; do RANK=\$r WORLD_SIZE=2\
- LOCAL_RANK=\$r ./train_llama3 $small --num_iteration 3 --grad_clip 1 --nccl_timeout 240 --rendezvous file:$out/rdv.\$\$ & done;\
+ranks() { # FLAGS...: the command of two ranks of the small model, with FLAGS
+    echo "env NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0 bash -c 'for r in 0 1; do RANK=\$r WORLD_SIZE=2\
+ LOCAL_RANK=\$r ./train_llama3 $small --num_iteration 3 --grad_clip 1 $* --nccl_timeout 240 --rendezvous file:$out/rdv.\$\$ & done;\
  wait -n || { kill \$(jobs -p) 2> /dev/null; wait; exit 1; }; wait -n'"
+}
 cases=("train_default ./train_llama3 $small --num_iteration 3 --total_batch_size 256"
     "train_other_paths ./train_llama3 $small --num_iteration 2 --total_batch_size 512 --flash_attention 0\
  --fused_rmsnorm 0 --sparse_embedding 0 --vector_adam 0 --delete_fills 0 --grad_zeroing fill --cuda_graph 0"
@@ -83,7 +86,12 @@ cases=("train_default ./train_llama3 $small --num_iteration 3 --total_batch_size
     "train_recompute2 ./train_llama3 $small --num_iteration 3 --recompute 2 --optimizer_state bf16 --total_batch_size 512"
     "train_fp8 ./train_llama3 $small --num_iteration 3 --fp8 1"
     "train_fp8_e4m3 ./train_llama3 $small --num_iteration 3 --fp8 1 --fp8_grads e4m3 --recompute 2"
-    "train_ranks $ranks")
+    "train_bf16_weights ./train_llama3 $small --num_iteration 3 --master_weights bf16 --optimizer_state bf16 --grad_clip 1\
+ --total_batch_size 512"
+    "train_ranks $(ranks)")
+# the ranks under FP8 with bf16 weights (compute capability 8.9+): the e4m3 all-gather and its transpose,
+# the bf16 weights' own gather
+fp8_gpu && cases+=("train_ranks_fp8 $(ranks --fp8 1 --master_weights bf16 --optimizer_state bf16)")
 for src in dev/*.cu; do
     [ "$src" = dev/nccl.cu ] && continue
     cases+=("dev_$(basename "${src%.cu}") ${src%.cu} --small")
@@ -119,11 +127,11 @@ jobs_of() { # heavy|light: that pool's jobs, one a line
             [ -z "${SANITIZE_CASES:-}" ] || [[ " $SANITIZE_CASES " == *" $name "* ]] || continue
             if [ "$tool" = racecheck ] && [[ $name == train_* ]]; then [ "$1" = heavy ] || continue
             else [ "$1" = light ] || continue; fi
-            if [ "$tool" = racecheck ] && [[ $name == train_ranks ]]; then echo "$tool ${c//--num_iteration 3/--num_iteration 1}"
+            if [ "$tool" = racecheck ] && [[ $name == train_ranks* ]]; then echo "$tool ${c//--num_iteration 3/--num_iteration 1}"
             elif [ "$tool" = racecheck ] && [[ $name == train_* ]]; then echo "$tool ${c//--num_iteration 3/--num_iteration 2}"
             else echo "$tool $c"; fi
         done
-    done | awk '$2 == "train_ranks" { print; next } { rest[++n] = $0 }
+    done | awk '$2 ~ /^train_ranks/ { print; next } { rest[++n] = $0 }
         END { for (i = 1; i <= n; i++) print rest[i] }'
 }
 pool() { # heavy|light SLOTS
