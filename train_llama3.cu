@@ -1253,6 +1253,7 @@ static void block_backward(const Model* m, int B, int l, bool accumulate) {
 
 static void adamw_tensor(const Model* m, int tensor, int layer, const AdamWParams* h, cudaStream_t s); // in the optimizer section
 static void grad_sum_squares(const Model* m, int tensor, int layer, cudaStream_t s);
+static void shard_sum_squares(const Model* m, int tensor, int layer, cudaStream_t s);
 static void shard_group_reduce(const Model* m, const int* slices, int n);
 static void shard_group_update(const Model* m, const int* slices, int n, const AdamWParams* h);
 
@@ -1285,7 +1286,8 @@ static void gradients_done(const Model* m, const int* slices, int n) {
         return shard_group_update(m, slices, n, optimizer_hyper(&m->optim));
     for (int i = 0; i < n; i++) {
         const TensorSlice* g = &m->tab.slice[slices[i]];
-        if (p->measure_norm) grad_sum_squares(m, g->tensor, g->layer, m->step.opt_stream);
+        if (timing == ADAMW_SHARDED) shard_sum_squares(m, g->tensor, g->layer, m->step.opt_stream);
+        else if (p->measure_norm) grad_sum_squares(m, g->tensor, g->layer, m->step.opt_stream);
         else adamw_tensor(m, g->tensor, g->layer, optimizer_hyper(&m->optim), m->step.opt_stream);
     }
 }
@@ -1551,7 +1553,7 @@ static void shard_update_after_norm(const Model* m) {
 // sums: the slots a rank never writes stay zero).
 static void norm_guard(const Model* m) {
     const float* partial = m->sumsq;
-    if (m->comm) {
+    if (m->step.plan->world > 1) {
         all_reduce(m->comm->nccl, m->sumsq, m->comm->sumsq_total, sumsq_count(m), COMM_SUM, m->step.opt_stream);
         partial = m->comm->sumsq_total;
     }
@@ -1574,10 +1576,9 @@ static void ranks_agree_on_loss(const Model* m) {
         count_step_after(optimizer_hyper(&m->optim), m->stats, m->step.opt_stream);
 }
 
-// [clipping] The sum of squares of one gradient tensor into its slot's partial sums: bf16 or fp32,
-// and wte's touched rows only [sparse rows].
+// [clipping] On one rank, the sum of squares of one gradient tensor into its slot's partial sums: bf16
+// or fp32, and wte's touched rows only [sparse rows] (several ranks: shard_sum_squares).
 static void grad_sum_squares(const Model* m, int tensor, int layer, cudaStream_t s) {
-    if (m->comm) return shard_sum_squares(m, tensor, layer, s);
     size_t offset = param_offset(m, tensor, layer), n = m->layout.layer_size[tensor];
     float* partial = sumsq_of(m, tensor, layer);
     if (tensor == P_WTE && m->sw.sparse_embedding)
@@ -1671,7 +1672,7 @@ static void micro_step(const Model* m, int micro, bool to_optimizer) {
     if (last)
         loss_guard(optimizer_hyper(&m->optim), m->stats, m->acts.losses, n_step,
                    m->step.plan->counted_by == COUNTED_BY_LOSS_GUARD, m->stream);
-    if (last && m->comm) ranks_agree_on_loss(m);
+    if (last && m->step.plan->world > 1) ranks_agree_on_loss(m);
     bool head_writes_wte = m->cfg.tied_embeddings && !accumulate; // [tied embeddings] with beta 0, every row
     if (micro == 0 && !m->sw.sparse_embedding && !head_writes_wte) // dense wte gradient: re-zeroed every step
         CUDA_CHECK(cudaMemsetAsync(grad_f32(m, m->layout.offset[P_WTE]), 0, m->layout.size[P_WTE] * 4, m->stream));
