@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Which of the trainer's modes combine, as its own checks say: an all-pairs covering of precision
-{bf16, FP8 with e5m2 gradients, FP8 with e4m3 gradients} x AdamW state {fp32, bf16} x micro-steps {1, 2}
+{bf16, FP8 with e5m2 gradients, FP8 with e4m3 gradients} x AdamW state {fp32, bf16 moments, bf16 moments
+and bf16 weights without an fp32 master} x micro-steps {1, 2}
 x ranks {1, 2} x recompute {0, 1, 2} x model {1B, 3B, 8B}, each cell's flags given to
 `train_llama3 --dry_run 1` (B=4, T=1024; as rank 0 of two, the way a launcher starts it, for the ranks
 cells), which takes the cell or names the rule that refuses it. One markdown table, the README's
@@ -12,7 +13,7 @@ between its markers:
     python3 scripts/combinations.py --gpu DIR                   # each cell it takes against PyTorch (GPU)
 
 All pairs: every value of each dimension meets every value of each other one in some cell. The trainer
-judges all 216 cells; the table is a greedy covering (the same cells every time) of cells it takes, then
+judges all 324 cells; the table is a greedy covering (the same cells every time) of cells it takes, then
 for each pair no such cell holds, one cell it refuses, with its reason: the pair with the first value of
 every other dimension, so that the reason is the pair's. A cell the trainer
 takes passes every check made before the GPU; what make test compares with PyTorch on a GPU is in
@@ -27,7 +28,9 @@ its AdamW state fp32 and no recompute, which are the trainer's alone), two ranks
 tolerances are test_llama3 --log's: losses absolute (step 1 1e-2, later 3e-2), gradient norms relative
 (1e-2); under FP8 later losses 6e-2 and norms 1e-1, from its gradients' bound against the same recipe
 (test_llama3's TOL_GRAD_FP8, twice the bf16 one). bf16 AdamW moments take the bf16 ones: their rounding
-is unbiased and moves a weight by about 2^-8 of one update. Files in DIR; one table, then "N passed, M
+is unbiased and moves a weight by about 2^-8 of one update. So do bf16 weights without an fp32 master:
+each update's stochastic rounding moves a weight by less than one bf16 ulp (2^-8 of it, unbiased), the
+size of the rounding every bf16 GEMM operand of the reference already has. Files in DIR; one table, then "N passed, M
 failed" (exit 1 if any failed).
 """
 import concurrent.futures as cf
@@ -46,7 +49,8 @@ B, T = 4, 1024
 DIMENSIONS = [
     ("precision", [("bf16", []), ("FP8, e5m2 gradients", ["--fp8", "1"]),
                    ("FP8, e4m3 gradients", ["--fp8", "1", "--fp8_grads", "e4m3"])]),
-    ("AdamW state", [("fp32", []), ("bf16", ["--optimizer_state", "bf16"])]),
+    ("AdamW state", [("fp32", []), ("bf16", ["--optimizer_state", "bf16"]),
+                     ("bf16, no fp32 master", ["--optimizer_state", "bf16", "--master_weights", "bf16"])]),
     ("micro-steps", [("1", []), ("2", [])]),
     ("ranks", [("1", []), ("2", ["--rendezvous", "tcp:localhost:29601"])]),
     ("recompute", [(str(level), ["--recompute", str(level)]) for level in range(3)]),
