@@ -261,6 +261,10 @@ DP_MUTANTS = [
 ]
 
 HOST_MUTANTS = [
+    ("recipe_check_reads_last_line", "scripts", "scripts/test_recipes.sh", "make test-recipes looks for the first "
+     "recipe's val loss in the log's last line, which is the last step's sample, and fails a whole run",
+     """grep '"loss"' "$work/run.jsonl" | tail -n 1 | grep -q '"val_loss"'""",
+     """tail -n 1 "$work/run.jsonl" | grep -q '"val_loss"'"""),
     ("bf16_weights_memory_counts_masters", "bf16 weights", "train_llama3.cu", "--master_weights bf16: the memory "
      "check counts the fp32 masters it no longer has, so the 8B recipe seems not to fit 80 GB",
      "    MemoryParts parts = {f32_block_count(p, bf16_weights(m)) * 4 + bf16_weight_bytes(m),",

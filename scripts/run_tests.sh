@@ -456,15 +456,17 @@ readme_recipes() {
 }
 
 # The checks test_recipes.sh makes of a recipe's outputs pass on a folder holding what the recipe
-# leaves (log lines as the trainer writes them), and fail on one whose log repeats a step (a resume
-# that logged step 1000 twice).
+# leaves (log lines as the trainer writes them: a due val loss in the step's line, a sample's line after
+# it), and fail on one whose log repeats a step (a resume that logged step 1000 twice).
 recipe_checks() {
     local d=$tmp/recipe_outputs ok s
     mkdir -p "$d/ckpt/step_00002000" "$d/my-llama"
     for s in $(seq 1 2000); do echo "{\"step\": $s, \"loss\": 5.1, \"lr\": 3e-4, \"ms\": 17.9}"; done > "$d/parts.jsonl"
-    cp "$d/parts.jsonl" "$d/run.jsonl" && echo '{"step": 2000, "val_loss": 5.6}' >> "$d/run.jsonl"
-    for s in $(seq 1 200); do echo "{\"step\": $s, \"loss\": 3.2}"; done > "$d/mine.jsonl"
-    echo '{"step": 200, "val_loss": 3.3}' >> "$d/mine.jsonl"
+    # the first recipe's last step: its val loss in the step's line, then its sample's line
+    sed '$ s/, "ms"/, "val_loss": 5.6, "ms"/' "$d/parts.jsonl" > "$d/run.jsonl"
+    echo '{"step": 2000, "sample_ids": [128000, 12]}' >> "$d/run.jsonl"
+    for s in $(seq 1 199); do echo "{\"step\": $s, \"loss\": 3.2}"; done > "$d/mine.jsonl"
+    echo '{"step": 200, "loss": 3.2, "val_loss": 3.3}' >> "$d/mine.jsonl"
     touch "$d/ckpt/step_00002000/state.bin" && echo x > "$d/run.png"
     for s in config.json model.safetensors tokenizer.json; do echo x > "$d/my-llama/$s"; done
     ok=1

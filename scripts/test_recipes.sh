@@ -66,7 +66,8 @@ if [ "$list" = 1 ]; then recipes; exit; fi
 steps_once() { # LOG STEPS: the log's step lines are 1..STEPS, each once
     [ "$(grep -o '"step": [0-9]*, "loss"' "$work/$1" 2> /dev/null | tr -dc '0-9\n' | tr '\n' ' ')" = "$(seq -s ' ' 1 "$2") " ]
 }
-check_embedded() { steps_once run.jsonl 2000 && tail -n 1 "$work/run.jsonl" | grep -q '"val_loss"' && [ -s "$work/run.png" ]; }
+# (the val loss in the last step's line; a sample line follows it)
+check_embedded() { steps_once run.jsonl 2000 && grep '"loss"' "$work/run.jsonl" | tail -n 1 | grep -q '"val_loss"' && [ -s "$work/run.png" ]; }
 check_resume() { steps_once parts.jsonl 2000 && [ -f "$work/ckpt/step_00002000/state.bin" ]; }
 check_finetune() {
     steps_once mine.jsonl 200 && grep -q '"val_loss"' "$work/mine.jsonl" &&
@@ -88,6 +89,9 @@ mkdir -p "$work/data" || exit 1
 ln -sf "$repo/train_llama3" "$repo/scripts" "$work/"
 for f in data/*; do ln -sf "$repo/$f" "$work/data/"; done
 gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+# The resume recipe keeps two checkpoints of the 1B (6 GB of weights and 12 GB of AdamW state each):
+# with less than 40 GiB free where they go, it fails for its disk, not for the trainer.
+free_gib=$(df -Pk "$work" | awk 'NR == 2 { print int($4 / 1048576) }')
 
 # What the download would bring: a small model in Hugging Face's layout with the LLaMA-3 vocabulary,
 # its tokenizer.json (the ranks are the ids of data/llama3_vocab.bin, the specials from 128000), and
@@ -151,6 +155,10 @@ for name in "${names[@]}"; do
     echo "$all" | grep -qx "recipe $name" || { echo "error: README.md has no recipe '$name'" >&2; exit 2; }
     skip=$(echo "$all" | awk -v n="$name" '$1 == "recipe" { on = ($2 == n) } on && $1 == "skip" { sub(/^skip /, ""); print }')
     if [ -n "$skip" ]; then echo "skipped: recipe $name ($skip)"; continue; fi
+    if [ "$name" = resume ] && [ "$free_gib" -lt 40 ]; then
+        result 0 "recipe resume" "needs 40 GiB free in $work for its two checkpoints of the 1B; $free_gib GiB are"
+        continue
+    fi
     if [ "$name" = finetune ] && [ ! -d "$work/Llama-3.2-1B" ]; then
         stand_ins > "$work/stand_ins.log" 2>&1 || { result 0 "recipe $name" "the stand-in model: $(tail -n 2 "$work/stand_ins.log")"; continue; }
     fi
