@@ -14,7 +14,7 @@
 #    steps 11..20 are replaced, not repeated;
 #  - a resume with another B, and a fresh run into a folder holding a later checkpoint, are refused;
 #  - the same exact resume with --optimizer_state bf16 (its state file half the size), and its
-#    checkpoint resumed with fp32 moments refused;
+#    checkpoint resumed with fp32 moments refused; and with --master_weights bf16;
 #  - the same exact resume on a tied model (ref/small_tied's, or one ref_llama3.py --model_only writes),
 #    with --fp8 1 at 2 micro-steps (compute capability 8.9+), and on 3 shard files (a resume on 2 of
 #    them refused);
@@ -95,6 +95,18 @@ result $ok "--optimizer_state bf16: 10 + resume + 10 give the straight run's mod
 out=$(./train_llama3 --input_bin ref/small_t64_tokens.bin --resume "$c/b_split/step_00000010" --num_iteration 20 2>&1)
 [[ $? -ne 0 && "$out" == *"saved in bf16: resume with --optimizer_state bf16"* ]] && ok=1 || ok=0
 result $ok "a bf16-moments checkpoint resumed with fp32 moments is refused" "$out"
+
+# [bf16 weights] --master_weights bf16 (with bf16 moments): the matmul weights' stochastic rounding is
+# keyed by the step too, and model.bin holds them widened to fp32 exactly: a resume repeats the
+# straight run.
+weights=(--optimizer_state bf16 --master_weights bf16 --num_iteration 20)
+train "$c/w_straight.jsonl" "$c/w_straight" "${model[@]}" "${weights[@]}" && \
+    train "$c/w_split.jsonl" "$c/w_split" "${model[@]}" "${weights[@]}" --stop_after 10 && \
+    train "$c/w_split.jsonl" "$c/w_split" "${weights[@]}" --resume "$c/w_split" && ok=1 || ok=0
+for f in model.bin state.bin; do cmp -s "$c/w_straight/step_00000020/$f" "$c/w_split/step_00000020/$f" || ok=0; done
+cmp -s <(losses "$c/w_straight.jsonl") <(losses "$c/w_split.jsonl") || ok=0
+[ "$(losses "$c/w_straight.jsonl" | wc -l)" -eq 20 ] || ok=0
+result $ok "--master_weights bf16: 10 + resume + 10 give the straight run's model.bin, state.bin and losses" "$(errors "$c"/w_*.out)"
 
 # [tied embeddings] wte also the head's weight, its AdamW dense (sparse_embedding off): the same exact resume.
 tied_model=ref/small_tied_model.bin
