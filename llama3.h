@@ -205,6 +205,7 @@ typedef struct {
     int moments;     // --optimizer_state: MOMENTS_FP32, or MOMENTS_BF16 [bf16 moments] (m and v in bf16)
     int weights;     // --master_weights: WEIGHTS_FP32 (fp32 masters, bf16 copies), or WEIGHTS_BF16 [bf16 weights]
                      // (the matmul weights' bf16 copy is the only one, updated with stochastic rounding)
+    int offload;     // --offload_optimizer: m and v in pinned host memory [offload]
 } OptimConfig;
 enum { MOMENTS_FP32, MOMENTS_BF16 };
 enum { WEIGHTS_FP32, WEIGHTS_BF16 };
@@ -405,6 +406,7 @@ static const FlagSpec FLAGS[] = {
     {"--max_bad_steps", FLAG_INT, ARG(loop.max_bad_steps), "5", 1, BIG_INT, NULL, "NaN guard: stop after this many steps in a row skipped for a non-finite loss or grad norm", NOT_A_SWITCH, NULL},
     {"--optimizer_state", FLAG_CHOICE, ARG(optim.moments), "fp32", 0, 0, "fp32|bf16", "AdamW's m and v: fp32, or bf16 with stochastic rounding (22 instead of 30 bytes of AdamW traffic per weight, 4 instead of 8 of memory; the weights stay fp32)", NOT_A_SWITCH, NULL},
     {"--master_weights", FLAG_CHOICE, ARG(optim.weights), "fp32", 0, 0, "fp32|bf16", "the matmul weights: fp32 masters with bf16 copies, or bf16 only, AdamW's update rounded into them stochastically (4 bytes of memory less per weight; the norm weights and an untied wte stay fp32)", NOT_A_SWITCH, NULL},
+    {"--offload_optimizer", FLAG_BOOL, ARG(optim.offload), "0", 0, 0, NULL, "1: AdamW's m and v in pinned host memory, read and written by the update kernels over PCIe (frees their GPU memory; each step moves them across the bus twice)", NOT_A_SWITCH, NULL},
     {"--beta1", FLAG_FLOAT, ARG(optim.beta1), "0.9", 0.0, 0.999999, NULL, "AdamW beta1", NOT_A_SWITCH, NULL},
     {"--beta2", FLAG_FLOAT, ARG(optim.beta2), "0.999", 0.0, 0.9999999403953552, NULL, "AdamW beta2", NOT_A_SWITCH, NULL},
     {"--eps", FLAG_FLOAT, ARG(optim.eps), "1e-8", 1e-30, 1.0, NULL, "AdamW eps", NOT_A_SWITCH, NULL},
@@ -2674,6 +2676,8 @@ typedef struct {
     int moments, recompute, fp8;   // this run's --optimizer_state, --recompute and --fp8
     int weights;                   // and --master_weights
     double masters_gib;            // the fp32 masters of the matmul weights (what --master_weights bf16 frees)
+    int offload;                   // and --offload_optimizer
+    double moments_gib;            // AdamW's m and v on the GPU (what --offload_optimizer 1 frees)
     double acts_blocks_gib;        // the activations at --recompute 2
     double fp8_gib;                // the FP8 copies (0 without --fp8 1)
 } FitAdvice;
@@ -2685,10 +2689,20 @@ static inline void fit_advice(const FitAdvice* f, char* out, size_t n) {
     if (f->weights == WEIGHTS_FP32)
         ADVISE("--master_weights bf16 (frees the fp32 masters' %.2f GiB), ", f->masters_gib);
     if (f->recompute < RECOMPUTE_BLOCKS) ADVISE("--recompute 2 (activations %.2f GiB), ", f->acts_blocks_gib);
+    if (!f->offload) ADVISE("--offload_optimizer 1 (m and v's %.2f GiB to host memory; slower), ", f->moments_gib);
     if (f->fp8) ADVISE("--fp8 0 (frees the FP8 copies' %.2f GiB), ", f->fp8_gib);
     ADVISE("a smaller --batch_size or --sequence_length (activations%s scale with B*T; keep --total_batch_size for "
            "the same step), more ranks (ZeRO-1 divides m and v)", f->fp8 ? " and the FP8 copies of the inputs" : "");
 #undef ADVISE
+}
+
+// [offload] Pinned host memory is never paged out: AdamW's state there may take at most 90 % of the
+// machine's physical memory, the rest left to the process's other buffers (the checkpoints' host copy
+// of the weights among them) and to the system.
+static inline int offload_check(size_t need, size_t physical, char* err) {
+    if (need <= physical / 10 * 9) return 0;
+    return l3_fail(err, "--offload_optimizer 1: AdamW's m and v need %.2f GiB of pinned host memory, more than 90 %% "
+                   "of this machine's %.2f GiB", need / 1073741824.0, physical / 1073741824.0);
 }
 
 // [family] --shape is the random init's: a model file or a checkpoint brings its own shape, so

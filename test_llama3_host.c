@@ -794,24 +794,32 @@ static void test_widen_bf16_upper_half(void) {
 static void test_fit_advice(void) {
     char out[512];
     FitAdvice bf16 = {.moments = MOMENTS_FP32, .recompute = RECOMPUTE_NONE, .fp8 = 0, .weights = WEIGHTS_FP32,
-                      .masters_gib = 4.61, .acts_blocks_gib = 0.13, .fp8_gib = 0};
+                      .masters_gib = 4.61, .moments_gib = 11.16, .acts_blocks_gib = 0.13, .fp8_gib = 0};
     fit_advice(&bf16, out, sizeof(out));
     CHECK(strstr(out, "--optimizer_state bf16") && strstr(out, "--recompute 2 (activations 0.13 GiB)") &&
               strstr(out, "--master_weights bf16 (frees the fp32 masters' 4.61 GiB)") &&
+              strstr(out, "--offload_optimizer 1 (m and v's 11.16 GiB to host memory; slower)") &&
               strstr(out, "--total_batch_size") && strstr(out, "more ranks") && !strstr(out, "--fp8"),
           "advice of a bf16 run: \"%s\"", out);
     FitAdvice fp8 = {.moments = MOMENTS_FP32, .recompute = RECOMPUTE_NORMS, .fp8 = 1, .weights = WEIGHTS_FP32,
-                     .masters_gib = 4.61, .acts_blocks_gib = 0.13, .fp8_gib = 3.62};
+                     .masters_gib = 4.61, .moments_gib = 11.16, .acts_blocks_gib = 0.13, .fp8_gib = 3.62};
     fit_advice(&fp8, out, sizeof(out));
     CHECK(strstr(out, "--fp8 0 (frees the FP8 copies' 3.62 GiB)") && strstr(out, "--recompute 2") &&
               strstr(out, "--total_batch_size") && strstr(out, "more ranks") && strstr(out, "FP8 copies of the inputs"),
           "advice of an --fp8 1 run: --fp8 0 besides micro-steps and ranks: \"%s\"", out);
     FitAdvice lean = {.moments = MOMENTS_BF16, .recompute = RECOMPUTE_BLOCKS, .fp8 = 1, .weights = WEIGHTS_BF16,
-                      .masters_gib = 0, .acts_blocks_gib = 0.13, .fp8_gib = 3.62};
+                      .masters_gib = 0, .offload = 1, .moments_gib = 0, .acts_blocks_gib = 0.13, .fp8_gib = 3.62};
     fit_advice(&lean, out, sizeof(out));
     CHECK(!strstr(out, "--optimizer_state") && !strstr(out, "--recompute") && !strstr(out, "--master_weights") &&
-              strstr(out, "--batch_size"),
-          "advice of a run with bf16 state, bf16 weights and --recompute 2 leaves them out: \"%s\"", out);
+              !strstr(out, "--offload_optimizer") && strstr(out, "--batch_size"),
+          "advice of a run with bf16 state, bf16 weights, --recompute 2 and offloaded state leaves them out: \"%s\"",
+          out);
+    char err[L3_ERR_LEN];
+    size_t GiB = (size_t)1 << 30;
+    CHECK(offload_check(0, 128 * GiB, err) == 0 && offload_check(115 * GiB, 128 * GiB, err) == 0,
+          "--offload_optimizer 1: up to 90 %% of the host's memory pinned is taken");
+    CHECK(offload_check(116 * GiB, 128 * GiB, err) != 0 && strstr(err, "116.00 GiB") && strstr(err, "128.00 GiB"),
+          "--offload_optimizer 1: more than 90 %% of the host's memory is refused: \"%s\"", err);
     char tiny[24];
     fit_advice(&bf16, tiny, sizeof(tiny));
     CHECK(strlen(tiny) == sizeof(tiny) - 1, "advice cut to a short buffer: \"%s\"", tiny);

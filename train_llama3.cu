@@ -181,10 +181,14 @@ static void* device_alloc(size_t bytes, const char* what) {
 // only (`count` values, addressed by a state index); the NaN guard and clipping write skip and the
 // clip scale into this step's hyperparameters (optimizer_hyper). Its two implementations are its
 // moments' dtypes, fp32 or [bf16 moments] bf16 (--optimizer_state), one template each function.
+// [offload] With --offload_optimizer 1 the moments live in pinned host memory mapped into the GPU's
+// address space: the same kernels read and write them there over PCIe (the same bits, no copies to
+// schedule), so a model whose state does not fit the GPU trains at the bus's speed for AdamW.
 typedef struct {
     OptimConfig cfg;     // the schedule, betas, eps, weight decay, clipping, the moments' dtype
     size_t count;        // values of each moment: every weight, or [data parallel] this rank's runs
-    void* moment[2];     // device: m and v, count values each of cfg.moments' dtype
+    void* moment[2];     // m and v, count values each of cfg.moments' dtype: device memory, or [offload] pinned
+                         // host memory that the kernels reach through the same address
     AdamWHistory* hyper; // device: the hyperparameters of this step and the previous one
     int* steps;          // device: steps taken
     int sms;             // the GPU's multiprocessors (the kernels' float4 guard)
@@ -193,19 +197,35 @@ typedef struct {
 
 // Bytes of each moment (count values of --optimizer_state's dtype).
 static size_t optimizer_moment_bytes(const Optimizer* o) { return o->count * moment_bytes(o->cfg.moments); }
+// [offload] Pinned, mapped host memory (its host address is its device address: unified addressing).
+static void* host_state_alloc(size_t bytes, const char* what) {
+    void* p = NULL;
+    cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "error: --offload_optimizer 1: cannot pin %.2f GiB of host memory for %s (%s)\n",
+                bytes / 1073741824.0, what, cudaGetErrorString(e));
+        exit(EXIT_FAILURE);
+    }
+    return p;
+}
 static void optimizer_alloc(Optimizer* o) {
-    o->moment[0] = device_alloc(optimizer_moment_bytes(o), "AdamW m");
-    o->moment[1] = device_alloc(optimizer_moment_bytes(o), "AdamW v");
+    void* (*alloc)(size_t, const char*) = o->cfg.offload ? host_state_alloc : device_alloc;
+    o->moment[0] = alloc(optimizer_moment_bytes(o), "AdamW m");
+    o->moment[1] = alloc(optimizer_moment_bytes(o), "AdamW v");
     o->hyper = (AdamWHistory*)device_alloc(sizeof(AdamWHistory), "AdamW hyperparameters");
     o->steps = (int*)device_alloc(sizeof(int), "AdamW step counter");
 }
 static void optimizer_free(Optimizer* o) {
-    void* device[] = {o->moment[0], o->moment[1], o->hyper, o->steps};
+    for (void* p : o->moment) CUDA_CHECK(o->cfg.offload ? cudaFreeHost(p) : cudaFree(p));
+    void* device[] = {o->hyper, o->steps};
     for (void* p : device) CUDA_CHECK(cudaFree(p));
 }
 // No step taken: moments, step counter and hyperparameters zero.
 static void optimizer_reset(const Optimizer* o) {
-    for (void* p : o->moment) CUDA_CHECK(cudaMemset(p, 0, optimizer_moment_bytes(o)));
+    CUDA_CHECK(cudaDeviceSynchronize()); // ([offload] no kernel may still be reaching the host moments)
+    for (void* p : o->moment)
+        if (o->cfg.offload) memset(p, 0, optimizer_moment_bytes(o));
+        else CUDA_CHECK(cudaMemset(p, 0, optimizer_moment_bytes(o)));
     CUDA_CHECK(cudaMemset(o->steps, 0, sizeof(int)));
     CUDA_CHECK(cudaMemset(o->hyper, 0, sizeof(AdamWHistory)));
 }
@@ -251,15 +271,16 @@ static void optimizer_update_rows(const Optimizer* o, float* table, float* grads
         adamw_sparse_rows(table, am, av, grads, sorted_tokens, n_sorted, C, element0, h, s, o->vec4);
     });
 }
-// [checkpoints] The state to host memory (m and v, optimizer_moment_bytes each), on stream s.
+// [checkpoints] The state to host memory (m and v, optimizer_moment_bytes each), on stream s (copies
+// of kind Default: from the device, or [offload] from host memory).
 static void optimizer_save(const Optimizer* o, void* host_m, void* host_v, cudaStream_t s) {
-    CUDA_CHECK(cudaMemcpyAsync(host_m, o->moment[0], optimizer_moment_bytes(o), cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaMemcpyAsync(host_v, o->moment[1], optimizer_moment_bytes(o), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(host_m, o->moment[0], optimizer_moment_bytes(o), cudaMemcpyDefault, s));
+    CUDA_CHECK(cudaMemcpyAsync(host_v, o->moment[1], optimizer_moment_bytes(o), cudaMemcpyDefault, s));
 }
 // And back, as after `step` steps.
 static void optimizer_load(const Optimizer* o, const void* host_m, const void* host_v, int step) {
-    CUDA_CHECK(cudaMemcpy(o->moment[0], host_m, optimizer_moment_bytes(o), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(o->moment[1], host_v, optimizer_moment_bytes(o), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(o->moment[0], host_m, optimizer_moment_bytes(o), cudaMemcpyDefault));
+    CUDA_CHECK(cudaMemcpy(o->moment[1], host_v, optimizer_moment_bytes(o), cudaMemcpyDefault));
     CUDA_CHECK(cudaMemcpy(o->steps, &step, sizeof(int), cudaMemcpyHostToDevice));
 }
 
@@ -463,11 +484,12 @@ static bool uses_bf16_grads(const Switches* sw, int grad_accum) { return sw->bf1
 // table, sort scratch and the union's rows: a few MiB at the bench shapes).
 typedef struct {
     size_t weights;     // fp32 masters, and the bf16 shadow (or the ablation's cast buffer)
-    size_t moments;     // AdamW's m and v, this rank's share (ZeRO-1), of --optimizer_state's dtype
+    size_t moments;     // AdamW's m and v, this rank's share (ZeRO-1), of --optimizer_state's dtype (0: offloaded)
     size_t gradients;   // fp32, or bf16 for the matmul weights [bf16 grads]
     size_t activations; // what the backward reads, for B x T (and the scratch of one layer)
     size_t workspace;   // cuBLASLt's
     size_t fp8;         // [fp8] the weights' FP8 copies, the inputs' transposes, one GEMM's operands (0: --fp8 0)
+    size_t host;        // [offload] pinned host memory: m and v (not counted in the GPU's total)
 } MemoryParts;
 // [recompute] The copy of a saved activation that layer l writes and its backward reads: the
 // layer's own, or the one copy (0) that every layer recomputes in turn. norms_copy: normed_attn,
@@ -500,9 +522,11 @@ static size_t fp8_bytes(const Model* m) {
 static MemoryParts memory_parts(const Model* m) {
     const ParamLayout* p = &m->layout;
     size_t f32_n = f32_block_count(p, uses_bf16_grads(&m->sw, m->grad_accum)); // the rest are bf16
-    MemoryParts parts = {f32_block_count(p, bf16_weights(m)) * 4 + bf16_weight_bytes(m),
-                         2 * optimizer_moment_bytes(&m->optim),
-                         f32_n * 4 + (p->total - f32_n) * 2, m->acts_bytes, GEMM_WORKSPACE_BYTES, fp8_bytes(m)};
+    size_t moments = 2 * optimizer_moment_bytes(&m->optim);
+    bool host = m->optim.cfg.offload;
+    MemoryParts parts = {f32_block_count(p, bf16_weights(m)) * 4 + bf16_weight_bytes(m), host ? 0 : moments,
+                         f32_n * 4 + (p->total - f32_n) * 2, m->acts_bytes, GEMM_WORKSPACE_BYTES, fp8_bytes(m),
+                         host ? moments : 0};
     return parts;
 }
 static size_t memory_total(const MemoryParts* p) {
@@ -514,6 +538,7 @@ static void memory_print(FILE* f, const MemoryParts* p) {
             memory_total(p) / G, p->weights / G, p->moments / G, p->gradients / G, p->activations / G,
             p->workspace / G);
     if (p->fp8) fprintf(f, ", fp8 copies %.2f", p->fp8 / G);
+    if (p->host) fprintf(f, "; in pinned host memory: AdamW m and v %.2f GiB", p->host / G);
 }
 
 // [recompute] The activations' bytes of this model and batch at --recompute `level`.
@@ -529,14 +554,20 @@ static void model_fit_advice(const Model* m, const MemoryParts* parts, char* adv
     const ParamLayout* p = &m->layout;
     FitAdvice f = {.moments = m->optim.cfg.moments, .recompute = m->recompute, .fp8 = m->fp8 != NULL,
                    .weights = m->optim.cfg.weights, .masters_gib = (p->matmul_end - p->matmul_begin) * 4 / G,
+                   .offload = m->optim.cfg.offload, .moments_gib = parts->moments / G,
                    .acts_blocks_gib = acts_bytes_at(m, RECOMPUTE_BLOCKS) / G, .fp8_gib = parts->fp8 / G};
     fit_advice(&f, advice, n);
 }
 
 // Stops when the model's buffers do not fit in the GPU's free memory, naming the parts and the
-// flags that shrink the largest of them.
+// flags that shrink the largest of them ([offload] or the host's memory the moments).
 static void check_fits(const Model* m) {
     MemoryParts parts = memory_parts(m);
+    char err[L3_ERR_LEN];
+    if (offload_check(parts.host, (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE), err)) {
+        fprintf(stderr, "error: %s\n", err);
+        exit(EXIT_FAILURE);
+    }
     size_t free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     if (memory_total(&parts) <= free_b) return;
@@ -2745,7 +2776,7 @@ static void print_model(const Model* m, const TrainArgs* a) {
     printf("\n");
     step_plan_print(stdout, m->step.plan);
     if (m->comm) // [data parallel] what ZeRO-1 saves on each GPU
-        printf("ZeRO-1 over %d ranks: AdamW's m and v %.2f GiB on each GPU (%.2f GiB on one; the embedding's state "
+        printf("ZeRO-1 over %d ranks: AdamW's m and v %.2f GiB on each rank (%.2f GiB on one; the embedding's state "
                "%s)\n", m->comm->world, 2.0 * optimizer_moment_bytes(&m->optim) / 1073741824.0,
                2.0 * m->layout.total * moment_bytes(m->optim.cfg.moments) / 1073741824.0,
                m->sw.sparse_embedding ? "whole on every rank: its sparse rows are updated by all" : "sharded too");

@@ -264,6 +264,9 @@ DP_MUTANTS = [
 ]
 
 HOST_MUTANTS = [
+    ("offload_moments_counted_on_gpu", "offload", "train_llama3.cu", "--offload_optimizer 1: the memory check still "
+     "counts m and v on the GPU, so a model that fits with them on the host is refused",
+     "bf16_weight_bytes(m), host ? 0 : moments,", "bf16_weight_bytes(m), moments,"),
     ("recipe_check_reads_last_line", "scripts", "scripts/test_recipes.sh", "make test-recipes looks for the first "
      "recipe's val loss in the log's last line, which is the last step's sample, and fails a whole run",
      """grep '"loss"' "$work/run.jsonl" | tail -n 1 | grep -q '"val_loss"'""",

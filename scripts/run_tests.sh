@@ -402,10 +402,20 @@ dry_run_memory() {
         --optimizer_state bf16 --recompute 2 --master_weights bf16 2>&1)
     echo "$lean" | grep -q '^fits: 80 GB ([^)]*) yes' && ok=1 || ok=0
     check $ok "--dry_run 1: the 8B recipe with --master_weights bf16 --recompute 2 fits 80 GB" "$(echo "$lean" | grep -E '^(memory|fits)')"
+    # [offload] --offload_optimizer 1 moves m and v out of the GPU's total into pinned host memory.
+    local host gpu_total
+    # shellcheck disable=SC2086
+    host=$(./train_llama3 $flags --offload_optimizer 1 2>&1)
+    gpu_total() { echo "$1" | grep -o '^memory: [0-9.]*' | grep -o '[0-9.]*$'; }
+    moments() { echo "$1" | grep -o 'AdamW m and v [0-9.]*' | head -n 1 | grep -o '[0-9.]*$'; }
+    awk -v g1="$(gpu_total "$one")" -v g2="$(gpu_total "$host")" -v m="$(moments "$one")" \
+        -v h="$(echo "$host" | grep -o 'in pinned host memory: AdamW m and v [0-9.]*' | grep -o '[0-9.]*$')" \
+        'BEGIN { exit !(m > 0 && h == m && g1 - g2 > m - 0.02 && g1 - g2 < m + 0.02) }' && ok=1 || ok=0
+    check $ok "--dry_run 1 --offload_optimizer 1: AdamW's m and v ($(moments "$one") GiB) leave the GPU's total for pinned host memory" \
+        "$(echo "$host" | grep '^memory')"
     # shellcheck disable=SC2086
     two=$(RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 ./train_llama3 $flags --rendezvous tcp:localhost:29601 2>&1)
     if echo "$two" | grep -q 'built without NCCL'; then echo "skipped: --dry_run 1 of a rank of two (train_llama3 built without NCCL)"; return; fi
-    moments() { echo "$1" | grep -o 'AdamW m and v [0-9.]*' | grep -o '[0-9.]*$'; }
     awk -v a="$(moments "$two")" -v b="$(moments "$one")" 'BEGIN { exit !(a > 0 && a < b) }' && ok=1 || ok=0
     check $ok "--dry_run 1 as rank 0 of 2: AdamW's m and v $(moments "$two") GiB, this rank's share of one rank's $(moments "$one") GiB" \
         "$(echo "$two" | tail -n 2)"
@@ -603,6 +613,31 @@ trainer_run() {
     run "$name: its losses against PyTorch" ./test_llama3 --log "$log" "ref/$ref"
 }
 
+# runs_alike REF MICRO FLAG "VALUES" FLAGS...: 6 steps of REF's model at its B and T, MICRO micro-steps each,
+# with clipping, FLAGS and FLAG at each of VALUES, into $runs<value>(.jsonl, .out, /); appends to `detail`
+# what differs from the first value's run: a failed run, other losses or norms, model.bin or state.bin.
+runs_alike() {
+    local ref=$1 micro=$2 flag=$3 values=$4 v first="" bt b t
+    shift 4
+    runs="$tmp/${flag#--}_${ref}_$micro$(echo "$*" | tr -dc 'a-z0-9')"
+    bt=$(./test_llama3 --train_args "ref/$ref" | grep -o -- '--batch_size [0-9]* --sequence_length [0-9]*') ||
+        { detail+=" test_llama3 --train_args ref/$ref failed"; return; }
+    read -r _ b _ t <<< "$bt"
+    for v in $values; do
+        # shellcheck disable=SC2086
+        ./train_llama3 --llmc_filepath "ref/${ref}_model.bin" --input_bin "ref/${ref}_tokens.bin" $bt \
+            --total_batch_size $((micro * b * t)) --num_iteration 6 --learning_rate 1e-3 --grad_clip 1 "$flag" "$v" \
+            --log_file "$runs$v.jsonl" --checkpoint_dir "$runs$v" "$@" > "$runs$v.out" 2>&1 ||
+            detail+=" $flag $v: $(grep -m 1 error "$runs$v.out")"
+        [ -n "$first" ] || { first=$v; continue; }
+        cmp -s <(grep -o '"\(loss\|grad_norm\)": [^,]*' "$runs$v.jsonl") \
+            <(grep -o '"\(loss\|grad_norm\)": [^,]*' "$runs$first.jsonl") || detail+=" $flag $v: other losses or norms"
+        for f in model.bin state.bin; do
+            cmp -s "$runs$v/step_00000006/$f" "$runs$first/step_00000006/$f" || detail+=" $flag $v: other $f"
+        done
+    done
+    [ "$(grep -c '"loss"' "$runs$first.jsonl" 2> /dev/null)" = 6 ] || detail+=" not 6 steps logged"
+}
 # [recompute] --recompute 1 and 2 recompute in the backward, with the same kernels on the same
 # inputs, what --recompute 0 keeps: 6 steps of REF's model at its B and T, of MICRO micro-steps
 # each (1: bf16 matmul gradients; 2: fp32, accumulated), with clipping (each step's norm logged), log
@@ -611,32 +646,26 @@ trainer_run() {
 # norm-weight gradients are summed by atomicAdd in arrival order, rmsnorm_backward_ops: its runs
 # differ in the last bits from each other, recomputed or not.)
 recompute_same() { # REF MICRO FLAGS...
-    local ref=$1 micro=$2 level ok=1 dir bt b t acts=() detail=""
+    local ref=$1 micro=$2 detail="" runs acts=()
     shift 2
     has_ref "$ref" || return
-    dir="$tmp/recompute_${ref}_$micro$(echo "$*" | tr -dc 'a-z0-9')"
-    bt=$(./test_llama3 --train_args "ref/$ref" | grep -o -- '--batch_size [0-9]* --sequence_length [0-9]*') ||
-        { count_failure 1; return; }
-    read -r _ b _ t <<< "$bt"
-    for level in 0 1 2; do
-        # shellcheck disable=SC2086
-        ./train_llama3 --llmc_filepath "ref/${ref}_model.bin" --input_bin "ref/${ref}_tokens.bin" $bt \
-            --total_batch_size $((micro * b * t)) --num_iteration 6 --learning_rate 1e-3 --grad_clip 1 --recompute $level \
-            --log_file "$dir$level.jsonl" --checkpoint_dir "$dir$level" "$@" > "$dir$level.out" 2>&1 ||
-            { ok=0; detail="level $level: $(grep -m 1 error "$dir$level.out")"; }
-    done
-    read -r -a acts <<< "$(grep -m 1 '^activations at --recompute' "${dir}0.out" | cut -d : -f 2 | tr -d ',MiB')"
-    for level in 1 2; do
-        cmp -s <(grep -o '"\(loss\|grad_norm\)": [^,]*' "$dir$level.jsonl") \
-            <(grep -o '"\(loss\|grad_norm\)": [^,]*' "${dir}0.jsonl") || { ok=0; detail+=" level $level: other losses or norms"; }
-        for f in model.bin state.bin; do
-            cmp -s "$dir$level/step_00000006/$f" "${dir}0/step_00000006/$f" || { ok=0; detail+=" level $level: other $f"; }
-        done
-    done
-    [ "$(grep -c '"loss"' "${dir}0.jsonl" 2> /dev/null)" = 6 ] || { ok=0; detail+=" not 6 steps logged"; }
+    runs_alike "$ref" "$micro" --recompute "0 1 2" "$@"
+    read -r -a acts <<< "$(grep -m 1 '^activations at --recompute' "${runs}0.out" | cut -d : -f 2 | tr -d ',MiB')"
     awk -v a="${acts[0]}" -v b="${acts[1]}" -v c="${acts[2]}" 'BEGIN { exit !(a > b && b > c) }' ||
-        { ok=0; detail+=" activations ${acts[*]:-(not printed)} MiB do not shrink"; }
-    check $ok "--recompute 0, 1, 2 on $ref, $micro micro-step(s)${1:+, $*}: the same 6 losses and norms, model.bin and state.bin, bit for bit (activations ${acts[*]:-} MiB)" "$detail"
+        detail+=" activations ${acts[*]:-(not printed)} MiB do not shrink"
+    check $((${#detail} == 0)) "--recompute 0, 1, 2 on $ref, $micro micro-step(s)${1:+, $*}: the same 6 losses and norms, model.bin and state.bin, bit for bit (activations ${acts[*]:-} MiB)" "$detail"
+}
+
+# [offload] --offload_optimizer 1 runs the same AdamW kernels on m and v in pinned host memory: the
+# same 6 losses and norms, model.bin and state.bin as on the GPU, bit for bit (with a checkpoint at
+# step 3 too, whose copies read the host memory).
+offload_same() { # REF MICRO FLAGS...
+    local ref=$1 micro=$2 detail="" runs
+    shift 2
+    has_ref "$ref" || return
+    runs_alike "$ref" "$micro" --offload_optimizer "0 1" --checkpoint_every 3 "$@"
+    grep -q 'in pinned host memory: AdamW m and v' "${runs}1.out" || detail+=" no host memory printed"
+    check $((${#detail} == 0)) "--offload_optimizer 1 on $ref, $micro micro-step(s)${1:+, $*}: the same 6 losses and norms, model.bin and state.bin as on the GPU, bit for bit" "$detail"
 }
 
 # A model with one NaN weight (a final-norm weight: every logit NaN): each step is skipped by the
@@ -816,6 +845,8 @@ gpu_parts_on_refs() {
             part "recompute small_t64" recompute_same small_t64 1
             part "recompute small_t64 accumulated" recompute_same small_t64 2
             part "recompute small_t64 unfused attention" recompute_same small_t64 2 --flash_attention 0
+            part "offload small_t64" offload_same small_t64 1
+            part "offload small_t64 bf16 weights" offload_same small_t64 2 --optimizer_state bf16 --master_weights bf16
             for s in "--recompute 1" "--recompute 2"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
             part "checkpoints" run "checkpoints: exact resume on a decaying schedule with clipping, the log continued, bad resumes, SIGKILL during saves" \
                 bash scripts/test_checkpoints.sh ;;
