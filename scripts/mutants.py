@@ -207,6 +207,9 @@ MUTANTS = [
     ("moments_round_nearest", "bf16 moments", "kernels.cuh", "bf16 m and v rounded to nearest (v's small steps "
      "rounded away)", "return __ushort_as_bfloat16((unsigned short)((b + (r16 & 0xFFFFu)) >> 16));",
      "return __float2bfloat16_rn(x);"),
+    ("fp8_unfused_norm_amax_assumed", "fp8", "train_llama3.cu", "--fp8 1 --fused_rmsnorm 0: the norms' outputs "
+     "and gradients are taken to carry an amax from their kernel, which the separate ops never write",
+     "    return from_norm && m->sw.fused_rmsnorm;", "    return from_norm;"),
     ("bf16_weights_saved_unwidened", "bf16 weights", "train_llama3.cu", "--master_weights bf16: a checkpoint's "
      "model.bin holds the matmul weights' bf16 pairs as if they were floats, and a resume reads garbage",
      "    weights_widen(&p, s->bf16_weights, s->params);", "    weights_widen(&p, false, s->params);"),

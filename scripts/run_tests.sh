@@ -580,6 +580,9 @@ CLIP_SWITCHES=("--overlap_optimizer 0" "--cuda_graph 0" "--bf16_grads 0" "--grad
 # A tied wte is the head GEMM's weight and gradient too: the switches that change how those are read,
 # written or zeroed (the bf16 cast of the weight, fp32 gradients, AdamW after the backward).
 TIED_SWITCHES=("--shadow_weights 0" "--bf16_grads 0" "--grad_zeroing memset" "--overlap_optimizer 0")
+# [fp8] Every setting of SWITCHES beside --fp8 1 on small_fp8, but --shadow_weights 0 (the FP8 copies are
+# quantised from the shadow: the trainer refuses it with --fp8 1).
+mapfile -t FP8_SWITCHES < <(printf '%s\n' "${SWITCHES[@]:-}" | grep -v -e '^--shadow_weights 0$' -e '^$')
 
 # make_refs SPEC...: writes each missing or stale reference, all at once.
 make_refs() {
@@ -759,8 +762,10 @@ default_runs() {
 with_switch() {
     [ -n "$2" ] || { echo "FAIL test_llama3 $1 with an empty switch (./train_llama3 --list_switches printed none)"; count_failure 1; return; }
     has_ref "$1" || return
+    local flags
+    flags=$(ref_flags "$1")
     # shellcheck disable=SC2086
-    run "test_llama3 $1 $2" ./test_llama3 "ref/$1" $2
+    run "test_llama3 $1${flags:+ $flags} $2" ./test_llama3 "ref/$1" $flags $2
 }
 # shellcheck disable=SC2046
 test_ref() { has_ref "$1" && run "test_llama3 $1 $(ref_flags "$1")" ./test_llama3 "ref/$1" $(ref_flags "$1"); }
@@ -854,6 +859,7 @@ gpu_parts_on_refs() {
             ref/small_accum_model.bin ref/small_accum_tokens.bin ;;
         small_t1024) part "recompute small_t1024" recompute_same small_t1024 1 ;;
         small_fp8)
+            for s in "${FP8_SWITCHES[@]:-}"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
             part "train_llama3 small_fp8" trainer_run "small_fp8, the block linears in FP8" small_fp8 \
                 ref/small_fp8_model.bin ref/small_fp8_tokens.bin
             part "recompute small_fp8 accumulated" recompute_same small_fp8 2 --fp8 1 ;;
@@ -877,7 +883,8 @@ gpu_parts_on_refs() {
 
 # The GPU parts that python3 without torch cannot run, for the skipped list.
 GPU_REF_PARTS=("test_llama3 against the PyTorch references (small T=64 with every switch, T=1024, B=8,"\
-" 3 micro-steps, dense embedding, schedules with clipping, tied embeddings, head_dim 128, FP8 block linears, 1B)"
+" 3 micro-steps, dense embedding, schedules with clipping, tied embeddings, head_dim 128, FP8 block linears"\
+" with every switch, 1B)"
     "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens, 3 micro-steps, clipping)"
     "the NaN guard on a poisoned reference model, and its JSON log read and drawn"
     "checkpoints: exact resume, the log continued, SIGKILL during saves (scripts/test_checkpoints.sh)"
