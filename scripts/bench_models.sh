@@ -4,7 +4,9 @@
 # with --fp8 1, at --tokens tokens per optimizer step (default 524288, 0.5M: llm.q's and real runs'
 # step) and T=1024 (the 8B: 2048). For each the trainer's --dry_run 1 picks what fits this card: the
 # first of the default flags, then --optimizer_state bf16, then also --master_weights bf16 (each of
-# these is faster than the one before it: fewer bytes for AdamW), then with --recompute 1, then 2, with the
+# these is faster than the one before it: fewer bytes for AdamW), then with --recompute 1, then with
+# --offload_optimizer 1 (at 0.5M tokens a step AdamW's trip over PCIe, predicted about 1 % of the 8B's
+# step, costs less than recomputing: dev/PERF.md) and --recompute 0, 1, 2, with the
 # largest B of 16, 8, 4, 2, 1 (micro-steps make up the step) whose memory the dry run says fits the
 # card's class (80 GB or 141 GB, from nvidia-smi). Then N steps (default 3; the median of steps
 # 2..N) on a file of random token ids; one markdown table: ms/step, tok/s, MFU as the trainer prints
@@ -54,8 +56,8 @@ PY
 fitting() {
     local shape=$1 T=$2 extra b out
     shift 2
-    local w="--optimizer_state bf16 --master_weights bf16"
-    for extra in "" "--optimizer_state bf16" "$w" "$w --recompute 1" "$w --recompute 2"; do
+    local w="--optimizer_state bf16 --master_weights bf16" o="--optimizer_state bf16 --master_weights bf16 --offload_optimizer 1"
+    for extra in "" "--optimizer_state bf16" "$w" "$w --recompute 1" "$o" "$o --recompute 1" "$o --recompute 2"; do
         for b in 16 8 4 2 1; do
             [ $((tokens % (b * T))) = 0 ] || continue
             # shellcheck disable=SC2086
