@@ -64,7 +64,8 @@ all_off=$(./train_llama3 --list_switches | awk '{ if (!($1 in v)) order[++n] = $
 # AdamW, scalar AdamW, fills); every switch off (also casts before the GEMMs, shapes copied to the
 # device, AdamW after the backward); the modes: tied embeddings (with 2 micro-steps), head_dim 128,
 # recompute 1 and 2 (with bf16 AdamW moments and clipping), FP8 block linears with either gradient
-# format (compute capability 8.9+), bf16 weights without fp32 masters, and two ranks sharing the GPU
+# format (compute capability 8.9+), bf16 weights without fp32 masters, AdamW's state in host memory
+# (--offload_optimizer 1: the kernels' reads and writes of mapped host memory), and two ranks sharing the GPU
 # (ZeRO-1, and again under FP8 with bf16 weights; a trainer built with
 # NCCL >= 2.30, each rank under the tool: compute-sanitizer follows the launcher's children; a rank
 # that fails ends the other, which would otherwise wait in NCCL until --nccl_timeout).
@@ -88,6 +89,7 @@ cases=("train_default ./train_llama3 $small --num_iteration 3 --total_batch_size
     "train_fp8_e4m3 ./train_llama3 $small --num_iteration 3 --fp8 1 --fp8_grads e4m3 --recompute 2"
     "train_bf16_weights ./train_llama3 $small --num_iteration 3 --master_weights bf16 --optimizer_state bf16 --grad_clip 1\
  --total_batch_size 512"
+    "train_offload ./train_llama3 $small --num_iteration 3 --offload_optimizer 1 --grad_clip 1"
     "train_ranks $(ranks)")
 # the ranks under FP8 with bf16 weights (compute capability 8.9+): the e4m3 all-gather and its transpose,
 # the bf16 weights' own gather
