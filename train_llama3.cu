@@ -271,16 +271,28 @@ static void optimizer_update_rows(const Optimizer* o, float* table, float* grads
         adamw_sparse_rows(table, am, av, grads, sorted_tokens, n_sorted, C, element0, h, s, o->vec4);
     });
 }
-// [checkpoints] The state to host memory (m and v, optimizer_moment_bytes each), on stream s (copies
-// of kind Default: from the device, or [offload] from host memory).
+// [checkpoints] The state to host memory (m and v, optimizer_moment_bytes each), on stream s. [offload]
+// CUDA runs a copy between two host buffers at once on the host, not in its stream's order: the save
+// first waits for the stream's work (the step's AdamW, which may still be writing them), then copies.
 static void optimizer_save(const Optimizer* o, void* host_m, void* host_v, cudaStream_t s) {
-    CUDA_CHECK(cudaMemcpyAsync(host_m, o->moment[0], optimizer_moment_bytes(o), cudaMemcpyDefault, s));
-    CUDA_CHECK(cudaMemcpyAsync(host_v, o->moment[1], optimizer_moment_bytes(o), cudaMemcpyDefault, s));
+    size_t bytes = optimizer_moment_bytes(o);
+    if (o->cfg.offload) {
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        memcpy(host_m, o->moment[0], bytes), memcpy(host_v, o->moment[1], bytes);
+        return;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(host_m, o->moment[0], bytes, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(host_v, o->moment[1], bytes, cudaMemcpyDeviceToHost, s));
 }
-// And back, as after `step` steps.
+// And back, as after `step` steps (before any step: no kernel is using them).
 static void optimizer_load(const Optimizer* o, const void* host_m, const void* host_v, int step) {
-    CUDA_CHECK(cudaMemcpy(o->moment[0], host_m, optimizer_moment_bytes(o), cudaMemcpyDefault));
-    CUDA_CHECK(cudaMemcpy(o->moment[1], host_v, optimizer_moment_bytes(o), cudaMemcpyDefault));
+    size_t bytes = optimizer_moment_bytes(o);
+    if (o->cfg.offload) {
+        memcpy(o->moment[0], host_m, bytes), memcpy(o->moment[1], host_v, bytes);
+    } else {
+        CUDA_CHECK(cudaMemcpy(o->moment[0], host_m, bytes, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(o->moment[1], host_v, bytes, cudaMemcpyHostToDevice));
+    }
     CUDA_CHECK(cudaMemcpy(o->steps, &step, sizeof(int), cudaMemcpyHostToDevice));
 }
 
