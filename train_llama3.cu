@@ -220,9 +220,9 @@ static void optimizer_free(Optimizer* o) {
     void* device[] = {o->hyper, o->steps};
     for (void* p : device) CUDA_CHECK(cudaFree(p));
 }
-// No step taken: moments, step counter and hyperparameters zero.
+// No step taken: moments, step counter and hyperparameters zero (called with the GPU idle,
+// model_reset_training: [offload] no kernel is using the host moments).
 static void optimizer_reset(const Optimizer* o) {
-    CUDA_CHECK(cudaDeviceSynchronize()); // ([offload] no kernel may still be reaching the host moments)
     for (void* p : o->moment)
         if (o->cfg.offload) memset(p, 0, optimizer_moment_bytes(o));
         else CUDA_CHECK(cudaMemset(p, 0, optimizer_moment_bytes(o)));
@@ -1453,6 +1453,11 @@ static void shard_reduce(const Model* m, int tensor, int layer) {
     else reduce(grad_f32(m, offset));
 }
 
+// x's parts of `part` elements, each rank's own at rank * part, all-gathered in place on the optimizer stream.
+template <typename T> static void all_gather_parts(const Model* m, T* x, size_t part) {
+    all_gather(m->comm->nccl, x + (size_t)m->comm->rank * part, x, part, m->step.opt_stream);
+}
+
 // f(run, which) for each of this rank's non-empty runs of the slice: its part (which 0), then the tail (1).
 template <typename F> static void each_own_run(const Model* m, int tensor, int layer, F f) {
     for (int which = 0; which < 2; which++) {
@@ -1491,15 +1496,12 @@ static GatheredCopies gathered_copies(const Model* m, int tensor, int layer) {
     return g;
 }
 static void shard_gather(const Model* m, int tensor, int layer) {
-    const Comm* c = m->comm;
-    RangeShard sh = c->zero.shard[tensor];
-    size_t offset = param_offset(m, tensor, layer);
+    size_t part = m->comm->zero.shard[tensor].part, offset = param_offset(m, tensor, layer);
+    if (!part) return;
     GatheredCopies g = gathered_copies(m, tensor, layer);
-    if (!sh.part) return;
-    auto gather = [&](auto* x) { all_gather(c->nccl, x + (size_t)c->rank * sh.part, x, sh.part, m->step.opt_stream); };
-    if (g.fp8) gather(m->fp8->w + fp8_weight_at(m, tensor, layer));
-    if (g.shadow) gather(m->shadow + (offset - m->layout.shadow_begin));
-    if (g.fp32) gather(param_f32(m, offset));
+    if (g.fp8) all_gather_parts(m, m->fp8->w + fp8_weight_at(m, tensor, layer), part);
+    if (g.shadow) all_gather_parts(m, m->shadow + (offset - m->layout.shadow_begin), part);
+    if (g.fp32) all_gather_parts(m, param_f32(m, offset), part);
 }
 
 // [fp8] The FP8 copy of a block linear under ZeRO-1, in three steps around two collectives, equal bit
@@ -1916,13 +1918,10 @@ static void gather_masters(const Model* m) {
     comm_group(true);
     for (int j = 0; j < m->tab.n_slices; j++) {
         const TensorSlice* w = &m->tab.slice[j];
-        RangeShard sh = m->comm->zero.shard[w->tensor];
-        if (!is_matmul_weight(m, w->offset) || !sh.part) continue;
-        auto gather = [&](auto* x) {
-            all_gather(m->comm->nccl, x + (size_t)m->comm->rank * sh.part, x, sh.part, m->step.opt_stream);
-        };
-        if (bf16_weights(m)) gather(m->shadow + (w->offset - m->layout.shadow_begin));
-        else gather(param_f32(m, w->offset));
+        size_t part = m->comm->zero.shard[w->tensor].part;
+        if (!is_matmul_weight(m, w->offset) || !part) continue;
+        if (bf16_weights(m)) all_gather_parts(m, m->shadow + (w->offset - m->layout.shadow_begin), part);
+        else all_gather_parts(m, param_f32(m, w->offset), part);
     }
     comm_group(false);
     main_stream_waits(m);

@@ -56,7 +56,8 @@ PY
 fitting() {
     local shape=$1 T=$2 extra b out
     shift 2
-    local w="--optimizer_state bf16 --master_weights bf16" o="--optimizer_state bf16 --master_weights bf16 --offload_optimizer 1"
+    local w="--optimizer_state bf16 --master_weights bf16"
+    local o="$w --offload_optimizer 1"
     for extra in "" "--optimizer_state bf16" "$w" "$w --recompute 1" "$o" "$o --recompute 1" "$o --recompute 2"; do
         for b in 16 8 4 2 1; do
             [ $((tokens % (b * T))) = 0 ] || continue

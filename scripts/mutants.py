@@ -218,6 +218,19 @@ MUTANTS = [
 # Bugs the host tests catch on a machine without a GPU (run with --host_only).
 # Bugs of the data-parallel step: built with DATA_PARALLEL=1, caught by the two-rank part
 # (scripts/test_ranks.sh, which needs NCCL >= 2.30 on a one-GPU machine). --data_parallel runs them.
+# shard_group_update's two halves, which gather_before_adamw swaps: this rank's AdamW (and [fp8] its parts'
+# FP8 copies), then the all-gathers.
+SHARD_UPDATE = ("    for (int i = 0; i < n; i++) shard_adamw(m, s[slices[i]].tensor, s[slices[i]].layer, h);\n"
+                "    if (m->fp8) {\n"
+                "        each_fp8(fp8_shard_amax);\n"
+                "        comm_group(true);\n"
+                "        each_fp8(fp8_shard_scale_reduce);\n"
+                "        comm_group(false);\n"
+                "        each_fp8(fp8_shard_quantize);\n"
+                "    }\n")
+SHARD_GATHER = ("    comm_group(true);\n"
+                "    for (int i = 0; i < n; i++) shard_gather(m, s[slices[i]].tensor, s[slices[i]].layer);\n"
+                "    comm_group(false);\n")
 DP_MUTANTS = [
     ("grads_summed", "data parallel", "train_llama3.cu", "the reduce-scatter sums the ranks' gradients instead of "
      "averaging them (N times the gradient)",
@@ -235,28 +248,7 @@ DP_MUTANTS = [
      "    each_fp8(fp8_shard_transpose);\n", ""),
     ("gather_before_adamw", "data parallel", "train_llama3.cu", "a group's all-gather issued before its AdamW: the "
      "ranks read each other's parts as they were before the step",
-     "    for (int i = 0; i < n; i++) shard_adamw(m, s[slices[i]].tensor, s[slices[i]].layer, h);\n"
-     "    if (m->fp8) {\n"
-     "        each_fp8(fp8_shard_amax);\n"
-     "        comm_group(true);\n"
-     "        each_fp8(fp8_shard_scale_reduce);\n"
-     "        comm_group(false);\n"
-     "        each_fp8(fp8_shard_quantize);\n"
-     "    }\n"
-     "    comm_group(true);\n"
-     "    for (int i = 0; i < n; i++) shard_gather(m, s[slices[i]].tensor, s[slices[i]].layer);\n"
-     "    comm_group(false);\n",
-     "    comm_group(true);\n"
-     "    for (int i = 0; i < n; i++) shard_gather(m, s[slices[i]].tensor, s[slices[i]].layer);\n"
-     "    comm_group(false);\n"
-     "    for (int i = 0; i < n; i++) shard_adamw(m, s[slices[i]].tensor, s[slices[i]].layer, h);\n"
-     "    if (m->fp8) {\n"
-     "        each_fp8(fp8_shard_amax);\n"
-     "        comm_group(true);\n"
-     "        each_fp8(fp8_shard_scale_reduce);\n"
-     "        comm_group(false);\n"
-     "        each_fp8(fp8_shard_quantize);\n"
-     "    }\n"),
+     SHARD_UPDATE + SHARD_GATHER, SHARD_GATHER + SHARD_UPDATE),
     ("model_file_not_gathered", "data parallel", "train_llama3.cu", "a save of two ranks writes model.bin without "
      "the all-gather of the fp32 weights: the parts rank 1 updates are stale in rank 0's copy",
      "    if (m->comm) gather_masters(m);\n    CUDA_CHECK(cudaEventRecord(s->flushed, m->stream));\n",
