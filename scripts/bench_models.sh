@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# usage: scripts/bench_models.sh [--shapes "1b 3b 8b"] [--steps N] [--tokens N]
+# usage: scripts/bench_models.sh [--shapes "1b 3b 8b"] [--steps N] [--tokens N] [--torch] [--torch_accum N]
 # The model family on this GPU, one call: the 1B, 3B and 8B (random init, --shape), each in bf16 and
 # with --fp8 1, at --tokens tokens per optimizer step (default 524288, 0.5M: llm.q's and real runs'
 # step) and T=1024 (the 8B: 2048). For each the trainer's --dry_run 1 picks what fits this card: the
@@ -12,18 +12,28 @@
 # 2..N) on a file of random token ids; one markdown table: ms/step, tok/s, MFU as the trainer prints
 # it, peak memory, the flags, and FP8's tok/s over bf16's. A model that fits no way is a row with
 # the dry run's advice.
+#   --torch          also PyTorch beside each bf16 row, in the same call: scripts/bench_torch.py --mode
+#                    compile (HF LlamaForCausalLM, the same shape, B and T) with the row's recipe as far
+#                    as PyTorch has it: --master_weights bf16 (torchao's stochastically rounded AdamW,
+#                    requirements-bench.txt) where the row has bf16 weights, --checkpointing where it
+#                    recomputes or offloads (its memory was tight); 1 warm-up step, then the median of 2
+#                    (a step that does not fit is a row saying so); the table adds its tok/s and ours over it
+#   --torch_accum N  PyTorch's micro-steps per optimizer step (default: the row's, the same tokens a
+#                    step); fewer to save time, which gives PyTorch's AdamW a larger share of its step
 # Example: scripts/bench_models.sh --shapes "1b 3b" --steps 4
 set -u
 . "$(dirname "$0")/cli.sh"
 cd "$(dirname "$0")/.."
-shapes="1b 3b 8b" steps=3 tokens=524288
+shapes="1b 3b 8b" steps=3 tokens=524288 torch=0 torch_accum=""
 while [ $# -gt 0 ]; do
     case $1 in
         -h | --help) usage ;;
-        --shapes | --steps | --tokens) needs_value "$@" ;;&
+        --shapes | --steps | --tokens | --torch_accum) needs_value "$@" ;;&
         --shapes) shapes=$2; shift ;;
         --steps) steps=$2; shift ;;
         --tokens) tokens=$2; shift ;;
+        --torch) torch=1 ;;
+        --torch_accum) torch_accum=$2; shift ;;
         *) unknown_argument "$1" ;;
     esac
     shift
@@ -31,6 +41,7 @@ done
 for s in $shapes; do case $s in 1b | 3b | 8b) ;; *) bad_argument "--shapes: '$s' is none of 1b, 3b, 8b" ;; esac; done
 case $steps in '' | *[!0-9]* | 0 | 1) bad_argument "--steps $steps: want 2 or more (the median skips step 1)" ;; esac
 case $tokens in '' | *[!0-9]* | 0) bad_argument "--tokens $tokens: want a number of tokens" ;; esac
+case $torch_accum in '') ;; *[!0-9]* | 0*) bad_argument "--torch_accum $torch_accum: want 1 or more" ;; esac
 mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2> /dev/null | head -n 1)
 [ -n "$mib" ] || { echo "error: scripts/bench_models.sh needs a GPU (nvidia-smi finds none)"; exit 1; }
 card=$([ "$mib" -gt 100000 ] && echo "141 GB" || echo "80 GB")
@@ -70,6 +81,19 @@ fitting() {
     echo "none|$(grep -o 'Smaller: .*' <<< "$out")"
 }
 
+# torch_peer SHAPE B T MICRO_STEPS FLAGS: "tok/s|PyTorch's flags" of bench_torch.py with the row's recipe
+# as far as PyTorch has it, or "failed|why".
+torch_peer() {
+    local shape=$1 b=$2 T=$3 micro=$4 flags=$5 peer out
+    peer="--mode compile --accum ${torch_accum:-$micro}"
+    [[ $flags == *"--master_weights bf16"* ]] && peer+=" --master_weights bf16"
+    [[ $flags == *--recompute* || $flags == *--offload_optimizer* ]] && peer+=" --checkpointing"
+    # shellcheck disable=SC2086
+    out=$(python3 scripts/bench_torch.py --shape "$shape" --batch_size "$b" --seq_len "$T" $peer --steps 2 \
+        --warmup 1 2>&1) || { echo "failed|$(grep -m 1 -oE '(OutOfMemoryError|error)[^.]*' <<< "$out" || tail -n 1 <<< "$out")"; return; }
+    echo "$(tail -n 1 <<< "$out" | python3 -c 'import json, sys; print(round(json.loads(sys.stdin.read())["tok_s"]))')|$peer"
+}
+
 rows=()
 for shape in $shapes; do
     T=$([ "$shape" = 8b ] && echo 2048 || echo 1024)
@@ -80,26 +104,33 @@ for shape in $shapes; do
         pick=$(fitting "$shape" "$T" $p_flags)
         b=${pick%%|*} extra=${pick#*|}
         if [ "$b" = none ]; then
-            rows+=("| $shape | $precision | does not fit this $card card. $extra | | | | | |")
+            rows+=("| $shape | $precision | does not fit this $card card. $extra | | | | | | | |")
             continue
         fi
         log=$tmp/${shape}_$precision.txt
         # shellcheck disable=SC2086
         ./train_llama3 --shape "$shape" --batch_size "$b" --sequence_length "$T" --total_batch_size "$tokens" \
             --num_iteration "$steps" --input_bin "$data" $extra $p_flags > "$log" 2>&1 ||
-            { rows+=("| $shape | $precision | B=$b, T=$T ${extra:+$extra }$p_flags failed: $(grep -m 1 error "$log") | | | | | |"); continue; }
+            { rows+=("| $shape | $precision | B=$b, T=$T ${extra:+$extra }$p_flags failed: $(grep -m 1 error "$log") | | | | | | | |"); continue; }
         line=$(grep '^steady state' "$log")
         ms=$(grep -o 'median [0-9.]* ms' <<< "$line" | cut -d' ' -f2)
         tok_s=$(grep -o '[0-9]* tok/s' <<< "$line" | cut -d' ' -f1)
         mfu=$(grep -o 'MFU [0-9.]*%' <<< "$line" | cut -d' ' -f2)
         peak=$(grep -o 'peak [0-9]* MiB' <<< "$line" | cut -d' ' -f2)
-        ratio=""
+        ratio="" peer=""
         [ $precision = bf16 ] && bf16_tok_s=$tok_s
         [ $precision = fp8 ] && [ -n "$bf16_tok_s" ] && ratio=$(awk -v a="$tok_s" -v b="$bf16_tok_s" 'BEGIN { printf "%.2fx", a / b }')
-        rows+=("| $shape | $precision | B=$b, T=$T, $((tokens / (b * T))) micro-steps ${extra:+$extra }$p_flags | $ms | $tok_s | $mfu | $(awk -v p="$peak" 'BEGIN { printf "%.1f", p / 1024 }') GiB | $ratio |")
+        if [ "$torch" = 1 ] && [ $precision = bf16 ]; then
+            peer=$(torch_peer "$shape" "$b" "$T" $((tokens / (b * T))) "$extra")
+            case $peer in
+                failed*) peer="| PyTorch ${peer#failed|} | |" ;;
+                *) peer="| ${peer%%|*} (${peer#*|}) | $(awk -v a="$tok_s" -v b="${peer%%|*}" 'BEGIN { printf "%.2fx", a / b }') |" ;;
+            esac
+        fi
+        rows+=("| $shape | $precision | B=$b, T=$T, $((tokens / (b * T))) micro-steps ${extra:+$extra }$p_flags | $ms | $tok_s | $mfu | $(awk -v p="$peak" 'BEGIN { printf "%.1f", p / 1024 }') GiB | $ratio ${peer:-| | |}")
     done
 done
-echo "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1), $(date -u +%F), $tokens tokens per step, $steps steps (median of 2..$steps)"
-echo "| model | precision | batch and flags | ms/step | tok/s | MFU | peak | FP8 over bf16 |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1), $(date -u +%F), $tokens tokens per step, $steps steps (median of 2..$steps)${torch_accum:+; PyTorch at $torch_accum micro-steps a step}"
+echo "| model | precision | batch and flags | ms/step | tok/s | MFU | peak | FP8 over bf16 | PyTorch tok/s | over PyTorch |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"

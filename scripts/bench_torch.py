@@ -2,7 +2,10 @@
 """The PyTorch peer of scripts/bench.sh: HF LlamaForCausalLM in the LLaMA3.2-1B shape, or another
 of ref_llama3.py's shapes (--shape 3b --tied: the 3.2-3B as released) (random init, untied unless
 --tied, sdpa attention) trained with fp32 master weights under bf16 autocast and fused
-AdamW, on random tokens; with --fp8 its block linears run the trainer's --fp8 1 recipe through
+AdamW, on random tokens; --accum N micro-steps per optimizer step, as the trainer's --total_batch_size;
+--master_weights bf16 keeps the weights and AdamW's moments in bf16 only, updated with stochastic rounding
+by torchao's AdamW(bf16_stochastic_round=True) (the trainer's --master_weights bf16 --optimizer_state
+bf16); --checkpointing recomputes each layer in the backward (HF's gradient checkpointing); with --fp8 its block linears run the trainer's --fp8 1 recipe through
 torch._scaled_mm (ref_llama3.py's use_fp8: e4m3, the gradients in --fp8_grads, one dynamic scale per tensor). With --ddp,
 started by torchrun, each rank trains its own tokens under DistributedDataParallel (NCCL, one GPU
 per rank: its LOCAL_RANK); the timed steps end with a check that every rank holds the same weights.
@@ -12,6 +15,8 @@ Prints one JSON line (rank 0): the median step time over --steps timed steps (CU
     python scripts/bench_torch.py --mode eager --batch_size 4 --seq_len 64
     python scripts/bench_torch.py --mode compile --shape 3b --tied --batch_size 4 --seq_len 1024
     python scripts/bench_torch.py --mode eager --fp8 --batch_size 16 --seq_len 1024
+    python scripts/bench_torch.py --mode compile --shape 8b --master_weights bf16 --checkpointing \\
+        --batch_size 1 --seq_len 2048 --accum 4 --steps 2 --warmup 1
     python -m torch.distributed.run --standalone --nproc_per_node 2 scripts/bench_torch.py --ddp --mode compile \\
         --batch_size 16 --seq_len 1024
     modes: eager, compile (torch.compile default), cudagraphs (torch.compile mode=reduce-overhead; not with --ddp)
@@ -33,6 +38,7 @@ def parse_args():
     ap.add_argument("--mode", choices=["eager", "compile", "cudagraphs"], default="eager")
     ap.add_argument("--batch_size", type=int, default=4, help="per rank")
     ap.add_argument("--seq_len", type=int, default=64)
+    ap.add_argument("--accum", type=int, default=1, help="micro-steps (backward passes) per optimizer step")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--shape", default="1b", help="a shape of ref_llama3.py (1b, 3b, 8b, small)")
@@ -40,9 +46,16 @@ def parse_args():
     ap.add_argument("--fp8", action="store_true", help="the block linears in FP8 (torch._scaled_mm), as --fp8 1")
     ap.add_argument("--fp8_grads", choices=["e5m2", "e4m3"], default="e5m2", help="--fp8: the output gradients' "
                     "format, as the trainer's --fp8_grads")
+    ap.add_argument("--master_weights", choices=["fp32", "bf16"], default="fp32", help="bf16: the weights and "
+                    "AdamW's moments in bf16 only, torchao's AdamW with stochastic rounding")
+    ap.add_argument("--checkpointing", action="store_true", help="recompute each layer's activations in the "
+                    "backward (HF's gradient checkpointing)")
     ap.add_argument("--ddp", action="store_true", help="one rank of torchrun's launch, DistributedDataParallel")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a check of the script, no timing")
     args = ap.parse_args()
+    for name in ("batch_size", "seq_len", "accum", "steps"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} {getattr(args, name)}: want 1 or more")
     if args.ddp and args.mode == "cudagraphs":
         ap.error("--mode cudagraphs with --ddp: torch.compile's CUDA graphs do not take DDP's collectives")
     if args.ddp and "RANK" not in os.environ:
@@ -84,6 +97,20 @@ def ranks_agree(model, device):
     return all(torch.equal(e, every[0]) for e in every)
 
 
+def make_optimizer(model, master_weights):
+    """fp32: fused AdamW over the fp32 weights (autocast gives the matmuls bf16 copies). bf16: the weights cast to
+    bf16 once, and torchao's AdamW, whose moments take the weights' dtype and whose update is rounded into the bf16
+    weight stochastically."""
+    if master_weights == "fp32":
+        return torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    try:
+        from torchao.optim import _AdamW  # (torchao 0.18's name for its AdamW over bf16 weights)
+    except ModuleNotFoundError as e:
+        cli.missing_package(__file__, e, "requirements-bench.txt")
+    model.to(torch.bfloat16)
+    return _AdamW(model.parameters(), lr=1e-5, bf16_stochastic_round=True)
+
+
 def timed(step, device):
     """The milliseconds of one call of step: CUDA events on the GPU, the wall clock on the CPU."""
     if device.type == "cpu":
@@ -104,7 +131,9 @@ def main(args):
     model, cfg = make_model(args.shape, device, 1337, tied=args.tied)
     if args.fp8:
         use_fp8(model, args.fp8_grads)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    if args.checkpointing:
+        model.gradient_checkpointing_enable()
+    opt = make_optimizer(model, args.master_weights)
     fwd = model
     if args.ddp:
         fwd = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
@@ -116,10 +145,11 @@ def main(args):
     y = torch.randint(0, cfg.vocab_size, (B, T), device=device, generator=gen)
 
     def step():
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
-            logits = fwd(input_ids=x).logits
-        loss = F.cross_entropy(logits.float().view(-1, cfg.vocab_size), y.view(-1))
-        loss.backward()
+        for _ in range(args.accum):  # (the same batch each micro-step: the timing does not depend on the tokens)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                logits = fwd(input_ids=x).logits
+            loss = F.cross_entropy(logits.float().view(-1, cfg.vocab_size), y.view(-1)) / args.accum
+            loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -132,8 +162,9 @@ def main(args):
     med = times[len(times) // 2]
     out = {"impl": f"pytorch {args.mode}" + (" ddp" if args.ddp else ""), "shape": args.shape, "tied": args.tied,
            "fp8": args.fp8, "fp8_grads": args.fp8_grads if args.fp8 else None, "ranks": world, "B": B, "T": T,
+           "accum": args.accum, "master_weights": args.master_weights, "checkpointing": args.checkpointing,
            "ms": med, "ms_min": times[0], "ms_max": times[-1],
-           "tok_s": world * B * T / (med / 1000.0),
+           "tok_s": world * args.accum * B * T / (med / 1000.0),
            "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None}
     if args.ddp:
         out["ranks_agree"] = ranks_agree(model, device)

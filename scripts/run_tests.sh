@@ -782,6 +782,8 @@ gpu_parts_without_refs() {
     if python3 -c "import torch, transformers" > /dev/null 2>&1; then
         part "HF weights through the trainer" run "Hugging Face weights in and out of the trainer (scripts/test_hf_trainer.py)" \
             python3 scripts/test_hf_trainer.py
+        part "HF weights through the trainer, bf16 weights" run "Hugging Face weights in and out of a run with bf16 weights" \
+            python3 scripts/test_hf_trainer.py --trainer_flags "--master_weights bf16 --optimizer_state bf16"
         if two_ranks_missing > /dev/null; then
             skipped+=("the combination table's cells against PyTorch, scripts/combinations.py --gpu ($(two_ranks_missing))")
         else
@@ -888,7 +890,7 @@ GPU_REF_PARTS=("test_llama3 against the PyTorch references (small T=64 with ever
     "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens, 3 micro-steps, clipping)"
     "the NaN guard on a poisoned reference model, and its JSON log read and drawn"
     "checkpoints: exact resume, the log continued, SIGKILL during saves (scripts/test_checkpoints.sh)"
-    "Hugging Face model -> convert -> train -> export -> HF, untied and tied (scripts/test_hf_trainer.py)"
+    "Hugging Face model -> convert -> train -> export -> HF, untied, tied and with bf16 weights (scripts/test_hf_trainer.py)"
     "the combination table's cells against PyTorch (scripts/combinations.py --gpu)")
 
 # refs_wait PID OUTPUT: waits for make_refs and counts the references it could not write.

@@ -3,6 +3,7 @@
 through export_hf.py into transformers, each against PyTorch's loss on the same batch.
 
     make train_llama3 && python3 scripts/test_hf_trainer.py [--work_dir DIR]
+    python3 scripts/test_hf_trainer.py --shape 1b --trainer_flags "--master_weights bf16 --optimizer_state bf16"
 
 1. ref_llama3.py's small model (vocab 1000, N(0, 0.02) matrices, norm weights U(0.5, 1.5)) written by
    save_pretrained (safetensors) and converted by convert_hf.py; a token file of Tiny Shakespeare with
@@ -33,7 +34,10 @@ is one micro-step, so batch k starts at (k-1)*B*T, read as (B, T) row-major, and
    model.safetensors, and after from_pretrained (then .float().cuda()) lm_head.weight is embed_tokens.weight
    (one Parameter, data_ptr equal). HF's loss on batch 4 with it against the trainer's step-4 loss
    (weights after step 3), the step-1 and val losses as above, within TOL_LOSS.
-4. Greedy generation: another random model of that shape whose next token is clear: its embedding scaled
+--shape (another of ref_llama3.py's shapes) and --trainer_flags (added to every ./train_llama3 command) run
+1-3 on the untied model only, with that shape and those flags: the round trip of another recipe (bf16 weights,
+whose checkpoint holds them widened) or of a released model's shape.
+4. Greedy generation (the small shape without --trainer_flags only): another random model of that shape whose next token is clear: its embedding scaled
    by EMBED_SCALE (the residual stream is then mostly the current token's embedding) and lm_head row j the
    unit embedding of token perm[j] times HEAD_SCALE, a random permutation, so greedy decoding walks a cycle
    of perm with the top logit tens of units above the next (a plain random model has near-ties that bf16
@@ -59,6 +63,10 @@ def parse_args():
     ap = cli.ArgumentParser(__file__, description=what, epilog=f"example:\n{example}")
     ap.add_argument("--work_dir", help="keep the files here, a folder made when missing (default: a temporary "
                     "folder)")
+    ap.add_argument("--shape", choices=["small", "1b", "3b", "8b"], default="small", help="the model's shape "
+                    "(ref_llama3.py's); another than small runs the untied round trip only")
+    ap.add_argument("--trainer_flags", default="", help="flags added to every ./train_llama3 command, e.g. "
+                    "\"--master_weights bf16 --optimizer_state bf16\"; given, the untied round trip only")
     return ap.parse_args()
 
 
@@ -122,7 +130,7 @@ def train(work, name, model_file, tokens_file, steps, extra=(), model_flag="--ll
     ok = run(["./train_llama3", model_flag, model_file, "--input_bin", tokens_file,
               "--num_iteration", str(steps), "--batch_size", str(B), "--sequence_length", str(T),
               "--total_batch_size", str(B * T), "--learning_rate", str(LR), "--log_file", log,
-              "--checkpoint_dir", ck, "--shuffle", "0", *extra])
+              "--checkpoint_dir", ck, "--shuffle", "0", *ARGS.trainer_flags.split(), *extra])
     losses, val = {}, {}
     if ok and os.path.isfile(log):
         for line in open(log):
@@ -200,7 +208,7 @@ def compare(what, ours, theirs):
 def setup(work, tied):
     """The HF model (on the GPU; tied: tie_word_embeddings, embed_tokens also its lm_head) and its seed file
     (None if convert failed)."""
-    model, _ = ref_llama3.make_model("small", "cuda", SEED, 0.02, tied=tied)
+    model, _ = ref_llama3.make_model(ARGS.shape, "cuda", SEED, 0.02, tied=tied)
     tag = "_tied" if tied else ""
     hf_dir, converted = os.path.join(work, f"hf{tag}"), os.path.join(work, f"converted{tag}.bin")
     model.save_pretrained(hf_dir)
@@ -330,13 +338,14 @@ def main(work):
     if not os.access(os.path.join(ROOT, "train_llama3"), os.X_OK) or not torch.cuda.is_available():
         check(False, "needs ./train_llama3 (make train_llama3) and a CUDA GPU for PyTorch")
         return
-    vocab_size = ref_llama3.SHAPES["small"][4]  # (n_layer, n_embd, n_head, n_kv_head, vocab_size, ...)
+    vocab_size = ref_llama3.SHAPES[ARGS.shape][4]  # (n_layer, n_embd, n_head, n_kv_head, vocab_size, ...)
     tokens = ref_llama3.text_tokens(vocab_size, 8 * B * T + 1)
     tokens_file = os.path.join(work, "tokens.bin")
     write_atomic(tokens_file, ref_llama3.token_file(tokens, False))
     round_trip(work, tokens, tokens_file, tied=False)
-    round_trip(work, tokens, tokens_file, tied=True)
-    greedy_test(work, tokens_file)
+    if ARGS.shape == "small" and not ARGS.trainer_flags:
+        round_trip(work, tokens, tokens_file, tied=True)
+        greedy_test(work, tokens_file)
 
 
 if __name__ == "__main__":
