@@ -16,8 +16,9 @@
 #                    compile (HF LlamaForCausalLM, the same shape, B and T) with the row's recipe as far
 #                    as PyTorch has it: --master_weights bf16 (torchao's stochastically rounded AdamW,
 #                    requirements-bench.txt) where the row has bf16 weights, --checkpointing where it
-#                    recomputes or offloads (its memory was tight); 1 warm-up step, then the median of 2
-#                    (a step that does not fit is a row saying so); the table adds its tok/s and ours over it
+#                    recomputes or offloads (its memory was tight); 1 warm-up step, then the median of 2;
+#                    where PyTorch runs out of memory, half the batch and twice the micro-steps, down to
+#                    B=1 (then the row says so); the table adds its tok/s and flags, and ours over it
 #   --torch_accum N  PyTorch's micro-steps per optimizer step (default: the row's, the same tokens a
 #                    step); fewer to save time, which gives PyTorch's AdamW a larger share of its step
 # Example: scripts/bench_models.sh --shapes "1b 3b" --steps 4
@@ -82,16 +83,23 @@ fitting() {
 }
 
 # torch_peer SHAPE B T MICRO_STEPS FLAGS: "tok/s|PyTorch's flags" of bench_torch.py with the row's recipe
-# as far as PyTorch has it, or "failed|why".
+# as far as PyTorch has it, at the row's B or, where PyTorch runs out of memory, the largest half of it
+# that fits with as many more micro-steps (the same tokens a step); or "failed|why".
 torch_peer() {
-    local shape=$1 b=$2 T=$3 micro=$4 flags=$5 peer out
-    peer="--mode compile --accum ${torch_accum:-$micro}"
-    [[ $flags == *"--master_weights bf16"* ]] && peer+=" --master_weights bf16"
-    [[ $flags == *--recompute* || $flags == *--offload_optimizer* ]] && peer+=" --checkpointing"
-    # shellcheck disable=SC2086
-    out=$(python3 scripts/bench_torch.py --shape "$shape" --batch_size "$b" --seq_len "$T" $peer --steps 2 \
-        --warmup 1 2>&1) || { echo "failed|$(grep -m 1 -oE '(OutOfMemoryError|error)[^.]*' <<< "$out" || tail -n 1 <<< "$out")"; return; }
-    echo "$(tail -n 1 <<< "$out" | python3 -c 'import json, sys; print(round(json.loads(sys.stdin.read())["tok_s"]))')|$peer"
+    local shape=$1 b=$2 T=$3 micro=${torch_accum:-$4} flags=$5 peer out recipe=""
+    [[ $flags == *"--master_weights bf16"* ]] && recipe+=" --master_weights bf16"
+    [[ $flags == *--recompute* || $flags == *--offload_optimizer* ]] && recipe+=" --checkpointing"
+    while [ "$b" -ge 1 ]; do
+        peer="--mode compile --batch_size $b --accum $micro$recipe"
+        # shellcheck disable=SC2086
+        if out=$(python3 scripts/bench_torch.py --shape "$shape" --seq_len "$T" $peer --steps 2 --warmup 1 2>&1); then
+            echo "$(tail -n 1 <<< "$out" | python3 -c 'import json, sys; print(round(json.loads(sys.stdin.read())["tok_s"]))')|$peer"
+            return
+        fi
+        grep -q OutOfMemoryError <<< "$out" || break
+        b=$((b / 2)) micro=$((micro * 2))
+    done
+    echo "failed|$(grep -m 1 -oE '(OutOfMemoryError|error)[^.]*' <<< "$out" || tail -n 1 <<< "$out")"
 }
 
 rows=()

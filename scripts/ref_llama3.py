@@ -88,6 +88,10 @@ def parse_args():
                     "trainer's --fp8 1 (a GPU of compute capability 8.9 or newer)")
     ap.add_argument("--fp8_grads", choices=list(FP8_GRADS), default="e5m2", help="--fp8: the output gradients' "
                     "format, as the trainer's --fp8_grads")
+    ap.add_argument("--attention", choices=["sdpa", "unfused"], default="sdpa", help="sdpa: PyTorch's fused "
+                    "attention (the trainer's flash attention lands on its bf16 output); unfused: the trainer's "
+                    "--flash_attention 0 arithmetic (fp32 scores, softmax rounded to bf16, P V in bf16), which --fp8 needs: "
+                    "FP8 rounds the attention output, so a bf16-level difference there becomes an e4m3 step")
     ap.add_argument("--model_only", action="store_true", help="write only NAME_model.bin (no training)")
     ap.add_argument("--llmc", action="store_true", help="also write the model in llm.c's format (RoPE factor 8, "
                     "as llm.c reads it)")
@@ -110,7 +114,7 @@ try:
     import numpy as np
     import torch
     import torch.nn.functional as F
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 except ModuleNotFoundError as e:
     cli.missing_package(__file__, e, "requirements-gpu.txt")
@@ -152,14 +156,32 @@ def ffn_hidden(C, multiplier, multiple_of):
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
-def make_model(shape, device, seed, qk_std=0.02, vocab=0, tied=False, rope_factor=None):
+def unfused_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """The trainer's --flash_attention 0 (attention_forward): scores = q k^T * scaling in fp32 (bf16 products summed
+    in fp32, as its fp32-output GEMM), the causal softmax in fp32 rounded to bf16, o = P v in bf16 (fp32 sums).
+    HF's attention interface: q (B, NH, T, HD), k and v (B, KVH, T, HD); returns o as (B, T, NH, HD)."""
+    G, T = module.num_key_value_groups, query.shape[2]
+    k, v = key.repeat_interleave(G, dim=1), value.repeat_interleave(G, dim=1)
+    with torch.autocast(device_type=query.device.type, enabled=False):
+        scores = torch.matmul(query.float(), k.float().transpose(2, 3)) * scaling
+        causal = torch.ones(T, T, dtype=torch.bool, device=query.device).tril()
+        probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1).to(query.dtype)
+        out = torch.matmul(probs, v.to(query.dtype))
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register("llama3cu_unfused", unfused_attention)
+ATTENTION = {"sdpa": "sdpa", "unfused": "llama3cu_unfused"}  # --attention: HF's attn_implementation
+
+
+def make_model(shape, device, seed, qk_std=0.02, vocab=0, tied=False, rope_factor=None, attention="sdpa"):
     L, C, NH, KVH, V, max_T, multiplier, multiple_of = SHAPES[shape]
     rope_factor = rope_factor_of(shape, rope_factor)
     V = vocab or V
     cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=ffn_hidden(C, multiplier, multiple_of),
                       num_hidden_layers=L, ffn_dim_multiplier=multiplier, multiple_of=multiple_of,
                       num_attention_heads=NH, num_key_value_heads=KVH, max_position_embeddings=max_T,
-                      rms_norm_eps=NORM_EPS, tie_word_embeddings=tied, attn_implementation="sdpa",
+                      rms_norm_eps=NORM_EPS, tie_word_embeddings=tied, attn_implementation=ATTENTION[attention],
                       rope_parameters={"rope_type": "llama3", "rope_theta": ROPE_THETA, "factor": rope_factor,
                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                        "original_max_position_embeddings": 8192})
@@ -400,7 +422,8 @@ def main(args):
     args.dense_embedding |= args.tied
     check_new_folder(args.out_dir, "--out_dir")
     dev, B, T, A, n = args.device, args.batch_size, args.seq_len, args.grad_accum, args.steps
-    model, cfg = make_model(args.shape, dev, args.seed, args.qk_std, args.vocab, args.tied, args.rope_factor)
+    model, cfg = make_model(args.shape, dev, args.seed, args.qk_std, args.vocab, args.tied, args.rope_factor,
+                            args.attention)
     out = lambda suffix: os.path.join(args.out_dir, f"{args.name}_{suffix}")
     make_folder(args.out_dir, "--out_dir")
     inputs = [TEXT]
