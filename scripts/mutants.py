@@ -213,6 +213,10 @@ MUTANTS = [
     ("bf16_weights_saved_unwidened", "bf16 weights", "train_llama3.cu", "--master_weights bf16: a checkpoint's "
      "model.bin holds the matmul weights' bf16 pairs as if they were floats, and a resume reads garbage",
      "    weights_widen(&p, s->bf16_weights, s->params);", "    weights_widen(&p, false, s->params);"),
+    ("offload_load_leaves_v", "offload", "train_llama3.cu", "--offload_optimizer 1: a resume copies the checkpoint's "
+     "m back into host memory and leaves v as the reset left it (zero)",
+     "memcpy(o->moment[0], host_m, bytes), memcpy(o->moment[1], host_v, bytes);",
+     "memcpy(o->moment[0], host_m, bytes);"),
 ]
 
 # Bugs the host tests catch on a machine without a GPU (run with --host_only).

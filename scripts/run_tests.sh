@@ -627,8 +627,9 @@ trainer_run() {
 }
 
 # runs_alike REF MICRO FLAG "VALUES" FLAGS...: 6 steps of REF's model at its B and T, MICRO micro-steps each,
-# with clipping, FLAGS and FLAG at each of VALUES, into $runs<value>(.jsonl, .out, /); appends to `detail`
-# what differs from the first value's run: a failed run, other losses or norms, model.bin or state.bin.
+# with clipping, FLAGS and FLAG at each of VALUES, into $runs<value>(.jsonl, .out, /) (the command but the
+# model file, the value and the outputs in `alike`); appends to `detail` what differs from the first value's run: a failed run,
+# other losses or norms, model.bin or state.bin (same_as_run).
 runs_alike() {
     local ref=$1 micro=$2 flag=$3 values=$4 v first="" bt b t
     shift 4
@@ -636,20 +637,23 @@ runs_alike() {
     bt=$(./test_llama3 --train_args "ref/$ref" | grep -o -- '--batch_size [0-9]* --sequence_length [0-9]*') ||
         { detail+=" test_llama3 --train_args ref/$ref failed"; return; }
     read -r _ b _ t <<< "$bt"
+    # shellcheck disable=SC2206
+    alike=(./train_llama3 --input_bin "ref/${ref}_tokens.bin" $bt --total_batch_size $((micro * b * t))
+        --num_iteration 6 --learning_rate 1e-3 --grad_clip 1 "$@")
     for v in $values; do
-        # shellcheck disable=SC2086
-        ./train_llama3 --llmc_filepath "ref/${ref}_model.bin" --input_bin "ref/${ref}_tokens.bin" $bt \
-            --total_batch_size $((micro * b * t)) --num_iteration 6 --learning_rate 1e-3 --grad_clip 1 "$flag" "$v" \
-            --log_file "$runs$v.jsonl" --checkpoint_dir "$runs$v" "$@" > "$runs$v.out" 2>&1 ||
+        "${alike[@]}" --llmc_filepath "ref/${ref}_model.bin" "$flag" "$v" --log_file "$runs$v.jsonl" --checkpoint_dir "$runs$v" > "$runs$v.out" 2>&1 ||
             detail+=" $flag $v: $(grep -m 1 error "$runs$v.out")"
         [ -n "$first" ] || { first=$v; continue; }
-        cmp -s <(grep -o '"\(loss\|grad_norm\)": [^,]*' "$runs$v.jsonl") \
-            <(grep -o '"\(loss\|grad_norm\)": [^,]*' "$runs$first.jsonl") || detail+=" $flag $v: other losses or norms"
-        for f in model.bin state.bin; do
-            cmp -s "$runs$v/step_00000006/$f" "$runs$first/step_00000006/$f" || detail+=" $flag $v: other $f"
-        done
+        same_as_run "$runs$v" "$runs$first" "$flag $v"
     done
     [ "$(grep -c '"loss"' "$runs$first.jsonl" 2> /dev/null)" = 6 ] || detail+=" not 6 steps logged"
+}
+# same_as_run RUN FIRST WHAT: appends to `detail` whether RUN's log has other losses or norms than FIRST's,
+# or its step-6 checkpoint another model.bin or state.bin.
+same_as_run() {
+    cmp -s <(grep -o '"\(loss\|grad_norm\)": [^,]*' "$1.jsonl") <(grep -o '"\(loss\|grad_norm\)": [^,]*' "$2.jsonl") ||
+        detail+=" $3: other losses or norms"
+    for f in model.bin state.bin; do cmp -s "$1/step_00000006/$f" "$2/step_00000006/$f" || detail+=" $3: other $f"; done
 }
 # [recompute] --recompute 1 and 2 recompute in the backward, with the same kernels on the same
 # inputs, what --recompute 0 keeps: 6 steps of REF's model at its B and T, of MICRO micro-steps
@@ -659,7 +663,7 @@ runs_alike() {
 # norm-weight gradients are summed by atomicAdd in arrival order, rmsnorm_backward_ops: its runs
 # differ in the last bits from each other, recomputed or not.)
 recompute_same() { # REF MICRO FLAGS...
-    local ref=$1 micro=$2 detail="" runs acts=()
+    local ref=$1 micro=$2 detail="" runs alike acts=()
     shift 2
     has_ref "$ref" || return
     runs_alike "$ref" "$micro" --recompute "0 1 2" "$@"
@@ -671,14 +675,22 @@ recompute_same() { # REF MICRO FLAGS...
 
 # [offload] --offload_optimizer 1 runs the same AdamW kernels on m and v in pinned host memory: the
 # same 6 losses and norms, model.bin and state.bin as on the GPU, bit for bit (with a checkpoint at
-# step 3 too, whose copies read the host memory).
+# step 3 too, whose copies read the host memory); and stopped after step 3 and resumed (the load writes
+# the host memory), the same again.
 offload_same() { # REF MICRO FLAGS...
-    local ref=$1 micro=$2 detail="" runs
+    local ref=$1 micro=$2 detail="" runs alike parts resume
     shift 2
     has_ref "$ref" || return
     runs_alike "$ref" "$micro" --offload_optimizer "0 1" --checkpoint_every 3 "$@"
     grep -q 'in pinned host memory: AdamW m and v' "${runs}1.out" || detail+=" no host memory printed"
-    check $((${#detail} == 0)) "--offload_optimizer 1 on $ref, $micro micro-step(s)${1:+, $*}: the same 6 losses and norms, model.bin and state.bin as on the GPU, bit for bit" "$detail"
+    parts="${runs}_resumed"
+    for resume in "--llmc_filepath ref/${ref}_model.bin --stop_after 3" "--resume $parts"; do
+        # shellcheck disable=SC2086
+        "${alike[@]}" --offload_optimizer 1 $resume --log_file "$parts.jsonl" --checkpoint_dir "$parts" >> "$parts.out" 2>&1 ||
+            detail+=" offloaded, $resume: $(grep -m 1 error "$parts.out")"
+    done
+    same_as_run "$parts" "${runs}1" "offloaded, 3 steps and resumed"
+    check $((${#detail} == 0)) "--offload_optimizer 1 on $ref, $micro micro-step(s)${1:+, $*}: the same 6 losses and norms, model.bin and state.bin as on the GPU, bit for bit, straight and resumed after step 3" "$detail"
 }
 
 # A model with one NaN weight (a final-norm weight: every logit NaN): each step is skipped by the
