@@ -443,6 +443,15 @@ static bool is_matmul_weight(const Model* m, size_t offset) { // [lm_head, down]
     return offset >= m->layout.matmul_begin && offset < m->layout.matmul_end;
 }
 static bool grad_is_bf16(const Model* m, size_t offset) { return m->grads_bf16 && is_matmul_weight(m, offset); }
+// Test seam [reference gradients]: called after the backward writes a gradient (count elements at
+// parameter offset `offset`). test_llama3 defines it to overwrite them with PyTorch's, so that
+// the optimizer path training runs (overlapped, deferred, replayed from the graph) is checked on
+// the reference's own gradients; the trainer compiles it away.
+#ifdef TESTING
+static void grad_written(const Model* m, size_t offset, size_t count);
+#else
+static inline void grad_written(const Model*, size_t, size_t) {}
+#endif
 // [shadow weights] Whether the weight at `offset` has a bf16 shadow: a GEMM reads it.
 static bool has_shadow(const Model* m, size_t offset) {
     return m->sw.shadow_weights && offset >= m->layout.shadow_begin && offset < m->layout.matmul_end;
@@ -509,7 +518,14 @@ typedef struct {
 static size_t norms_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_NORMS ? 0 : l; }
 static size_t block_copy(const Model* m, int l) { return m->recompute >= RECOMPUTE_BLOCKS ? 0 : l; }
 
-// [fp8] The FP8 buffers' sizes (besides the table's weights and scales): the widest GEMM input (C
+// ---- fp8: the block linears' FP8 recipe (--fp8 1) ----
+// Everything the recipe decides, in one place: its buffers and their sizes, its start, the weights'
+// e4m3 copies, the operands' quantising and the FP8 GEMMs of the forward and the backward. The rest
+// of the step asks fp8_linear and calls linear_forward/linear_backward, and passes the amax slots
+// (fp8_producer_amax, fp8_norm_amax) to the kernels that fuse an amax; [data parallel] the sharded
+// quantising is in the ZeRO-1 section (fp8_shard_*).
+
+// The FP8 buffers' sizes (besides the table's weights and scales): the widest GEMM input (C
 // or F), every layer's four inputs (3C + F each; one layer's under --recompute 2) and the widest
 // output gradient (QKV or 2F; C, the others', is narrower than QKV) of N tokens.
 static size_t fp8_input_count(const Model* m) {
@@ -531,6 +547,178 @@ static size_t fp8_bytes(const Model* m) {
     return 2 * m->tab.fp8_weights + fp8_input_count(m) + fp8_layer_inputs_count(m) +
            2 * fp8_grad_count(m) + 3 * fp8_scale_count(m) * sizeof(Fp8Scale);
 }
+// The FP8 buffers (Fp8Buffers), their scales 16-byte aligned as cuBLASLt needs (cudaMalloc's are).
+static void fp8_alloc(Model* m) {
+    Fp8Buffers* f = m->fp8;
+    size_t W = m->tab.fp8_weights, X = fp8_input_count(m), D = fp8_grad_count(m);
+    f->w = (e4m3*)device_alloc(2 * W, "fp8 weights");
+    f->w_t = f->w + W;
+    f->x = (e4m3*)device_alloc(X, "fp8 GEMM input");
+    f->x_t = (e4m3*)device_alloc(fp8_layer_inputs_count(m), "fp8 transposed GEMM inputs");
+    f->dy = (unsigned char*)device_alloc(2 * D, "fp8 output gradients");
+    f->dy_t = f->dy + D;
+    f->w_scale = (Fp8Scale*)device_alloc(3 * fp8_scale_count(m) * sizeof(Fp8Scale), "fp8 scales");
+    f->act_scale = f->w_scale + fp8_scale_count(m);
+}
+
+// --fp8 1 for this model and batch (llama3.h fp8_check: what train_args_check refuses too, for
+// test_llama3, which comes here without it), or the run stops here, before any output is opened.
+// The output gradients in `grads` (--fp8_grads). fp8_gpu_check asks the GPU for FP8 tensor cores
+// (compute capability 8.9: Ada, Hopper and later).
+static void fp8_start(Model* m, int grads) {
+    char err[L3_ERR_LEN];
+    if (fp8_check(&m->cfg, (long long)m->B * m->T, &m->sw, err)) {
+        fprintf(stderr, "error: %s\n", err);
+        exit(EXIT_FAILURE);
+    }
+    m->fp8 = (Fp8Buffers*)calloc(1, sizeof(Fp8Buffers));
+    m->fp8->grad_type = grads == FP8_GRADS_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+// This GPU has FP8 tensor cores, or the run stops here.
+static void fp8_gpu_check(void) {
+    int device, major, minor;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    if (major * 10 + minor < 89) {
+        fprintf(stderr, "error: --fp8 1 needs FP8 tensor cores (compute capability 8.9 or newer); this GPU has %d.%d\n",
+                major, minor);
+        exit(EXIT_FAILURE);
+    }
+}
+
+// Whether a GEMM of this weight reads FP8: --fp8 1 and a block linear (the slice has an FP8 slot).
+static bool fp8_linear(const Model* m, int tensor, int layer) {
+    return m->fp8 && slice_of(&m->tab, tensor, layer)->fp8_slot >= 0;
+}
+static size_t fp8_weight_at(const Model* m, int tensor, int layer) {
+    return slice_of(&m->tab, tensor, layer)->fp8_weight_at;
+}
+static Fp8Scale* fp8_weight_scale(const Model* m, int tensor, int layer) {
+    return m->fp8->w_scale + slice_of(&m->tab, tensor, layer)->fp8_slot;
+}
+// A block linear's input, transposed (in, N), as the forward left it for the backward: layer l's
+// qkv's, attn_out's and gate_up's N x C each, then down's N x F; [recompute] under --recompute 2
+// layer 0's place for every layer, which the block's forward again in the backward rewrites.
+static e4m3* fp8_input_t(const Model* m, int tensor, int layer) {
+    return m->fp8->x_t + (size_t)m->B * m->T * slice_of(&m->tab, tensor, (int)block_copy(m, layer))->fp8_input_cols;
+}
+// The scale of a block linear's input (grad false) or output gradient (true) in layer `layer`.
+static Fp8Scale* fp8_act_scale(const Model* m, int tensor, int layer, bool grad) {
+    return m->fp8->act_scale + (size_t)slice_of(&m->tab, tensor, layer)->fp8_slot * 2 + grad;
+}
+// The operands whose amax the kernel writing them computes as it goes: the SwiGLU output (down's
+// input) and its backward's (gate_up's output gradient), and [fused RMSNorm] the RMSNorm outputs
+// (qkv's and gate_up's inputs) and its backward's bf16 gradient (attn_out's and down's output
+// gradients). attn_out's input (attention's output) and qkv's output gradient (RoPE's backward),
+// and under --fused_rmsnorm 0 the norms', get a pass of their own (fp8_quantize_operand).
+static bool fp8_amax_fused(const Model* m, int tensor, bool grad) {
+    if (grad ? tensor == P_GATE_UP : tensor == P_DOWN) return true;
+    bool from_norm = grad ? tensor == P_ATTN_OUT || tensor == P_DOWN : tensor == P_QKV || tensor == P_GATE_UP;
+    return from_norm && m->sw.fused_rmsnorm;
+}
+// Where the producing kernel puts that amax, or NULL (--fp8 0, or an operand without it).
+static unsigned* fp8_producer_amax(const Model* m, int tensor, int layer, bool grad) {
+    if (!fp8_linear(m, tensor, layer) || !fp8_amax_fused(m, tensor, grad)) return NULL;
+    return &fp8_act_scale(m, tensor, layer, grad)->amax_bits;
+}
+// The RMSNorm `tensor` of `layer`'s: the forward's output is the next linear's input (attention
+// norm: qkv, FFN norm: gate_up; the final norm's feeds the bf16 lm_head), the backward's the
+// output gradient of the linear before it (FFN norm: attn_out; attention norm: the layer below's
+// down, none below layer 0; final norm: the last layer's down).
+static unsigned* fp8_norm_amax(const Model* m, int tensor, int layer, bool backward) {
+    if (!backward && tensor == P_FINAL_NORM) return NULL;
+    if (!backward) return fp8_producer_amax(m, tensor == P_ATTN_NORM ? P_QKV : P_GATE_UP, layer, false);
+    if (tensor == P_FFN_NORM) return fp8_producer_amax(m, P_ATTN_OUT, layer, true);
+    if (tensor == P_FINAL_NORM) return fp8_producer_amax(m, P_DOWN, m->cfg.n_layer - 1, true);
+    return layer > 0 ? fp8_producer_amax(m, P_DOWN, layer - 1, true) : NULL;
+}
+
+// The e4m3 copies W and W^T of one block linear's weight from its bf16 shadow, on stream s: after
+// AdamW has written the shadow, on AdamW's stream, so that the forward's wait for the update group
+// [deferred AdamW] covers them too. 6 bytes per weight: the amax pass reads 2, quantize_fp8 4.
+static void fp8_quantize_weight(const Model* m, int tensor, int layer, cudaStream_t s) {
+    const TensorSlice* w_slice = slice_of(&m->tab, tensor, layer);
+    const bf16* w = m->shadow + (w_slice->offset - m->layout.shadow_begin);
+    Fp8Scale* scale = fp8_weight_scale(m, tensor, layer);
+    size_t at = w_slice->fp8_weight_at;
+    CUDA_CHECK(cudaMemsetAsync(scale, 0, sizeof(Fp8Scale), s));
+    fp8_amax(scale, w, w_slice->n, m->sms, s);
+    quantize_fp8(m->fp8->w + at, m->fp8->w_t + at, scale, w, w_slice->out, w_slice->in, s);
+}
+// Every block linear's, after the shadow was made or rewritten whole.
+static void fp8_quantize_weights(const Model* m, cudaStream_t s) {
+    for (int j = 0; j < m->tab.n_slices; j++) {
+        const TensorSlice* w_slice = &m->tab.slice[j];
+        if (w_slice->fp8_slot >= 0) fp8_quantize_weight(m, w_slice->tensor, w_slice->layer, s);
+    }
+}
+
+// A block linear's input (grad false) or output gradient (true) x (N, width) bf16 of layer
+// `layer`, with its scale: the amax (unless its producer made it), then straight into `out` and
+// transposed into out_t (width, N) in one pass. On the main stream, after the GEMMs queued before
+// it, which have read the scratch.
+template <typename F8>
+static void fp8_quantize_operand(const Model* m, int B, F8* out, F8* out_t, int tensor, int layer, bool grad,
+                                 const bf16* x, int width) {
+    int N = B * m->T;
+    Fp8Scale* scale = fp8_act_scale(m, tensor, layer, grad);
+    if (!fp8_amax_fused(m, tensor, grad)) fp8_amax(scale, x, (size_t)N * width, m->sms, m->stream);
+    quantize_fp8(out, out_t, scale, x, N, width, m->stream);
+}
+// The activation scales start from zero in each forward (one memset of the step's 8 per layer):
+// each amax is an atomicMax onto its slot, and a recomputed block's again is the same.
+static void fp8_reset_scales(const Model* m) {
+    if (m->fp8) CUDA_CHECK(cudaMemsetAsync(m->fp8->act_scale, 0, 2 * fp8_scale_count(m) * sizeof(Fp8Scale), m->stream));
+}
+// A block linear's input x (N, in) in e4m3, straight for the forward GEMM and transposed for
+// the weight gradient (fp8_input_t).
+static void fp8_quantize_input(const Model* m, int B, int tensor, int layer, const bf16* x, int in) {
+    fp8_quantize_operand(m, B, m->fp8->x, fp8_input_t(m, tensor, layer), tensor, layer, false, x, in);
+}
+
+// A block linear's forward y (N, out) = x8 (N, in) @ W8^T, x and W in e4m3 (fp32 accumulation:
+// with cuBLASLt's fast accumulation, torchao's forward, the comparison with PyTorch's own loses a
+// digit, dev/PERF.md issue 24).
+static void linear_forward_fp8(const Model* m, int B, bf16* y, const bf16* x, int tensor, int layer, int out, int in) {
+    Fp8Buffers* f = m->fp8;
+    fp8_quantize_input(m, B, tensor, layer, x, in);
+    matmul_fp8(m->gemm, m->stream, y, f->x, CUDA_R_8F_E4M3, &fp8_act_scale(m, tensor, layer, false)->scale_inv,
+               f->w + fp8_weight_at(m, tensor, layer), CUDA_R_8F_E4M3, &fp8_weight_scale(m, tensor, layer)->scale_inv,
+               B * m->T, out, in, false);
+}
+
+// A block linear's output gradient dy (N, out) quantised, straight and transposed, in the
+// format the GEMMs will read it as (Fp8Buffers.grad_type).
+static void fp8_quantize_grad(const Model* m, int B, int tensor, int layer, const bf16* dy, int out) {
+    Fp8Buffers* f = m->fp8;
+    if (f->grad_type == CUDA_R_8F_E4M3)
+        fp8_quantize_operand(m, B, (e4m3*)f->dy, (e4m3*)f->dy_t, tensor, layer, true, dy, out);
+    else fp8_quantize_operand(m, B, (e5m2*)f->dy, (e5m2*)f->dy_t, tensor, layer, true, dy, out);
+}
+// A block linear's two backward GEMMs in FP8, in the NT layout its tensor cores take:
+// dW (out, in) (+)= (dy^T)8 (x^T)8^T, and dx (N, in) = dy8 (W^T)8^T; dy in e5m2 (the range gradients
+// need) or e4m3 (--fp8_grads), x and W in e4m3, x^T and its scale as this micro-step's forward made
+// them (a recomputed x has the same bits). dW as weight_grad keeps it: bf16 written at one
+// micro-step, else the fp32 sum that later micro-steps add onto (beta 1).
+static void linear_backward_fp8(const Model* m, int B, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in,
+                                bool accumulate) {
+    Fp8Buffers* f = m->fp8;
+    int N = B * m->T;
+    size_t offset = param_offset(m, tensor, layer);
+    bool bf16_out = grad_is_bf16(m, offset);
+    void* dw = bf16_out ? (void*)grad_bf16(m, offset) : (void*)grad_f32(m, offset);
+    const float* s_dy = &fp8_act_scale(m, tensor, layer, true)->scale_inv;
+    fp8_quantize_grad(m, B, tensor, layer, dy, out);
+    matmul_fp8(m->gemm, m->stream, dw, f->dy_t, f->grad_type, s_dy, fp8_input_t(m, tensor, layer), CUDA_R_8F_E4M3,
+               &fp8_act_scale(m, tensor, layer, false)->scale_inv, out, in, N, false, !bf16_out, accumulate ? 1.0f : 0.0f);
+    grad_written(m, offset, (size_t)out * in);
+    matmul_fp8(m->gemm, m->stream, dx, f->dy, f->grad_type, s_dy, f->w_t + fp8_weight_at(m, tensor, layer),
+               CUDA_R_8F_E4M3, &fp8_weight_scale(m, tensor, layer)->scale_inv, N, in, out, false);
+}
+
+// ---- model: its memory, buffers and life ----
+
 static MemoryParts memory_parts(const Model* m) {
     const ParamLayout* p = &m->layout;
     size_t f32_n = f32_block_count(p, uses_bf16_grads(&m->sw, m->grad_accum)); // the rest are bf16
@@ -620,20 +808,6 @@ static void sorter_create(TokenSorter* ts, size_t n, int vocab_size) {
     ts->temp = device_alloc(ts->temp_bytes, "token sort scratch");
 }
 
-// [fp8] The FP8 buffers (Fp8Buffers), their scales 16-byte aligned as cuBLASLt needs (cudaMalloc's are).
-static void fp8_alloc(Model* m) {
-    Fp8Buffers* f = m->fp8;
-    size_t W = m->tab.fp8_weights, X = fp8_input_count(m), D = fp8_grad_count(m);
-    f->w = (e4m3*)device_alloc(2 * W, "fp8 weights");
-    f->w_t = f->w + W;
-    f->x = (e4m3*)device_alloc(X, "fp8 GEMM input");
-    f->x_t = (e4m3*)device_alloc(fp8_layer_inputs_count(m), "fp8 transposed GEMM inputs");
-    f->dy = (unsigned char*)device_alloc(2 * D, "fp8 output gradients");
-    f->dy_t = f->dy + D;
-    f->w_scale = (Fp8Scale*)device_alloc(3 * fp8_scale_count(m) * sizeof(Fp8Scale), "fp8 scales");
-    f->act_scale = f->w_scale + fp8_scale_count(m);
-}
-
 // The model's device buffers: weights, gradients, AdamW state, bf16 weights, activations, tokens
 // and the step's small state.
 static void model_alloc(Model* m) {
@@ -696,32 +870,6 @@ static void model_reset_training(Model* m) {
     CUDA_CHECK(cudaMemset(m->stats, 0, sizeof(StepStats)));
     m->step.pending.updates = false, m->step.pending.save_copy = NULL;
     m->step.steps_run = 0;
-}
-
-// [fp8] --fp8 1 for this model and batch (llama3.h fp8_check: what train_args_check refuses too, for
-// test_llama3, which comes here without it), or the run stops here, before any output is opened.
-// The output gradients in `grads` (--fp8_grads). fp8_gpu_check asks the GPU for FP8 tensor cores
-// (compute capability 8.9: Ada, Hopper and later).
-static void fp8_start(Model* m, int grads) {
-    char err[L3_ERR_LEN];
-    if (fp8_check(&m->cfg, (long long)m->B * m->T, &m->sw, err)) {
-        fprintf(stderr, "error: %s\n", err);
-        exit(EXIT_FAILURE);
-    }
-    m->fp8 = (Fp8Buffers*)calloc(1, sizeof(Fp8Buffers));
-    m->fp8->grad_type = grads == FP8_GRADS_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
-}
-// This GPU has FP8 tensor cores, or the run stops here.
-static void fp8_gpu_check(void) {
-    int device, major, minor;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    if (major * 10 + minor < 89) {
-        fprintf(stderr, "error: --fp8 1 needs FP8 tensor cores (compute capability 8.9 or newer); this GPU has %d.%d\n",
-                major, minor);
-        exit(EXIT_FAILURE);
-    }
 }
 
 // What a model of config `cfg` for the run `run` (llama3.h RunConfig: its micro-batch and
@@ -801,75 +949,6 @@ static void model_free(Model* m) {
     for (size_t i = 0; i < sizeof(comm_device) / sizeof(comm_device[0]); i++) CUDA_CHECK(cudaFree(comm_device[i]));
 }
 
-// [fp8] The block linears' FP8 weights.
-
-// Whether a GEMM of this weight reads FP8: --fp8 1 and a block linear (the slice has an FP8 slot).
-static bool fp8_linear(const Model* m, int tensor, int layer) {
-    return m->fp8 && slice_of(&m->tab, tensor, layer)->fp8_slot >= 0;
-}
-static size_t fp8_weight_at(const Model* m, int tensor, int layer) {
-    return slice_of(&m->tab, tensor, layer)->fp8_weight_at;
-}
-static Fp8Scale* fp8_weight_scale(const Model* m, int tensor, int layer) {
-    return m->fp8->w_scale + slice_of(&m->tab, tensor, layer)->fp8_slot;
-}
-// A block linear's input, transposed (in, N), as the forward left it for the backward: layer l's
-// qkv's, attn_out's and gate_up's N x C each, then down's N x F; [recompute] under --recompute 2
-// layer 0's place for every layer, which the block's forward again in the backward rewrites.
-static e4m3* fp8_input_t(const Model* m, int tensor, int layer) {
-    return m->fp8->x_t + (size_t)m->B * m->T * slice_of(&m->tab, tensor, (int)block_copy(m, layer))->fp8_input_cols;
-}
-// The scale of a block linear's input (grad false) or output gradient (true) in layer `layer`.
-static Fp8Scale* fp8_act_scale(const Model* m, int tensor, int layer, bool grad) {
-    return m->fp8->act_scale + (size_t)slice_of(&m->tab, tensor, layer)->fp8_slot * 2 + grad;
-}
-// The operands whose amax the kernel writing them computes as it goes: the SwiGLU output (down's
-// input) and its backward's (gate_up's output gradient), and [fused RMSNorm] the RMSNorm outputs
-// (qkv's and gate_up's inputs) and its backward's bf16 gradient (attn_out's and down's output
-// gradients). attn_out's input (attention's output) and qkv's output gradient (RoPE's backward),
-// and under --fused_rmsnorm 0 the norms', get a pass of their own (fp8_quantize_operand).
-static bool fp8_amax_fused(const Model* m, int tensor, bool grad) {
-    if (grad ? tensor == P_GATE_UP : tensor == P_DOWN) return true;
-    bool from_norm = grad ? tensor == P_ATTN_OUT || tensor == P_DOWN : tensor == P_QKV || tensor == P_GATE_UP;
-    return from_norm && m->sw.fused_rmsnorm;
-}
-// Where the producing kernel puts that amax, or NULL (--fp8 0, or an operand without it).
-static unsigned* fp8_producer_amax(const Model* m, int tensor, int layer, bool grad) {
-    if (!fp8_linear(m, tensor, layer) || !fp8_amax_fused(m, tensor, grad)) return NULL;
-    return &fp8_act_scale(m, tensor, layer, grad)->amax_bits;
-}
-// The RMSNorm `tensor` of `layer`'s: the forward's output is the next linear's input (attention
-// norm: qkv, FFN norm: gate_up; the final norm's feeds the bf16 lm_head), the backward's the
-// output gradient of the linear before it (FFN norm: attn_out; attention norm: the layer below's
-// down, none below layer 0; final norm: the last layer's down).
-static unsigned* fp8_norm_amax(const Model* m, int tensor, int layer, bool backward) {
-    if (!backward && tensor == P_FINAL_NORM) return NULL;
-    if (!backward) return fp8_producer_amax(m, tensor == P_ATTN_NORM ? P_QKV : P_GATE_UP, layer, false);
-    if (tensor == P_FFN_NORM) return fp8_producer_amax(m, P_ATTN_OUT, layer, true);
-    if (tensor == P_FINAL_NORM) return fp8_producer_amax(m, P_DOWN, m->cfg.n_layer - 1, true);
-    return layer > 0 ? fp8_producer_amax(m, P_DOWN, layer - 1, true) : NULL;
-}
-
-// The e4m3 copies W and W^T of one block linear's weight from its bf16 shadow, on stream s: after
-// AdamW has written the shadow, on AdamW's stream, so that the forward's wait for the update group
-// [deferred AdamW] covers them too. 6 bytes per weight: the amax pass reads 2, quantize_fp8 4.
-static void fp8_quantize_weight(const Model* m, int tensor, int layer, cudaStream_t s) {
-    const TensorSlice* w_slice = slice_of(&m->tab, tensor, layer);
-    const bf16* w = m->shadow + (w_slice->offset - m->layout.shadow_begin);
-    Fp8Scale* scale = fp8_weight_scale(m, tensor, layer);
-    size_t at = w_slice->fp8_weight_at;
-    CUDA_CHECK(cudaMemsetAsync(scale, 0, sizeof(Fp8Scale), s));
-    fp8_amax(scale, w, w_slice->n, m->sms, s);
-    quantize_fp8(m->fp8->w + at, m->fp8->w_t + at, scale, w, w_slice->out, w_slice->in, s);
-}
-// Every block linear's, after the shadow was made or rewritten whole.
-static void fp8_quantize_weights(const Model* m, cudaStream_t s) {
-    for (int j = 0; j < m->tab.n_slices; j++) {
-        const TensorSlice* w_slice = &m->tab.slice[j];
-        if (w_slice->fp8_slot >= 0) fp8_quantize_weight(m, w_slice->tensor, w_slice->layer, s);
-    }
-}
-
 // [bf16 weights] The matmul weights' bf16 copy, which is then the only one (the shadow's range from
 // matmul_begin).
 static bf16* bf16_weights_ptr(const Model* m) { return m->shadow + (m->layout.matmul_begin - m->layout.shadow_begin); }
@@ -946,41 +1025,10 @@ static HeadShape head_shape(const Model* m, int B) {
     return sh;
 }
 
-// [fp8] A block linear's input (grad false) or output gradient (true) x (N, width) bf16 of layer
-// `layer`, with its scale: the amax (unless its producer made it), then straight into `out` and
-// transposed into out_t (width, N) in one pass. On the main stream, after the GEMMs queued before
-// it, which have read the scratch.
-template <typename F8>
-static void fp8_quantize_operand(const Model* m, int B, F8* out, F8* out_t, int tensor, int layer, bool grad,
-                                 const bf16* x, int width) {
-    int N = B * m->T;
-    Fp8Scale* scale = fp8_act_scale(m, tensor, layer, grad);
-    if (!fp8_amax_fused(m, tensor, grad)) fp8_amax(scale, x, (size_t)N * width, m->sms, m->stream);
-    quantize_fp8(out, out_t, scale, x, N, width, m->stream);
-}
-// The activation scales start from zero in each forward (one memset of the step's 8 per layer):
-// each amax is an atomicMax onto its slot, and a recomputed block's again is the same.
-static void fp8_reset_scales(const Model* m) {
-    if (m->fp8) CUDA_CHECK(cudaMemsetAsync(m->fp8->act_scale, 0, 2 * fp8_scale_count(m) * sizeof(Fp8Scale), m->stream));
-}
-
-// [fp8] A block linear's input x (N, in) in e4m3, straight for the forward GEMM and transposed for
-// the weight gradient (fp8_input_t).
-static void fp8_quantize_input(const Model* m, int B, int tensor, int layer, const bf16* x, int in) {
-    fp8_quantize_operand(m, B, m->fp8->x, fp8_input_t(m, tensor, layer), tensor, layer, false, x, in);
-}
-// y (N, out) = x (N, in) @ W^T: a linear layer's forward, bf16 (W the layer's bf16 weight), or
-// [fp8] for a block linear x and W in e4m3 (fp32 accumulation: with cuBLASLt's fast accumulation,
-// torchao's forward, the comparison with PyTorch's own loses a digit, dev/PERF.md issue 24).
+// y (N, out) = x (N, in) @ W^T: a linear layer's forward, bf16 (W the layer's bf16 weight), or [fp8]
+// for a block linear in FP8.
 static void linear_forward(const Model* m, int B, bf16* y, const bf16* x, int tensor, int layer, int out, int in) {
-    if (fp8_linear(m, tensor, layer)) {
-        Fp8Buffers* f = m->fp8;
-        fp8_quantize_input(m, B, tensor, layer, x, in);
-        matmul_fp8(m->gemm, m->stream, y, f->x, CUDA_R_8F_E4M3, &fp8_act_scale(m, tensor, layer, false)->scale_inv,
-                   f->w + fp8_weight_at(m, tensor, layer), CUDA_R_8F_E4M3, &fp8_weight_scale(m, tensor, layer)->scale_inv,
-                   B * m->T, out, in, false);
-        return;
-    }
+    if (fp8_linear(m, tensor, layer)) return linear_forward_fp8(m, B, y, x, tensor, layer, out, in);
     matmul(m->gemm, m->stream, y, x, weight_bf16(m, tensor, layer), B * m->T, out, in, false, true, false);
 }
 
@@ -1132,16 +1180,6 @@ static void classifier(const Model* m, int B, const int* targets, int micro) {
 
 // ---- backward ----
 
-// Test seam [reference gradients]: called after the backward writes a gradient (count elements at
-// parameter offset `offset`). test_llama3 defines it to overwrite them with PyTorch's, so that
-// the optimizer path training runs (overlapped, deferred, replayed from the graph) is checked on
-// the reference's own gradients; the trainer compiles it away.
-#ifdef TESTING
-static void grad_written(const Model* m, size_t offset, size_t count);
-#else
-static inline void grad_written(const Model*, size_t, size_t) {}
-#endif
-
 // Weight gradient of a linear layer y = x W^T: dW (out, in) (+)= dy^T x, bf16 [bf16 grads] or
 // fp32. The first micro-step writes (beta 0), later ones accumulate: no zeroing of grads needed.
 // [tied embeddings] A tied wte's gradient is whole only once the embedding backward has added its rows.
@@ -1158,34 +1196,6 @@ static void input_grad(const Model* m, int B, int tensor, int layer, bf16* dx, c
     matmul(m->gemm, m->stream, dx, dy, weight_bf16(m, tensor, layer), B * m->T, in, out, false, false, false);
 }
 
-// [fp8] A block linear's output gradient dy (N, out) quantised, straight and transposed, in the
-// format the GEMMs will read it as (Fp8Buffers.grad_type).
-static void fp8_quantize_grad(const Model* m, int B, int tensor, int layer, const bf16* dy, int out) {
-    Fp8Buffers* f = m->fp8;
-    if (f->grad_type == CUDA_R_8F_E4M3)
-        fp8_quantize_operand(m, B, (e4m3*)f->dy, (e4m3*)f->dy_t, tensor, layer, true, dy, out);
-    else fp8_quantize_operand(m, B, (e5m2*)f->dy, (e5m2*)f->dy_t, tensor, layer, true, dy, out);
-}
-// [fp8] A block linear's two backward GEMMs in FP8, in the NT layout its tensor cores take:
-// dW (out, in) (+)= (dy^T)8 (x^T)8^T, and dx (N, in) = dy8 (W^T)8^T; dy in e5m2 (the range gradients
-// need) or e4m3 (--fp8_grads), x and W in e4m3, x^T and its scale as this micro-step's forward made
-// them (a recomputed x has the same bits). dW as weight_grad keeps it: bf16 written at one
-// micro-step, else the fp32 sum that later micro-steps add onto (beta 1).
-static void linear_backward_fp8(const Model* m, int B, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in,
-                                bool accumulate) {
-    Fp8Buffers* f = m->fp8;
-    int N = B * m->T;
-    size_t offset = param_offset(m, tensor, layer);
-    bool bf16_out = grad_is_bf16(m, offset);
-    void* dw = bf16_out ? (void*)grad_bf16(m, offset) : (void*)grad_f32(m, offset);
-    const float* s_dy = &fp8_act_scale(m, tensor, layer, true)->scale_inv;
-    fp8_quantize_grad(m, B, tensor, layer, dy, out);
-    matmul_fp8(m->gemm, m->stream, dw, f->dy_t, f->grad_type, s_dy, fp8_input_t(m, tensor, layer), CUDA_R_8F_E4M3,
-               &fp8_act_scale(m, tensor, layer, false)->scale_inv, out, in, N, false, !bf16_out, accumulate ? 1.0f : 0.0f);
-    grad_written(m, offset, (size_t)out * in);
-    matmul_fp8(m->gemm, m->stream, dx, f->dy, f->grad_type, s_dy, f->w_t + fp8_weight_at(m, tensor, layer),
-               CUDA_R_8F_E4M3, &fp8_weight_scale(m, tensor, layer)->scale_inv, N, in, out, false);
-}
 // Both gradients of a block linear y = x W^T from dy: the weight's (written, or accumulated onto the
 // earlier micro-steps') and dx.
 static void linear_backward(const Model* m, int B, int tensor, int layer, bf16* dx, const bf16* dy, const bf16* x,

@@ -53,8 +53,8 @@ MUTANTS = [
      "kt, T);\n        const KeyTile<HD>& tile = kv[kt % 2];\n        float s["),
     ("fp8_weight_scale_is_inputs", "fp8", "train_llama3.cu", "--fp8 1 forward: the input's inverse scale applied "
      "twice, the weight's not at all",
-     "&fp8_weight_scale(m, tensor, layer)->scale_inv,\n                   B * m->T, out, in, false);",
-     "&fp8_act_scale(m, tensor, layer, false)->scale_inv,\n                   B * m->T, out, in, false);"),
+     "&fp8_weight_scale(m, tensor, layer)->scale_inv,\n               B * m->T, out, in, false);",
+     "&fp8_act_scale(m, tensor, layer, false)->scale_inv,\n               B * m->T, out, in, false);"),
     ("fp8_stale_amax", "fp8", "train_llama3.cu", "--fp8 1: one amax slot per linear for every layer, so an "
      "operand's scale comes from the largest of the earlier layers' too",
      "(size_t)slice_of(&m->tab, tensor, layer)->fp8_slot * 2 + grad", "(size_t)slice_of(&m->tab, tensor, 0)->fp8_slot * 2 + grad"),
