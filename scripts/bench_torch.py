@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
-"""The PyTorch peer of scripts/bench.sh: HF LlamaForCausalLM in the LLaMA3.2-1B shape, or another
-of ref_llama3.py's shapes (--shape 3b --tied: the 3.2-3B as released) (random init, untied unless
---tied, sdpa attention) trained with fp32 master weights under bf16 autocast and fused
-AdamW, on random tokens; --accum N micro-steps per optimizer step, as the trainer's --total_batch_size;
---master_weights bf16 keeps the weights and AdamW's moments in bf16 only, updated with stochastic rounding
-by torchao's AdamW(bf16_stochastic_round=True) (the trainer's --master_weights bf16 --optimizer_state
-bf16); --checkpointing recomputes each layer in the backward (HF's gradient checkpointing); with --fp8 its block linears run the trainer's --fp8 1 recipe through
-torch._scaled_mm (ref_llama3.py's use_fp8: e4m3, the gradients in --fp8_grads, one dynamic scale per tensor). With --ddp,
-started by torchrun, each rank trains its own tokens under DistributedDataParallel (NCCL, one GPU
-per rank: its LOCAL_RANK); the timed steps end with a check that every rank holds the same weights.
-Prints one JSON line (rank 0): the median step time over --steps timed steps (CUDA events, after
---warmup steps), its min and max, tok/s of all ranks and peak allocated memory.
+"""The PyTorch peer of scripts/bench.sh: HF LlamaForCausalLM in the LLaMA3.2-1B shape, or another of
+ref_llama3.py's shapes (--shape 3b --tied: the 3.2-3B as released) (random init, untied unless --tied, sdpa
+attention) trained with fp32 master weights under bf16 autocast and fused AdamW, on random tokens; --accum N
+micro-steps per optimizer step, as the trainer's --total_batch_size; --master_weights bf16 keeps the weights
+and AdamW's moments in bf16 only, updated with stochastic rounding by torchao's
+_AdamW(bf16_stochastic_round=True) (the trainer's --master_weights bf16 --optimizer_state bf16);
+--checkpointing recomputes each layer in the backward (HF's gradient checkpointing); with --fp8 its block
+linears run the trainer's --fp8 1 recipe through torch._scaled_mm (ref_llama3.py's use_fp8: e4m3, the
+gradients in --fp8_grads, one dynamic scale per tensor). With --ddp, started by torchrun, each rank trains its
+own tokens under DistributedDataParallel (NCCL, one GPU per rank: its LOCAL_RANK); the timed steps end with a
+check that every rank holds the same weights. Prints one JSON line (rank 0): the median step time over --steps
+timed steps (CUDA events, after --warmup steps), its min and max, tok/s of all ranks and peak allocated
+memory.
 
     python scripts/bench_torch.py --mode eager --batch_size 4 --seq_len 64
     python scripts/bench_torch.py --mode compile --shape 3b --tied --batch_size 4 --seq_len 1024

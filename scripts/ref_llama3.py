@@ -90,8 +90,9 @@ def parse_args():
                     "format, as the trainer's --fp8_grads")
     ap.add_argument("--attention", choices=["sdpa", "unfused"], default="sdpa", help="sdpa: PyTorch's fused "
                     "attention (the trainer's flash attention lands on its bf16 output); unfused: the trainer's "
-                    "--flash_attention 0 arithmetic (fp32 scores, softmax rounded to bf16, P V in bf16), which --fp8 needs: "
-                    "FP8 rounds the attention output, so a bf16-level difference there becomes an e4m3 step")
+                    "--flash_attention 0 arithmetic (fp32 scores, softmax rounded to bf16, P V in bf16), which "
+                    "--fp8 needs: FP8 rounds the attention output, so a bf16-level difference there becomes an "
+                    "e4m3 step")
     ap.add_argument("--model_only", action="store_true", help="write only NAME_model.bin (no training)")
     ap.add_argument("--llmc", action="store_true", help="also write the model in llm.c's format (RoPE factor 8, "
                     "as llm.c reads it)")

@@ -37,14 +37,14 @@ is one micro-step, so batch k starts at (k-1)*B*T, read as (B, T) row-major, and
 --shape (another of ref_llama3.py's shapes) and --trainer_flags (added to every ./train_llama3 command) run
 1-3 on the untied model only, with that shape and those flags: the round trip of another recipe (bf16 weights,
 whose checkpoint holds them widened) or of a released model's shape.
-4. Greedy generation (the small shape without --trainer_flags only): another random model of that shape whose next token is clear: its embedding scaled
-   by EMBED_SCALE (the residual stream is then mostly the current token's embedding) and lm_head row j the
-   unit embedding of token perm[j] times HEAD_SCALE, a random permutation, so greedy decoding walks a cycle
-   of perm with the top logit tens of units above the next (a plain random model has near-ties that bf16
-   logits break either way). Trained one step with --sample_every 1 --temperature 0; its 32 generated
-   ids (the log's sample_ids, after token 0: this vocabulary has no LLaMA-3 BOS) against HF
-   generate(do_sample=False) on the exported step-1 checkpoint, in fp32; the smallest top-1 margin along
-   the path is printed.
+4. Greedy generation (the small shape without --trainer_flags only): another random model of that shape whose
+   next token is clear: its embedding scaled by EMBED_SCALE (the residual stream is then mostly the current
+   token's embedding) and lm_head row j the unit embedding of token perm[j] times HEAD_SCALE, a random
+   permutation, so greedy decoding walks a cycle of perm with the top logit tens of units above the next (a
+   plain random model has near-ties that bf16 logits break either way). Trained one step with --sample_every 1
+   --temperature 0; its 32 generated ids (the log's sample_ids, after token 0: this vocabulary has no LLaMA-3
+   BOS) against HF generate(do_sample=False) on the exported step-1 checkpoint, in fp32; the smallest top-1
+   margin along the path is printed.
 Tolerance: test_llama3.cu's TOL_LOSS, 1e-2 absolute (the loss of a step whose weights equal PyTorch's;
 about 1.5e-3 relative at this model's loss of ~6.9). Ends with "N passed, M failed".
 """
