@@ -157,18 +157,45 @@ def ffn_hidden(C, multiplier, multiple_of):
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
+class UnfusedAttention(torch.autograd.Function):
+    """The trainer's --flash_attention 0, forward and backward (attention_forward, attention_backward), rounding where
+    it rounds, so that --fp8's e4m3 quantising of the attention output and of its gradient sees its values:
+    scores = q k^T * scaling in fp32 (bf16 products summed in fp32), the causal softmax in fp32 rounded to q's
+    dtype (bf16), o = P v in bf16; dv = P^T dO, dP = dO v^T in fp32, dS = P (dP - rowsum(P dP)) rounded, dq = dS k
+    and dk = dS^T q times scaling, each rounded once. q (B, NH, T, HD); k, v (B, KVH, T, HD), each kv head shared by
+    G = NH / KVH query heads (its gradients summed over them)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scaling):
+        G, T = q.shape[1] // k.shape[1], q.shape[2]
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            kr, vr = k.repeat_interleave(G, dim=1).to(q.dtype), v.repeat_interleave(G, dim=1).to(q.dtype)
+            scores = torch.matmul(q.float(), kr.float().transpose(2, 3)) * scaling
+            causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+            probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1).to(q.dtype)
+            out = torch.matmul(probs, vr)
+        ctx.save_for_backward(q, kr, vr, probs)
+        ctx.scaling, ctx.G = scaling, G
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, kr, vr, probs = ctx.saved_tensors
+        dtype, heads_of_kv = q.dtype, lambda x: x.unflatten(1, (-1, ctx.G)).sum(2)  # (B, NH, ..) -> (B, KVH, ..)
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            p, do = probs.float(), d_out.to(dtype).float()
+            dv = heads_of_kv(torch.matmul(p.transpose(2, 3), do)).to(dtype)
+            dp = torch.matmul(do, vr.float().transpose(2, 3))
+            ds = (p * (dp - (p * dp).sum(-1, keepdim=True))).to(dtype).float()
+            dq = (torch.matmul(ds, kr.float()) * ctx.scaling).to(dtype)
+            dk = heads_of_kv(torch.matmul(ds.transpose(2, 3), q.float()) * ctx.scaling).to(dtype)
+        return dq, dk, dv, None
+
+
 def unfused_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """The trainer's --flash_attention 0 (attention_forward): scores = q k^T * scaling in fp32 (bf16 products summed
-    in fp32, as its fp32-output GEMM), the causal softmax in fp32 rounded to bf16, o = P v in bf16 (fp32 sums).
-    HF's attention interface: q (B, NH, T, HD), k and v (B, KVH, T, HD); returns o as (B, T, NH, HD)."""
-    G, T = module.num_key_value_groups, query.shape[2]
-    k, v = key.repeat_interleave(G, dim=1), value.repeat_interleave(G, dim=1)
-    with torch.autocast(device_type=query.device.type, enabled=False):
-        scores = torch.matmul(query.float(), k.float().transpose(2, 3)) * scaling
-        causal = torch.ones(T, T, dtype=torch.bool, device=query.device).tril()
-        probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1).to(query.dtype)
-        out = torch.matmul(probs, v.to(query.dtype))
-    return out.transpose(1, 2).contiguous(), None
+    """HF's attention interface for UnfusedAttention (causal, no padding: the mask is its own): q (B, NH, T, HD),
+    k and v (B, KVH, T, HD); returns o as (B, T, NH, HD)."""
+    return UnfusedAttention.apply(query, key, value, scaling).transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register("llama3cu_unfused", unfused_attention)
