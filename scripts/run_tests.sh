@@ -403,7 +403,7 @@ dry_run_memory() {
     echo "$lean" | grep -q '^fits: 80 GB ([^)]*) yes' && ok=1 || ok=0
     check $ok "--dry_run 1: the 8B recipe with --master_weights bf16 --recompute 2 fits 80 GB" "$(echo "$lean" | grep -E '^(memory|fits)')"
     # [offload] --offload_optimizer 1 moves m and v out of the GPU's total into pinned host memory.
-    local host gpu_total
+    local host
     # shellcheck disable=SC2086
     host=$(./train_llama3 $flags --offload_optimizer 1 2>&1)
     gpu_total() { echo "$1" | grep -o '^memory: [0-9.]*' | grep -o '[0-9.]*$'; }
@@ -628,8 +628,8 @@ trainer_run() {
 
 # runs_alike REF MICRO FLAG "VALUES" FLAGS...: 6 steps of REF's model at its B and T, MICRO micro-steps each,
 # with clipping, FLAGS and FLAG at each of VALUES, into $runs<value>(.jsonl, .out, /) (the command but the
-# model file, the value and the outputs in `alike`); appends to `detail` what differs from the first value's run: a failed run,
-# other losses or norms, model.bin or state.bin (same_as_run).
+# model file, the value and the outputs in `alike`); appends to `detail` what differs from the first
+# value's run: a failed run, other losses or norms, model.bin or state.bin (same_as_run).
 runs_alike() {
     local ref=$1 micro=$2 flag=$3 values=$4 v first="" bt b t
     shift 4
