@@ -160,19 +160,27 @@ def ffn_hidden(C, multiplier, multiple_of):
 class UnfusedAttention(torch.autograd.Function):
     """The trainer's --flash_attention 0, forward and backward (attention_forward, attention_backward), rounding where
     it rounds, so that --fp8's e4m3 quantising of the attention output and of its gradient sees its values:
-    scores = q k^T * scaling in fp32 (bf16 products summed in fp32), the causal softmax in fp32 rounded to q's
-    dtype (bf16), o = P v in bf16; dv = P^T dO, dP = dO v^T in fp32, dS = P (dP - rowsum(P dP)) rounded, dq = dS k
-    and dk = dS^T q times scaling, each rounded once. q (B, NH, T, HD); k, v (B, KVH, T, HD), each kv head shared by
-    G = NH / KVH query heads (its gradients summed over them)."""
+    q, k and v rounded to autocast's bf16 on entry (autocast hands them over in fp32: RoPE's tables and HF's cache
+    promote them; the trainer's rope kernel writes bf16; without autocast, the fp32 logits, nothing rounds),
+    scores = q k^T * scaling in fp32 (bf16 products summed in fp32), the causal softmax in fp32 as
+    exp(s - max) * (1 / sum) rounded to bf16, o = P v in bf16; dv = P^T dO, dP = dO v^T in fp32,
+    dS = P (dP - rowsum(P dP)) rounded, dq = dS k and dk = dS^T q times scaling (after dk's sum over the G heads,
+    as the GEMM's alpha), each rounded once; the gradients go back in the inputs' dtypes.
+    q (B, NH, T, HD); k, v (B, KVH, T, HD), each kv head shared by G = NH / KVH query heads."""
 
     @staticmethod
     def forward(ctx, q, k, v, scaling):
-        G, T = q.shape[1] // k.shape[1], q.shape[2]
-        with torch.autocast(device_type=q.device.type, enabled=False):
-            kr, vr = k.repeat_interleave(G, dim=1).to(q.dtype), v.repeat_interleave(G, dim=1).to(q.dtype)
+        G, T, device = q.shape[1] // k.shape[1], q.shape[2], q.device.type
+        ctx.in_dtypes = (q.dtype, k.dtype, v.dtype)
+        ctx.dtype = dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
+        with torch.autocast(device_type=device, enabled=False):
+            q = q.to(dtype)
+            kr, vr = k.repeat_interleave(G, dim=1).to(dtype), v.repeat_interleave(G, dim=1).to(dtype)
             scores = torch.matmul(q.float(), kr.float().transpose(2, 3)) * scaling
             causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-            probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1).to(q.dtype)
+            scores = scores.masked_fill(~causal, float("-inf"))
+            e = torch.exp(scores - scores.amax(-1, keepdim=True))
+            probs = (e * (1.0 / e.sum(-1, keepdim=True))).to(dtype)
             out = torch.matmul(probs, vr)
         ctx.save_for_backward(q, kr, vr, probs)
         ctx.scaling, ctx.G = scaling, G
@@ -181,15 +189,16 @@ class UnfusedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out):
         q, kr, vr, probs = ctx.saved_tensors
-        dtype, heads_of_kv = q.dtype, lambda x: x.unflatten(1, (-1, ctx.G)).sum(2)  # (B, NH, ..) -> (B, KVH, ..)
+        dtype, heads_of_kv = ctx.dtype, lambda x: x.unflatten(1, (-1, ctx.G)).sum(2)  # (B, NH, ..) -> (B, KVH, ..)
         with torch.autocast(device_type=q.device.type, enabled=False):
             p, do = probs.float(), d_out.to(dtype).float()
             dv = heads_of_kv(torch.matmul(p.transpose(2, 3), do)).to(dtype)
             dp = torch.matmul(do, vr.float().transpose(2, 3))
             ds = (p * (dp - (p * dp).sum(-1, keepdim=True))).to(dtype).float()
             dq = (torch.matmul(ds, kr.float()) * ctx.scaling).to(dtype)
-            dk = heads_of_kv(torch.matmul(ds.transpose(2, 3), q.float()) * ctx.scaling).to(dtype)
-        return dq, dk, dv, None
+            dk = (heads_of_kv(torch.matmul(ds.transpose(2, 3), q.float())) * ctx.scaling).to(dtype)
+        q_dtype, k_dtype, v_dtype = ctx.in_dtypes
+        return dq.to(q_dtype), dk.to(k_dtype), dv.to(v_dtype), None
 
 
 def unfused_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):

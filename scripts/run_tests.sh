@@ -591,7 +591,7 @@ TIED_SWITCHES=("--shadow_weights 0" "--bf16_grads 0" "--grad_zeroing memset" "--
 # quantised from the shadow: the trainer refuses it with --fp8 1) and --flash_attention 0, whose reference
 # is small_fp8_unfused: FP8 rounds the attention output to e4m3, so the unfused attention's bf16-level
 # difference from PyTorch's fused one became whole e4m3 steps against small_fp8 (logits 4.6e-2 against
-# 7.9e-5 with flash attention, H100 2026-12-07), while both stayed as far from fp32 as each other.
+# 7.9e-5 with flash attention, H100 2026-12-07); against its own reference, logits 0 (H100 2026-12-07).
 mapfile -t FP8_SWITCHES < <(printf '%s\n' "${SWITCHES[@]:-}" | grep -v -e '^--shadow_weights 0$' -e '^--flash_attention 0$' -e '^$')
 
 # make_refs SPEC...: writes each missing or stale reference, all at once.
