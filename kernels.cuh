@@ -44,6 +44,21 @@ static void cublas_check(cublasStatus_t s, const char* what, const char* file, i
 #define CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
 #define LAUNCH_CHECK() cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
 
+// cudaMalloc with the amount named when the GPU is out of memory.
+static void* device_alloc(size_t bytes, const char* what) {
+    void* p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        (void)cudaGetLastError(); // clears the failed allocation's error, so that the query below runs
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) free_b = total_b = 0; // prints 0 of 0
+        fprintf(stderr, "%sout of GPU memory: %s needs %.2f GiB, %.2f GiB free of %.2f GiB (%s)\n", rank_tag, what,
+                bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0, cudaGetErrorString(e));
+        exit(EXIT_FAILURE);
+    }
+    return p;
+}
+
 static inline unsigned ceil_div(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 static inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
 
@@ -2040,7 +2055,7 @@ static void gemm_create(Gemm* g) {
     memset(g, 0, sizeof(*g));
     CUBLAS_CHECK(cublasLtCreate(&g->handle));
     g->workspace_bytes = GEMM_WORKSPACE_BYTES;
-    CUDA_CHECK(cudaMalloc(&g->workspace, g->workspace_bytes));
+    g->workspace = device_alloc(g->workspace_bytes, "cuBLASLt workspace");
 }
 
 static void gemm_destroy(Gemm* g) {

@@ -469,6 +469,9 @@ HOST_MUTANTS = [
      "its AdamW state whole, not its ZeRO-1 share",
      "model_size(&m, cfg, &run, ranks->world > 1 ? &shard : NULL, DRY_RUN_SMS);",
      "model_size(&m, cfg, &run, NULL, DRY_RUN_SMS);"),
+    ("memory_without_overhead", "cli", "train_llama3.cu", "the memory check counts the buffers alone, not what "
+     "a run takes beside them (code, libraries): the 3B at B=8, T=1024 passes it and runs out of memory at the "
+     "start (H100, 2026-12-07)", "#define RUN_OVERHEAD_BYTES ((size_t)1 << 30)", "#define RUN_OVERHEAD_BYTES ((size_t)0)"),
     ("run_config_one_micro_step", "cli", "llama3.h", "run_config gives model creation one micro-step whatever "
      "--total_batch_size says", "RunConfig r = {l->batch_size, l->sequence_length, micro_steps(l),",
      "RunConfig r = {l->batch_size, l->sequence_length, 1,"),

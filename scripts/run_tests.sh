@@ -390,17 +390,24 @@ dry_run_memory() {
     local big
     big=$(./train_llama3 --dry_run 1 --shape 8b --batch_size 1 --sequence_length 2048 --total_batch_size 65536 \
         --optimizer_state bf16 --recompute 1 2>&1)
-    echo "$one" | grep -q '^fits: 80 GB (H100, about 79 GiB for a run) yes, 141 GB (H200, about 139 GiB) yes$' &&
-        echo "$big" | grep -q '^fits: 80 GB ([^)]*) no, 141 GB ([^)]*) yes. Smaller: --master_weights bf16 (frees the fp32 masters. 27.96 GiB), --recompute 2' &&
+    echo "$one" | grep -q '^fits, with 1.00 GiB for code and libraries: 80 GB (H100, about 79 GiB free) yes, 141 GB (H200, about 139 GiB free) yes$' &&
+        echo "$big" | grep -q '^fits, [^:]*: 80 GB ([^)]*) no, 141 GB ([^)]*) yes. Smaller: --master_weights bf16 (frees the fp32 masters. 27.96 GiB), --recompute 2' &&
         ok=1 || ok=0
     check $ok "--dry_run 1 says which card each fits: the 1B at B=16, T=1024 both, the 8B recipe only 141 GB, and what shrinks it" \
         "$(echo "$one" | grep '^fits') | $(echo "$big" | grep '^fits')"
+    # What a run takes beyond its buffers counts: the 3B at B=8, T=1024 (78.66 GiB of buffers) passed the
+    # check without it and ran out of memory at the start on an H100 (2026-12-07).
+    local edge
+    edge=$(./train_llama3 --dry_run 1 --shape 3b --batch_size 8 --sequence_length 1024 --total_batch_size 65536 2>&1)
+    echo "$edge" | grep -q '^memory: 78.66 GiB' && echo "$edge" | grep -q '^fits, [^:]*: 80 GB ([^)]*) no' && ok=1 || ok=0
+    check $ok "--dry_run 1: the 3B at B=8, T=1024 with fp32 state, 78.66 GiB of buffers, does not fit 80 GB" \
+        "$(echo "$edge" | grep -E '^(memory|fits)')"
     # [bf16 weights] The 8B's matmul weights without fp32 masters (6.98 G weights, 4 bytes each) and
     # --recompute 2: the recipe's 32 micro-steps of B=1, T=2048 on an 80 GB card.
     local lean
     lean=$(./train_llama3 --dry_run 1 --shape 8b --batch_size 1 --sequence_length 2048 --total_batch_size 65536 \
         --optimizer_state bf16 --recompute 2 --master_weights bf16 2>&1)
-    echo "$lean" | grep -q '^fits: 80 GB ([^)]*) yes' && ok=1 || ok=0
+    echo "$lean" | grep -q '^fits, [^:]*: 80 GB ([^)]*) yes' && ok=1 || ok=0
     check $ok "--dry_run 1: the 8B recipe with --master_weights bf16 --recompute 2 fits 80 GB" "$(echo "$lean" | grep -E '^(memory|fits)')"
     # [offload] --offload_optimizer 1 moves m and v out of the GPU's total into pinned host memory.
     local host
