@@ -9,7 +9,7 @@
 # replaced, and said: `hf` (the gated download) is not run; Llama-3.2-1B/ is instead a small random
 # model of the LLaMA-3 vocabulary (ref_llama3.py --model_only, exported by export_hf.py) with a
 # tokenizer.json made from data/llama3_vocab.bin, and my_texts/ is Tiny Shakespeare decoded from
-# data/. A command with --shape 8b needs a GPU of 120 GiB or more (the README's table), else it is
+# data/. A command with --shape 8b needs a GPU of 120 GiB or more (the README: 111.43 GiB), else it is
 # skipped. A recipe passes when each command exits 0 and its outputs are whole (check_NAME below).
 #   NAME ...         the recipes to run (default: all), then "N passed, M failed"
 #   --list           the recipes and their commands as the test reads them, and exit (no GPU needed)
