@@ -43,6 +43,10 @@ for s in $shapes; do case $s in 1b | 3b | 8b) ;; *) bad_argument "--shapes: '$s'
 case $steps in '' | *[!0-9]* | 0 | 1) bad_argument "--steps $steps: want 2 or more (the median skips step 1)" ;; esac
 case $tokens in '' | *[!0-9]* | 0) bad_argument "--tokens $tokens: want a number of tokens" ;; esac
 case $torch_accum in '') ;; *[!0-9]* | 0*) bad_argument "--torch_accum $torch_accum: want 1 or more" ;; esac
+for s in $shapes; do
+    T=$([ "$s" = 8b ] && echo 2048 || echo 1024)
+    [ $((tokens % T)) = 0 ] || bad_argument "--tokens $tokens: not a whole number of the $s's sequences of $T tokens"
+done
 mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2> /dev/null | head -n 1)
 [ -n "$mib" ] || { echo "error: scripts/bench_models.sh needs a GPU (nvidia-smi finds none)"; exit 1; }
 card=$([ "$mib" -gt 100000 ] && echo "141 GB" || echo "80 GB")
@@ -66,7 +70,7 @@ PY
 # fitting SHAPE T FLAGS...: "B|flags" of the first setting the dry run says fits this card, or
 # "none|advice" with the dry run's advice for the largest setting.
 fitting() {
-    local shape=$1 T=$2 extra b out
+    local shape=$1 T=$2 extra b out=""
     shift 2
     local w="--optimizer_state bf16 --master_weights bf16"
     local o="$w --offload_optimizer 1"
@@ -86,20 +90,23 @@ fitting() {
 # as far as PyTorch has it, at the row's B or, where PyTorch runs out of memory, the largest half of it
 # that fits with as many more micro-steps (the same tokens a step); or "failed|why".
 torch_peer() {
-    local shape=$1 b=$2 T=$3 micro=${torch_accum:-$4} flags=$5 peer out recipe=""
+    local shape=$1 b=$2 T=$3 micro=${torch_accum:-$4} flags=$5 peer out err=$tmp/torch_peer.err recipe=""
     [[ $flags == *"--master_weights bf16"* ]] && recipe+=" --master_weights bf16"
     [[ $flags == *--recompute* || $flags == *--offload_optimizer* ]] && recipe+=" --checkpointing"
     while [ "$b" -ge 1 ]; do
         peer="--mode compile --batch_size $b --accum $micro$recipe"
         # shellcheck disable=SC2086
-        if out=$(python3 scripts/bench_torch.py --shape "$shape" --seq_len "$T" $peer --steps 2 --warmup 1 2>&1); then
-            echo "$(tail -n 1 <<< "$out" | python3 -c 'import json, sys; print(round(json.loads(sys.stdin.read())["tok_s"]))')|$peer"
+        # (its JSON line on stdout; torch's and torchao's warnings on stderr)
+        if out=$(python3 scripts/bench_torch.py --shape "$shape" --seq_len "$T" $peer --steps 2 --warmup 1 2> "$err") &&
+            out=$(grep '^{' <<< "$out" | tail -n 1 | python3 -c 'import json, sys; print(round(json.load(sys.stdin)["tok_s"]))'); then
+            echo "$out|$peer"
             return
         fi
-        grep -q OutOfMemoryError <<< "$out" || break
+        grep -q OutOfMemoryError "$err" || break
         b=$((b / 2)) micro=$((micro * 2))
     done
-    echo "failed|$(grep -m 1 -oE '(OutOfMemoryError|error)[^.]*' <<< "$out" || tail -n 1 <<< "$out")"
+    # why: the script's own one-line error, else the traceback's last exception line, else stderr's last line
+    echo "failed|$({ grep -E '^(error: |[A-Za-z_.]*(Error|Exception)\b)' "$err" || tail -n 1 "$err"; } | tail -n 1 | tr -d '|')"
 }
 
 rows=()

@@ -24,8 +24,10 @@ memory.
 --device cpu runs the same on the CPU (gloo between the ranks, wall-clock times): a check that the
 script works on a machine without a GPU (make test's host part), not a benchmark.
 """
+import contextlib
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -108,6 +110,9 @@ def make_optimizer(model, master_weights):
         from torchao.optim import _AdamW  # (torchao 0.18's name for its AdamW over bf16 weights)
     except ModuleNotFoundError as e:
         cli.missing_package(__file__, e, "requirements-bench.txt")
+    except ImportError as e:
+        sys.exit(f"error: bench_torch.py --master_weights bf16 needs torchao's _AdamW (torchao 0.18, "
+                 f"requirements-bench.txt): {e}")
     model.to(torch.bfloat16)
     return _AdamW(model.parameters(), lr=1e-5, bf16_stochastic_round=True)
 
@@ -139,6 +144,8 @@ def main(args):
     if args.ddp:
         fwd = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
                                                         gradient_as_bucket_view=True)
+    # DDP averages the gradients once a step, after the last micro-step, as the trainer reduces them
+    ddp = fwd if args.ddp else None
     if args.mode != "eager":
         fwd = torch.compile(fwd, mode="reduce-overhead" if args.mode == "cudagraphs" else None)
     gen = torch.Generator(device=device).manual_seed(1000 + rank)  # each rank its own tokens
@@ -146,21 +153,23 @@ def main(args):
     y = torch.randint(0, cfg.vocab_size, (B, T), device=device, generator=gen)
 
     def step():
-        for _ in range(args.accum):  # (the same batch each micro-step: the timing does not depend on the tokens)
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
-                logits = fwd(input_ids=x).logits
-            loss = F.cross_entropy(logits.float().view(-1, cfg.vocab_size), y.view(-1)) / args.accum
-            loss.backward()
+        for k in range(args.accum):  # (the same batch each micro-step: the timing does not depend on the tokens)
+            with ddp.no_sync() if ddp is not None and k < args.accum - 1 else contextlib.nullcontext():
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                    logits = fwd(input_ids=x).logits
+                loss = F.cross_entropy(logits.float().view(-1, cfg.vocab_size), y.view(-1)) / args.accum
+                loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    torch.manual_seed(7)  # every rank the same stream: torchao's stochastic rounding draws from it
     for _ in range(args.warmup):
         step()
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     times = sorted(timed(step, device) for _ in range(args.steps))
-    med = times[len(times) // 2]
+    med = statistics.median(times)  # (of two steps, their mean)
     out = {"impl": f"pytorch {args.mode}" + (" ddp" if args.ddp else ""), "shape": args.shape, "tied": args.tied,
            "fp8": args.fp8, "fp8_grads": args.fp8_grads if args.fp8 else None, "ranks": world, "B": B, "T": T,
            "accum": args.accum, "master_weights": args.master_weights, "checkpointing": args.checkpointing,

@@ -50,6 +50,7 @@ about 1.5e-3 relative at this model's loss of ~6.9). Ends with "N passed, M fail
 """
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -63,12 +64,28 @@ def parse_args():
     ap = cli.ArgumentParser(__file__, description=what, epilog=f"example:\n{example}")
     ap.add_argument("--work_dir", help="keep the files here, a folder made when missing (default: a temporary "
                     "folder)")
-    ap.add_argument("--shape", choices=["small", "1b", "3b", "8b"], default="small", help="the model's shape "
-                    "(ref_llama3.py's); another than small runs the untied round trip only")
+    ap.add_argument("--shape", choices=["small", "1b", "3b"], default="small", help="the model's shape "
+                    "(ref_llama3.py's); another than small runs the untied round trip only (the 8B's fp32 HF "
+                    "model stays on the GPU beside the trainer's runs: no card holds both)")
     ap.add_argument("--trainer_flags", default="", help="flags added to every ./train_llama3 command, e.g. "
                     "\"--master_weights bf16 --optimizer_state bf16\"; given, the untied round trip only")
-    return ap.parse_args()
+    args = ap.parse_args()
+    try:
+        args.trainer_flags = shlex.split(args.trainer_flags)
+    except ValueError as e:
+        ap.error(f"--trainer_flags: {e}")
+    own = sorted({f.split("=")[0] for f in args.trainer_flags} & OWN_FLAGS)
+    if own:
+        ap.error(f"--trainer_flags: {', '.join(own)} is set by the test itself")
+    return args
 
+
+# The flags train() gives every run: --trainer_flags may not give them again (the trainer takes the last).
+OWN_FLAGS = {"--llmc_filepath", "--hf_dir", "--input_bin", "--num_iteration", "--batch_size", "--sequence_length",
+             "--total_batch_size", "--learning_rate", "--log_file", "--checkpoint_dir", "--shuffle", "--resume",
+             "--save_hf", "--save_hf_dtype", "--save_hf_checkpoints", "--val_every", "--val_tokens", "--val_bin",
+             "--stop_after", "--checkpoint_every", "--eval_file", "--eval_every", "--sample_every", "--sample_tokens",
+             "--temperature"}
 
 if __name__ == "__main__":
     ARGS = parse_args()  # (before torch's import: --help and a bad argument on any machine)
@@ -130,7 +147,7 @@ def train(work, name, model_file, tokens_file, steps, extra=(), model_flag="--ll
     ok = run(["./train_llama3", model_flag, model_file, "--input_bin", tokens_file,
               "--num_iteration", str(steps), "--batch_size", str(B), "--sequence_length", str(T),
               "--total_batch_size", str(B * T), "--learning_rate", str(LR), "--log_file", log,
-              "--checkpoint_dir", ck, "--shuffle", "0", *ARGS.trainer_flags.split(), *extra])
+              "--checkpoint_dir", ck, "--shuffle", "0", *ARGS.trainer_flags, *extra])
     losses, val = {}, {}
     if ok and os.path.isfile(log):
         for line in open(log):
