@@ -1541,13 +1541,22 @@ static void clip_guard(AdamWParams* h, StepStats* stats, const float* partial, i
 }
 
 // torch.optim.AdamW's update (the fused kernel's order of operations), on the gradient times the
-// clipping scale; weight decay wd (0 for the norm weights).
+// clipping scale; weight decay wd (0 for the norm weights). APPROX: the square root and the two
+// divisions by the special-function unit (2 ulp) in place of IEEE's, about 20 instructions an element
+// fewer, for [bf16 weights], whose update is rounded into bf16 at random anyway (dev/adamw version 7).
+template <bool APPROX = false>
 __device__ inline void adamw_update(float& p, float& m, float& v, float g, const AdamWParams& h, float wd) {
     g *= h.grad_scale;
     p -= h.lr * wd * p;
     m = h.beta1 * m + (1.0f - h.beta1) * g;
     v = h.beta2 * v + (1.0f - h.beta2) * g * g;
-    p -= h.step_size * m / (sqrtf(v) / h.bias_corr2_sqrt + h.eps);
+    if constexpr (APPROX) {
+        float root;
+        asm("sqrt.approx.f32 %0, %1;" : "=f"(root) : "f"(v)); // (of +0: +0)
+        p -= h.step_size * __fdividef(m, __fdividef(root, h.bias_corr2_sqrt) + h.eps);
+    } else {
+        p -= h.step_size * m / (sqrtf(v) / h.bias_corr2_sqrt + h.eps);
+    }
 }
 
 // Gradients as floats, fp32 or [bf16 grads]: 4 at a time in one 128-bit (fp32) or 64-bit (bf16)
@@ -1615,7 +1624,7 @@ template <typename P, typename M> __device__ inline uint64_t update_bits(uint64_
 // (the rounding stream's key, the same on every rank). Plain, not streaming (__ldcs/__stcs),
 // accesses: dev/adamw measured the streaming hints at 93% of the copy ceiling and plain ones at 99%
 // on the H200.
-template <typename P, typename G, typename M>
+template <bool APPROX = false, typename P, typename G, typename M>
 __device__ inline float4 adamw_update4(P* params, M* m, M* v, const G* grads, size_t i, uint64_t element,
                                        const AdamWParams& h, float wd) {
     Vec16<float> p = load_state4(params + i), m4 = load_state4(m + i), v4 = load_state4(v + i);
@@ -1624,7 +1633,7 @@ __device__ inline float4 adamw_update4(P* params, M* m, M* v, const G* grads, si
     uint64_t bits[4];
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-        adamw_update(p.v[e], m4.v[e], v4.v[e], g[e], h, wd);
+        adamw_update<APPROX>(p.v[e], m4.v[e], v4.v[e], g[e], h, wd);
         bits[e] = update_bits<P, M>(element + e, h.t);
     }
     store_state4(params + i, p, bits, ROUND_W);
@@ -1632,11 +1641,11 @@ __device__ inline float4 adamw_update4(P* params, M* m, M* v, const G* grads, si
     store_state4(v + i, v4, bits, ROUND_V);
     return make_float4(p.v[0], p.v[1], p.v[2], p.v[3]);
 }
-template <typename P, typename G, typename M>
+template <bool APPROX = false, typename P, typename G, typename M>
 __device__ inline float adamw_update1(P* params, M* m, M* v, const G* grads, size_t i, uint64_t element,
                                       const AdamWParams& h, float wd) {
     float p = state_at(params, i), mi = state_at(m, i), vi = state_at(v, i);
-    adamw_update(p, mi, vi, grad_at(grads, i), h, wd);
+    adamw_update<APPROX>(p, mi, vi, grad_at(grads, i), h, wd);
     uint64_t bits = update_bits<P, M>(element, h.t);
     store_state(params, i, p, bits, ROUND_W);
     store_state(m, i, mi, bits, ROUND_M);
@@ -1652,8 +1661,8 @@ __device__ inline float adamw_update1(P* params, M* m, M* v, const G* grads, siz
 // moments). The last n % VEC elements are done by the first threads, scalar. G: the gradient's
 // type, float or bf16; M: the moments', float or bf16. element0: params[0]'s index in the
 // parameter block. decay: weight decay applies (not to the norm weights). A step the NaN guard
-// skips changes nothing.
-template <int VEC, bool SHADOW, typename P, typename G, typename M>
+// skips changes nothing. APPROX: adamw_update's.
+template <int VEC, bool SHADOW, bool APPROX = false, typename P, typename G, typename M>
 __global__ void adamw_kernel(P* params, M* m, M* v, const G* grads, bf16* shadow, size_t n, uint64_t element0,
                              const AdamWParams* hp, bool decay) {
     static_assert(!(SHADOW && std::is_same<P, bf16>::value), "bf16 weights are their own bf16 copy: no shadow");
@@ -1663,17 +1672,17 @@ __global__ void adamw_kernel(P* params, M* m, M* v, const G* grads, bf16* shadow
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, i = t * VEC;
     if (i + VEC <= n) {
         if constexpr (VEC == 4) {
-            float4 p = adamw_update4(params, m, v, grads, i, element0 + i, h, wd);
+            float4 p = adamw_update4<APPROX>(params, m, v, grads, i, element0 + i, h, wd);
             if (SHADOW) store_bf16x4(shadow + i, p);
         } else {
-            float p = adamw_update1(params, m, v, grads, i, element0 + i, h, wd);
+            float p = adamw_update1<APPROX>(params, m, v, grads, i, element0 + i, h, wd);
             if (SHADOW) shadow[i] = __float2bfloat16_rn(p);
         }
     }
     size_t tail = n % VEC;
     if (t < tail) {
         size_t j = n - tail + t;
-        float p = adamw_update1(params, m, v, grads, j, element0 + j, h, wd);
+        float p = adamw_update1<APPROX>(params, m, v, grads, j, element0 + j, h, wd);
         if (SHADOW) shadow[j] = __float2bfloat16_rn(p);
     }
 }
@@ -1696,13 +1705,13 @@ static bool adamw_vec4_ok(const P* params, const M* m, const M* v, const G* grad
 }
 // adamw_kernel over n elements, float4 where adamw_vec4_ok allows it; shadow NULL without SHADOW.
 // allow_vec4 = false forces the scalar kernel (the ablation's "no vectorised Adam").
-template <bool SHADOW, typename P, typename G, typename M>
+template <bool SHADOW, bool APPROX = false, typename P, typename G, typename M>
 static void adamw_dense(P* params, M* m, M* v, const G* grads, bf16* shadow, size_t n, uint64_t element0,
                         const AdamWParams* h, bool decay, int sms, cudaStream_t s, bool allow_vec4 = true) {
     const int threads = ADAMW_THREADS;
     BOOL_SWITCH(allow_vec4 && adamw_vec4_ok(params, m, v, grads, shadow, n, sms), VEC4, [&] {
         unsigned blocks = VEC4 ? ceil_div(n / 4 + 1, threads) : ceil_div(n, threads);
-        adamw_kernel<VEC4 ? 4 : 1, SHADOW>
+        adamw_kernel<VEC4 ? 4 : 1, SHADOW, APPROX>
             <<<blocks, threads, 0, s>>>(params, m, v, grads, shadow, n, element0, h, decay);
     });
     LAUNCH_CHECK();
