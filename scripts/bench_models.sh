@@ -13,7 +13,7 @@
 # it, peak memory, the flags, and FP8's tok/s over bf16's. A model that fits no way is a row with
 # the dry run's advice.
 #   --torch          also PyTorch beside each bf16 row, in the same call: scripts/bench_torch.py --mode
-#                    compile (HF LlamaForCausalLM, the same shape, B and T) with the row's recipe as far
+#                    compile (HF LlamaForCausalLM, the same shape, tied or not, B and T) with the row's recipe as far
 #                    as PyTorch has it: --master_weights bf16 (torchao's stochastically rounded AdamW,
 #                    requirements-bench.txt) where the row has bf16 weights, --checkpointing where it
 #                    recomputes or offloads (its memory was tight); 1 warm-up step, then the median of 2;
@@ -91,6 +91,8 @@ fitting() {
 # that fits with as many more micro-steps (the same tokens a step); or "failed|why".
 torch_peer() {
     local shape=$1 b=$2 T=$3 micro=${torch_accum:-$4} flags=$5 peer out err=$tmp/torch_peer.err recipe=""
+    # tied as the trainer's model of that shape is (its dry run's config line: the 3B is, as released)
+    ./train_llama3 --dry_run 1 --shape "$shape" --input_bin "$data" 2>&1 | grep -q '| tied 1 |' && recipe+=" --tied"
     [[ $flags == *"--master_weights bf16"* ]] && recipe+=" --master_weights bf16"
     [[ $flags == *--recompute* || $flags == *--offload_optimizer* ]] && recipe+=" --checkpointing"
     while [ "$b" -ge 1 ]; do
