@@ -722,6 +722,8 @@ static size_t memory_total(const MemoryParts* p) {
 // runs on an H100 took 0.84 to 1.31 GiB more than their parts, the context's 0.5 GiB included; the 3B at
 // B=8, T=1024, 78.66 GiB of parts, passed a check without this and ran out of memory (2026-12-07).
 #define RUN_OVERHEAD_BYTES ((size_t)1 << 30)
+// What a run needs free on its GPU: its buffers and that overhead (check_fits, and --dry_run's verdicts).
+static size_t memory_needed(const MemoryParts* p) { return memory_total(p) + RUN_OVERHEAD_BYTES; }
 static void memory_print(FILE* f, const MemoryParts* p) {
     const double G = 1073741824.0;
     fprintf(f, "%.2f GiB: weights %.2f, AdamW m and v %.2f, gradients %.2f, activations %.2f, workspace %.2f",
@@ -760,7 +762,7 @@ static void check_fits(const Model* m) {
     }
     size_t free_b, total_b;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    if (memory_total(&parts) + RUN_OVERHEAD_BYTES <= free_b) return;
+    if (memory_needed(&parts) <= free_b) return;
     fprintf(stderr, "out of GPU memory: the model needs ");
     memory_print(stderr, &parts);
     char advice[512];
@@ -2812,7 +2814,7 @@ static int dry_run(const TrainArgs* a, const Llama3Config* cfg, const RankEnv* r
     // the CUDA context took in runs on 2026-12-06; an H200's about 139 GiB as its machine's notes give it.
     const struct { const char* card; double gib; } cards[] = {{"80 GB (H100, about 79 GiB free)", 79.0},
                                                               {"141 GB (H200, about 139 GiB free)", 139.0}};
-    double need = (memory_total(&parts) + RUN_OVERHEAD_BYTES) / 1073741824.0;
+    double need = memory_needed(&parts) / 1073741824.0;
     printf("fits, with %.2f GiB for code and libraries: ", RUN_OVERHEAD_BYTES / 1073741824.0);
     for (size_t i = 0; i < sizeof(cards) / sizeof(cards[0]); i++)
         printf("%s%s %s", i ? ", " : "", cards[i].card, need <= cards[i].gib ? "yes" : "no");
