@@ -80,12 +80,15 @@ static void adam_free(AdamBuffers& b) {
     for (void* p : all) CUDA_CHECK(cudaFree(p));
 }
 
-// The path adamw_dense takes for these buffers (version 3: fp32 grads, 4: bf16, 5: bf16 moments, 6:
+// Versions 6 and 7 keep the weights in bf16 (no fp32 master), with bf16 moments and gradients.
+static bool bf16_weights(int version) { return version >= 6; }
+
+// The path adamw_dense takes for these buffers (version 3: fp32 grads, 4: bf16, 5: bf16 moments, 6 and 7:
 // bf16 weights, moments and grads): its guard (kernels.cuh adamw_vec4_ok), same inputs.
 static bool trainer_uses_float4(const AdamBuffers& b, size_t n, int sms, int version) {
     if (version == 4) return adamw_vec4_ok(b.params, b.m, b.v, b.grads_bf16, b.shadow, n, sms);
     if (version == 5) return adamw_vec4_ok(b.params, b.m_bf16, b.v_bf16, b.grads, b.shadow, n, sms);
-    if (version >= 6) return adamw_vec4_ok(b.params_bf16, b.m_bf16, b.v_bf16, b.grads_bf16, (bf16*)NULL, n, sms);
+    if (bf16_weights(version)) return adamw_vec4_ok(b.params_bf16, b.m_bf16, b.v_bf16, b.grads_bf16, (bf16*)NULL, n, sms);
     return adamw_vec4_ok(b.params, b.m, b.v, b.grads, b.shadow, n, sms);
 }
 
@@ -229,19 +232,19 @@ static void validate(size_t n, size_t offset, int sms, const DevArgs& a, bool* o
         adamw_version(version, b, n, h, var.decay, sms);
         std::vector<float> got[3] = {dev_download(b.params, n), dev_download(b.m, n), dev_download(b.v, n)};
         if (version >= 5) got[1] = from_bf16(dev_download(b.m_bf16, n)), got[2] = from_bf16(dev_download(b.v_bf16, n));
-        if (version >= 6) got[0] = from_bf16(dev_download(b.params_bf16, n));
+        if (bf16_weights(version)) got[0] = from_bf16(dev_download(b.params_bf16, n));
         const char* path = version >= 3 && trainer_uses_float4(b, n, sms, version) ? "float4" : "scalar";
         const char* names[3] = {"params", "m", "v"};
-        const std::vector<float>* refs = ref_of[version == 4 ? 1 : version == 5 ? 2 : version >= 6 ? 3 : 0];
+        const std::vector<float>* refs = ref_of[version == 4 ? 1 : version == 5 ? 2 : bf16_weights(version) ? 3 : 0];
         const float scale[3] = {0.02f, 1e-3f, 1e-7f}, tol = var.skip ? 0.0f : 1e-6f;
         char what[96];
         for (int k = 0; k < 3; k++) {
             snprintf(what, sizeof(what), "v%d %s n=%zu%s%s %s", version, path, n, offset ? " misaligned" : "",
                      var.name, names[k]);
-            bool rounded = (version >= 6 || (version == 5 && k > 0)) && !var.skip;
+            bool rounded = (bf16_weights(version) || (version == 5 && k > 0)) && !var.skip;
             ok[version] &= dev_check(what, got[k], refs[k], tol * scale[k], rounded ? 1.0f / 128.0f : tol);
         }
-        if (version >= 6) {
+        if (bf16_weights(version)) {
             if (n >= 1000000 && !var.skip) check_draws(version, n, got, refs, &ok[version]);
             continue; // (its weights are the GEMMs' bf16 copy: no shadow)
         }
