@@ -18,7 +18,8 @@
 //   1  the trainer's matmul() (the library: cuBLASLt's heuristic picks the kernel).
 //   2  the heuristic's first 8 candidates for the largest B=16,T=1024 GEMMs, each timed after 3 s
 //      back to back: the rate at the clock the 700 W power cap leaves (see version 2's note).
-// sizes: N = 256 (B=4, T=64) and 16384 (B=16, T=1024). Validated on every layer's shapes of a
+// sizes: N = 256 (B=4, T=64) and 16384 (B=16, T=1024); the 3B's and the 8B's layers (--shape 3b, 8b)
+// at N = 4096, their micro-batch in the README's model table. Validated on every layer's shapes of a
 // small model (C 64, 4/2 heads of 16, F 128, V 520) at N = 34, and on attn_out at N = 256.
 #include "common.h"
 #include "../llama3.h"
@@ -121,7 +122,7 @@ static void validate(Gemm* g, int N, Linear l, bool* ok) {
 
 // All four calls of one linear layer. Rotation is sized by the forward's operands (the input
 // grad's are the same, the weight grad's larger): at N = 256 the small layers' fit in L2.
-static void time_linear(Gemm* g, int N, Linear l, bool ok) {
+static void time_linear(Gemm* g, const char* model, int N, Linear l, bool ok) {
     int sets = rotations(2 * ((size_t)N * l.in + (size_t)l.out * l.in + (size_t)N * l.out));
     std::vector<LinearBuffers> b(sets);
     for (auto& s : b) {
@@ -134,7 +135,7 @@ static void time_linear(Gemm* g, int N, Linear l, bool ok) {
         int r = 0;
         double ms = median_ms([&] { gemm_kind(g, kind, b[r++ % sets], N, l); });
         char kernel[64], size[64];
-        snprintf(kernel, sizeof(kernel), "%s %s", l.name, KIND_NAMES[kind]);
+        snprintf(kernel, sizeof(kernel), "%s %s %s", model, l.name, KIND_NAMES[kind]);
         snprintf(size, sizeof(size), "M=%d N=%d K=%d", MNK[kind][0], MNK[kind][1], MNK[kind][2]);
         print_row(kernel, sets > 1 ? "1 cuBLASLt (rotated)" : "1 cuBLASLt", size, ms, 0.0, 2.0 * N * l.out * l.in, ok);
     }
@@ -273,9 +274,13 @@ int main(int argc, char** argv) {
         gemm_ceiling_tflops(); // measured before the table, so its line does not split it
         sustained_gemm_tflops(&g, 5.0);
         print_header();
-        if (dev_selected(a, 1))
+        if (dev_selected(a, 1)) {
             for (int N : {256, 16384})
-                for (const Linear& l : model_linears(full)) time_linear(&g, N, l, ok[1]);
+                for (const Linear& l : model_linears(full)) time_linear(&g, "1B", N, l, ok[1]);
+            // the 3B's and the 8B's micro-batches of the README's model table: B=4, T=1024 and B=2, T=2048
+            for (const Linear& l : model_linears(family_config(SHAPE_3B))) time_linear(&g, "3B", 4096, l, ok[1]);
+            for (const Linear& l : model_linears(family_config(SHAPE_8B))) time_linear(&g, "8B", 4096, l, ok[1]);
+        }
     }
     if (dev_selected(a, 2)) { // the largest GEMMs of a B=16, T=1024 step
         std::vector<Linear> ls = model_linears(full);
