@@ -1543,7 +1543,8 @@ static void clip_guard(AdamWParams* h, StepStats* stats, const float* partial, i
 // torch.optim.AdamW's update (the fused kernel's order of operations), on the gradient times the
 // clipping scale; weight decay wd (0 for the norm weights). APPROX: the square root and the two
 // divisions by the special-function unit (2 ulp) in place of IEEE's, about 20 instructions an element
-// fewer, for [bf16 weights], whose update is rounded into bf16 at random anyway (dev/adamw version 7).
+// fewer, for [bf16 weights], whose update is rounded into bf16 at random anyway (dev/adamw version 7:
+// 99 % of the copy rate on the 1B's largest tensor where IEEE's version 6 reached 90 %, H100).
 template <bool APPROX = false>
 __device__ inline void adamw_update(float& p, float& m, float& v, float g, const AdamWParams& h, float wd) {
     g *= h.grad_scale;

@@ -237,8 +237,8 @@ template <typename W, typename G>
 static void optimizer_update(const Optimizer* o, W* w, bf16* shadow, const G* grads, size_t n, size_t element0,
                              size_t state, bool decay, const AdamWParams* h, cudaStream_t s) {
     with_moments(o, state, [&](auto* am, auto* av) {
-        if constexpr (std::is_same<W, bf16>::value) {
-            adamw_dense<false>(w, am, av, grads, (bf16*)NULL, n, element0, h, decay, o->sms, s, o->vec4);
+        if constexpr (std::is_same<W, bf16>::value) { // APPROX: rounded into bf16 at random anyway
+            adamw_dense<false, true>(w, am, av, grads, (bf16*)NULL, n, element0, h, decay, o->sms, s, o->vec4);
         } else {
             BOOL_SWITCH(shadow != NULL, SHADOW, [&] {
                 adamw_dense<SHADOW>(w, am, av, grads, shadow, n, element0, h, decay, o->sms, s, o->vec4);

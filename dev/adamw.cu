@@ -16,7 +16,7 @@
 //        ./dev/adamw K        version K only
 //        ./dev/adamw --check  validate only, no timing (what `make test` runs)
 //
-// versions (3 to 6 the trainer's paths, called through ../kernels.cuh; 7 a candidate for its bf16 weights):
+// versions (3 to 5 and 7 the trainer's paths, called through ../kernels.cuh):
 //   1  scalar Adam, one element per thread, no shadow (adamw_kernel<1, false>), then a separate
 //      f32 -> bf16 cast of the parameters (cast_to_bf16): the seed's starting point, Adam and
 //      then a cast before the GEMMs. 28 + 6 bytes per element.
@@ -37,11 +37,11 @@
 //      quarter of the fractions, the share rounded up equals the mean fraction within 0.01), and
 //      the three draws of an element, and the weight draws of neighbouring elements, are
 //      uncorrelated (|r| < 0.01 over 1M elements: sharing bits gives r near 0.5).
-//   7  version 6 with adamw_update's APPROX: the square root and the two divisions by the special-function
-//      unit (2 ulp) instead of IEEE's. Version 6 runs at 90% of the copy rate (H100, 2026-12-07) on
-//      about 120 instructions an element, near what the SMs issue in the time of its 14 bytes; this drops
-//      about 20 of them: 99% on the largest tensor (H100, the next day). Checked as version 6 is (one
-//      bf16 ulp, the rounding's model, the draws). Not yet the trainer's: its step awaits a GPU run.
+//   7  the trainer's [bf16 weights]: version 6 with adamw_update's APPROX, the square root and the two
+//      divisions by the special-function unit (2 ulp) instead of IEEE's. Version 6 runs at 90% of the
+//      copy rate (H100, 2026-12-07) on about 120 instructions an element, near what the SMs issue in the
+//      time of its 14 bytes; this drops about 20 of them: 99% on the largest tensor (H100, the next day).
+//      Checked as version 6 is (one bf16 ulp, the rounding's model, the draws).
 // sizes: the LLaMA3.2-1B tensors of the seed's Adam table, one launch each, as the trainer
 // issues them when it overlaps AdamW with the backward (adamw_tensor); without the overlap it
 // walks each range of the parameter block in one launch.
@@ -298,7 +298,7 @@ static void time_versions(const DevArgs& a, const bool* ok, int sms) {
             else if (version == 4) snprintf(label, sizeof(label), "4 trainer, bf16 grads (guard: %s)", guard);
             else if (version == 5) snprintf(label, sizeof(label), "5 trainer, bf16 moments (guard: %s)", guard);
             else if (version == 6) snprintf(label, sizeof(label), "6 bf16 weights, no master (guard: %s)", guard);
-            else snprintf(label, sizeof(label), "7 version 6, approximate sqrt and divisions (guard: %s)", guard);
+            else snprintf(label, sizeof(label), "7 trainer, bf16 weights: v6, approx. sqrt, div (guard: %s)", guard);
             print_row("adamw", label, SIZE_NAMES[s], ms, bytes, 0.0, ok[version]);
             if (version == 3 && s == 0) largest_of_ceiling = bytes / (ms * 1e6) / copy_ceiling_gbs();
         }
