@@ -200,6 +200,9 @@ MUTANTS = [
     ("export_tie_dropped", "tied embeddings", "scripts/export_hf.py", "export_hf.py writes tie_word_embeddings false "
      "for a tied model file: the export has no lm_head.weight, and from_pretrained leaves lm_head random and untied",
      '"tie_word_embeddings": bool(c.tied_embeddings),', '"tie_word_embeddings": False,'),
+    ("own_flags_incomplete", "scripts", "scripts/test_hf_trainer.py", "test_hf_trainer.py's OWN_FLAGS forgets "
+     "--eval_every, a flag its runs set: --trainer_flags could give it again and the trainer would take that one",
+     '"--eval_file", "--eval_every",', '"--eval_file",'),
     ("moments_stream_repeats", "bf16 moments", "kernels.cuh", "the stochastic rounding of bf16 m and v draws the "
      "same bits every step (the stream keyed by the element only)",
      "std::is_same<P, bf16>::value) return rounding_bits(element, t);",

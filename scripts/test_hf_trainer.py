@@ -80,7 +80,9 @@ def parse_args():
     return args
 
 
-# The flags train() gives every run: --trainer_flags may not give them again (the trainer takes the last).
+# The flags the test's runs give (run() checks that each is here), and --resume, --stop_after and
+# --checkpoint_every, which would change what it compares: --trainer_flags may not give them (the trainer
+# takes the last of a repeated flag).
 OWN_FLAGS = {"--llmc_filepath", "--hf_dir", "--input_bin", "--num_iteration", "--batch_size", "--sequence_length",
              "--total_batch_size", "--learning_rate", "--log_file", "--checkpoint_dir", "--shuffle", "--resume",
              "--save_hf", "--save_hf_dtype", "--save_hf_checkpoints", "--val_every", "--val_tokens", "--val_bin",
@@ -116,6 +118,11 @@ def check(ok, what):
 
 def run(cmd):
     """Runs cmd in the repository root; its output is shown when it fails. True if it succeeded."""
+    if cmd[0] == "./train_llama3":
+        unlisted = sorted({a for a in cmd if a.startswith("--")} - OWN_FLAGS - set(ARGS.trainer_flags))
+        if unlisted:
+            check(False, f"OWN_FLAGS names every flag the test gives the trainer (not {', '.join(unlisted)})")
+            return False
     # (errors="replace": a sample prints raw token bytes, which need not be UTF-8 for a small vocabulary)
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, errors="replace")
     if p.returncode != 0:
