@@ -278,8 +278,9 @@ int main(int argc, char** argv) {
             for (int N : {256, 16384})
                 for (const Linear& l : model_linears(full)) time_linear(&g, "1B", N, l, ok[1]);
             // the 3B's and the 8B's micro-batches of the README's model table: B=4, T=1024 and B=2, T=2048
-            for (const Linear& l : model_linears(family_config(SHAPE_3B))) time_linear(&g, "3B", 4096, l, ok[1]);
-            for (const Linear& l : model_linears(family_config(SHAPE_8B))) time_linear(&g, "8B", 4096, l, ok[1]);
+            for (int shape : {SHAPE_3B, SHAPE_8B})
+                for (const Linear& l : model_linears(family_config(shape)))
+                    time_linear(&g, shape == SHAPE_3B ? "3B" : "8B", 4096, l, ok[1]);
         }
     }
     if (dev_selected(a, 2)) { // the largest GEMMs of a B=16, T=1024 step
