@@ -7,6 +7,8 @@
 #pragma once
 #include <cublasLt.h>
 #include <cub/device/device_radix_sort.cuh>
+#include <cuda.h> // CUtensorMap (the sm_90 attention's TMA; the driver is reached through the runtime)
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -647,6 +649,12 @@ typedef struct {
     int B, T, NH, KVH, HD;
 } HeadShape;
 
+// [document mask] Where each position's document starts and ends in its packed row (--doc_mask 1):
+// start[b*T + t] = the last position <= t of row b holding BOS (0 if none), end[b*T + t] = the first
+// position > t holding BOS (T if none). Query t sees key u iff start[t] <= u <= t; equivalently key u
+// is seen by the queries t in [u, end[u]). NULL pointers: plain causal attention.
+typedef struct { const int* start; const int* end; } DocSpans;
+
 // The launchers' metadata path: by value (shape_in_memory NULL) or copied to shape_in_memory first.
 static void stage_shape(HeadShape* shape_in_memory, const HeadShape& sh, cudaStream_t s) {
     if (shape_in_memory)
@@ -962,6 +970,14 @@ __device__ inline void mma_a_tileT(float (*acc)[4], const ResidentRows<HD, FROM_
     }
 }
 
+// The A fragment of columns 16j..16j+15 of a 16-row tile held as C fragments (those of columns
+// 8(2j).. and 8(2j+1)..: a C fragment pair is an A fragment), rounded to bf16: P and dS going from
+// one product into the next without shared memory.
+__device__ inline void c_to_a_fragment(uint32_t* a, const float (*c)[4], int j) {
+    a[0] = pack_bf16x2(c[2 * j][0], c[2 * j][1]), a[1] = pack_bf16x2(c[2 * j][2], c[2 * j][3]);
+    a[2] = pack_bf16x2(c[2 * j + 1][0], c[2 * j + 1][1]), a[3] = pack_bf16x2(c[2 * j + 1][2], c[2 * j + 1][3]);
+}
+
 // acc[d] (16 x 8 tile d of a 16 x HD result) += P (16 x 64, held as the C fragments p) @ tile,
 // tile row-major [64][HD + 8]: B[k][n] = tile[k][n], so b0 of n tile d at k step j =
 // tile[16j+2c, 16j+2c+1][8d+g] is a column pair of an 8x8 matrix: ldmatrix.trans. Lanes 0-7 point
@@ -972,8 +988,8 @@ template <int HD>
 __device__ inline void mma_c_tile(float (*acc)[4], const float (*p)[4], const bf16* tile) {
 #pragma unroll
     for (int j = 0; j < FA_TILE / 16; j++) {
-        uint32_t a[4] = {pack_bf16x2(p[2 * j][0], p[2 * j][1]), pack_bf16x2(p[2 * j][2], p[2 * j][3]),
-                         pack_bf16x2(p[2 * j + 1][0], p[2 * j + 1][1]), pack_bf16x2(p[2 * j + 1][2], p[2 * j + 1][3])};
+        uint32_t a[4];
+        c_to_a_fragment(a, p, j);
 #pragma unroll
         for (int d = 0; d < HD / 8; d += 2) {
             uint32_t b[4]; // b[0], b[1]: b0, b1 of n tile d; b[2], b[3]: b0, b1 of n tile d + 1
@@ -984,43 +1000,62 @@ __device__ inline void mma_c_tile(float (*acc)[4], const float (*p)[4], const bf
     }
 }
 
-// Column index of element e of C fragment n, within the 64-wide tile.
+// Column index of element e of C fragment n (8 columns each) within its tile.
 __device__ inline int frag_col(int n, int e) { return n * 8 + 2 * (threadIdx.x % 4) + (e & 1); }
 // The two rows of a tile starting at row0 whose C fragments this thread holds (elements 0, 1 and
-// 2, 3): warp w owns rows 16w..16w+15, lane 4g + c rows 16w + g and 16w + g + 8.
+// 2, 3): warp w of its group of four (a flash kernel's block, or a wgmma warpgroup) owns rows
+// 16w..16w+15, lane 4g + c rows 16w + g and 16w + g + 8.
 __device__ inline void frag_rows(int* row, int row0) {
-    row[0] = row0 + (int)threadIdx.x / 32 * 16 + (int)threadIdx.x % 32 / 4;
+    row[0] = row0 + (int)threadIdx.x % 128 / 32 * 16 + (int)threadIdx.x % 32 / 4;
     row[1] = row[0] + 8;
 }
 
-// [online softmax] One key tile of the forward (FlashAttention-2), in registers: S (this warp's 16
-// query rows x 64 keys from key0, unscaled C fragments) becomes P = exp2(S * scale_log2 - max),
-// masked (causal, keys past T) to 0; the running row max moves to the tile's, and the running
-// sums and the output accumulator o are rescaled by exp2(old max - new max) before P is added.
-template <int HD>
-__device__ inline void online_softmax_tile(float (*s)[4], float (*o)[4], float* row_max, float* row_sum,
-                                           const int* row, int key0, int T, float scale_log2) {
-    float tile_max[2] = {-INFINITY, -INFINITY};
+// [causal] What a tile's row r sees: the columns [lo[r], hi[r]]. A query row sees the keys from
+// its document's start (0 without a document mask) to itself; a key row (the dK/dV kernels') the
+// queries from itself to its document's last one, at most T - 1. Scores outside become -inf.
+template <int COLS> __device__ inline void mask_scores(float (*s)[4], const int* lo, const int* hi, int col0) {
 #pragma unroll
-    for (int n = 0; n < FA_TILE / 8; n++)
+    for (int n = 0; n < COLS / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            int key = key0 + frag_col(n, e);
-            s[n][e] = key <= row[e >> 1] && key < T ? s[n][e] * scale_log2 : -INFINITY;
+            const int col = col0 + frag_col(n, e);
+            if (col < lo[e >> 1] || col > hi[e >> 1]) s[n][e] = -INFINITY;
+        }
+}
+
+// [online softmax] One key tile of the forward (FlashAttention-2), in registers: S (this warp's 16
+// query rows x COLS keys, unscaled C fragments, masked to -inf) becomes P = exp2(S * scale_log2 -
+// max); the running row max moves to the tile's, the running sums are rescaled by correction =
+// exp2(old max - new max) before P is added, and the output accumulator must be too (rescale_rows:
+// apart, so that the wgmma kernel can do it once its P V product of the last tile has landed).
+template <int COLS>
+__device__ inline void softmax_tile(float (*s)[4], float* row_max, float* row_sum, float scale_log2, float* correction) {
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < COLS / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            s[n][e] *= scale_log2;
             tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[n][e]);
         }
     float base[2];
     for (int r = 0; r < 2; r++) {
         float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
         base[r] = new_max == -INFINITY ? 0.0f : new_max; // a row with no key yet
-        float correction = exp2f(row_max[r] - base[r]);
-        row_max[r] = new_max, row_sum[r] *= correction;
-        for (int d = 0; d < HD / 8; d++) o[d][2 * r] *= correction, o[d][2 * r + 1] *= correction;
+        correction[r] = exp2f(row_max[r] - base[r]);
+        row_max[r] = new_max, row_sum[r] *= correction[r];
     }
 #pragma unroll
-    for (int n = 0; n < FA_TILE / 8; n++)
+    for (int n = 0; n < COLS / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) s[n][e] = exp2f(s[n][e] - base[e >> 1]), row_sum[e >> 1] += s[n][e];
+}
+// o (this warp's 16 rows x HD, C fragments) times its rows' softmax_tile corrections.
+template <int HD> __device__ inline void rescale_rows(float (*o)[4], const float* correction) {
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[d][e] *= correction[e >> 1];
 }
 
 // The forward's end: this thread's rows of o / rowsum (bf16) into token-major out (B, T, NH*HD) and
@@ -1039,22 +1074,23 @@ __device__ inline void store_forward_rows(bf16* out, float* lse2, const float (*
     }
 }
 
-// [recomputed P] P and dS of one 16 x 64 tile of the backward, in place of S (unscaled, in p) and
-// dP (in dp): P = exp2(S * scale_log2 - lse2), 0 where masked (causal, or the column past T), and
-// dS = P * (dP - dsum). Rows are queries (the dQ products; lse2, dsum per row r, the columns keys
-// from col0) or, with ROWS_ARE_KEYS, keys (the transposed products S^T, dP^T of dK and dV; lse2,
-// dsum per column j of the tile, the columns queries from col0).
-template <bool ROWS_ARE_KEYS>
-__device__ inline void softmax_backward_tile(float (*p)[4], float (*dp)[4], const int* row, int col0, int T,
+// [recomputed P] P and dS of one 16 x COLS tile of the backward, in place of S (unscaled, in p)
+// and dP (in dp): P = exp2(S * scale_log2 - lse2) and dS = P * (dP - dsum) where row r sees the
+// column (lo[r] <= column <= hi[r], as mask_scores), else 0 (by a select: lse2 and dsum of rows
+// past T may be anything). Rows are queries (the dQ products; lse2, dsum per row r, the columns
+// keys from col0) or, with ROWS_ARE_KEYS, keys (the transposed products S^T, dP^T of dK and dV;
+// lse2, dsum per column j of the tile, the columns queries from col0).
+template <int COLS, bool ROWS_ARE_KEYS>
+__device__ inline void softmax_backward_tile(float (*p)[4], float (*dp)[4], const int* lo, const int* hi, int col0,
                                              float scale_log2, const float* lse2, const float* dsum) {
 #pragma unroll
-    for (int n = 0; n < FA_TILE / 8; n++)
+    for (int n = 0; n < COLS / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int r = e >> 1, j = frag_col(n, e), col = col0 + j, i = ROWS_ARE_KEYS ? j : r;
-            const bool visible = ROWS_ARE_KEYS ? col >= row[r] : col <= row[r]; // query >= key
-            p[n][e] = visible && col < T ? exp2f(p[n][e] * scale_log2 - lse2[i]) : 0.0f;
-            dp[n][e] = p[n][e] * (dp[n][e] - dsum[i]);
+            const bool visible = col >= lo[r] && col <= hi[r];
+            p[n][e] = visible ? exp2f(p[n][e] * scale_log2 - lse2[i]) : 0.0f;
+            dp[n][e] = visible ? p[n][e] * (dp[n][e] - dsum[i]) : 0.0f;
         }
 }
 
@@ -1080,7 +1116,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     KeyTile<HD>* kv = reinterpret_cast<KeyTile<HD>*>(flash_shared); // [2]
     const int T = sh.T, qt = gridDim.y - 1 - blockIdx.y, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
     const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
-    int row[2];
+    int row[2], first_key[2] = {0, 0};
     frag_rows(row, qt * FA_TILE);
     load_tile_async<HD>(kv[1].k, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T); // Q, staged where tile 1 goes
     kv[0].load(k + kv_head, v + kv_head, 0, T);
@@ -1095,7 +1131,10 @@ __global__ void __launch_bounds__(FA_THREADS)
         const KeyTile<HD>& tile = kv[kt % 2];
         float s[FA_TILE / 8][4] = {};
         mma_a_tileT(s, qa, tile.k);
-        online_softmax_tile<HD>(s, o, row_max, row_sum, row, kt * FA_TILE, T, scale_log2);
+        if (kt == qt) mask_scores<FA_TILE>(s, first_key, row, kt * FA_TILE); // (keys past T are past every row < T)
+        float correction[2];
+        softmax_tile<FA_TILE>(s, row_max, row_sum, scale_log2, correction);
+        rescale_rows<HD>(o, correction);
         mma_c_tile<HD>(o, s, tile.v);
     }
     store_forward_rows<HD>(out, lse2, o, row_max, row_sum, row, sh, bh);
@@ -1134,7 +1173,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int T = sh.T, kt = blockIdx.y, b = blockIdx.x / sh.KVH, kvh = blockIdx.x % sh.KVH, G = sh.NH / sh.KVH;
     const int tiles = gridDim.y - kt, steps = G * tiles;
     const size_t kv_head = (size_t)blockIdx.x * T * HD;
-    int key[2];
+    int key[2], last_query[2] = {T - 1, T - 1};
     frag_rows(key, kt * FA_TILE);
     auto load_step = [&](int i) { // issues and commits step i's copies into qs[i % 2]
         const int head = kvh * G + i / tiles;
@@ -1161,7 +1200,7 @@ __global__ void __launch_bounds__(FA_THREADS)
         float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
         mma_a_tileT(p, ka, tile.q);     // S^T = K Q^T, rows are keys
         mma_a_tileT(dp, va, tile.dout); // dP^T = V dO^T
-        softmax_backward_tile<true>(p, dp, key, qt * FA_TILE, T, scale_log2, tile.lse2, tile.dsum); // P^T, dS^T
+        softmax_backward_tile<FA_TILE, true>(p, dp, key, last_query, qt * FA_TILE, scale_log2, tile.lse2, tile.dsum);
         mma_c_tile<HD>(dv_acc, p, tile.dout); // dV += P^T dO
         mma_c_tile<HD>(dk_acc, dp, tile.q);   // dK += dS^T Q
     }
@@ -1178,7 +1217,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     KeyTile<HD>* kv = reinterpret_cast<KeyTile<HD>*>(flash_shared); // [2]
     const int T = sh.T, qt = gridDim.y - 1 - blockIdx.y, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
     const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
-    int row[2];
+    int row[2], first_key[2] = {0, 0};
     frag_rows(row, qt * FA_TILE);
     load_tile_async<HD>(kv[1].k, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T); // Q and dO, staged where tile 1 goes
     load_tile_async<HD>(kv[1].v, dout + (size_t)b * T * sh.NH * HD + h * HD, (size_t)sh.NH * HD, qt * FA_TILE, T);
@@ -1199,7 +1238,7 @@ __global__ void __launch_bounds__(FA_THREADS)
         float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
         mma_a_tileT(p, qa, tile.k);   // S = Q K^T
         mma_a_tileT(dp, doa, tile.v); // dP = dO V^T
-        softmax_backward_tile<false>(p, dp, row, kt * FA_TILE, T, scale_log2, lse, dsum_row); // P, dS
+        softmax_backward_tile<FA_TILE, false>(p, dp, first_key, row, kt * FA_TILE, scale_log2, lse, dsum_row); // P, dS
         mma_c_tile<HD>(dq_acc, dp, tile.k); // dQ += dS K
     }
     store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, scale);
@@ -1212,40 +1251,686 @@ template <int HD, bool DKV> constexpr size_t flash_smem() {
     return 2 * sizeof(QueryTile<HD>) + (DKV_KV_FROM_SMEM<HD> ? sizeof(KeyTile<HD>) : 0);
 }
 
-// Launches a flash kernel with SMEM bytes of flash_shared; the first launch of each kernel raises
-// its dynamic shared memory limit to SMEM (the default is 48 KB).
-template <auto KERNEL, size_t SMEM, class... Args> static void flash_launch(dim3 grid, cudaStream_t s, Args... args) {
+// Launches a flash kernel of THREADS threads with SMEM bytes of flash_shared; the first launch of
+// each kernel raises its dynamic shared memory limit to SMEM (the default is 48 KB).
+template <auto KERNEL, size_t SMEM, int THREADS, class... Args>
+static void flash_launch(dim3 grid, cudaStream_t s, Args... args) {
     static const cudaError_t raised = cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
     CUDA_CHECK(raised);
-    KERNEL<<<grid, FA_THREADS, SMEM, s>>>(args...);
+    KERNEL<<<grid, THREADS, SMEM, s>>>(args...);
     LAUNCH_CHECK();
 }
 
-// out (token-major) and lse2 (B*NH*T) from head-major q, k, v; HD 32, 64 or 128 (llama3.h kernel_limits_check).
-static void flash_attention_forward(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
-                                    cudaStream_t s) {
+// The mma.sync kernels' forward: any GPU of sm_80 or newer, HD 32, 64 or 128 (dev/attention version 4).
+static void flash_forward_mma(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
+                              DocSpans docs, cudaStream_t s) {
+    (void)docs;
     dim3 grid(sh.B * sh.NH, ceil_div(sh.T, FA_TILE));
     float scale_log2 = 1.4426950408889634f / sqrtf((float)sh.HD);
     HEADDIM_SWITCH(sh.HD, HD, [&] {
-        flash_launch<flash_forward_kernel<HD>, flash_smem<HD, false>()>(grid, s, out, lse2, q, k, v, sh, scale_log2);
+        flash_launch<flash_forward_kernel<HD>, flash_smem<HD, false>(), FA_THREADS>(grid, s, out, lse2, q, k, v, sh,
+                                                                                     scale_log2);
     });
+}
+
+// The mma.sync kernels' backward (dsum from attention_row_dot first).
+static void flash_backward_mma(bf16* dq, bf16* dk, bf16* dv, const float* dsum, const bf16* dout, const bf16* q,
+                               const bf16* k, const bf16* v, const float* lse2, HeadShape sh, DocSpans docs,
+                               cudaStream_t s) {
+    (void)docs;
+    float scale = 1.0f / sqrtf((float)sh.HD), scale_log2 = 1.4426950408889634f * scale;
+    dim3 grid_kv(sh.B * sh.KVH, ceil_div(sh.T, FA_TILE)), grid_q(sh.B * sh.NH, ceil_div(sh.T, FA_TILE));
+    HEADDIM_SWITCH(sh.HD, HD, [&] {
+        flash_launch<flash_backward_dkv_kernel<HD>, flash_smem<HD, true>(), FA_THREADS>(
+            grid_kv, s, dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+        flash_launch<flash_backward_dq_kernel<HD>, flash_smem<HD, false>(), FA_THREADS>(
+            grid_q, s, dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+    });
+}
+
+// dsum (B*NH*T) = rowsum(dO * O) for the backward, from the token-major dout and out.
+static void attention_row_dot(float* dsum, const bf16* dout, const bf16* out, HeadShape sh, cudaStream_t s) {
+    attention_row_dot_kernel<<<ceil_div((size_t)sh.B * sh.T * sh.NH, 256), 256, 0, s>>>(dsum, dout, out, sh);
+    LAUNCH_CHECK();
+}
+
+// ---- flash attention on Hopper (sm_90a): TMA, wgmma, warp specialisation ----
+// The same three kernels as above (the forward; dK and dV per key tile; dQ per query tile), the
+// same math between the products (mask_scores, online_softmax_tile, softmax_backward_tile, the row
+// stores), on Hopper's own units, as FlashAttention 3 does:
+//   [TMA] one producer thread copies every tile global -> shared with cp.async.bulk.tensor, one
+//   instruction per 64-column block (rows past T zero-filled by the copy engine), into a ring of
+//   stages; each stage completes on an mbarrier the consumers wait on, and their arrivals on a
+//   second mbarrier free it for the next copy. No thread of the block waits for a copy it does not use.
+//   [wgmma] two consumer warpgroups (4 warps each) own 64 rows apiece and multiply with wgmma,
+//   asynchronous products of 64 x N x 16 by the 4 warps together: S = Q K^T with both operands in
+//   shared memory, P V (and the backward's dS K, P^T dO, dS^T Q) with P or dS straight from the
+//   score registers.
+//   [warp specialisation] the producer warpgroup gives its registers back (setmaxnreg) to the
+//   consumers (240 a thread), whose accumulators and scores need over 200.
+// wgmma's accumulator, per warp of a warpgroup, is the m16n8 C fragment layout of the mma.sync
+// kernels repeated along N (warp w of the group holds rows 16w..16w+15), and its A operand from
+// registers is the m16n8k16 A fragment: the softmax code and c_to_a_fragment serve both families.
+// Shared tiles are [rows][64] blocks of 64 columns (128 bytes a row) in the 128-byte swizzle that
+// TMA writes and wgmma reads: 16-byte chunk c of row r sits at chunk c ^ (r % 8), in 1024-byte
+// atoms of 8 rows, so that neither the copy nor the products meet bank conflicts.
+// Built for sm_90a only (wgmma and setmaxnreg); the launchers use it where flash_wgmma_built().
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA90_DEVICE 1
+#else
+#define FA90_DEVICE 0
+#endif
+#define FA90_THREADS 384 // warpgroup 0 the producer, 1 and 2 the consumers
+#define FA90_WG_ROWS 64  // rows (queries, or keys in dK/dV) of one consumer warpgroup
+#define FA90_TILE 128    // rows of a block: the two consumer warpgroups' (and a streamed K/V tile's)
+#define FA90_STEP 64     // queries per streamed step of the dK/dV kernel
+#define FA90_STAGES 2    // depth of each ring of streamed tiles
+
+__device__ inline uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// mbarriers: a count of arrivals plus, with expect_tx, bytes that TMA copies must deliver; a wait
+// names the phase (its parity) it waits to see completed.
+__device__ inline void mbar_init(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+}
+__device__ inline void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ inline void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ inline void mbar_wait(uint64_t* bar, int parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(smem_addr(bar)), "r"(parity)
+                     : "memory");
+}
+
+// [TMA] One box of a 4-d tensor map into shared memory at dst, its bytes counted on bar.
+__device__ inline void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(
+                     smem_addr(dst)),
+                 "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+
+// [warp specialisation] Registers per thread from here on, for the whole warpgroup.
+template <int REGS> __device__ inline void regs_release() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS> __device__ inline void regs_claim() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+// A wgmma shared-memory operand: start address, the byte offsets between 64-column blocks (lbo)
+// and between 8-row groups (sbo), and the 128-byte swizzle.
+__device__ inline uint64_t wgmma_desc(const bf16* start, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((smem_addr(start) & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 |
+           1ull << 62;
+}
+
+// ROWS x HD bf16 in shared memory as HD / 64 blocks of [ROWS][64], 128-byte swizzled.
+template <int ROWS, int HD> struct alignas(1024) SwizzledTile {
+    bf16 block[HD / 64][ROWS * 64];
+    static constexpr uint32_t BYTES = ROWS * HD * 2;
+    // Issues the copies of rows c1.. of the map's tensor (c2, c3 its other coordinates), counted on bar.
+    __device__ void load(const CUtensorMap* map, uint64_t* bar, int c1, int c2, int c3) {
+        for (int i = 0; i < HD / 64; i++) tma_load(block[i], map, bar, 64 * i, c1, c2, c3);
+    }
+    // Rows row0.. (64 of an A operand, or all ROWS of a B) by columns 16kk..16kk+15, the K of a
+    // product that sums over HD (S = Q K^T, dP = dO V^T): K-major, each row's 16 columns in one block.
+    __device__ uint64_t k_major(int row0, int kk) const {
+        return wgmma_desc(&block[kk / 4][row0 * 64 + kk % 4 * 16], 16, 1024);
+    }
+    // Rows 16j..16j+15 by all HD columns, the B of a product that sums over rows (P V, dS K, P^T dO,
+    // dS^T Q): MN-major, N running along a row and across the blocks.
+    __device__ uint64_t mn_major(int j) const { return wgmma_desc(&block[0][j * 16 * 64], ROWS * 128, 1024); }
+};
+
+__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most N of this warpgroup's committed groups of products are still running.
+template <int N = 0> __device__ inline void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+#define WG_ACC8(i) \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_ACC32 WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24)
+#define WG_ACC64 WG_ACC32, WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
+#define WG_REGS32                                                                                                      \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31}"
+#define WG_REGS64                                                                                                      \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "   \
+    "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+// acc (64 x N, the C fragments of this warp's 16 rows) (+)= A B^T over 16 columns of K, both from
+// shared memory, K-major (a_desc: the warpgroup's 64 rows, b_desc: N rows). Issued, not waited for.
+template <int N> __device__ inline void wgmma_ss(float (*acc)[4], uint64_t a_desc, uint64_t b_desc, bool accumulate) {
+    float* d = &acc[0][0];
+    if constexpr (N == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                     : WG_ACC32
+                     : "l"(a_desc), "l"(b_desc), "r"((int)accumulate)
+                     : "memory");
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                     : WG_ACC64
+                     : "l"(a_desc), "l"(b_desc), "r"((int)accumulate)
+                     : "memory");
+}
+// acc (64 x N) += A B over 16 rows of K: A from registers (this warp's A fragment a), B from shared
+// memory MN-major (b_desc, the transposed operand). Issued, not waited for.
+template <int N> __device__ inline void wgmma_rs(float (*acc)[4], const uint32_t* a, uint64_t b_desc) {
+    float* d = &acc[0][0];
+    if constexpr (N == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32
+                     ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                     : WG_ACC32
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1)
+                     : "memory");
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_REGS64
+                     ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                     : WG_ACC64
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1)
+                     : "memory");
+}
+
+// acc (64 x N) = this warpgroup's 64 rows of `rows` (from row0) times the N rows of `cols`,
+// transposed, summed over HD: S = Q K^T, dP = dO V^T, or the dK/dV kernel's S^T, dP^T. Issued.
+template <int N, int HD, int R1, int R2>
+__device__ inline void wgmma_rows_cols(float (*acc)[4], const SwizzledTile<R1, HD>& rows, int row0,
+                                       const SwizzledTile<R2, HD>& cols) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) wgmma_ss<N>(acc, rows.k_major(row0, kk), cols.k_major(0, kk), kk > 0);
+}
+// The A fragments of a 64 x COLS product operand held as C fragments (P, dS), rounded to bf16.
+template <int COLS> __device__ inline void a_fragments_of(uint32_t (*a)[4], const float (*c)[4]) {
+#pragma unroll
+    for (int j = 0; j < COLS / 16; j++) c_to_a_fragment(a[j], c, j);
+}
+// acc (64 x HD) += A (64 x COLS, this warp's A fragments a) times the COLS rows of `tile`: O += P V,
+// dQ += dS K, dV += P^T dO, dK += dS^T Q. Issued. (Registers a wgmma reads are written before its fence.)
+template <int COLS, int HD, int R>
+__device__ inline void wgmma_mix(float (*acc)[4], const uint32_t (*a)[4], const SwizzledTile<R, HD>& tile) {
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < COLS / 16; j++) wgmma_rs<HD>(acc, a[j], tile.mn_major(j));
+}
+// The same with A given as C fragments p, formed into A fragments first.
+template <int COLS, int HD, int R>
+__device__ inline void wgmma_mix(float (*acc)[4], const float (*p)[4], const SwizzledTile<R, HD>& tile) {
+    uint32_t a[COLS / 16][4];
+    a_fragments_of<COLS>(a, p);
+    wgmma_mix<COLS>(acc, a, tile);
+}
+
+// The dynamic shared memory of a wgmma kernel as its tile struct, on a 1024-byte boundary (the
+// swizzle's atom; the launch asks for 1 KB more than the struct).
+template <class Tiles> __device__ inline Tiles& tiles_at_1k() {
+    return *reinterpret_cast<Tiles*>((reinterpret_cast<uintptr_t>(flash_shared) + 1023) & ~(uintptr_t)1023);
+}
+
+// [document mask] The first row of the document of position t of batch row b (0 without a mask).
+template <bool DOC_MASK> __device__ inline int doc_first(DocSpans docs, int b, int t, int T) {
+    return DOC_MASK ? docs.start[(size_t)b * T + min(t, T - 1)] : 0;
+}
+// The last position of the document of position t (T - 1 without a mask).
+template <bool DOC_MASK> __device__ inline int doc_last(DocSpans docs, int b, int t, int T) {
+    return DOC_MASK ? docs.end[(size_t)b * T + min(t, T - 1)] - 1 : T - 1;
+}
+
+#define FA90_CONSUMERS 256 // threads of the two consumer warpgroups: each arrives on a free barrier
+
+// Thread 0 has set the block's mbarriers up: makes them visible to every thread and to the copy engine.
+__device__ inline void barriers_ready() {
+    if (threadIdx.x == 0) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    __syncthreads();
+}
+// Stage and phase parity of the i-th use of a ring of FA90_STAGES: a consumer waits for parity
+// (i / STAGES) & 1 of its full barrier; the producer for the opposite parity of its free barrier,
+// which a fresh barrier reports complete, so the first pass over the ring does not wait.
+__device__ inline int ring_stage(int i) { return i % FA90_STAGES; }
+__device__ inline int ring_parity(int i) { return (i / FA90_STAGES) & 1; }
+
+// Key tiles [first, last] of KEYS keys for a block of 128 queries from q0: causal, and from the first
+// query's document start (the forward's and the dQ kernel's loop).
+struct KeyRange {
+    int first, last;
+};
+template <bool DOC_MASK, int KEYS> __device__ inline KeyRange key_range(DocSpans docs, int b, int q0, int T) {
+    return KeyRange{doc_first<DOC_MASK>(docs, b, q0, T) / KEYS, (min(q0 + FA90_TILE, T) - 1) / KEYS};
+}
+
+// The forward's and dQ kernel's producer: key tiles j of the range (Tiles::KEYS rows each) into the
+// ring, K and V on barriers of their own.
+template <int HD, class Tiles>
+__device__ inline void stream_key_tiles(Tiles& sm, const CUtensorMap* k_map, const CUtensorMap* v_map, KeyRange keys,
+                                        int kvh, int b) {
+    for (int j = keys.first; j <= keys.last; j++) {
+        const int i = j - keys.first, s = ring_stage(i);
+        mbar_wait(&sm.kv_free[s], ring_parity(i) ^ 1);
+        mbar_arrive_expect(&sm.k_full[s], sm.k[s].BYTES);
+        sm.k[s].load(k_map, &sm.k_full[s], j * Tiles::KEYS, kvh, b);
+        mbar_arrive_expect(&sm.v_full[s], sm.v[s].BYTES);
+        sm.v[s].load(v_map, &sm.v_full[s], j * Tiles::KEYS, kvh, b);
+    }
+}
+
+template <int HD> struct ForwardTiles {
+    static constexpr int KEYS = FA90_TILE;
+    SwizzledTile<FA90_TILE, HD> q, k[FA90_STAGES], v[FA90_STAGES];
+    uint64_t q_full, k_full[FA90_STAGES], v_full[FA90_STAGES], kv_free[FA90_STAGES];
+};
+
+// One consumer warpgroup of the forward: its 64 queries from row0 (q0 the block's first) through
+// the n key tiles, FlashAttention-2's loop with the softmax of tile i overlapping the P V product of
+// tile i - 1 (FlashAttention 3's intra-warpgroup pipelining): step i issues S_i = Q K_i^T, then
+// O += P_{i-1} V_{i-1}, waits for S_i alone (the older group), runs its softmax, and waits for P V
+// before it rescales O and rounds P_i into the A fragments pa that the product read until then.
+// The diagonal tile and any tile below a query's document start are masked.
+template <int HD, bool DOC_MASK>
+__device__ inline void forward_rows(ForwardTiles<HD>& sm, KeyRange keys, int q0, int row0, bf16* out, float* lse2,
+                                    HeadShape sh, DocSpans docs, int bh, float scale_log2) {
+    const int T = sh.T, b = bh / sh.NH, n = keys.last - keys.first + 1;
+    int row[2], first_key[2];
+    frag_rows(row, row0);
+    for (int r = 0; r < 2; r++) first_key[r] = doc_first<DOC_MASK>(docs, b, row[r], T);
+    const int last_first_key = doc_first<DOC_MASK>(docs, b, row0 + FA90_WG_ROWS - 1, T); // the largest
+    float o[HD / 8][4] = {}, row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f}, correction[2];
+    float sc[FA90_TILE / 8][4];
+    uint32_t pa[FA90_TILE / 16][4];
+    auto scores = [&](int i) { // S_i = Q K_i^T, issued
+        mbar_wait(&sm.k_full[ring_stage(i)], ring_parity(i));
+        wgmma_rows_cols<FA90_TILE>(sc, sm.q, row0 - q0, sm.k[ring_stage(i)]);
+        wgmma_commit();
+    };
+    auto mix = [&](int i) { // O += P_i V_i, issued
+        mbar_wait(&sm.v_full[ring_stage(i)], ring_parity(i));
+        wgmma_mix<FA90_TILE>(o, pa, sm.v[ring_stage(i)]);
+        wgmma_commit();
+    };
+    auto softmax = [&](int i) { // S_i to P_i in place, with the rows' corrections
+        const int key0 = (keys.first + i) * FA90_TILE;
+        if (key0 + FA90_TILE - 1 > row0 || key0 < last_first_key) mask_scores<FA90_TILE>(sc, first_key, row, key0);
+        softmax_tile<FA90_TILE>(sc, row_max, row_sum, scale_log2, correction);
+    };
+    mbar_wait(&sm.q_full, 0);
+    scores(0);
+    wgmma_wait<0>();
+    softmax(0);
+    a_fragments_of<FA90_TILE>(pa, sc); // (o is 0: nothing to rescale)
+    for (int i = 1; i < n; i++) {
+        scores(i);
+        mix(i - 1);
+        wgmma_wait<1>();
+        softmax(i);
+        wgmma_wait<0>();
+        mbar_arrive(&sm.kv_free[ring_stage(i - 1)]);
+        rescale_rows<HD>(o, correction);
+        a_fragments_of<FA90_TILE>(pa, sc);
+    }
+    mix(n - 1);
+    wgmma_wait<0>();
+    mbar_arrive(&sm.kv_free[ring_stage(n - 1)]);
+    store_forward_rows<HD>(out, lse2, o, row_max, row_sum, row, sh, bh);
+}
+
+// Forward: grid (B*NH, T/128 query tiles, the last first), 384 threads. The producer copies the
+// block's 128 queries once and streams the key tiles of its causal range through the ring (K and
+// V on their own barriers, so that S = Q K^T starts before V lands); each consumer warpgroup runs
+// forward_rows for its 64 queries.
+template <int HD, bool DOC_MASK>
+__global__ void __launch_bounds__(FA90_THREADS, 1)
+    flash_forward_wgmma_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                               const __grid_constant__ CUtensorMap v_map, bf16* out, float* lse2, HeadShape sh,
+                               DocSpans docs, float scale_log2) {
+#if FA90_DEVICE
+    ForwardTiles<HD>& sm = tiles_at_1k<ForwardTiles<HD>>();
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * FA90_TILE, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
+    const KeyRange keys = key_range<DOC_MASK, FA90_TILE>(docs, b, q0, sh.T);
+    if (threadIdx.x == 0) {
+        mbar_init(&sm.q_full, 1);
+        for (int s = 0; s < FA90_STAGES; s++)
+            mbar_init(&sm.k_full[s], 1), mbar_init(&sm.v_full[s], 1), mbar_init(&sm.kv_free[s], FA90_CONSUMERS);
+    }
+    barriers_ready();
+    if (threadIdx.x < 128) {
+        regs_release<24>();
+        if (threadIdx.x == 0) {
+            mbar_arrive_expect(&sm.q_full, sm.q.BYTES);
+            sm.q.load(&q_map, &sm.q_full, q0, h, b);
+            stream_key_tiles<HD>(sm, &k_map, &v_map, keys, h / (sh.NH / sh.KVH), b);
+        }
+    } else {
+        regs_claim<240>();
+        const int row0 = q0 + (threadIdx.x / 128 - 1) * FA90_WG_ROWS;
+        forward_rows<HD, DOC_MASK>(sm, keys, q0, row0, out, lse2, sh, docs, bh, scale_log2);
+    }
+#endif
+}
+
+template <int HD> struct DkvTiles {
+    SwizzledTile<FA90_TILE, HD> k, v;
+    SwizzledTile<FA90_STEP, HD> q[FA90_STAGES], dout[FA90_STAGES];
+    float lse2[FA90_STAGES][FA90_STEP], dsum[FA90_STAGES][FA90_STEP];
+    uint64_t kv_full, step_full[FA90_STAGES], step_free[FA90_STAGES];
+};
+
+// The steps of a dK/dV block of keys from k0: for each of the G query heads sharing its kv head,
+// the 64-query tiles from the first key to the last key's document end (causal).
+struct QuerySteps {
+    int first_tile, tiles, count;
+    __device__ int head(int kvh, int G, int i) const { return kvh * G + i / tiles; }
+    __device__ int t0(int i) const { return (first_tile + i % tiles) * FA90_STEP; }
+};
+template <bool DOC_MASK> __device__ inline QuerySteps query_steps(DocSpans docs, int b, int k0, HeadShape sh) {
+    const int first = k0 / FA90_STEP, tiles = doc_last<DOC_MASK>(docs, b, k0 + FA90_TILE - 1, sh.T) / FA90_STEP - first + 1;
+    return QuerySteps{first, tiles, sh.NH / sh.KVH * tiles};
+}
+
+// The dK/dV producer warp: K and V once (lane 0), then each step's Q and dO by TMA (lane 0) and its
+// lse2 and dsum rows by the 32 lanes' loads (0 past T), all on the step's barrier.
+template <int HD>
+__device__ inline void stream_query_steps(DkvTiles<HD>& sm, const CUtensorMap* q_map, const CUtensorMap* dout_map,
+                                          const float* lse2, const float* dsum, QuerySteps steps, int kvh, int b,
+                                          HeadShape sh) {
+    const int lane = threadIdx.x % 32, G = sh.NH / sh.KVH;
+    for (int i = 0; i < steps.count; i++) {
+        const int s = ring_stage(i), head = steps.head(kvh, G, i), t0 = steps.t0(i);
+        mbar_wait(&sm.step_free[s], ring_parity(i) ^ 1);
+        if (lane == 0) {
+            mbar_arrive_expect(&sm.step_full[s], 2 * sm.q[s].BYTES);
+            sm.q[s].load(q_map, &sm.step_full[s], t0, head, b);
+            sm.dout[s].load(dout_map, &sm.step_full[s], head, t0, b); // (token-major: head before t)
+        }
+        const size_t rows = ((size_t)b * sh.NH + head) * sh.T;
+        for (int j = lane; j < FA90_STEP; j += 32) {
+            sm.lse2[s][j] = t0 + j < sh.T ? lse2[rows + t0 + j] : 0.0f;
+            sm.dsum[s][j] = t0 + j < sh.T ? dsum[rows + t0 + j] : 0.0f;
+        }
+        mbar_arrive(&sm.step_full[s]);
+    }
+}
+
+// One consumer warpgroup of dK/dV: its 64 keys from key0 (k0 the block's first) against every
+// step's queries, P^T and dS^T recomputed; a step none of its keys see runs masked to zeros (a
+// branch around wgmma would serialize the products).
+template <int HD, bool DOC_MASK>
+__device__ inline void dkv_rows(DkvTiles<HD>& sm, QuerySteps steps, int k0, int key0, bf16* dk, bf16* dv, HeadShape sh,
+                                DocSpans docs, float scale_log2, float scale) {
+    const int b = blockIdx.x / sh.KVH;
+    int key[2], last_query[2];
+    frag_rows(key, key0);
+    for (int r = 0; r < 2; r++) last_query[r] = doc_last<DOC_MASK>(docs, b, key[r], sh.T);
+    float dk_acc[HD / 8][4] = {}, dv_acc[HD / 8][4] = {};
+    mbar_wait(&sm.kv_full, 0);
+    for (int i = 0; i < steps.count; i++) {
+        const int s = ring_stage(i), t0 = steps.t0(i);
+        float p[FA90_STEP / 8][4], dp[FA90_STEP / 8][4];
+        mbar_wait(&sm.step_full[s], ring_parity(i));
+        wgmma_rows_cols<FA90_STEP>(p, sm.k, key0 - k0, sm.q[s]);     // S^T = K Q^T, rows are keys
+        wgmma_rows_cols<FA90_STEP>(dp, sm.v, key0 - k0, sm.dout[s]); // dP^T = V dO^T
+        wgmma_commit();
+        wgmma_wait();
+        softmax_backward_tile<FA90_STEP, true>(p, dp, key, last_query, t0, scale_log2, sm.lse2[s], sm.dsum[s]);
+        uint32_t pa[FA90_STEP / 16][4], dsa[FA90_STEP / 16][4];
+        a_fragments_of<FA90_STEP>(pa, p);
+        a_fragments_of<FA90_STEP>(dsa, dp);
+        wgmma_mix<FA90_STEP>(dv_acc, pa, sm.dout[s]); // dV += P^T dO
+        wgmma_mix<FA90_STEP>(dk_acc, dsa, sm.q[s]);   // dK += dS^T Q
+        wgmma_commit();
+        wgmma_wait();
+        mbar_arrive(&sm.step_free[s]);
+    }
+    const size_t kv_head = (size_t)blockIdx.x * sh.T * HD;
+    store_head_rows<HD>(dk + kv_head, dk_acc, key, sh.T, scale);
+    store_head_rows<HD>(dv + kv_head, dv_acc, key, sh.T, 1.0f);
+}
+
+// dK, dV: grid (B*KVH, T/128 key tiles, tile 0 first), 384 threads; each consumer warpgroup owns 64
+// keys (dkv_rows), the producer warp streams the query steps (stream_query_steps).
+template <int HD, bool DOC_MASK>
+__global__ void __launch_bounds__(FA90_THREADS, 1)
+    flash_backward_dkv_wgmma_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                                    const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
+                                    bf16* dk, bf16* dv, const float* lse2, const float* dsum, HeadShape sh,
+                                    DocSpans docs, float scale_log2, float scale) {
+#if FA90_DEVICE
+    DkvTiles<HD>& sm = tiles_at_1k<DkvTiles<HD>>();
+    const int k0 = blockIdx.y * FA90_TILE, b = blockIdx.x / sh.KVH, kvh = blockIdx.x % sh.KVH;
+    const QuerySteps steps = query_steps<DOC_MASK>(docs, b, k0, sh);
+    if (threadIdx.x == 0) {
+        mbar_init(&sm.kv_full, 1);
+        for (int s = 0; s < FA90_STAGES; s++) // a step's copies (lane 0's arrival) and its rows (32 lanes')
+            mbar_init(&sm.step_full[s], 1 + 32), mbar_init(&sm.step_free[s], FA90_CONSUMERS);
+    }
+    barriers_ready();
+    if (threadIdx.x < 128) {
+        regs_release<24>();
+        if (threadIdx.x == 0) {
+            mbar_arrive_expect(&sm.kv_full, 2 * sm.k.BYTES);
+            sm.k.load(&k_map, &sm.kv_full, k0, kvh, b);
+            sm.v.load(&v_map, &sm.kv_full, k0, kvh, b);
+        }
+        if (threadIdx.x < 32) stream_query_steps<HD>(sm, &q_map, &dout_map, lse2, dsum, steps, kvh, b, sh);
+    } else {
+        regs_claim<240>();
+        const int key0 = k0 + (threadIdx.x / 128 - 1) * FA90_WG_ROWS;
+        dkv_rows<HD, DOC_MASK>(sm, steps, k0, key0, dk, dv, sh, docs, scale_log2, scale);
+    }
+#endif
+}
+
+// dQ's tiles: key tiles of 64 rows, so that S, dP (KEYS / 2 registers each) and the dQ accumulator
+// (HD / 2) fit a thread's registers with room for the products to stay asynchronous.
+template <int HD> struct DqTiles {
+    static constexpr int KEYS = 64;
+    SwizzledTile<FA90_TILE, HD> q, dout;
+    SwizzledTile<KEYS, HD> k[FA90_STAGES], v[FA90_STAGES];
+    uint64_t rows_full, k_full[FA90_STAGES], v_full[FA90_STAGES], kv_free[FA90_STAGES];
+};
+
+// One consumer warpgroup of dQ: its 64 queries from row0 through the key tiles, P and dS
+// recomputed, dQ += dS K.
+template <int HD, bool DOC_MASK>
+__device__ inline void dq_rows(DqTiles<HD>& sm, KeyRange keys, int q0, int row0, bf16* dq, const float* lse2,
+                               const float* dsum, HeadShape sh, DocSpans docs, int bh, float scale_log2, float scale) {
+    const int T = sh.T, b = bh / sh.NH;
+    int row[2], first_key[2];
+    frag_rows(row, row0);
+    float lse[2], dsum_row[2], dq_acc[HD / 8][4] = {};
+    for (int r = 0; r < 2; r++) {
+        first_key[r] = doc_first<DOC_MASK>(docs, b, row[r], T);
+        lse[r] = row[r] < T ? lse2[(size_t)bh * T + row[r]] : 0.0f;
+        dsum_row[r] = row[r] < T ? dsum[(size_t)bh * T + row[r]] : 0.0f;
+    }
+    mbar_wait(&sm.rows_full, 0);
+    for (int j = keys.first; j <= keys.last; j++) {
+        const int i = j - keys.first, s = ring_stage(i);
+        constexpr int KEYS = DqTiles<HD>::KEYS;
+        float p[KEYS / 8][4], dp[KEYS / 8][4];
+        mbar_wait(&sm.k_full[s], ring_parity(i));
+        wgmma_rows_cols<KEYS>(p, sm.q, row0 - q0, sm.k[s]); // S = Q K^T
+        mbar_wait(&sm.v_full[s], ring_parity(i));
+        wgmma_rows_cols<KEYS>(dp, sm.dout, row0 - q0, sm.v[s]); // dP = dO V^T
+        wgmma_commit();
+        wgmma_wait();
+        softmax_backward_tile<KEYS, false>(p, dp, first_key, row, j * KEYS, scale_log2, lse, dsum_row);
+        wgmma_mix<KEYS>(dq_acc, dp, sm.k[s]); // dQ += dS K
+        wgmma_commit();
+        wgmma_wait();
+        mbar_arrive(&sm.kv_free[s]);
+    }
+    store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, scale);
+}
+
+// dQ: grid (B*NH, T/128 query tiles, the last first), 384 threads. The producer copies the block's
+// Q and dO once and streams the key tiles of its causal range as the forward's does; each consumer
+// warpgroup runs dq_rows for its 64 queries.
+template <int HD, bool DOC_MASK>
+__global__ void __launch_bounds__(FA90_THREADS, 1)
+    flash_backward_dq_wgmma_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                                   const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
+                                   bf16* dq, const float* lse2, const float* dsum, HeadShape sh, DocSpans docs,
+                                   float scale_log2, float scale) {
+#if FA90_DEVICE
+    DqTiles<HD>& sm = tiles_at_1k<DqTiles<HD>>();
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * FA90_TILE, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
+    const KeyRange keys = key_range<DOC_MASK, DqTiles<HD>::KEYS>(docs, b, q0, sh.T);
+    if (threadIdx.x == 0) {
+        mbar_init(&sm.rows_full, 1);
+        for (int s = 0; s < FA90_STAGES; s++)
+            mbar_init(&sm.k_full[s], 1), mbar_init(&sm.v_full[s], 1), mbar_init(&sm.kv_free[s], FA90_CONSUMERS);
+    }
+    barriers_ready();
+    if (threadIdx.x < 128) {
+        regs_release<24>();
+        if (threadIdx.x == 0) {
+            mbar_arrive_expect(&sm.rows_full, 2 * sm.q.BYTES);
+            sm.q.load(&q_map, &sm.rows_full, q0, h, b);
+            sm.dout.load(&dout_map, &sm.rows_full, h, q0, b);
+            stream_key_tiles<HD>(sm, &k_map, &v_map, keys, h / (sh.NH / sh.KVH), b);
+        }
+    } else {
+        regs_claim<240>();
+        const int row0 = q0 + (threadIdx.x / 128 - 1) * FA90_WG_ROWS;
+        dq_rows<HD, DOC_MASK>(sm, keys, q0, row0, dq, lse2, dsum, sh, docs, bh, scale_log2, scale);
+    }
+#endif
+}
+
+// [TMA] The driver's cuTensorMapEncodeTiled, reached through the runtime (no -lcuda), once.
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault,
+                                                    &found));
+        if (found != cudaDriverEntryPointSuccess || !encode) {
+            fprintf(stderr, "error: %sthe CUDA driver has no cuTensorMapEncodeTiled (the sm_90 attention needs it)\n", rank_tag);
+            exit(EXIT_FAILURE);
+        }
+    }
+    return encode;
+}
+
+// A 4-d bf16 tensor map over x (dims[0] contiguous, strides in elements for dims 1..3) whose boxes
+// are 64 columns by box[1..3], 128-byte swizzled as SwizzledTile lays them out; rows outside the
+// tensor read as zeros.
+static CUtensorMap bf16_tensor_map(const bf16* x, const uint64_t* dims, const uint64_t* strides, const uint32_t* box) {
+    CUtensorMap map;
+    const cuuint64_t stride_bytes[3] = {strides[0] * 2, strides[1] * 2, strides[2] * 2};
+    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+    CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void*)x, dims, stride_bytes, box,
+                                      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "error: %scuTensorMapEncodeTiled failed (CUresult %d)\n", rank_tag, (int)r);
+        exit(EXIT_FAILURE);
+    }
+    return map;
+}
+// Head-major (B, heads, T, HD) q, k or v in boxes of `rows` positions: coordinates (column, t, head, b).
+static CUtensorMap head_major_map(const bf16* x, HeadShape sh, int heads, int rows) {
+    const uint64_t dims[4] = {(uint64_t)sh.HD, (uint64_t)sh.T, (uint64_t)heads, (uint64_t)sh.B};
+    const uint64_t strides[3] = {(uint64_t)sh.HD, (uint64_t)sh.T * sh.HD, (uint64_t)heads * sh.T * sh.HD};
+    const uint32_t box[4] = {64, (uint32_t)rows, 1, 1};
+    return bf16_tensor_map(x, dims, strides, box);
+}
+// Token-major (B, T, NH, HD) dO in boxes of `rows` positions of one head: coordinates (column, head, t, b).
+static CUtensorMap token_major_map(const bf16* x, HeadShape sh, int rows) {
+    const uint64_t dims[4] = {(uint64_t)sh.HD, (uint64_t)sh.NH, (uint64_t)sh.T, (uint64_t)sh.B};
+    const uint64_t strides[3] = {(uint64_t)sh.HD, (uint64_t)sh.NH * sh.HD, (uint64_t)sh.T * sh.NH * sh.HD};
+    const uint32_t box[4] = {64, 1, (uint32_t)rows, 1};
+    return bf16_tensor_map(x, dims, strides, box);
+}
+
+// Whether this binary holds the wgmma kernels' sm_90a machine code and the GPU runs it: a probe
+// launch the first time (a sync: the trainer asks before it captures a step).
+__global__ void wgmma_built_kernel(int* built) { *built = FA90_DEVICE; }
+static bool flash_wgmma_built(void) {
+    static int built = -1;
+    if (built < 0) {
+        int device, major, *flag;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        built = 0;
+        if (major == 9) {
+            CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+            wgmma_built_kernel<<<1, 1>>>(flag);
+            LAUNCH_CHECK();
+            CUDA_CHECK(cudaMemcpy(&built, flag, sizeof(int), cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaFree(flag));
+        }
+    }
+    return built == 1;
+}
+
+template <int HD>
+static void flash_forward_wgmma(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
+                                DocSpans docs, cudaStream_t s) {
+    dim3 grid(sh.B * sh.NH, ceil_div(sh.T, FA90_TILE));
+    float scale_log2 = 1.4426950408889634f / sqrtf((float)HD);
+    CUtensorMap q_map = head_major_map(q, sh, sh.NH, FA90_TILE), k_map = head_major_map(k, sh, sh.KVH, FA90_TILE),
+                v_map = head_major_map(v, sh, sh.KVH, FA90_TILE);
+    BOOL_SWITCH(docs.start != NULL, DOC_MASK, [&] {
+        flash_launch<flash_forward_wgmma_kernel<HD, DOC_MASK>, sizeof(ForwardTiles<HD>) + 1024, FA90_THREADS>(
+            grid, s, q_map, k_map, v_map, out, lse2, sh, docs, scale_log2);
+    });
+}
+
+template <int HD>
+static void flash_backward_wgmma(bf16* dq, bf16* dk, bf16* dv, const float* dsum, const bf16* dout, const bf16* q,
+                                 const bf16* k, const bf16* v, const float* lse2, HeadShape sh, DocSpans docs,
+                                 cudaStream_t s) {
+    float scale = 1.0f / sqrtf((float)HD), scale_log2 = 1.4426950408889634f * scale;
+    dim3 grid_kv(sh.B * sh.KVH, ceil_div(sh.T, FA90_TILE)), grid_q(sh.B * sh.NH, ceil_div(sh.T, FA90_TILE));
+    CUtensorMap q_step = head_major_map(q, sh, sh.NH, FA90_STEP), dout_step = token_major_map(dout, sh, FA90_STEP);
+    CUtensorMap q_tile = head_major_map(q, sh, sh.NH, FA90_TILE), dout_tile = token_major_map(dout, sh, FA90_TILE);
+    CUtensorMap k_map = head_major_map(k, sh, sh.KVH, FA90_TILE), v_map = head_major_map(v, sh, sh.KVH, FA90_TILE);
+    CUtensorMap k_dq = head_major_map(k, sh, sh.KVH, DqTiles<HD>::KEYS), v_dq = head_major_map(v, sh, sh.KVH, DqTiles<HD>::KEYS);
+    BOOL_SWITCH(docs.start != NULL, DOC_MASK, [&] {
+        flash_launch<flash_backward_dkv_wgmma_kernel<HD, DOC_MASK>, sizeof(DkvTiles<HD>) + 1024, FA90_THREADS>(
+            grid_kv, s, q_step, k_map, v_map, dout_step, dk, dv, lse2, dsum, sh, docs, scale_log2, scale);
+        flash_launch<flash_backward_dq_wgmma_kernel<HD, DOC_MASK>, sizeof(DqTiles<HD>) + 1024, FA90_THREADS>(
+            grid_q, s, q_tile, k_dq, v_dq, dout_tile, dq, lse2, dsum, sh, docs, scale_log2, scale);
+    });
+}
+
+// ---- attention: the launchers ----
+
+// Whether the wgmma kernels run this shape: built for and on an sm_90 GPU, HD 64 or 128 (HD 32
+// goes to the mma.sync kernels, which take 32, 64 and 128).
+static bool flash_uses_wgmma(HeadShape sh) { return (sh.HD == 64 || sh.HD == 128) && flash_wgmma_built(); }
+
+// out (token-major) and lse2 (B*NH*T) from head-major q, k, v, causal, within documents when
+// docs.start != NULL; HD 32, 64 or 128 (llama3.h kernel_limits_check).
+static void flash_attention_forward(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
+                                    DocSpans docs, cudaStream_t s) {
+    if (!flash_uses_wgmma(sh)) flash_forward_mma(out, lse2, q, k, v, sh, docs, s);
+    else if (sh.HD == 64) flash_forward_wgmma<64>(out, lse2, q, k, v, sh, docs, s);
+    else flash_forward_wgmma<128>(out, lse2, q, k, v, sh, docs, s);
 }
 
 // dq, dk, dv (head-major) from dout and out (token-major) and the forward's lse2; dsum is scratch
 // of B*NH*T floats.
 static void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum, const bf16* dout, const bf16* out,
                                      const bf16* q, const bf16* k, const bf16* v, const float* lse2, HeadShape sh,
-                                     cudaStream_t s) {
-    attention_row_dot_kernel<<<ceil_div((size_t)sh.B * sh.T * sh.NH, 256), 256, 0, s>>>(dsum, dout, out, sh);
-    LAUNCH_CHECK();
-    float scale = 1.0f / sqrtf((float)sh.HD), scale_log2 = 1.4426950408889634f * scale;
-    dim3 grid_kv(sh.B * sh.KVH, ceil_div(sh.T, FA_TILE)), grid_q(sh.B * sh.NH, ceil_div(sh.T, FA_TILE));
-    HEADDIM_SWITCH(sh.HD, HD, [&] {
-        flash_launch<flash_backward_dkv_kernel<HD>, flash_smem<HD, true>()>(grid_kv, s, dk, dv, q, k, v, dout,
-                                                                                   lse2, dsum, sh, scale_log2, scale);
-        flash_launch<flash_backward_dq_kernel<HD>, flash_smem<HD, false>()>(grid_q, s, dq, q, k, v, dout, lse2, dsum,
-                                                                                sh, scale_log2, scale);
-    });
+                                     DocSpans docs, cudaStream_t s) {
+    attention_row_dot(dsum, dout, out, sh, s);
+    if (!flash_uses_wgmma(sh)) flash_backward_mma(dq, dk, dv, dsum, dout, q, k, v, lse2, sh, docs, s);
+    else if (sh.HD == 64) flash_backward_wgmma<64>(dq, dk, dv, dsum, dout, q, k, v, lse2, sh, docs, s);
+    else flash_backward_wgmma<128>(dq, dk, dv, dsum, dout, q, k, v, lse2, sh, docs, s);
 }
 
 // ---- SwiGLU ----

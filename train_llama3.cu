@@ -1069,7 +1069,8 @@ static void attention_forward(const Model* m, int B, int l) {
     bf16 *k = q + N * m->cfg.n_embd, *v = k + N * sh.KVH * sh.HD;
     bf16* att_y = m->acts.att_y + copy * N * m->cfg.n_embd;
     if (m->sw.flash_attention) {
-        flash_attention_forward(att_y, m->acts.lse + copy * sh.B * sh.NH * sh.T, q, k, v, sh, m->stream);
+        flash_attention_forward(att_y, m->acts.lse + copy * sh.B * sh.NH * sh.T, q, k, v, sh, DocSpans{NULL, NULL},
+                                m->stream);
         return;
     }
     bf16* probs = m->acts.probs + copy * sh.B * sh.NH * sh.T * sh.T;
@@ -1228,7 +1229,7 @@ static void attention_backward(const Model* m, int B, int l, bf16* dy) {
     bf16 *dq = m->acts.dheads, *dk = dq + N * C, *dv = dk + N * KVD;
     if (m->sw.flash_attention) {
         flash_attention_backward(dq, dk, dv, m->acts.dsum, dy, m->acts.att_y + copy * N * C, q, k, v,
-                                 m->acts.lse + copy * sh.B * sh.NH * sh.T, sh, m->stream);
+                                 m->acts.lse + copy * sh.B * sh.NH * sh.T, sh, DocSpans{NULL, NULL}, m->stream);
         return;
     }
     bf16 *probs = m->acts.probs + copy * sh.B * sh.NH * sh.T * sh.T, *dout = m->acts.heads_o;

@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     __shared__ alignas(16) bf16 q_tile[FA_TILE * (HD + 8)], k_tile[FA_TILE * (HD + 8)], vt_tile[HD * (FA_TILE + 8)];
     const int T = sh.T, qt = blockIdx.x, bh = blockIdx.y, b = bh / sh.NH, h = bh % sh.NH;
     const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
-    int row[2];
+    int row[2], first_key[2] = {0, 0};
     frag_rows(row, qt * FA_TILE);
     flash3_load_tile<HD, false>(q_tile, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T);
     __syncthreads();
@@ -248,7 +248,10 @@ __global__ void __launch_bounds__(FA_THREADS)
         __syncthreads();
         float s[FA_TILE / 8][4] = {};
         flash3_mma_a_tileT<HD>(s, qa, k_tile);
-        online_softmax_tile<HD>(s, o, row_max, row_sum, row, kt * FA_TILE, T, scale_log2);
+        mask_scores<FA_TILE>(s, first_key, row, kt * FA_TILE);
+        float correction[2];
+        softmax_tile<FA_TILE>(s, row_max, row_sum, scale_log2, correction);
+        rescale_rows<HD>(o, correction);
         flash3_mma_c_tileT<HD>(o, s, vt_tile);
     }
     store_forward_rows<HD>(out, lse2, o, row_max, row_sum, row, sh, bh);
@@ -265,7 +268,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     __shared__ float lse_tile[FA_TILE], dsum_tile[FA_TILE];
     const int T = sh.T, kt = blockIdx.x, b = blockIdx.y / sh.KVH, kvh = blockIdx.y % sh.KVH, G = sh.NH / sh.KVH;
     const size_t kv_head = (size_t)blockIdx.y * T * HD;
-    int key[2];
+    int key[2], last_query[2] = {T - 1, T - 1};
     frag_rows(key, kt * FA_TILE);
     flash3_load_tile<HD, false>(q_tile, k + kv_head, HD, kt * FA_TILE, T); // staging for K and V fragments
     flash3_load_tile<HD, false>(do_tile, v + kv_head, HD, kt * FA_TILE, T);
@@ -292,7 +295,7 @@ __global__ void __launch_bounds__(FA_THREADS)
             float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
             flash3_mma_a_tileT<HD>(p, ka, q_tile);   // S^T = K Q^T, rows are keys
             flash3_mma_a_tileT<HD>(dp, va, do_tile); // dP^T = V dO^T
-            softmax_backward_tile<true>(p, dp, key, qt * FA_TILE, T, scale_log2, lse_tile, dsum_tile); // P^T, dS^T
+            softmax_backward_tile<FA_TILE, true>(p, dp, key, last_query, qt * FA_TILE, scale_log2, lse_tile, dsum_tile);
             flash3_mma_c_tileT<HD>(dv_acc, p, dot_tile); // dV += P^T dO
             flash3_mma_c_tileT<HD>(dk_acc, dp, qt_tile); // dK += dS^T Q
         }
@@ -310,7 +313,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     __shared__ alignas(16) bf16 k_tile[FA_TILE * (HD + 8)], kt_tile[HD * (FA_TILE + 8)], v_tile[FA_TILE * (HD + 8)];
     const int T = sh.T, qt = blockIdx.x, bh = blockIdx.y, b = bh / sh.NH, h = bh % sh.NH;
     const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
-    int row[2];
+    int row[2], first_key[2] = {0, 0};
     frag_rows(row, qt * FA_TILE);
     flash3_load_tile<HD, false>(k_tile, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T); // staging for Q and dO
     flash3_load_tile<HD, false>(v_tile, dout + (size_t)b * T * sh.NH * HD + h * HD, (size_t)sh.NH * HD, qt * FA_TILE, T);
@@ -332,7 +335,7 @@ __global__ void __launch_bounds__(FA_THREADS)
         float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
         flash3_mma_a_tileT<HD>(p, qa, k_tile);   // S = Q K^T
         flash3_mma_a_tileT<HD>(dp, doa, v_tile); // dP = dO V^T
-        softmax_backward_tile<false>(p, dp, row, kt * FA_TILE, T, scale_log2, lse, dsum_row); // P, dS
+        softmax_backward_tile<FA_TILE, false>(p, dp, first_key, row, kt * FA_TILE, scale_log2, lse, dsum_row); // P, dS
         flash3_mma_c_tileT<HD>(dq_acc, dp, kt_tile); // dQ += dS K
     }
     store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, scale);
@@ -353,8 +356,7 @@ static void flash3_attention_forward(bf16* out, float* lse2, const bf16* q, cons
 static void flash3_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum, const bf16* dout, const bf16* out,
                                       const bf16* q, const bf16* k, const bf16* v, const float* lse2, HeadShape sh,
                                       cudaStream_t s) {
-    attention_row_dot_kernel<<<ceil_div((size_t)sh.B * sh.T * sh.NH, 256), 256, 0, s>>>(dsum, dout, out, sh);
-    LAUNCH_CHECK();
+    attention_row_dot(dsum, dout, out, sh, s);
     float scale = 1.0f / sqrtf((float)sh.HD), scale_log2 = 1.4426950408889634f * scale;
     dim3 grid_kv(ceil_div(sh.T, FA_TILE), sh.B * sh.KVH), grid_q(ceil_div(sh.T, FA_TILE), sh.B * sh.NH);
     if (sh.HD == 64) {
@@ -369,22 +371,35 @@ static void flash3_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum,
     LAUNCH_CHECK();
 }
 
-// ---- versions 3 and 4: flash attention (version 4 is the trainer's default) ----
+// ---- versions 3 to 5: flash attention (4 the trainer's on sm_80, 5 on sm_90) ----
 
 static void forward_flash(int version, const AttnBuffers& b, HeadShape sh) {
     bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
-    (version == 3 ? flash3_attention_forward : flash_attention_forward)(b.att_y, b.lse2, q, k, v, sh, 0);
+    const DocSpans causal = {NULL, NULL};
+    if (version == 3) flash3_attention_forward(b.att_y, b.lse2, q, k, v, sh, 0);
+    else if (version == 4) flash_forward_mma(b.att_y, b.lse2, q, k, v, sh, causal, 0);
+    else if (sh.HD == 64) flash_forward_wgmma<64>(b.att_y, b.lse2, q, k, v, sh, causal, 0);
+    else flash_forward_wgmma<128>(b.att_y, b.lse2, q, k, v, sh, causal, 0);
 }
 
 static void backward_flash(int version, const AttnBuffers& b, HeadShape sh) {
     bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
     bf16 *dq = b.dheads, *dk = dq + q_elems(sh), *dv = dk + kv_elems(sh);
-    (version == 3 ? flash3_attention_backward : flash_attention_backward)(dq, dk, dv, b.dsum, b.dy, b.att_y, q, k, v,
-                                                                          b.lse2, sh, 0);
+    const DocSpans causal = {NULL, NULL};
+    if (version == 3) return flash3_attention_backward(dq, dk, dv, b.dsum, b.dy, b.att_y, q, k, v, b.lse2, sh, 0);
+    attention_row_dot(b.dsum, b.dy, b.att_y, sh, 0);
+    if (version == 4) flash_backward_mma(dq, dk, dv, b.dsum, b.dy, q, k, v, b.lse2, sh, causal, 0);
+    else if (sh.HD == 64) flash_backward_wgmma<64>(dq, dk, dv, b.dsum, b.dy, q, k, v, b.lse2, sh, causal, 0);
+    else flash_backward_wgmma<128>(dq, dk, dv, b.dsum, b.dy, q, k, v, b.lse2, sh, causal, 0);
 }
 
-// Version 3 takes HD 32 or 64 (its static tiles pass 48 KB at 128); the others take 32, 64 or 128.
-static bool version_takes(int version, HeadShape sh) { return version != 3 || sh.HD <= 64; }
+// Version 3 takes HD 32 or 64 (its static tiles pass 48 KB at 128), version 5 HD 64 or 128 on an
+// sm_90 GPU (flash_uses_wgmma); the others take 32, 64 or 128.
+static bool version_takes(int version, HeadShape sh) {
+    if (version == 3) return sh.HD <= 64;
+    if (version == 5) return flash_uses_wgmma(sh);
+    return true;
+}
 
 static void attention_version(int version, bool backward, Gemm* g, const AttnBuffers& b, HeadShape sh) {
     if (version == 1 && !backward) forward_repeated(g, b, sh);
@@ -546,7 +561,7 @@ static void validate_cpu(HeadShape sh, bool ramped, Gemm* g, const DevArgs& a, b
     upload_into(b.heads, heads);
     upload_into(b.dy, dy);
     char tag[32];
-    for (int version = 1; version <= 4; version++) {
+    for (int version = 1; version <= 5; version++) {
         if (!dev_selected(a, version) || !version_takes(version, sh)) continue;
         run_version(version, g, b, sh, got);
         snprintf(tag, sizeof(tag), "v%d vs CPU%s", version, ramped ? ", ramped K" : "");
@@ -563,7 +578,8 @@ static void validate_versions(HeadShape sh, Gemm* g, bool* ok) {
     std::vector<float> ref[2], got[2];
     run_version(1, g, b, sh, ref);
     char tag[32];
-    for (int version = 2; version <= 4; version++) {
+    for (int version = 2; version <= 5; version++) {
+        if (!version_takes(version, sh)) continue;
         run_version(version, g, b, sh, got);
         snprintf(tag, sizeof(tag), "v%d vs v1", version);
         bool same = check_outputs(tag, got, ref, sh, false);
@@ -588,9 +604,9 @@ static void time_versions(HeadShape sh, Gemm* g, const DevArgs& a, const bool* o
     double flops = 4.0 * sh.B * sh.NH * (double)sh.T * sh.T * sh.HD;
     char size[48];
     snprintf(size, sizeof(size), "B=%d T=%d", sh.B, sh.T);
-    const char* labels[5] = {"", "1 unfused, repeated K/V", "2 unfused, stacked GQA", "3 flash, scalar transposed tiles",
-                             "4 flash, cp.async + ldmatrix (trainer)"};
-    for (int version = 1; version <= 4; version++) {
+    const char* labels[6] = {"", "1 unfused, repeated K/V", "2 unfused, stacked GQA", "3 flash, scalar transposed tiles",
+                             "4 flash, cp.async + ldmatrix (sm_80)", "5 flash, TMA + wgmma (sm_90)"};
+    for (int version = 1; version <= 5; version++) {
         if (!dev_selected(a, version) || !version_takes(version, sh)) continue;
         for (int backward = 0; backward <= 1; backward++) {
             if (backward) // P (lse2 for flash, version 1's K, V copies) from the forward
@@ -623,10 +639,10 @@ static const struct {
 };
 
 int main(int argc, char** argv) {
-    DevArgs a = dev_args(argc, argv, 4);
+    DevArgs a = dev_args(argc, argv, 5);
     static Gemm g; // the trainer's matmul() state; large (its plan table): not on the stack
     gemm_create(&g);
-    bool ok[5] = {true, true, true, true, true};
+    bool ok[6] = {true, true, true, true, true, true};
     const HeadShape b4t64 = {4, 64, 32, 8, 64}, b16t1024 = {16, 1024, 32, 8, 64};
     const HeadShape hd128 = {16, 1024, 16, 8, 128}; // b16t1024's FLOPs at HD 128: TFLOP/s compare per FLOP
     for (const auto& c : CPU_CASES) validate_cpu(c.sh, c.ramped, &g, a, ok);
