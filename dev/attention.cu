@@ -16,6 +16,7 @@
 //        ./dev/attention K        version K only
 //        ./dev/attention --check  validate only, no timing (what `make test` runs)
 //        ./dev/attention --sizes 1k,64k  time only the shapes of these T (of 64, 1k, 4k, 16k, 64k)
+// scripts/bench_attention.sh runs it beside PyTorch's scaled_dot_product_attention, same shapes.
 //
 // versions (4 is the trainer's default, called through ../kernels.cuh; a new flash version is a
 // launcher pair in FLASH and a label in LABELS):
