@@ -5,16 +5,22 @@
 //             att_y (B, T, NH*HD) for the out-projection GEMM
 //   backward  from d_att_y (token-major): dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(P dP)),
 //             dQ = dS K / sqrt(HD), dK = dS^T Q / sqrt(HD), all three head-major bf16
-// FLOPs counted for every version: 4 B NH T^2 HD forward, 8 B NH T^2 HD backward, the full T x T
-// square that the unfused GEMMs compute (the causal mask zeroes half of it; flash attention skips
-// the masked tiles, so it does about half of these FLOPs).
+// FLOPs, two counts for every version: the full T x T square that the unfused GEMMs compute, 4 B NH
+// T^2 HD forward and 8 B NH T^2 HD backward (the rate column's first figure, and its % of the GEMM
+// ceiling), and in brackets the causal half of those, as FlashAttention counts the forward (the
+// causal mask zeroes half the square; flash attention skips the masked tiles). FlashAttention's
+// benchmarks count a backward as 2.5 forwards (the recomputed S = q k^T too): 1.25x our bracket.
 //
 // build: make dev/attention
 // run:   ./dev/attention          validate every version, then time them
 //        ./dev/attention K        version K only
 //        ./dev/attention --check  validate only, no timing (what `make test` runs)
+//        ./dev/attention --sizes 1k,64k  time only the shapes of these T (of 64, 1k, 4k, 16k, 64k)
+// scripts/bench_attention.sh runs it beside PyTorch's scaled_dot_product_attention, same shapes.
 //
-// versions (the last is the trainer's default, called through ../kernels.cuh):
+// versions (4 and 5 are the trainer's, called through ../kernels.cuh: its launcher takes 5 on an
+// sm_90 GPU at HD 64 and 128, else 4; a new flash version is a launcher pair in FLASH and a label
+// in LABELS):
 //   1  unfused, K/V repeated: k and v copied per query head to (B, NH, T, HD), then batched
 //      cuBLASLt GEMMs (matmul) of batch B*NH with M = T, fp32 scores and bf16 P in memory
 //      (attention_softmax), o permuted to token-major (permute_heads); the backward sums dK, dV
@@ -32,8 +38,16 @@
 //   4  flash attention (flash_attention_forward / _backward): version 3's math on row-major
 //      tiles only, loaded once by cp.async and double-buffered, mma operands by ldmatrix (.trans
 //      for the transposed ones), the tiles with the most causal work launched first; the
-//      trainer's default.
-// sizes: LLaMA3.2-1B (NH 32, KVH 8, HD 64) timed at B=4, T=64 and B=16, T=1024. Validated
+//      trainer's kernel on sm_80 and for HD 32.
+//   5  flash attention for Hopper (flash_forward_wgmma / flash_backward_wgmma, sm_90a): version
+//      4's math and tiles (128 queries or keys a block, two warpgroups of 64 rows) on wgmma
+//      products, the tiles copied by TMA from a producer warp into mbarrier rings, the forward's
+//      softmax overlapping the previous tile's P V product; HD 64 and 128.
+// timed: LLaMA3.2-1B's heads (NH 32, KVH 8, HD 64) at B=4, T=64 and B=16, T=1024, then the 1B's and
+// LLaMA3.1-8B's heads (HD 64 and 128, NH 32, KVH 8) at T = 1k, 4k, 16k and 64k with 65,536 tokens
+// each (B = 64, 16, 4, 1); versions 1 and 2 at the first two alone (their T x T buffers: 3 GiB at
+// B=16, T=1024, 12 GiB at B=64, T=1k), version 3 at HD 64 alone; a row's median of 5 to 30 calls,
+// as many as take about a second, after a warm-up call and one that sizes the run. Validated
 // against an fp64 CPU reference (CPU_CASES, with what each guards; flash attention takes HD 32 or
 // 64) at B=2, T=17, NH 4, KVH 2, HD 32 (one partial tile); B=4, T=64 (the 1B's heads); and with
 // many 64-key tiles at B=2, T=1024, NH 4, KVH 2, HD 64; B=1, T=1031, NH 4, KVH 1, HD 32; and
@@ -60,12 +74,16 @@ static size_t kv_elems(HeadShape sh) { return (size_t)sh.B * sh.T * sh.KVH * sh.
 static size_t score_elems(HeadShape sh) { return (size_t)sh.B * sh.NH * sh.T * sh.T; }
 static size_t row_elems(HeadShape sh) { return (size_t)sh.B * sh.NH * sh.T; }
 
-static AttnBuffers attn_alloc(HeadShape sh) {
+template <typename T> static T* alloc_if(bool needed, size_t n) { return needed ? dev_alloc<T>(n) : NULL; }
+
+// Every version's buffers; with unfused false the flash versions' alone (at T = 64k the unfused
+// versions' T x T buffers would take hundreds of GiB), the others NULL.
+static AttnBuffers attn_alloc(HeadShape sh, bool unfused = true) {
     size_t QKV = qkv_elems(sh), Q = q_elems(sh), S = score_elems(sh);
-    AttnBuffers b = {dev_alloc<bf16>(QKV), dev_alloc<bf16>(Q),  dev_alloc<bf16>(Q),  dev_alloc<bf16>(QKV),
-                     dev_alloc<float>(S),  dev_alloc<bf16>(S),  dev_alloc<bf16>(Q),  dev_alloc<bf16>(Q),
-                     dev_alloc<bf16>(Q),   dev_alloc<float>(Q), dev_alloc<float>(Q), dev_alloc<float>(row_elems(sh)),
-                     dev_alloc<float>(row_elems(sh))};
+    AttnBuffers b = {dev_alloc<bf16>(QKV), dev_alloc<bf16>(Q), dev_alloc<bf16>(Q), dev_alloc<bf16>(QKV),
+                     alloc_if<float>(unfused, S), alloc_if<bf16>(unfused, S), alloc_if<bf16>(unfused, Q),
+                     alloc_if<bf16>(unfused, Q), alloc_if<bf16>(unfused, Q), alloc_if<float>(unfused, Q),
+                     alloc_if<float>(unfused, Q), dev_alloc<float>(row_elems(sh)), dev_alloc<float>(row_elems(sh))};
     return b;
 }
 static void attn_free(AttnBuffers& b) {
@@ -76,10 +94,11 @@ static void attn_free(AttnBuffers& b) {
 // Every buffer a version writes, NaN before a validation run.
 static void attn_poison(const AttnBuffers& b, HeadShape sh) {
     dev_poison(b.att_y, q_elems(sh)), dev_poison(b.dheads, qkv_elems(sh));
+    dev_poison(b.lse2, row_elems(sh)), dev_poison(b.dsum, row_elems(sh));
+    if (!b.scores) return; // (allocated without the unfused versions' buffers)
     dev_poison(b.scores, score_elems(sh)), dev_poison(b.probs, score_elems(sh)), dev_poison(b.o_heads, q_elems(sh));
     dev_poison(b.k_rep, q_elems(sh)), dev_poison(b.v_rep, q_elems(sh));
     dev_poison(b.dk_rep, q_elems(sh)), dev_poison(b.dv_rep, q_elems(sh));
-    dev_poison(b.lse2, row_elems(sh)), dev_poison(b.dsum, row_elems(sh));
 }
 
 // ---- version 1: K and V repeated per query head ----
@@ -343,7 +362,7 @@ __global__ void __launch_bounds__(FA_THREADS)
 
 // out (token-major) and lse2 (B*NH*T) from head-major q, k, v.
 static void flash3_attention_forward(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
-                                     cudaStream_t s) {
+                                     DocSpans, cudaStream_t s) {
     dim3 grid(ceil_div(sh.T, FA_TILE), sh.B * sh.NH);
     float scale_log2 = 1.4426950408889634f / sqrtf((float)sh.HD);
     if (sh.HD == 64) flash3_forward_kernel<64><<<grid, FA_THREADS, 0, s>>>(out, lse2, q, k, v, sh, scale_log2);
@@ -355,7 +374,7 @@ static void flash3_attention_forward(bf16* out, float* lse2, const bf16* q, cons
 // of B*NH*T floats.
 static void flash3_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum, const bf16* dout, const bf16* out,
                                       const bf16* q, const bf16* k, const bf16* v, const float* lse2, HeadShape sh,
-                                      cudaStream_t s) {
+                                      DocSpans, cudaStream_t s) {
     attention_row_dot(dsum, dout, out, sh, s);
     float scale = 1.0f / sqrtf((float)sh.HD), scale_log2 = 1.4426950408889634f * scale;
     dim3 grid_kv(ceil_div(sh.T, FA_TILE), sh.B * sh.KVH), grid_q(ceil_div(sh.T, FA_TILE), sh.B * sh.NH);
@@ -371,26 +390,51 @@ static void flash3_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum,
     LAUNCH_CHECK();
 }
 
-// ---- versions 3 to 5: flash attention (4 the trainer's on sm_80, 5 on sm_90) ----
+// ---- versions 3 and up: flash attention (4 the trainer's on sm_80, 5 on sm_90) ----
+
+// Versions 4 and 5 as the launcher flash_attention_forward / _backward would pick them.
+static void forward_mma(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
+                        DocSpans docs, cudaStream_t s) {
+    flash_forward_mma(out, lse2, q, k, v, sh, docs, s);
+}
+static void backward_mma(bf16* dq, bf16* dk, bf16* dv, float* dsum, const bf16* dout, const bf16* out, const bf16* q,
+                         const bf16* k, const bf16* v, const float* lse2, HeadShape sh, DocSpans docs, cudaStream_t s) {
+    attention_row_dot(dsum, dout, out, sh, s);
+    flash_backward_mma(dq, dk, dv, dsum, dout, q, k, v, lse2, sh, docs, s);
+}
+static void forward_wgmma(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
+                          DocSpans docs, cudaStream_t s) {
+    if (sh.HD == 64) flash_forward_wgmma<64>(out, lse2, q, k, v, sh, docs, s);
+    else flash_forward_wgmma<128>(out, lse2, q, k, v, sh, docs, s);
+}
+static void backward_wgmma(bf16* dq, bf16* dk, bf16* dv, float* dsum, const bf16* dout, const bf16* out, const bf16* q,
+                           const bf16* k, const bf16* v, const float* lse2, HeadShape sh, DocSpans docs, cudaStream_t s) {
+    attention_row_dot(dsum, dout, out, sh, s);
+    if (sh.HD == 64) flash_backward_wgmma<64>(dq, dk, dv, dsum, dout, q, k, v, lse2, sh, docs, s);
+    else flash_backward_wgmma<128>(dq, dk, dv, dsum, dout, q, k, v, lse2, sh, docs, s);
+}
+
+// Version 3 + i's launchers, FLASH[i], each pair with the trainer's signatures (kernels.cuh's
+// flash_attention_forward and _backward). A new version is a pair here and a label.
+static const struct {
+    decltype(&flash_attention_forward) forward;
+    decltype(&flash_attention_backward) backward;
+} FLASH[] = {
+    {flash3_attention_forward, flash3_attention_backward},
+    {forward_mma, backward_mma},
+    {forward_wgmma, backward_wgmma},
+};
+constexpr int N_VERSIONS = 2 + sizeof(FLASH) / sizeof(FLASH[0]);
 
 static void forward_flash(int version, const AttnBuffers& b, HeadShape sh) {
     bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
-    const DocSpans causal = {NULL, NULL};
-    if (version == 3) flash3_attention_forward(b.att_y, b.lse2, q, k, v, sh, 0);
-    else if (version == 4) flash_forward_mma(b.att_y, b.lse2, q, k, v, sh, causal, 0);
-    else if (sh.HD == 64) flash_forward_wgmma<64>(b.att_y, b.lse2, q, k, v, sh, causal, 0);
-    else flash_forward_wgmma<128>(b.att_y, b.lse2, q, k, v, sh, causal, 0);
+    FLASH[version - 3].forward(b.att_y, b.lse2, q, k, v, sh, DocSpans{NULL, NULL}, 0);
 }
 
 static void backward_flash(int version, const AttnBuffers& b, HeadShape sh) {
     bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
     bf16 *dq = b.dheads, *dk = dq + q_elems(sh), *dv = dk + kv_elems(sh);
-    const DocSpans causal = {NULL, NULL};
-    if (version == 3) return flash3_attention_backward(dq, dk, dv, b.dsum, b.dy, b.att_y, q, k, v, b.lse2, sh, 0);
-    attention_row_dot(b.dsum, b.dy, b.att_y, sh, 0);
-    if (version == 4) flash_backward_mma(dq, dk, dv, b.dsum, b.dy, q, k, v, b.lse2, sh, causal, 0);
-    else if (sh.HD == 64) flash_backward_wgmma<64>(dq, dk, dv, b.dsum, b.dy, q, k, v, b.lse2, sh, causal, 0);
-    else flash_backward_wgmma<128>(dq, dk, dv, b.dsum, b.dy, q, k, v, b.lse2, sh, causal, 0);
+    FLASH[version - 3].backward(dq, dk, dv, b.dsum, b.dy, b.att_y, q, k, v, b.lse2, sh, DocSpans{NULL, NULL}, 0);
 }
 
 // Version 3 takes HD 32 or 64 (its static tiles pass 48 KB at 128), version 5 HD 64 or 128 on an
@@ -561,7 +605,7 @@ static void validate_cpu(HeadShape sh, bool ramped, Gemm* g, const DevArgs& a, b
     upload_into(b.heads, heads);
     upload_into(b.dy, dy);
     char tag[32];
-    for (int version = 1; version <= 5; version++) {
+    for (int version = 1; version <= N_VERSIONS; version++) {
         if (!dev_selected(a, version) || !version_takes(version, sh)) continue;
         run_version(version, g, b, sh, got);
         snprintf(tag, sizeof(tag), "v%d vs CPU%s", version, ramped ? ", ramped K" : "");
@@ -570,51 +614,82 @@ static void validate_cpu(HeadShape sh, bool ramped, Gemm* g, const DevArgs& a, b
     attn_free(b);
 }
 
-// Where the CPU is too slow: versions 2 to 4 against version 1 on the same random inputs,
-// relative L2 1e-2 (they differ in summation order and where P and dS are rounded).
-static void validate_versions(HeadShape sh, Gemm* g, bool* ok) {
-    AttnBuffers b = attn_alloc(sh);
+// Where the CPU is too slow: each later version that takes the shape against version `ref` on the
+// same random inputs, relative L2 1e-2 (they differ in summation order and where P and dS are
+// rounded): at B=16, T=1024 against version 1 (unfused), at long T against version 4 (the unfused
+// versions' T x T buffers do not fit there).
+static void validate_versions(HeadShape sh, int ref_version, Gemm* g, bool* ok) {
+    AttnBuffers b = attn_alloc(sh, ref_version <= 2);
     fill_normal(b.heads, qkv_elems(sh)), fill_normal(b.dy, q_elems(sh));
     std::vector<float> ref[2], got[2];
-    run_version(1, g, b, sh, ref);
+    run_version(ref_version, g, b, sh, ref);
     char tag[32];
-    for (int version = 2; version <= 5; version++) {
-        if (!version_takes(version, sh)) continue;
+    for (int version = ref_version + 1; version <= N_VERSIONS; version++) {
+        if (!version_takes(version, sh) || (version <= 2 && ref_version > 2)) continue;
         run_version(version, g, b, sh, got);
-        snprintf(tag, sizeof(tag), "v%d vs v1", version);
+        snprintf(tag, sizeof(tag), "v%d vs v%d", version, ref_version);
         bool same = check_outputs(tag, got, ref, sh, false);
-        ok[1] &= same, ok[version] &= same;
+        ok[ref_version] &= same, ok[version] &= same;
     }
     attn_free(b);
 }
 
 // ---- timing ----
 
+static const char* LABELS[] = {"1 unfused, repeated K/V", "2 unfused, stacked GQA", "3 flash, scalar transposed tiles",
+                               "4 flash, cp.async + ldmatrix (sm_80)", "5 flash, TMA + wgmma (sm_90)"};
+static_assert(sizeof(LABELS) / sizeof(LABELS[0]) == N_VERSIONS, "a label for every version");
+
+// The 1B's B=4,T=64 and B=16,T=1024 (the rows dev/PERF.md's history compares), then the 1B's and the
+// 8B's heads (NH 32, KVH 8; HD 64 and 128) at T = 1k, 4k, 16k and 64k, 65,536 tokens each.
+static std::vector<HeadShape> timed_shapes(void) {
+    std::vector<HeadShape> shapes = {{4, 64, 32, 8, 64}, {16, 1024, 32, 8, 64}};
+    for (int HD : {64, 128})
+        for (int T : {1024, 4096, 16384, 65536}) shapes.push_back({65536 / T, T, 32, 8, HD});
+    return shapes;
+}
+
+// The unfused versions are timed where their T x T buffers (fp32 S and bf16 P, 6 bytes a score)
+// take 4 GiB at most: the two 1B rows (3 GiB at B=16,T=1024). At 65,536 tokens they would take
+// 12 GiB at T=1k, 48 at T=4k: the trainer's --flash_attention 0 is a short-T path.
+static bool unfused_timed(HeadShape sh) {
+    return score_elems(sh) * (sizeof(float) + sizeof(bf16)) <= ((size_t)4 << 30);
+}
+
+// The median of fn: one warm-up call and one timed call that sizes the run, then repetitions for
+// about a second of calls (30 at most; 5 at least, for the long calls at T = 64k).
+template <typename F> static double median_ms_sized(F fn) {
+    double first = median_ms(fn, 1, 1);
+    return median_ms(fn, 0, 30 * first < 1000.0 ? 30 : std::max(5, (int)(1000.0 / first)));
+}
+
 // Versions 1 and 2 overwrite P with dS in the backward, so their timed repetitions run on the
 // previous repetition's dS: no kernel does data-dependent work, so the values do not change the
 // time. Rotation is sized by the inputs and outputs alone (q, k, v, att_y): what flash attention
-// moves; the unfused versions' T x T buffers only add to that.
+// moves; the unfused versions' T x T buffers only add to that. FLOPs: the full T x T square that
+// the unfused GEMMs compute, 4 B NH T^2 HD forward and twice that backward, then in brackets the
+// causal half (FlashAttention's count: flash attention skips the masked tiles).
 static void time_versions(HeadShape sh, Gemm* g, const DevArgs& a, const bool* ok) {
     int sets = rotations(2 * (qkv_elems(sh) + q_elems(sh)));
     std::vector<AttnBuffers> b(sets);
     for (auto& s : b) {
-        s = attn_alloc(sh);
+        s = attn_alloc(sh, unfused_timed(sh));
         fill_normal(s.heads, qkv_elems(sh)), fill_normal(s.dy, q_elems(sh));
     }
     double flops = 4.0 * sh.B * sh.NH * (double)sh.T * sh.T * sh.HD;
     char size[48];
-    snprintf(size, sizeof(size), "B=%d T=%d", sh.B, sh.T);
-    const char* labels[6] = {"", "1 unfused, repeated K/V", "2 unfused, stacked GQA", "3 flash, scalar transposed tiles",
-                             "4 flash, cp.async + ldmatrix (sm_80)", "5 flash, TMA + wgmma (sm_90)"};
-    for (int version = 1; version <= 5; version++) {
-        if (!dev_selected(a, version) || !version_takes(version, sh)) continue;
+    snprintf(size, sizeof(size), "B=%d T=%d HD %d", sh.B, sh.T, sh.HD);
+    for (int version = 1; version <= N_VERSIONS; version++) {
+        bool timed = version_takes(version, sh) && (version > 2 || unfused_timed(sh));
+        if (!dev_selected(a, version) || !timed) continue;
         for (int backward = 0; backward <= 1; backward++) {
             if (backward) // P (lse2 for flash, version 1's K, V copies) from the forward
                 for (auto& s : b) attention_version(version, false, g, s, sh);
             int r = 0;
-            double ms = median_ms([&] { attention_version(version, backward, g, b[r++ % sets], sh); });
-            print_row(backward ? "attention backward" : "attention forward", labels[version], size, ms, 0.0,
-                      backward ? 2 * flops : flops, ok[version]);
+            double ms = median_ms_sized([&] { attention_version(version, backward, g, b[r++ % sets], sh); });
+            double f = backward ? 2 * flops : flops;
+            print_row(backward ? "attention backward" : "attention forward", LABELS[version - 1], size, ms, 0.0, f,
+                      ok[version], f / 2);
         }
     }
     for (auto& s : b) attn_free(s);
@@ -639,20 +714,25 @@ static const struct {
 };
 
 int main(int argc, char** argv) {
-    DevArgs a = dev_args(argc, argv, 5);
+    std::vector<HeadShape> timed = timed_shapes();
+    std::vector<long> lengths; // --sizes picks sequence lengths
+    for (const auto& sh : timed)
+        if (std::find(lengths.begin(), lengths.end(), sh.T) == lengths.end()) lengths.push_back(sh.T);
+    DevArgs a = dev_args(argc, argv, N_VERSIONS, lengths);
     static Gemm g; // the trainer's matmul() state; large (its plan table): not on the stack
     gemm_create(&g);
-    bool ok[6] = {true, true, true, true, true, true};
-    const HeadShape b4t64 = {4, 64, 32, 8, 64}, b16t1024 = {16, 1024, 32, 8, 64};
-    const HeadShape hd128 = {16, 1024, 16, 8, 128}; // b16t1024's FLOPs at HD 128: TFLOP/s compare per FLOP
+    bool ok[N_VERSIONS + 1];
+    std::fill(ok, ok + N_VERSIONS + 1, true);
+    const HeadShape b16t1024 = {16, 1024, 32, 8, 64};
     for (const auto& c : CPU_CASES) validate_cpu(c.sh, c.ramped, &g, a, ok);
+    if (a.version == 0) // the wgmma kernels' 64 key tiles of 128 at long T, at the 1B's and the 8B's heads
+        for (int HD : {64, 128}) validate_versions({1, 8192, 32, 8, HD}, 4, &g, ok);
     if (!a.check_only) {
-        if (a.version == 0) validate_versions(b16t1024, &g, ok);
+        if (a.version == 0) validate_versions(b16t1024, 1, &g, ok);
         gemm_ceiling_tflops(); // measured before the table, so its line does not split it
         print_header();
-        time_versions(b4t64, &g, a, ok);
-        time_versions(b16t1024, &g, a, ok);
-        time_versions(hd128, &g, a, ok);
+        for (const auto& sh : timed)
+            if (dev_size_selected(a, sh.T)) time_versions(sh, &g, a, ok);
     }
     gemm_destroy(&g);
     return dev_finish();

@@ -6,7 +6,7 @@
 // version K; `dev/NAME --check` validates only (what `make test` runs); `--small` validates only,
 // at the small shapes alone where a file also has the 1B's: what make sanitize runs, as
 // compute-sanitizer's tools run a kernel 100-1000x slower and the small shapes take the same paths.
-// Each prints rows
+// `--sizes N,N,...` (a benchmark that takes it: dev/attention) times only those of its sizes. Each prints rows
 //   | kernel | version | size | ms | rate | % of ceiling | check |
 // and ends with "N passed, M failed" (exit code 1 if any check failed).
 #pragma once
@@ -24,25 +24,53 @@ static int dev_passed = 0, dev_failed = 0;
 
 // ---- command line ----
 typedef struct {
-    bool check_only; // --check: validate, no timing
-    bool small;      // --small: the small shapes only (implies --check)
-    int version;     // 0: all versions
+    bool check_only;         // --check: validate, no timing
+    bool small;              // --small: the small shapes only (implies --check)
+    int version;             // 0: all versions
+    std::vector<long> sizes; // --sizes: the sizes to time (empty: all)
 } DevArgs;
 
-static DevArgs dev_args(int argc, char** argv, int n_versions) {
-    DevArgs a = {false, false, 0};
+// A comma-separated list of sizes, each a number with an optional k (x1024: 1k,64k), into *out;
+// false unless every one is among `known`.
+static bool parse_sizes(const char* list, const std::vector<long>& known, std::vector<long>* out) {
+    char* end;
+    for (const char* p = list;; p = end + 1) { // past each comma
+        long n = strtol(p, &end, 10);
+        if (*end == 'k') n *= 1024, end++;
+        if (end == p || (*end != ',' && *end != '\0') || std::find(known.begin(), known.end(), n) == known.end())
+            return false;
+        out->push_back(n);
+        if (*end == '\0') return true;
+    }
+}
+
+// sizes: the sizes a benchmark times, which --sizes picks from (none: it takes no --sizes).
+static DevArgs dev_args(int argc, char** argv, int n_versions, const std::vector<long>& sizes = {}) {
+    DevArgs a = {false, false, 0, {}};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--check")) a.check_only = true;
         else if (!strcmp(argv[i], "--small")) a.check_only = a.small = true;
+        else if (!strcmp(argv[i], "--sizes") && !sizes.empty() && i + 1 < argc &&
+                 parse_sizes(argv[i + 1], sizes, &a.sizes))
+            i++;
         else if (atoi(argv[i]) >= 1 && atoi(argv[i]) <= n_versions) a.version = atoi(argv[i]);
         else {
-            fprintf(stderr, "usage: %s [--check] [--small] [version 1..%d]\n", argv[0], n_versions);
+            fprintf(stderr, "usage: %s [--check] [--small]", argv[0]);
+            if (!sizes.empty()) {
+                fprintf(stderr, " [--sizes N,N,... of");
+                for (long n : sizes) fprintf(stderr, " %ld", n);
+                fprintf(stderr, " (1k = 1024)]");
+            }
+            fprintf(stderr, " [version 1..%d]\n", n_versions);
             exit(EXIT_FAILURE);
         }
     }
     return a;
 }
 static bool dev_selected(const DevArgs& a, int version) { return a.version == 0 || a.version == version; }
+static bool dev_size_selected(const DevArgs& a, long size) {
+    return a.sizes.empty() || std::find(a.sizes.begin(), a.sizes.end(), size) != a.sizes.end();
+}
 
 // ---- random inputs: a new seed every run (printed), so each check sees fresh data ----
 static uint64_t dev_seed(void) {
@@ -340,12 +368,16 @@ static void print_header(void) {
     printf("| kernel | version | size | ms (median) | rate | of ceiling | check |\n|---|---|---|---|---|---|---|\n");
 }
 // bytes > 0: a memory-bound row (GB/s against the copy ceiling); else flops (TFLOP/s against GEMM).
+// causal_flops > 0 (attention): the same work counted as FlashAttention counts it, the causal half of
+// the T x T square; its rate follows the first in brackets, "710 TFLOP/s (causal 355)".
 static void print_row(const char* kernel, const char* version, const char* size, double ms, double bytes,
-                      double flops, bool checked_ok) {
+                      double flops, bool checked_ok, double causal_flops = 0.0) {
     double rate = bytes > 0 ? bytes / (ms * 1e6) : flops / (ms * 1e9);
     double ceil = bytes > 0 ? copy_ceiling_gbs() : gemm_ceiling_tflops();
-    printf("| %s | %s | %s | %.4f | %.0f %s | %.0f%% | %s |\n", kernel, version, size, ms, rate,
-           bytes > 0 ? "GB/s" : "TFLOP/s", 100.0 * rate / ceil, checked_ok ? "ok" : "FAILED");
+    char causal[32] = "";
+    if (causal_flops > 0) snprintf(causal, sizeof(causal), " (causal %.0f)", causal_flops / (ms * 1e9));
+    printf("| %s | %s | %s | %.4f | %.0f %s%s | %.0f%% | %s |\n", kernel, version, size, ms, rate,
+           bytes > 0 ? "GB/s" : "TFLOP/s", causal, 100.0 * rate / ceil, checked_ok ? "ok" : "FAILED");
 }
 
 // ---- [fp8] a reference codec, written from the formats' definitions (not CUDA's converters) ----
