@@ -916,6 +916,7 @@ static void model_create(Model* m, const Llama3Config* cfg, const RunConfig* run
     if (comm) comm_alloc(m);
     m->gemm = (Gemm*)malloc(sizeof(Gemm));
     gemm_create(m->gemm);
+    flash_wgmma_built(); // its probe's one sync, here: before any step is captured
     model_reset_training(m);
 }
 
@@ -2785,7 +2786,10 @@ static void print_model(const Model* m, const TrainArgs* a) {
     MemoryParts parts = memory_parts(m);
     print_memory(m, &parts);
     train_args_print(stdout, a);
-    printf("in effect: bf16_grads %d", m->grads_bf16 != NULL);
+    printf("in effect: bf16_grads %d, attention %s", m->grads_bf16 != NULL,
+           !m->sw.flash_attention                  ? "unfused (cuBLASLt and a softmax kernel)"
+           : flash_uses_wgmma(head_shape(m, m->B)) ? "flash, TMA + wgmma (sm_90a)"
+                                                   : "flash, mma.sync");
     if (a->sw.sparse_embedding && !m->sw.sparse_embedding) // [tied embeddings] (switches_for_model)
         printf(", sparse_embedding 0: tied embeddings, the head GEMM writes every row of wte's gradient");
     printf("\n");
