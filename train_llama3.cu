@@ -1069,12 +1069,13 @@ static void attention_forward(const Model* m, int B, int l) {
     bf16 *k = q + N * m->cfg.n_embd, *v = k + N * sh.KVH * sh.HD;
     bf16* att_y = m->acts.att_y + copy * N * m->cfg.n_embd;
     if (m->sw.flash_attention) {
-        flash_attention_forward(att_y, m->acts.lse + copy * sh.B * sh.NH * sh.T, q, k, v, sh, m->stream);
+        flash_attention_forward(att_y, m->acts.lse + copy * sh.B * sh.NH * sh.T, q, k, v, sh, DocSpans{NULL, NULL},
+                                m->stream);
         return;
     }
     bf16* probs = m->acts.probs + copy * sh.B * sh.NH * sh.T * sh.T;
     attn_scores_gemm(m, B, m->acts.scores, q, k, 1.0f / sqrtf((float)sh.HD));
-    attention_softmax(false, probs, m->acts.scores, sh.B * sh.NH * sh.T, sh.T, m->stream);
+    attention_softmax(false, probs, m->acts.scores, sh, NULL, m->stream);
     attn_mix_gemm(m, B, m->acts.heads_o, probs, v, 1.0f);
     permute_heads(false, att_y, m->acts.heads_o, sh, m->stream, m->shape_in_memory);
 }
@@ -1228,7 +1229,7 @@ static void attention_backward(const Model* m, int B, int l, bf16* dy) {
     bf16 *dq = m->acts.dheads, *dk = dq + N * C, *dv = dk + N * KVD;
     if (m->sw.flash_attention) {
         flash_attention_backward(dq, dk, dv, m->acts.dsum, dy, m->acts.att_y + copy * N * C, q, k, v,
-                                 m->acts.lse + copy * sh.B * sh.NH * sh.T, sh, m->stream);
+                                 m->acts.lse + copy * sh.B * sh.NH * sh.T, sh, DocSpans{NULL, NULL}, m->stream);
         return;
     }
     bf16 *probs = m->acts.probs + copy * sh.B * sh.NH * sh.T * sh.T, *dout = m->acts.heads_o;
@@ -1236,7 +1237,7 @@ static void attention_backward(const Model* m, int B, int l, bf16* dy) {
     permute_heads(true, dy, dout, sh, m->stream, m->shape_in_memory);
     attn_mix_t_gemm(m, B, dv, probs, dout, 1.0f);
     attn_scores_gemm(m, B, m->acts.scores, dout, v, 1.0f); // dP
-    attention_softmax(true, probs, m->acts.scores, sh.B * sh.NH * sh.T, sh.T, m->stream); // dS over P
+    attention_softmax(true, probs, m->acts.scores, sh, NULL, m->stream); // dS over P
     attn_mix_gemm(m, B, dq, probs, k, scale);
     attn_mix_t_gemm(m, B, dk, probs, q, scale);
 }

@@ -49,8 +49,8 @@ MUTANTS = [
      "for (int d = 0; d < (HD == 128 ? HD / 16 : HD / 8); d++) o[d][2 * r] *= correction"),
     ("wrong_tile_prefetched", "kernel", "kernels.cuh", "flash forward: the current key tile prefetched again "
      "instead of the next",
-     "kt + 1, T);\n        const KeyTile<HD>& tile = kv[kt % 2];\n        float s[",
-     "kt, T);\n        const KeyTile<HD>& tile = kv[kt % 2];\n        float s["),
+     "kt + 1, T);\n        const KeyTile<HD>& tile = kv[buf];\n        float s[",
+     "kt, T);\n        const KeyTile<HD>& tile = kv[buf];\n        float s["),
     ("fp8_weight_scale_is_inputs", "fp8", "train_llama3.cu", "--fp8 1 forward: the input's inverse scale applied "
      "twice, the weight's not at all",
      "&fp8_weight_scale(m, tensor, layer)->scale_inv,\n               B * m->T, out, in, false);",
