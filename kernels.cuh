@@ -332,7 +332,8 @@ __global__ void __launch_bounds__(SPAN_THREADS) doc_spans_kernel(int* start, int
     for (int chunk = 0; chunk < T; chunk += SPAN_THREADS * SPAN_ITEMS) {
         const int i0 = chunk + threadIdx.x * SPAN_ITEMS;
         int seen[SPAN_ITEMS], scanned[SPAN_ITEMS];
-        for (int j = 0; j < SPAN_ITEMS; j++) seen[j] = i0 + j < T && tokens[row + position(i0 + j)] == bos ? i0 + j : none;
+        for (int j = 0; j < SPAN_ITEMS; j++)
+            seen[j] = i0 + j < T && tokens[row + position(i0 + j)] == bos ? i0 + j : none;
         if (to_end) Scan(scratch).ExclusiveScan(seen, scanned, MaxOf(), before);
         else Scan(scratch).InclusiveScan(seen, scanned, MaxOf(), before);
         __syncthreads(); // (the next chunk's scan reuses the scratch)

@@ -1160,7 +1160,8 @@ int main(int argc, char** argv) {
               1.0);
     }
     Model m;
-    RunConfig run = {r.B, r.T, r.grad_accum, a.loop.recompute, a.loop.fp8, a.loop.fp8_grads, &r.opt, &a.sw, r.doc_bos >= 0, r.doc_bos};
+    RunConfig run = {r.B, r.T, r.grad_accum, a.loop.recompute, a.loop.fp8, a.loop.fp8_grads, &r.opt, &a.sw,
+                     r.doc_bos >= 0, r.doc_bos};
     model_create(&m, &r.cfg, &run, NULL);
     printf("flags given: %d | bf16 grads %d | recompute %d\n", argc - 2, m.grads_bf16 != NULL, m.recompute);
     step_plan_print(stdout, m.step.plan);

@@ -148,7 +148,8 @@ static size_t act_layout(Activations* acts, unsigned char* block, const Llama3Co
         ACT_ROW(scores, ATT), ACT_ROW(dsum, LSE), ACT_ROW(dheads, N * QKV), ACT_ROW(dresid, N * C),
         ACT_ROW(dresid_bf16, N * C), ACT_ROW(dact, N * F), ACT_ROW(dgate_up, N * 2 * F),
         ACT_ROW(dw_partial, (size_t)rms_bwd_blocks((int)N, sms) * C), ACT_ROW(losses, grad_accum * N),
-        ACT_ROW(doc_start, DOC), ACT_ROW(doc_end, DOC), ACT_ROW(rms_ops, fused_rms ? 0 : 3 * N * C), ACT_ROW(rms_rows, fused_rms ? 0 : 2 * N)};
+        ACT_ROW(doc_start, DOC), ACT_ROW(doc_end, DOC), ACT_ROW(rms_ops, fused_rms ? 0 : 3 * N * C),
+        ACT_ROW(rms_rows, fused_rms ? 0 : 2 * N)};
     static_assert(sizeof(rows) / sizeof(rows[0]) * sizeof(void*) == sizeof(Activations), "a row per buffer");
     size_t total = 0, i = 0;
     for (const ActRow& r : rows) {
@@ -2895,8 +2896,8 @@ int main(int argc, char** argv) {
     static Saver saver;
     ValData val;
     EvalData eval;
-    Sampler sampler = {&a.eval, bos_token(&a.loop, &cfg) >= 0 ? bos_token(&a.loop, &cfg) : 0, NULL,
-                       a.loop.seed ^ 0x5a4d504cULL};
+    int bos = bos_token(&a.loop, &cfg);
+    Sampler sampler = {&a.eval, bos >= 0 ? bos : 0, NULL, a.loop.seed ^ 0x5a4d504cULL};
     TrainIO io = {&loader, NULL, a.ckpt.dir ? &saver : NULL, a.eval.val_every ? &val : NULL,
                   a.eval.eval_file ? &eval : NULL, a.eval.sample_every && ranks.rank == 0 ? &sampler : NULL,
                   &in.vocab}; // (samples: rank 0's)

@@ -633,7 +633,8 @@ static std::vector<int> doc_tokens(int B, int T, int every, const int* at) {
 
 // DocSpans by their definition: start[t] the last BOS at or before t (0 if none), end[t] the first
 // BOS after t (T if none), row by row.
-static void doc_spans_cpu(std::vector<int>& start, std::vector<int>& end, const std::vector<int>& tokens, int B, int T) {
+static void doc_spans_cpu(std::vector<int>& start, std::vector<int>& end, const std::vector<int>& tokens, int B,
+                          int T) {
     for (size_t row = 0; row < (size_t)B * T; row += T) {
         for (int t = 0, s = 0; t < T; t++) start[row + t] = s = tokens[row + t] == DOC_BOS ? t : s;
         for (int t = T - 1, e = T; t >= 0; t--) {
