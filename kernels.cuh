@@ -6,6 +6,7 @@
 // are ours past the report, e.g. [bf16 grads], [graphs].
 #pragma once
 #include <cublasLt.h>
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cuda.h> // CUtensorMap (the sm_90 attention's TMA; the driver is reached through the runtime)
 #include <cudaTypedefs.h>
@@ -291,6 +292,60 @@ template <bool GATHER> static void union_rows(float* table, float* block, const 
                                               cudaStream_t s) {
     int threads = C / 4 < 1024 ? C / 4 : 1024;
     union_rows_kernel<GATHER><<<n, threads, 0, s>>>(table, block, sorted_tokens, C);
+    LAUNCH_CHECK();
+}
+
+// ---- document masks ----
+
+// [document mask] cub::BlockScan's prefix callback for a row scanned chunk by chunk: the block's first
+// warp calls it with each chunk's max and receives the max of the chunks before, which the scan of the
+// chunk starts from.
+struct RunningMax {
+    int carry;
+    __device__ int operator()(int chunk_max) {
+        int before = carry;
+        carry = max(carry, chunk_max);
+        return before;
+    }
+};
+struct MaxOf {
+    __device__ int operator()(int a, int b) const { return max(a, b); }
+};
+
+#define SPAN_THREADS 1024
+#define SPAN_ITEMS 4 // consecutive positions per thread: a chunk of the row is 4096 positions
+
+// [document mask] The document spans of every position of a row of token ids (DocSpans, below): blockIdx.y
+// 0 writes start[t], an inclusive max scan of (t if BOS at t, else 0); 1 writes end[t], the same max scan
+// run from the row's end over mirrored indices i = T - 1 - t (BOS at t gives i, else -1), exclusive of t
+// itself, mirrored back (T when no BOS follows). One block of 1024 threads per (row, scan) walks the row
+// in chunks of 4096 positions, each a cub::BlockScan that starts from the chunks before (RunningMax):
+// O(T) per row for any T (131072 is 32 chunks), reading the ids twice and writing 2 B*T ints.
+__global__ void __launch_bounds__(SPAN_THREADS) doc_spans_kernel(int* start, int* end, const int* tokens, int T,
+                                                                  int bos) {
+    typedef cub::BlockScan<int, SPAN_THREADS> Scan;
+    __shared__ typename Scan::TempStorage scratch;
+    const bool to_end = blockIdx.y == 1;
+    const int none = to_end ? -1 : 0;
+    const size_t row = (size_t)blockIdx.x * T;
+    int* span = (to_end ? end : start) + row;
+    auto position = [&](int i) { return to_end ? T - 1 - i : i; }; // of scan index i
+    RunningMax before = {none};
+    for (int chunk = 0; chunk < T; chunk += SPAN_THREADS * SPAN_ITEMS) {
+        const int i0 = chunk + threadIdx.x * SPAN_ITEMS;
+        int seen[SPAN_ITEMS], scanned[SPAN_ITEMS];
+        for (int j = 0; j < SPAN_ITEMS; j++)
+            seen[j] = i0 + j < T && tokens[row + position(i0 + j)] == bos ? i0 + j : none;
+        if (to_end) Scan(scratch).ExclusiveScan(seen, scanned, MaxOf(), before);
+        else Scan(scratch).InclusiveScan(seen, scanned, MaxOf(), before);
+        __syncthreads(); // (the next chunk's scan reuses the scratch)
+        for (int j = 0; j < SPAN_ITEMS; j++)
+            if (i0 + j < T) span[position(i0 + j)] = position(scanned[j]);
+    }
+}
+// start and end (B*T each) of B rows of T token ids whose documents begin at token `bos`.
+static void doc_spans(int* start, int* end, const int* tokens, int B, int T, int bos, cudaStream_t s) {
+    doc_spans_kernel<<<dim3(B, 2), SPAN_THREADS, 0, s>>>(start, end, tokens, T, bos);
     LAUNCH_CHECK();
 }
 
@@ -736,46 +791,61 @@ static void permute_heads(bool to_heads, bf16* token_major, bf16* head_major, He
 
 // ---- attention softmax ----
 // The attention GEMMs run per (batch, kv head) with the G = NH/KVH query heads that share it
-// stacked as G*T rows, so GQA needs no repeated K/V. Scores are fp32 (B*NH*T rows of T), already
-// scaled by 1/sqrt(HD) in the GEMM; row r is query position r % T.
+// stacked as G*T rows, so GQA needs no repeated K/V. Scores are fp32 (B*NH*T rows of T, in (b, head,
+// t) order), already scaled by 1/sqrt(HD) in the GEMM; row r is query position r % T of batch row
+// r / (NH*T). [document mask] doc_start (B*T; NULL: plain causal): a row's keys begin at its query's
+// document start (DocSpans.start), not at 0; P and dS are zero before it as above the diagonal.
 
-// Causal softmax, one warp per row: P = exp(s - max) / sum over keys <= t, zeros above the
-// diagonal, written as bf16 (the precision of P in the P @ V GEMM, as in flash attention).
-__global__ void attention_softmax_kernel(bf16* probs, const float* scores, int rows, int T) {
+// The first key of softmax row `row` (query t = row % T): its document's start, or 0.
+__device__ inline int softmax_first_key(const int* doc_start, int row, int NH, int T) {
+    return doc_start ? doc_start[(size_t)(row / (NH * T)) * T + row % T] : 0;
+}
+
+// Causal softmax, one warp per row: P = exp(s - max) / sum over keys in [first, t], zeros elsewhere,
+// written as bf16 (the precision of P in the P @ V GEMM, as in flash attention).
+__global__ void attention_softmax_kernel(bf16* probs, const float* scores, const int* doc_start, int rows, int NH,
+                                         int T) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
-    int t = row % T;
+    int t = row % T, first = softmax_first_key(doc_start, row, NH, T);
     const float* s = scores + (size_t)row * T;
     float mx = -INFINITY;
-    for (int c = lane; c <= t; c += 32) mx = fmaxf(mx, s[c]);
+    for (int c = first + lane; c <= t; c += 32) mx = fmaxf(mx, s[c]);
     mx = warp_max(mx);
     float sum = 0.0f;
-    for (int c = lane; c <= t; c += 32) sum += expf(s[c] - mx);
+    for (int c = first + lane; c <= t; c += 32) sum += expf(s[c] - mx);
     float inv = 1.0f / warp_sum(sum);
     bf16* p = probs + (size_t)row * T;
-    for (int c = lane; c < T; c += 32) p[c] = __float2bfloat16_rn(c <= t ? expf(s[c] - mx) * inv : 0.0f);
+    for (int c = lane; c < T; c += 32)
+        p[c] = __float2bfloat16_rn(c >= first && c <= t ? expf(s[c] - mx) * inv : 0.0f);
 }
 
 // Softmax backward, one warp per row: dS = P * (dP - sum_c P*dP), written as bf16 over P
-// (P of this layer is not needed after it). Zeros above the diagonal.
-__global__ void attention_softmax_backward_kernel(bf16* probs_to_dscores, const float* dprobs, int rows, int T) {
+// (P of this layer is not needed after it). Zeros outside the keys [first, t].
+__global__ void attention_softmax_backward_kernel(bf16* probs_to_dscores, const float* dprobs, const int* doc_start,
+                                                  int rows, int NH, int T) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
-    int t = row % T;
+    int t = row % T, first = softmax_first_key(doc_start, row, NH, T);
     bf16* p = probs_to_dscores + (size_t)row * T;
     const float* dp = dprobs + (size_t)row * T;
     float dot = 0.0f;
-    for (int c = lane; c <= t; c += 32) dot += __bfloat162float(p[c]) * dp[c];
+    for (int c = first + lane; c <= t; c += 32) dot += __bfloat162float(p[c]) * dp[c];
     dot = warp_sum(dot);
     for (int c = lane; c < T; c += 32)
-        p[c] = __float2bfloat16_rn(c <= t ? __bfloat162float(p[c]) * (dp[c] - dot) : 0.0f);
+        p[c] = __float2bfloat16_rn(c >= first && c <= t ? __bfloat162float(p[c]) * (dp[c] - dot) : 0.0f);
 }
 
-static void attention_softmax(bool backward, bf16* probs, const float* scores_or_dprobs, int rows, int T,
-                              cudaStream_t s) {
-    const int warps = 8;
-    if (backward) attention_softmax_backward_kernel<<<ceil_div(rows, warps), warps * 32, 0, s>>>(probs, scores_or_dprobs, rows, T);
-    else attention_softmax_kernel<<<ceil_div(rows, warps), warps * 32, 0, s>>>(probs, scores_or_dprobs, rows, T);
+// The softmax of the B*NH*T score rows of shape sh (backward: its gradient over P), documents as doc_start has them.
+static void attention_softmax(bool backward, bf16* probs, const float* scores_or_dprobs, HeadShape sh,
+                              const int* doc_start, cudaStream_t s) {
+    const int warps = 8, rows = sh.B * sh.NH * sh.T;
+    if (backward)
+        attention_softmax_backward_kernel<<<ceil_div(rows, warps), warps * 32, 0, s>>>(probs, scores_or_dprobs,
+                                                                                      doc_start, rows, sh.NH, sh.T);
+    else
+        attention_softmax_kernel<<<ceil_div(rows, warps), warps * 32, 0, s>>>(probs, scores_or_dprobs, doc_start, rows,
+                                                                              sh.NH, sh.T);
     LAUNCH_CHECK();
 }
 
@@ -1107,31 +1177,65 @@ __device__ inline void store_head_rows(bf16* head, const float (*acc)[4], const 
     }
 }
 
+// [document mask] The first position of the document of position t of batch row b, where the keys
+// its query sees start (0 without the mask, or for a t past T: such a row keeps its keys, and so a
+// finite softmax, as without the mask).
+template <bool DOC_MASK> __device__ inline int doc_first(DocSpans docs, int b, int t, int T) {
+    return DOC_MASK && t < T ? docs.start[(size_t)b * T + t] : 0;
+}
+// The last position of the document of position t, the last query that sees key t (T - 1 without
+// the mask, or for a t past T).
+template <bool DOC_MASK> __device__ inline int doc_last(DocSpans docs, int b, int t, int T) {
+    return DOC_MASK && t < T ? docs.end[(size_t)b * T + t] - 1 : T - 1;
+}
+
+// The first key each of this thread's query rows sees, and the first key tile the query tile qt
+// needs: its first query's document start's (starts only grow along t). Without the mask: 0, no loads.
+template <bool DOC_MASK>
+__device__ inline int doc_first_keys(int* first_key, const int* row, DocSpans docs, int b, int qt, int T) {
+    for (int r = 0; r < 2; r++) first_key[r] = doc_first<DOC_MASK>(docs, b, row[r], T);
+    return doc_first<DOC_MASK>(docs, b, qt * FA_TILE, T) / FA_TILE;
+}
+
+// The last query each of this thread's key rows is seen by, and how many query tiles from its own
+// the key tile kt needs: up to the tile of its last key's document end (ends only grow along t).
+// Without the mask: T - 1, every tile to the last, no loads.
+template <bool DOC_MASK>
+__device__ inline int doc_query_tiles(int* last_query, const int* key, DocSpans docs, int b, int kt, int T) {
+    for (int r = 0; r < 2; r++) last_query[r] = doc_last<DOC_MASK>(docs, b, key[r], T);
+    return doc_last<DOC_MASK>(docs, b, min(kt * FA_TILE + FA_TILE - 1, T - 1), T) / FA_TILE + 1 - kt;
+}
+
 // Forward: grid (B*NH, T/64 query tiles, the last tile, with the most keys, first), 128 threads,
 // each warp 16 queries; K/V tiles double-buffered. out token-major bf16, lse2 (B*NH*T) fp32.
-template <int HD>
+// [document mask] DOC_MASK: the key tiles from the one that holds the tile's first document start on
+// (those before it are skipped: a sequence of short documents costs less than a long one), and each
+// key before its query's document start masked.
+template <int HD, bool DOC_MASK>
 __global__ void __launch_bounds__(FA_THREADS)
     flash_forward_kernel(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
-                         float scale_log2) {
+                         DocSpans docs, float scale_log2) {
     KeyTile<HD>* kv = reinterpret_cast<KeyTile<HD>*>(flash_shared); // [2]
     const int T = sh.T, qt = gridDim.y - 1 - blockIdx.y, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
     const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
-    int row[2], first_key[2] = {0, 0};
+    int row[2], first_key[2];
     frag_rows(row, qt * FA_TILE);
+    const int kt0 = doc_first_keys<DOC_MASK>(first_key, row, docs, b, qt, T);
     load_tile_async<HD>(kv[1].k, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T); // Q, staged where tile 1 goes
-    kv[0].load(k + kv_head, v + kv_head, 0, T);
+    kv[0].load(k + kv_head, v + kv_head, kt0, T);
     cp_async_wait_all();
     __syncthreads();
     const ResidentRows<HD, false> qa(kv[1].k);
     float o[HD / 8][4] = {}, row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-    for (int kt = 0; kt <= qt; kt++) {
+    for (int kt = kt0; kt <= qt; kt++) {
+        const int buf = (kt - kt0) % 2; // (tile kt0 in kv[0]: kv[1] held Q until the registers took it)
         cp_async_wait_all();
-        __syncthreads(); // tile kt landed for all threads, and all are done with kv[(kt + 1) % 2]
-        if (kt < qt) kv[(kt + 1) % 2].load(k + kv_head, v + kv_head, kt + 1, T);
-        const KeyTile<HD>& tile = kv[kt % 2];
+        __syncthreads(); // tile kt landed for all threads, and all are done with kv[buf ^ 1]
+        if (kt < qt) kv[buf ^ 1].load(k + kv_head, v + kv_head, kt + 1, T);
+        const KeyTile<HD>& tile = kv[buf];
         float s[FA_TILE / 8][4] = {};
         mma_a_tileT(s, qa, tile.k);
-        if (kt == qt) mask_scores<FA_TILE>(s, first_key, row, kt * FA_TILE); // (keys past T are past every row < T)
+        if (kt == qt || DOC_MASK) mask_scores<FA_TILE>(s, first_key, row, kt * FA_TILE); // (keys past T: past rows < T)
         float correction[2];
         softmax_tile<FA_TILE>(s, row_max, row_sum, scale_log2, correction);
         rescale_rows<HD>(o, correction);
@@ -1165,16 +1269,19 @@ template <int HD> constexpr bool DKV_KV_FROM_SMEM = HD > 64;
 // dK, dV: grid (B*KVH, T/64 key tiles, tile 0, with the most queries, first), 128 threads; each
 // warp owns 16 keys. The G query heads sharing them times the query tiles at or after them
 // (causal) stream through two double-buffered QueryTiles, step i = head i / tiles, tile i % tiles.
-template <int HD>
+// [document mask] DOC_MASK: the query tiles only up to the one that holds the last key's document end
+// - 1, and each query at or past its key's document end masked.
+template <int HD, bool DOC_MASK>
 __global__ void __launch_bounds__(FA_THREADS)
     flash_backward_dkv_kernel(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                              const float* lse2, const float* dsum, HeadShape sh, float scale_log2, float scale) {
+                              const float* lse2, const float* dsum, HeadShape sh, DocSpans docs, float scale_log2,
+                              float scale) {
     QueryTile<HD>* qs = reinterpret_cast<QueryTile<HD>*>(flash_shared); // [2]
     const int T = sh.T, kt = blockIdx.y, b = blockIdx.x / sh.KVH, kvh = blockIdx.x % sh.KVH, G = sh.NH / sh.KVH;
-    const int tiles = gridDim.y - kt, steps = G * tiles;
-    const size_t kv_head = (size_t)blockIdx.x * T * HD;
-    int key[2], last_query[2] = {T - 1, T - 1};
+    int key[2], last_query[2];
     frag_rows(key, kt * FA_TILE);
+    const int tiles = doc_query_tiles<DOC_MASK>(last_query, key, docs, b, kt, T), steps = G * tiles;
+    const size_t kv_head = (size_t)blockIdx.x * T * HD;
     auto load_step = [&](int i) { // issues and commits step i's copies into qs[i % 2]
         const int head = kvh * G + i / tiles;
         const size_t bh = (size_t)b * sh.NH + head;
@@ -1210,18 +1317,21 @@ __global__ void __launch_bounds__(FA_THREADS)
 
 // dQ: grid (B*NH, T/64 query tiles, the last first), 128 threads; each warp owns 16 queries and
 // loops over the key tiles up to its own (causal), double-buffered, recomputing P and dS.
-template <int HD>
+// [document mask] DOC_MASK: as the forward, from the key tile of the tile's first document start.
+template <int HD, bool DOC_MASK>
 __global__ void __launch_bounds__(FA_THREADS)
     flash_backward_dq_kernel(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                             const float* lse2, const float* dsum, HeadShape sh, float scale_log2, float scale) {
+                             const float* lse2, const float* dsum, HeadShape sh, DocSpans docs, float scale_log2,
+                             float scale) {
     KeyTile<HD>* kv = reinterpret_cast<KeyTile<HD>*>(flash_shared); // [2]
     const int T = sh.T, qt = gridDim.y - 1 - blockIdx.y, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
     const size_t kv_head = ((size_t)b * sh.KVH + h / (sh.NH / sh.KVH)) * T * HD;
-    int row[2], first_key[2] = {0, 0};
+    int row[2], first_key[2];
     frag_rows(row, qt * FA_TILE);
+    const int kt0 = doc_first_keys<DOC_MASK>(first_key, row, docs, b, qt, T);
     load_tile_async<HD>(kv[1].k, q + (size_t)bh * T * HD, HD, qt * FA_TILE, T); // Q and dO, staged where tile 1 goes
     load_tile_async<HD>(kv[1].v, dout + (size_t)b * T * sh.NH * HD + h * HD, (size_t)sh.NH * HD, qt * FA_TILE, T);
-    kv[0].load(k + kv_head, v + kv_head, 0, T);
+    kv[0].load(k + kv_head, v + kv_head, kt0, T);
     cp_async_wait_all();
     __syncthreads();
     const ResidentRows<HD, false> qa(kv[1].k), doa(kv[1].v);
@@ -1230,11 +1340,12 @@ __global__ void __launch_bounds__(FA_THREADS)
         lse[r] = row[r] < T ? lse2[(size_t)bh * T + row[r]] : 0.0f;
         dsum_row[r] = row[r] < T ? dsum[(size_t)bh * T + row[r]] : 0.0f;
     }
-    for (int kt = 0; kt <= qt; kt++) {
+    for (int kt = kt0; kt <= qt; kt++) {
+        const int buf = (kt - kt0) % 2; // (tile kt0 in kv[0]: kv[1] held Q and dO until the registers took them)
         cp_async_wait_all();
-        __syncthreads(); // tile kt landed for all threads, and all are done with kv[(kt + 1) % 2]
-        if (kt < qt) kv[(kt + 1) % 2].load(k + kv_head, v + kv_head, kt + 1, T);
-        const KeyTile<HD>& tile = kv[kt % 2];
+        __syncthreads(); // tile kt landed for all threads, and all are done with kv[buf ^ 1]
+        if (kt < qt) kv[buf ^ 1].load(k + kv_head, v + kv_head, kt + 1, T);
+        const KeyTile<HD>& tile = kv[buf];
         float p[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
         mma_a_tileT(p, qa, tile.k);   // S = Q K^T
         mma_a_tileT(dp, doa, tile.v); // dP = dO V^T
@@ -1264,12 +1375,13 @@ static void flash_launch(dim3 grid, cudaStream_t s, Args... args) {
 // The mma.sync kernels' forward: any GPU of sm_80 or newer, HD 32, 64 or 128 (dev/attention version 4).
 static void flash_forward_mma(bf16* out, float* lse2, const bf16* q, const bf16* k, const bf16* v, HeadShape sh,
                               DocSpans docs, cudaStream_t s) {
-    (void)docs;
     dim3 grid(sh.B * sh.NH, ceil_div(sh.T, FA_TILE));
     float scale_log2 = 1.4426950408889634f / sqrtf((float)sh.HD);
     HEADDIM_SWITCH(sh.HD, HD, [&] {
-        flash_launch<flash_forward_kernel<HD>, flash_smem<HD, false>(), FA_THREADS>(grid, s, out, lse2, q, k, v, sh,
-                                                                                     scale_log2);
+        BOOL_SWITCH(docs.start != NULL, DOC_MASK, [&] {
+            flash_launch<flash_forward_kernel<HD, DOC_MASK>, flash_smem<HD, false>(), FA_THREADS>(
+                grid, s, out, lse2, q, k, v, sh, docs, scale_log2);
+        });
     });
 }
 
@@ -1277,14 +1389,15 @@ static void flash_forward_mma(bf16* out, float* lse2, const bf16* q, const bf16*
 static void flash_backward_mma(bf16* dq, bf16* dk, bf16* dv, const float* dsum, const bf16* dout, const bf16* q,
                                const bf16* k, const bf16* v, const float* lse2, HeadShape sh, DocSpans docs,
                                cudaStream_t s) {
-    (void)docs;
     float scale = 1.0f / sqrtf((float)sh.HD), scale_log2 = 1.4426950408889634f * scale;
     dim3 grid_kv(sh.B * sh.KVH, ceil_div(sh.T, FA_TILE)), grid_q(sh.B * sh.NH, ceil_div(sh.T, FA_TILE));
     HEADDIM_SWITCH(sh.HD, HD, [&] {
-        flash_launch<flash_backward_dkv_kernel<HD>, flash_smem<HD, true>(), FA_THREADS>(
-            grid_kv, s, dk, dv, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
-        flash_launch<flash_backward_dq_kernel<HD>, flash_smem<HD, false>(), FA_THREADS>(
-            grid_q, s, dq, q, k, v, dout, lse2, dsum, sh, scale_log2, scale);
+        BOOL_SWITCH(docs.start != NULL, DOC_MASK, [&] {
+            flash_launch<flash_backward_dkv_kernel<HD, DOC_MASK>, flash_smem<HD, true>(), FA_THREADS>(
+                grid_kv, s, dk, dv, q, k, v, dout, lse2, dsum, sh, docs, scale_log2, scale);
+            flash_launch<flash_backward_dq_kernel<HD, DOC_MASK>, flash_smem<HD, false>(), FA_THREADS>(
+                grid_q, s, dq, q, k, v, dout, lse2, dsum, sh, docs, scale_log2, scale);
+        });
     });
 }
 
@@ -1480,15 +1593,6 @@ template <class Tiles> __device__ inline Tiles& tiles_at_1k() {
     return *reinterpret_cast<Tiles*>((reinterpret_cast<uintptr_t>(flash_shared) + 1023) & ~(uintptr_t)1023);
 }
 
-// [document mask] The first row of the document of position t of batch row b (0 without a mask).
-template <bool DOC_MASK> __device__ inline int doc_first(DocSpans docs, int b, int t, int T) {
-    return DOC_MASK ? docs.start[(size_t)b * T + min(t, T - 1)] : 0;
-}
-// The last position of the document of position t (T - 1 without a mask).
-template <bool DOC_MASK> __device__ inline int doc_last(DocSpans docs, int b, int t, int T) {
-    return DOC_MASK ? docs.end[(size_t)b * T + min(t, T - 1)] - 1 : T - 1;
-}
-
 #define FA90_CONSUMERS 256 // threads of the two consumer warpgroups: each arrives on a free barrier
 
 // Thread 0 has set the block's mbarriers up: makes them visible to every thread and to the copy engine.
@@ -1545,7 +1649,7 @@ __device__ inline void forward_rows(ForwardTiles<HD>& sm, KeyRange keys, int q0,
     int row[2], first_key[2];
     frag_rows(row, row0);
     for (int r = 0; r < 2; r++) first_key[r] = doc_first<DOC_MASK>(docs, b, row[r], T);
-    const int last_first_key = doc_first<DOC_MASK>(docs, b, row0 + FA90_WG_ROWS - 1, T); // the largest
+    const int last_first_key = doc_first<DOC_MASK>(docs, b, min(row0 + FA90_WG_ROWS, T) - 1, T); // the largest
     float o[HD / 8][4] = {}, row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f}, correction[2];
     float sc[FA90_TILE / 8][4];
     uint32_t pa[FA90_TILE / 16][4];
@@ -1923,7 +2027,7 @@ static void flash_attention_forward(bf16* out, float* lse2, const bf16* q, const
 }
 
 // dq, dk, dv (head-major) from dout and out (token-major) and the forward's lse2; dsum is scratch
-// of B*NH*T floats.
+// of B*NH*T floats. [document mask] docs: the forward's.
 static void flash_attention_backward(bf16* dq, bf16* dk, bf16* dv, float* dsum, const bf16* dout, const bf16* out,
                                      const bf16* q, const bf16* k, const bf16* v, const float* lse2, HeadShape sh,
                                      DocSpans docs, cudaStream_t s) {

@@ -222,6 +222,8 @@ typedef struct {
     int shape;                 // --shape: SHAPE_1B, _3B or _8B, the random init's [family]
     const char* log_file;      // NULL: no JSON log
     int batch_size, sequence_length, total_batch_size; // total: of all ranks
+    int doc_mask; // --doc_mask: attention within each document of a packed row [document mask]
+    int bos_id;   // --bos_id: the token that starts a document (-1: not given; bos_token decides)
     int recompute; // --recompute: RECOMPUTE_NONE, _NORMS or _BLOCKS, what the backward recomputes [recompute]
     int fp8;       // --fp8: the block linears' GEMMs in FP8 [fp8]
     int fp8_grads; // --fp8_grads: FP8_GRADS_E5M2 or _E4M3, the backward's output gradients' format [fp8]
@@ -241,6 +243,14 @@ typedef struct {
 // bit: the same kernels on the same inputs.
 enum { RECOMPUTE_NONE, RECOMPUTE_NORMS, RECOMPUTE_BLOCKS };
 enum { FP8_GRADS_E5M2, FP8_GRADS_E4M3 };
+// LLaMA 3's BOS, <|begin_of_text|>, which prepare_data.py puts before every document.
+#define LLAMA3_BOS 128000
+// The token that starts a document (--doc_mask's boundary, a sample's first token): --bos_id, else
+// LLaMA 3's BOS when the vocabulary holds it; -1 when neither (another tokenizer's vocabulary, such as
+// the tests' small ones, must name it).
+static inline int bos_token(const LoopConfig* l, const Llama3Config* c) {
+    return l->bos_id >= 0 ? l->bos_id : c->vocab_size > LLAMA3_BOS ? LLAMA3_BOS : -1;
+}
 enum { HF_DTYPE_BF16, HF_DTYPE_FP32 }; // --save_hf_dtype's choices, in order
 #define FP8_GRADS_CHOICES "e5m2|e4m3" // (their order: the enum's)
 
@@ -343,6 +353,7 @@ typedef struct {
     int fp8, fp8_grads; // --fp8 1: the block linears' GEMMs in FP8; FP8_GRADS_E5M2 or _E4M3
     const OptimConfig* opt;
     const Switches* sw;
+    int doc_mask, bos; // [document mask] --doc_mask 1: attention within each document, which starts at token bos
 } RunConfig;
 
 // The last step this invocation runs: --stop_after, or the schedule's last step.
@@ -392,6 +403,8 @@ static const FlagSpec FLAGS[] = {
     {"--stop_after", FLAG_INT, ARG(loop.stop_after), "0", 0, BIG_INT, NULL, "end this invocation after step N, to --resume later on the same schedule (0: at --num_iteration)", NOT_A_SWITCH, NULL},
     {"--batch_size", FLAG_INT, ARG(loop.batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", NOT_A_SWITCH, NULL},
     {"--sequence_length", FLAG_INT, ARG(loop.sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence", NOT_A_SWITCH, NULL},
+    {"--doc_mask", FLAG_BOOL, ARG(loop.doc_mask), "0", 0, 0, NULL, "1: attention within each document of a packed sequence, as LLaMA 3's pretraining: a query sees the keys from its document's BOS (--bos_id) on, and key tiles wholly before it are skipped; positions stay absolute", NOT_A_SWITCH, NULL},
+    {"--bos_id", FLAG_INT, ARG(loop.bos_id), "-1", 0, BIG_INT, NULL, "the token that starts a document: --doc_mask's boundary and a sample's first token (not given: LLaMA 3's 128000 when the vocabulary holds it)", NOT_A_SWITCH, NULL},
     {"--recompute", FLAG_INT, ARG(loop.recompute), "0", 0, 2, NULL, "activations recomputed in the backward instead of kept per layer: 0 none; 1 the RMSNorm and SwiGLU outputs; 2 whole blocks (each layer keeps only its input); the same losses bit for bit", NOT_A_SWITCH, NULL},
     {"--fp8", FLAG_INT, ARG(loop.fp8), "0", 0, 1, NULL, "1: the block linears' GEMMs (qkv, attn_out, gate_up, down) in FP8, e4m3 weights and activations, the output gradients in --fp8_grads, one dynamic scale per tensor; lm_head and attention stay bf16", NOT_A_SWITCH, NULL},
     {"--fp8_grads", FLAG_CHOICE, ARG(loop.fp8_grads), "e5m2", 0, 0, FP8_GRADS_CHOICES, "--fp8 1: the output gradients' format: e5m2 (range: max 57344, 2 mantissa bits) or e4m3 (precision: 3 mantissa bits, max 448; each tensor's dynamic scale maps its amax to 448)", NOT_A_SWITCH, NULL},
@@ -593,11 +606,11 @@ static inline int micro_steps(const LoopConfig* l) {
     return l->total_batch_size / (l->batch_size * l->sequence_length * l->world);
 }
 
-// The run as the flags give it (pointing into `a`, which must outlive it).
-static inline RunConfig run_config(const TrainArgs* a) {
+// The run as the flags give it for model c (pointing into `a`, which must outlive it).
+static inline RunConfig run_config(const TrainArgs* a, const Llama3Config* c) {
     const LoopConfig* l = &a->loop;
     RunConfig r = {l->batch_size, l->sequence_length, micro_steps(l), l->recompute, l->fp8, l->fp8_grads,
-                   &a->optim, &a->sw};
+                   &a->optim, &a->sw, l->doc_mask, bos_token(l, c)};
     return r;
 }
 
@@ -2756,6 +2769,11 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
         return l3_fail(err, "--fp8_grads e4m3 takes --fp8 1 (without it no gradient is in FP8)");
     if (a->eval.top_k > c->vocab_size)
         return l3_fail(err, "--top_k %d is more than the vocabulary (%d)", a->eval.top_k, c->vocab_size);
+    if (a->loop.bos_id >= c->vocab_size)
+        return l3_fail(err, "--bos_id %d is past the vocabulary (%d tokens)", a->loop.bos_id, c->vocab_size);
+    if (a->loop.doc_mask && bos_token(&a->loop, c) < 0)
+        return l3_fail(err, "--doc_mask 1: the vocabulary of %d tokens has no LLaMA 3 BOS (%d): name the token that "
+                       "starts a document with --bos_id", c->vocab_size, LLAMA3_BOS);
     return 0;
 }
 

@@ -122,7 +122,8 @@ static double rel_err(const float* ours, const float* want, const float* ref, co
 // ---- the reference ----
 // State file: 256 int32 header: [0] magic 20241129, [1] version 4, [2] B, [3] T, [4] n_steps,
 // [5] vocab_size, [6] 1 if the embedding was updated by lazy (row-sparse) AdamW, 0 if dense,
-// [7] grad_accum (micro-steps per step), [8] lr schedule (LR_CONSTANT..LR_WSD), [9] warmup steps;
+// [7] grad_accum (micro-steps per step), [8] lr schedule (LR_CONSTANT..LR_WSD), [9] warmup steps,
+// [10] 1 if attention was masked to each document (--docs, the trainer's --doc_mask 1), [11] then BOS's id;
 // float32 at [16] lr (peak), [17] beta1, [18] beta2, [19] eps, [20] weight_decay, [21] grad_clip
 // (0: none), [22] final_lr_frac, [23] decay_frac. Then int32 inputs and targets (n_steps,
 // grad_accum, B*T) each; fp32 HF RoPE inv_freq (HD/2), cos and sin (T, HD/2) each; step 1's first
@@ -138,6 +139,7 @@ typedef struct {
     ModelFileFormat fmt;
     size_t n_params;
     int B, T, n_steps, sparse_embedding, grad_accum;
+    int doc_bos;     // [document mask] the token that starts a document; -1: plain causal attention
     OptimConfig opt; // its AdamW, schedule and clipping
     float *grad_norms, *lrs;
     int32_t *inputs, *targets;
@@ -174,6 +176,7 @@ static void ref_state_read(Ref* r) {
     r->n_steps = h[4];
     r->sparse_embedding = h[6];
     r->grad_accum = h[7];
+    r->doc_bos = h[10] ? h[11] : -1;
     memcpy(&r->opt.sched.peak_lr, &h[16], 4);
     memcpy(&r->opt.beta1, &h[17], 4);
     memcpy(&r->opt.beta2, &h[18], 4);
@@ -1095,9 +1098,11 @@ static int print_train_args(const char* prefix) {
     flag_format(&a, flag_find("--lr_schedule"), schedule, sizeof(schedule));
     printf("--batch_size %d --sequence_length %d --total_batch_size %d --num_iteration %d --learning_rate %.9g "
            "--beta1 %.9g --beta2 %.9g --eps %.9g --weight_decay %.9g --sparse_embedding %d --lr_schedule %s "
-           "--warmup_iters %d --final_lr_frac %.9g --decay_frac %.9g --grad_clip %.9g --shuffle 0\n",
+           "--warmup_iters %d --final_lr_frac %.9g --decay_frac %.9g --grad_clip %.9g --shuffle 0",
            r.B, r.T, r.grad_accum * r.B * r.T, r.n_steps, r.opt.sched.peak_lr, r.opt.beta1, r.opt.beta2, r.opt.eps, r.opt.weight_decay,
            r.sparse_embedding, schedule, r.opt.sched.warmup, r.opt.sched.final_frac, r.opt.sched.decay_frac, r.opt.grad_clip);
+    if (r.doc_bos >= 0) printf(" --doc_mask 1 --bos_id %d", r.doc_bos);
+    printf("\n");
     return 0;
 }
 
@@ -1147,6 +1152,7 @@ int main(int argc, char** argv) {
            r.sparse_embedding ? "lazy" : "dense");
     printf("reference schedule %d warmup %d final_lr_frac %g decay_frac %g, grad_clip %g\n", r.opt.sched.kind,
            r.opt.sched.warmup, r.opt.sched.final_frac, r.opt.sched.decay_frac, r.opt.grad_clip);
+    if (r.doc_bos >= 0) printf("reference attention masked to each document, documents start at token %d\n", r.doc_bos);
     if (r.opt.grad_clip > 0) { // a reference whose norms never exceed the clip would not test clipping
         float most = 0;
         for (int t = 0; t < r.n_steps; t++) most = fmaxf(most, r.grad_norms[t]);
@@ -1154,7 +1160,8 @@ int main(int argc, char** argv) {
               1.0);
     }
     Model m;
-    RunConfig run = {r.B, r.T, r.grad_accum, a.loop.recompute, a.loop.fp8, a.loop.fp8_grads, &r.opt, &a.sw};
+    RunConfig run = {r.B, r.T, r.grad_accum, a.loop.recompute, a.loop.fp8, a.loop.fp8_grads, &r.opt, &a.sw,
+                     r.doc_bos >= 0, r.doc_bos};
     model_create(&m, &r.cfg, &run, NULL);
     printf("flags given: %d | bf16 grads %d | recompute %d\n", argc - 2, m.grads_bf16 != NULL, m.recompute);
     step_plan_print(stdout, m.step.plan);

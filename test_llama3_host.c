@@ -672,10 +672,10 @@ static void test_user_flags(void) {
     CHECK(train_args_default().loop.total_batch_size == 256, "the default total batch is the default B*T, 256");
     rc = parse(&a, err, "--batch_size 8 --sequence_length 128 --total_batch_size 4096 --recompute 2 --fp8 1 "
                         "--fp8_grads e4m3 --optimizer_state bf16");
-    RunConfig run = run_config(&a);
+    RunConfig run = run_config(&a, &c);
     CHECK(rc == 0 && run.B == 8 && run.T == 128 && run.grad_accum == 4 && run.recompute == RECOMPUTE_BLOCKS &&
               run.fp8 == 1 && run.fp8_grads == FP8_GRADS_E4M3 && run.opt == &a.optim &&
-              run.opt->moments == MOMENTS_BF16 && run.sw == &a.sw,
+              run.opt->moments == MOMENTS_BF16 && run.sw == &a.sw && !run.doc_mask,
           "run_config: B %d T %d, %d micro-steps, recompute %d, fp8 %d grads %d, the flags' optimizer and switches",
           run.B, run.T, run.grad_accum, run.recompute, run.fp8, run.fp8_grads);
     expect_error(parse(&a, err, "--num_iterations 5"), err, "a near-miss flag", "unknown flag '--num_iterations'",
@@ -737,6 +737,40 @@ static void test_fp8_flags(void) {
     rc = parse(&a, err, "--fp8_grads e4m3");
     expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--fp8_grads e4m3 without --fp8 1",
                  "--fp8_grads e4m3 takes --fp8 1", NULL);
+}
+
+// [document mask] --doc_mask 1 takes the document's BOS from --bos_id, else LLaMA 3's 128000 when the
+// vocabulary holds it, and gives it to model creation (run_config); a vocabulary without it needs
+// --bos_id, and a --bos_id past the vocabulary is refused. Without --doc_mask no mask, whatever
+// --bos_id says (it still starts the samples: bos_token).
+static void test_doc_mask_flags(void) {
+    TrainArgs a;
+    char err[L3_ERR_LEN];
+    Llama3Config c = llama3_2_1b_config(), small = c;
+    small.vocab_size = 1000;
+    int rc = parse(&a, err, "--doc_mask 1");
+    RunConfig run = run_config(&a, &c);
+    CHECK(rc == 0 && train_args_check(&a, &c, err) == 0 && run.doc_mask && run.bos == 128000,
+          "--doc_mask 1 on LLaMA 3's vocabulary: documents start at 128000 (%d; %s)", run.bos, rc ? err : "ok");
+    rc = parse(&a, err, "--doc_mask 1 --bos_id 7");
+    run = run_config(&a, &small);
+    CHECK(rc == 0 && train_args_check(&a, &small, err) == 0 && run.doc_mask && run.bos == 7 &&
+              bos_token(&a.loop, &small) == 7,
+          "--doc_mask 1 --bos_id 7 on a vocabulary of 1000: documents and samples start at 7 (%s)", rc ? err : "ok");
+    rc = parse(&a, err, "--bos_id 7");
+    CHECK(rc == 0 && !run_config(&a, &small).doc_mask && bos_token(&a.loop, &small) == 7,
+          "--bos_id 7 without --doc_mask: no mask, samples start at 7");
+    rc = parse(&a, err, "");
+    CHECK(rc == 0 && bos_token(&a.loop, &small) == -1 && bos_token(&a.loop, &c) == 128000,
+          "no --bos_id: LLaMA 3's BOS where the vocabulary holds it, else none");
+    rc = parse(&a, err, "--doc_mask 1");
+    expect_error(rc ? rc : train_args_check(&a, &small, err), err, "--doc_mask 1 on a vocabulary without BOS",
+                 "--doc_mask 1: the vocabulary of 1000 tokens has no LLaMA 3 BOS", "--bos_id");
+    rc = parse(&a, err, "--doc_mask 1 --bos_id 1000");
+    expect_error(rc ? rc : train_args_check(&a, &small, err), err, "--bos_id past the vocabulary",
+                 "--bos_id 1000 is past the vocabulary (1000 tokens)", NULL);
+    expect_error(parse(&a, err, "--bos_id -1"), err, "a typed --bos_id -1", "--bos_id: bad value '-1'", NULL);
+    expect_error(parse(&a, err, "--doc_mask 2"), err, "--doc_mask 2", "--doc_mask: bad value '2'", NULL);
 }
 
 // [family] --shape's configs: the released shapes' parameter counts (3.2-3B 3,212,749,824 with its
@@ -1707,8 +1741,9 @@ static char* printed_text(FILE* f) {
 }
 
 // The flag table drives parsing, defaults, usage and the printed configuration: every row is in the
-// usage and the printout, its default typed back on a command line gives the same arguments, and
-// a numeric flag takes its bounds and refuses beyond them.
+// usage and the printout, its default typed back on a command line gives the same arguments (but a
+// default of -1, "not given", which no typed value means: --deferred_adamw, --bos_id), and a numeric
+// flag takes its bounds and refuses beyond them.
 static void test_flag_table(void) {
     char err[L3_ERR_LEN], value[256], line[512];
     TrainArgs d = train_args_default(), a;
@@ -1720,7 +1755,7 @@ static void test_flag_table(void) {
     for (int i = 0; i < NUM_FLAGS; i++) {
         const FlagSpec* g = &FLAGS[i];
         missing += !strstr(text, g->name) || (g->kind != FLAG_ONLY && !strstr(text, g->name + 2));
-        if (g->kind == FLAG_PATH || g->kind == FLAG_ONLY || !strcmp(g->name, "--deferred_adamw")) continue;
+        if (g->kind == FLAG_PATH || g->kind == FLAG_ONLY || (g->def && !strcmp(g->def, "-1"))) continue;
         flag_format(&d, g, value, sizeof(value));
         snprintf(line, sizeof(line), "%s=%s", g->name, value);
         char* argv[] = {(char*)"prog", line};
@@ -2456,6 +2491,7 @@ int main(int argc, char** argv) {
     test_cli();
     test_user_flags();
     test_fp8_flags();
+    test_doc_mask_flags();
     test_fit_advice();
     test_widen_bf16_upper_half();
     test_family_shapes();

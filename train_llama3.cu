@@ -119,6 +119,8 @@ typedef struct {
     bf16* dgate_up;      // (N, 2F)
     float* dw_partial;   // (blocks, C)  RMSNorm weight-gradient partial sums
     float* losses;       // (grad_accum * N) per-token losses of the step
+    int* doc_start;      // (N) [document mask] --doc_mask 1: each position's document start (DocSpans),
+    int* doc_end;        // (N) and end, from the forward's inputs (every layer's attention reads them)
     float* rms_ops;      // (3, N, C)    --fused_rmsnorm 0 only: the separate ops' intermediates
     float* rms_rows;     // (2, N)       the same, per row
 } Activations;
@@ -132,8 +134,9 @@ typedef struct {
 
 // Lays every buffer into `block` (NULL: only measures) and returns the bytes they take.
 static size_t act_layout(Activations* acts, unsigned char* block, const Llama3Config* c, int B, int T, int grad_accum,
-                         int sms, bool flash, bool fused_rms, int recompute) {
+                         int sms, bool flash, bool fused_rms, int recompute, bool doc_mask) {
     size_t N = (size_t)B * T, C = c->n_embd, L = c->n_layer, F = c->ffn_hidden, V = c->vocab_size;
+    size_t DOC = doc_mask ? N : 0;
     size_t QKV = qkv_dim(c), ROWS = (size_t)B * c->n_head * T, ATT = flash ? 0 : ROWS * T, LSE = flash ? ROWS : 0;
     size_t LB = recompute >= RECOMPUTE_BLOCKS ? 1 : L, LN = recompute >= RECOMPUTE_NORMS ? 1 : L; // copies [recompute]
     const ActRow rows[] = {
@@ -145,7 +148,8 @@ static size_t act_layout(Activations* acts, unsigned char* block, const Llama3Co
         ACT_ROW(scores, ATT), ACT_ROW(dsum, LSE), ACT_ROW(dheads, N * QKV), ACT_ROW(dresid, N * C),
         ACT_ROW(dresid_bf16, N * C), ACT_ROW(dact, N * F), ACT_ROW(dgate_up, N * 2 * F),
         ACT_ROW(dw_partial, (size_t)rms_bwd_blocks((int)N, sms) * C), ACT_ROW(losses, grad_accum * N),
-        ACT_ROW(rms_ops, fused_rms ? 0 : 3 * N * C), ACT_ROW(rms_rows, fused_rms ? 0 : 2 * N)};
+        ACT_ROW(doc_start, DOC), ACT_ROW(doc_end, DOC), ACT_ROW(rms_ops, fused_rms ? 0 : 3 * N * C),
+        ACT_ROW(rms_rows, fused_rms ? 0 : 2 * N)};
     static_assert(sizeof(rows) / sizeof(rows[0]) * sizeof(void*) == sizeof(Activations), "a row per buffer");
     size_t total = 0, i = 0;
     for (const ActRow& r : rows) {
@@ -373,6 +377,7 @@ typedef struct {
     Switches sw; // which optimisations are on (all, except in the ablation)
     int B, T, grad_accum, sms;
     int recompute; // [recompute] --recompute: RECOMPUTE_NONE, _NORMS or _BLOCKS
+    int doc_bos;   // [document mask] --doc_mask 1: the token that starts a document; -1: plain causal attention
     // one block each, parameter-sized (see llama3.h for the order)
     float* params; // fp32 master weights; [bf16 weights] all but the matmul weights' (see param_f32)
     float* grads;  // fp32; wte's rows are zero except those touched this step [sparse rows]. With
@@ -737,7 +742,7 @@ static void memory_print(FILE* f, const MemoryParts* p) {
 static size_t acts_bytes_at(const Model* m, int level) {
     Activations unused;
     return act_layout(&unused, NULL, &m->cfg, m->B, m->T, m->grad_accum, m->sms, m->sw.flash_attention,
-                      m->sw.fused_rmsnorm, level);
+                      m->sw.fused_rmsnorm, level, m->doc_bos >= 0);
 }
 
 // The flags that would shrink this model's memory `parts` (llama3.h fit_advice), into advice[n].
@@ -816,7 +821,7 @@ static void model_alloc(Model* m) {
     if (!m->sw.metadata_by_value) m->shape_in_memory = (HeadShape*)device_alloc(sizeof(HeadShape), "shape metadata");
     m->acts_block = device_alloc(m->acts_bytes, "activations");
     act_layout(&m->acts, (unsigned char*)m->acts_block, &m->cfg, m->B, m->T, m->grad_accum, m->sms,
-               m->sw.flash_attention, m->sw.fused_rmsnorm, m->recompute);
+               m->sw.flash_attention, m->sw.fused_rmsnorm, m->recompute, m->doc_bos >= 0);
     m->tokens = (int*)device_alloc(2 * n_step * sizeof(int), "tokens");
     CUDA_CHECK(cudaMallocHost(&m->tokens_host, 2 * 2 * n_step * sizeof(int32_t)));
     CUDA_CHECK(cudaMallocHost(&m->stats_host, 2 * sizeof(StepStats)));
@@ -874,6 +879,7 @@ static void model_size(Model* m, const Llama3Config* cfg, const RunConfig* run, 
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg, m->sw = switches_for_model(run->sw, cfg);
     m->B = run->B, m->T = run->T, m->grad_accum = run->grad_accum, m->recompute = run->recompute;
+    m->doc_bos = run->doc_mask ? run->bos : -1;
     m->comm = comm, m->sms = sms;
     if (run->fp8) fp8_start(m, run->fp8_grads);
     const Switches* sw = &m->sw; // (as they apply to this model)
@@ -891,7 +897,7 @@ static void model_size(Model* m, const Llama3Config* cfg, const RunConfig* run, 
     *plan = step_plan(sw, &m->optim.cfg, cfg->n_layer, comm ? comm->world : 1);
     m->step.plan = plan;
     m->acts_bytes = act_layout(&m->acts, NULL, cfg, m->B, m->T, m->grad_accum, m->sms, sw->flash_attention,
-                               sw->fused_rmsnorm, m->recompute);
+                               sw->fused_rmsnorm, m->recompute, m->doc_bos >= 0);
 }
 // What model_size allocated on the host.
 static void model_host_free(Model* m) {
@@ -1018,6 +1024,14 @@ static HeadShape head_shape(const Model* m, int B) {
     HeadShape sh = {B, m->T, m->cfg.n_head, m->cfg.n_kv_head, m->cfg.n_embd / m->cfg.n_head};
     return sh;
 }
+// [document mask] Each position's document as the forward's doc_spans wrote it for its inputs, which
+// every attention forward and backward of the pass reads (the recomputed ones too); NULL pointers
+// without --doc_mask 1.
+static DocSpans doc_mask_spans(const Model* m) {
+    DocSpans d = {NULL, NULL};
+    if (m->doc_bos >= 0) d.start = m->acts.doc_start, d.end = m->acts.doc_end;
+    return d;
+}
 
 // y (N, out) = x (N, in) @ W^T: a linear layer's forward, bf16 (W the layer's bf16 weight), or [fp8]
 // for a block linear in FP8.
@@ -1062,21 +1076,21 @@ static void attn_mix_t_gemm(const Model* m, int B, bf16* out, const bf16* probs,
 
 // Causal GQA attention of one layer on head-major q, k, v into token-major att_y[l]: flash
 // attention, or (--flash_attention 0) unfused: scores = q k^T / sqrt(HD) (fp32), P = softmax
-// (bf16), o = P v.
+// (bf16), o = P v. [document mask] Within each query's document with --doc_mask 1.
 static void attention_forward(const Model* m, int B, int l) {
     HeadShape sh = head_shape(m, B);
     size_t N = (size_t)sh.B * sh.T, copy = block_copy(m, l);
     bf16* q = m->acts.qkv_heads + copy * N * qkv_dim(&m->cfg);
     bf16 *k = q + N * m->cfg.n_embd, *v = k + N * sh.KVH * sh.HD;
     bf16* att_y = m->acts.att_y + copy * N * m->cfg.n_embd;
+    DocSpans docs = doc_mask_spans(m);
     if (m->sw.flash_attention) {
-        flash_attention_forward(att_y, m->acts.lse + copy * sh.B * sh.NH * sh.T, q, k, v, sh, DocSpans{NULL, NULL},
-                                m->stream);
+        flash_attention_forward(att_y, m->acts.lse + copy * sh.B * sh.NH * sh.T, q, k, v, sh, docs, m->stream);
         return;
     }
     bf16* probs = m->acts.probs + copy * sh.B * sh.NH * sh.T * sh.T;
     attn_scores_gemm(m, B, m->acts.scores, q, k, 1.0f / sqrtf((float)sh.HD));
-    attention_softmax(false, probs, m->acts.scores, sh.B * sh.NH * sh.T, sh.T, m->stream);
+    attention_softmax(false, probs, m->acts.scores, sh, docs.start, m->stream);
     attn_mix_gemm(m, B, m->acts.heads_o, probs, v, 1.0f);
     permute_heads(false, att_y, m->acts.heads_o, sh, m->stream, m->shape_in_memory);
 }
@@ -1145,13 +1159,16 @@ static void wait_for_update(const Model* m, int g, bool after_deferred) {
 }
 
 // inputs: B rows of T token ids on the device (B at most the model's: sampling runs one row).
-// Leaves bf16 logits (B*T, V) in acts.logits.
+// Leaves bf16 logits (B*T, V) in acts.logits. [document mask] With --doc_mask 1 it first finds every
+// position's document in the inputs, for the pass's attention (training, the val loss, the eval and
+// sampling alike: a row is split into documents wherever it holds BOS).
 static void forward(const Model* m, int B, const int* inputs, bool after_deferred) {
     NVTX_PUSH("forward");
     const Llama3Config* c = &m->cfg;
     int N = B * m->T, C = c->n_embd, L = c->n_layer;
     size_t NC = (size_t)N * C;
     fp8_reset_scales(m);
+    if (m->doc_bos >= 0) doc_spans(m->acts.doc_start, m->acts.doc_end, inputs, B, m->T, m->doc_bos, m->stream);
     wait_for_update(m, 0, after_deferred);
     embedding_forward(m->acts.resid, inputs, param_f32(m, m->layout.offset[P_WTE]), N, C, m->stream);
     for (int l = 0; l < L; l++) {
@@ -1221,16 +1238,17 @@ static void norm_backward(const Model* m, int B, int tensor, int layer, const fl
 // Attention backward from dy (token-major gradient of att_y[l]) to dq, dk, dv (head-major, in
 // acts.dheads). Unfused: dO = dy head-major, dV = P^T dO, dP = dO V^T, dS = softmax'(P, dP) over P,
 // dQ = dS K / sqrt(HD), dK = dS^T Q / sqrt(HD); the G query heads of a kv head are G*T rows of one
-// GEMM, so dK and dV sum over them as K = G*T.
+// GEMM, so dK and dV sum over them as K = G*T. [document mask] Within the forward's documents.
 static void attention_backward(const Model* m, int B, int l, bf16* dy) {
     HeadShape sh = head_shape(m, B);
     size_t N = (size_t)sh.B * sh.T, C = m->cfg.n_embd, KVD = (size_t)sh.KVH * sh.HD, copy = block_copy(m, l);
     bf16* q = m->acts.qkv_heads + copy * N * qkv_dim(&m->cfg);
     bf16 *k = q + N * C, *v = k + N * KVD;
     bf16 *dq = m->acts.dheads, *dk = dq + N * C, *dv = dk + N * KVD;
+    DocSpans docs = doc_mask_spans(m);
     if (m->sw.flash_attention) {
         flash_attention_backward(dq, dk, dv, m->acts.dsum, dy, m->acts.att_y + copy * N * C, q, k, v,
-                                 m->acts.lse + copy * sh.B * sh.NH * sh.T, sh, DocSpans{NULL, NULL}, m->stream);
+                                 m->acts.lse + copy * sh.B * sh.NH * sh.T, sh, docs, m->stream);
         return;
     }
     bf16 *probs = m->acts.probs + copy * sh.B * sh.NH * sh.T * sh.T, *dout = m->acts.heads_o;
@@ -1238,7 +1256,7 @@ static void attention_backward(const Model* m, int B, int l, bf16* dy) {
     permute_heads(true, dy, dout, sh, m->stream, m->shape_in_memory);
     attn_mix_t_gemm(m, B, dv, probs, dout, 1.0f);
     attn_scores_gemm(m, B, m->acts.scores, dout, v, 1.0f); // dP
-    attention_softmax(true, probs, m->acts.scores, sh.B * sh.NH * sh.T, sh.T, m->stream); // dS over P
+    attention_softmax(true, probs, m->acts.scores, sh, docs.start, m->stream); // dS over P
     attn_mix_gemm(m, B, dq, probs, k, scale);
     attn_mix_t_gemm(m, B, dk, probs, q, scale);
 }
@@ -2187,9 +2205,9 @@ static float eval_accuracy(Model* m, const EvalData* e) {
     return (float)right / e->n_examples;
 }
 
-#define LLAMA3_BOS 128000
 typedef struct {
     const EvalConfig* cfg; // sample_tokens per sample, temperature (0: greedy), top_k
+    int bos;               // the first token (llama3.h bos_token; 0 where there is none)
     int* seq;              // device: the sequence being generated (T ids; unwritten positions 0)
     uint64_t rng;          // the host's own generator (splitmix64): training draws nothing from it
 } Sampler;
@@ -2201,7 +2219,7 @@ static float next_uniform(uint64_t* state) { // splitmix64, top 24 bits: [0, 1)
     return (float)((z ^ (z >> 31)) >> 40) / 16777216.0f;
 }
 
-// Generates cfg->sample_tokens tokens after BOS (token 0 in a vocabulary without LLaMA-3's BOS) into
+// Generates cfg->sample_tokens tokens after s->bos into
 // ids[0..sample_tokens]: one forward pass of one sequence (B = 1, the same T) per token, the next id
 // drawn on the device from the row of the last position (the forward of one row writes the first
 // T rows of the activation buffers).
@@ -2209,7 +2227,7 @@ static void sample_ids(Model* m, Sampler* s, int* ids) {
     NVTX_PUSH("sample");
     int T = m->T, V = m->cfg.vocab_size;
     optimizer_flush(m);
-    ids[0] = V > LLAMA3_BOS ? LLAMA3_BOS : 0;
+    ids[0] = s->bos;
     CUDA_CHECK(cudaMemsetAsync(s->seq, 0, T * sizeof(int), m->stream));
     CUDA_CHECK(cudaMemcpyAsync(s->seq, ids, sizeof(int), cudaMemcpyHostToDevice, m->stream));
     for (int pos = 0; pos < s->cfg->sample_tokens; pos++) {
@@ -2741,6 +2759,9 @@ static void print_setup(const TrainArgs* a, const Llama3Config* cfg, ModelFileFo
            s->total);
     if (s->n > 1) printf(" in %d files", s->n);
     printf(", %s\n", a->loop.shuffle ? "shuffled per epoch (--shuffle 1)" : "in order (--shuffle 0)");
+    if (a->loop.doc_mask) // [document mask]
+        printf("documents: each starts at token %d, attention within each (training, val loss, eval and samples "
+               "alike); positions absolute\n", bos_token(&a->loop, cfg));
 }
 // [data parallel] The buffer bytes of one rank's collectives in an optimizer step (NCCL's count times
 // the element size; a ring moves about (world - 1) / world of each across the links): the gradients
@@ -2809,7 +2830,7 @@ static void print_model(const Model* m, const TrainArgs* a) {
 static int dry_run(const TrainArgs* a, const Llama3Config* cfg, const RankEnv* ranks) {
     Comm shard = {}; // [data parallel] the rank and world alone: this rank's share of AdamW's state
     shard.rank = ranks->rank, shard.world = ranks->world;
-    RunConfig run = run_config(a);
+    RunConfig run = run_config(a, cfg);
     Model m;
     model_size(&m, cfg, &run, ranks->world > 1 ? &shard : NULL, DRY_RUN_SMS);
     MemoryParts parts = memory_parts(&m);
@@ -2872,14 +2893,15 @@ int main(int argc, char** argv) {
     Comm* comm = ranks.world > 1 ? comm_start(&ranks, &a, &cfg, argv[0]) : NULL;
 
     Model m;
-    RunConfig run = run_config(&a);
+    RunConfig run = run_config(&a, &cfg);
     model_create(&m, &cfg, &run, comm);
     print_model(&m, &a);
     model_start(&m, &a, fmt, &in, argv[0]);
     static Saver saver;
     ValData val;
     EvalData eval;
-    Sampler sampler = {&a.eval, NULL, a.loop.seed ^ 0x5a4d504cULL};
+    int bos = bos_token(&a.loop, &cfg);
+    Sampler sampler = {&a.eval, bos >= 0 ? bos : 0, NULL, a.loop.seed ^ 0x5a4d504cULL};
     TrainIO io = {&loader, NULL, a.ckpt.dir ? &saver : NULL, a.eval.val_every ? &val : NULL,
                   a.eval.eval_file ? &eval : NULL, a.eval.sample_every && ranks.rank == 0 ? &sampler : NULL,
                   &in.vocab}; // (samples: rank 0's)

@@ -48,11 +48,16 @@
 // each (B = 64, 16, 4, 1); versions 1 and 2 at the first two alone (their T x T buffers: 3 GiB at
 // B=16, T=1024, 12 GiB at B=64, T=1k), version 3 at HD 64 alone; a row's median of 5 to 30 calls,
 // as many as take about a second, after a warm-up call and one that sizes the run. Validated
-// against an fp64 CPU reference (CPU_CASES, with what each guards; flash attention takes HD 32 or
-// 64) at B=2, T=17, NH 4, KVH 2, HD 32 (one partial tile); B=4, T=64 (the 1B's heads); and with
-// many 64-key tiles at B=2, T=1024, NH 4, KVH 2, HD 64; B=1, T=1031, NH 4, KVH 1, HD 32; and
-// B=1, T=1000, NH 4, KVH 4, HD 64 with the keys ramped so that the softmax's running max moves
-// often. At B=16, T=1024 (too slow for the CPU) versions 2 to 4 against version 1.
+// against an fp64 CPU reference (CPU_CASES, with what each guards) at B=2, T=17, NH 4, KVH 2, HD 32
+// (one partial tile); B=4, T=64 (the 1B's heads); and with many key tiles at B=2, T=1024, NH 4,
+// KVH 2, HD 64 and 128; B=1, T=1031, NH 4, KVH 1, HD 32; and B=1, T=1000 and 1090 with the keys
+// ramped so that the softmax's running max moves often. At T=8192 (the 1B's and the 8B's heads,
+// B=1) version 5 against version 4; with the timing, at B=16, T=1024 versions 2 on against 1.
+// [document mask] (--doc_mask 1) DOC_CASES: rows of documents (BOS at random and at fixed places: tile
+// boundaries, a document over many tiles, rows without BOS at 0), versions 1, 2, 4 and 5 against the
+// reference masked to each query's document; version 3 runs unmasked only. The spans themselves
+// (kernels.cuh doc_spans) against their definition, exactly, also on rows of 131000 tokens; and one
+// document per row (no BOS) must give versions 4's and 5's unmasked outputs bit for bit.
 #include "common.h"
 
 typedef struct {
@@ -66,6 +71,7 @@ typedef struct {
     bf16 *k_rep, *v_rep;    // version 1: K and V per query head (B, NH, T, HD)
     float *dk_rep, *dv_rep; // version 1: their gradients per query head, fp32 until summed (B, NH, T, HD)
     float *lse2, *dsum; // versions 3, 4: (B, NH, T) log2-sum-exp of each query row, rowsum(dO * O)
+    DocSpans docs;      // [document mask] input: each position's document (NULL pointers: plain causal; not owned)
 } AttnBuffers;
 
 static size_t qkv_elems(HeadShape sh) { return (size_t)sh.B * sh.T * (sh.NH + 2 * sh.KVH) * sh.HD; }
@@ -132,7 +138,7 @@ static void forward_repeated(Gemm* g, const AttnBuffers& b, HeadShape sh) {
     repeat_kv_kernel<<<ceil_div(q_elems(sh), 256), 256>>>(b.k_rep, b.v_rep, k, v, sh);
     LAUNCH_CHECK();
     matmul(g, 0, b.scores, q, b.k_rep, T, T, HD, false, true, true, 1.0f / sqrtf((float)HD), 0.0f, batch, s, s, sp);
-    attention_softmax(false, b.probs, b.scores, batch * T, T, 0);
+    attention_softmax(false, b.probs, b.scores, sh, b.docs.start, 0);
     matmul(g, 0, b.o_heads, b.probs, b.v_rep, T, HD, T, false, false, false, 1.0f, 0.0f, batch, sp, s, s);
     permute_heads(false, b.att_y, b.o_heads, sh, 0);
 }
@@ -145,7 +151,7 @@ static void backward_repeated(Gemm* g, const AttnBuffers& b, HeadShape sh) {
     permute_heads(true, b.dy, dout, sh, 0);
     matmul(g, 0, b.dv_rep, b.probs, dout, T, HD, T, true, false, true, 1.0f, 0.0f, batch, sp, s, s);
     matmul(g, 0, b.scores, dout, b.v_rep, T, T, HD, false, true, true, 1.0f, 0.0f, batch, s, s, sp);
-    attention_softmax(true, b.probs, b.scores, batch * T, T, 0);
+    attention_softmax(true, b.probs, b.scores, sh, b.docs.start, 0);
     matmul(g, 0, dq, b.probs, b.k_rep, T, HD, T, false, false, false, scale, 0.0f, batch, sp, s, s);
     matmul(g, 0, b.dk_rep, b.probs, q, T, HD, T, true, false, true, scale, 0.0f, batch, sp, s, s);
     sum_kv_heads_kernel<<<ceil_div(kv_elems(sh), 256), 256>>>(dk, dv, b.dk_rep, b.dv_rep, sh);
@@ -159,7 +165,7 @@ static void forward_stacked(Gemm* g, const AttnBuffers& b, HeadShape sh) {
     bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
     long long sq = (long long)G * T * HD, skv = (long long)T * HD, sp = (long long)G * T * T;
     matmul(g, 0, b.scores, q, k, G * T, T, HD, false, true, true, 1.0f / sqrtf((float)HD), 0.0f, batch, sq, skv, sp);
-    attention_softmax(false, b.probs, b.scores, sh.B * sh.NH * T, T, 0);
+    attention_softmax(false, b.probs, b.scores, sh, b.docs.start, 0);
     matmul(g, 0, b.o_heads, b.probs, v, G * T, HD, T, false, false, false, 1.0f, 0.0f, batch, sp, skv, sq);
     permute_heads(false, b.att_y, b.o_heads, sh, 0);
 }
@@ -173,7 +179,7 @@ static void backward_stacked(Gemm* g, const AttnBuffers& b, HeadShape sh) {
     permute_heads(true, b.dy, dout, sh, 0);
     matmul(g, 0, dv, b.probs, dout, T, HD, G * T, true, false, false, 1.0f, 0.0f, batch, sp, sq, skv);
     matmul(g, 0, b.scores, dout, v, G * T, T, HD, false, true, true, 1.0f, 0.0f, batch, sq, skv, sp);
-    attention_softmax(true, b.probs, b.scores, sh.B * sh.NH * T, T, 0);
+    attention_softmax(true, b.probs, b.scores, sh, b.docs.start, 0);
     matmul(g, 0, dq, b.probs, k, G * T, HD, T, false, false, false, scale, 0.0f, batch, sp, skv, sq);
     matmul(g, 0, dk, b.probs, q, T, HD, G * T, true, false, false, scale, 0.0f, batch, sp, sq, skv);
 }
@@ -426,15 +432,16 @@ static const struct {
 };
 constexpr int N_VERSIONS = 2 + sizeof(FLASH) / sizeof(FLASH[0]);
 
+// (Version 3 has no document mask: it runs plain causal attention whatever b.docs holds.)
 static void forward_flash(int version, const AttnBuffers& b, HeadShape sh) {
     bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
-    FLASH[version - 3].forward(b.att_y, b.lse2, q, k, v, sh, DocSpans{NULL, NULL}, 0);
+    FLASH[version - 3].forward(b.att_y, b.lse2, q, k, v, sh, b.docs, 0);
 }
 
 static void backward_flash(int version, const AttnBuffers& b, HeadShape sh) {
     bf16 *q = b.heads, *k = q + q_elems(sh), *v = k + kv_elems(sh);
     bf16 *dq = b.dheads, *dk = dq + q_elems(sh), *dv = dk + kv_elems(sh);
-    FLASH[version - 3].backward(dq, dk, dv, b.dsum, b.dy, b.att_y, q, k, v, b.lse2, sh, DocSpans{NULL, NULL}, 0);
+    FLASH[version - 3].backward(dq, dk, dv, b.dsum, b.dy, b.att_y, q, k, v, b.lse2, sh, b.docs, 0);
 }
 
 // Version 3 takes HD 32 or 64 (its static tiles pass 48 KB at 128), version 5 HD 64 or 128 on an
@@ -460,23 +467,25 @@ static void attention_version(int version, bool backward, Gemm* g, const AttnBuf
 // D = rowsum(P * dP) = rowsum(dO * O) as the version forms it (ramp_keys): flash from O rounded to
 // bf16 (the saved att_y it reads), the unfused versions from P rounded to bf16 (the P they keep).
 // q, k, v point at the head's (T, HD) matrices, dOt at row t of dO; p and dp are T-long scratch.
-// Keys in the outer loop, so every inner loop walks a row of k, v, dk or dv contiguously.
+// Keys in the outer loop, so every inner loop walks a row of k, v, dk or dv contiguously. The row
+// sees keys first..t: first is 0, or [document mask] the start of t's document.
 static void attention_row_cpu(float* o_row, float* dq_row, double* dk, double* dv, const float* q, const float* k,
-                              const float* v, const float* dOt, int t, int HD, double* p, double* dp, bool flash) {
+                              const float* v, const float* dOt, int t, int first, int HD, double* p, double* dp,
+                              bool flash) {
     double scale = 1.0 / sqrt((double)HD), mx = -INFINITY, sum = 0.0, dot = 0.0;
     double o[128] = {}, dq[128] = {}; // HD <= 128: flash attention takes 32, 64 or 128
     const float* qt = q + (size_t)t * HD;
-    for (int u = 0; u <= t; u++) {
+    for (int u = first; u <= t; u++) {
         double s = 0.0;
         for (int d = 0; d < HD; d++) s += (double)qt[d] * k[(size_t)u * HD + d];
         p[u] = s * scale;
         mx = std::max(mx, p[u]);
     }
-    for (int u = 0; u <= t; u++) {
+    for (int u = first; u <= t; u++) {
         p[u] = exp(p[u] - mx);
         sum += p[u];
     }
-    for (int u = 0; u <= t; u++) {
+    for (int u = first; u <= t; u++) {
         p[u] /= sum;
         dp[u] = 0.0;
         for (int d = 0; d < HD; d++) {
@@ -485,8 +494,8 @@ static void attention_row_cpu(float* o_row, float* dq_row, double* dk, double* d
         }
     }
     if (flash) for (int d = 0; d < HD; d++) dot += (double)dOt[d] * bf16_round((float)o[d]);
-    else for (int u = 0; u <= t; u++) dot += bf16_round((float)p[u]) * dp[u];
-    for (int u = 0; u <= t; u++) {
+    else for (int u = first; u <= t; u++) dot += bf16_round((float)p[u]) * dp[u];
+    for (int u = first; u <= t; u++) {
         double ds = p[u] * (dp[u] - dot); // dS of key u
         const float* ku = k + (size_t)u * HD;
         for (int d = 0; d < HD; d++) {
@@ -502,9 +511,10 @@ static void attention_row_cpu(float* o_row, float* dq_row, double* dk, double* d
 }
 
 // att_y and dheads (dq, dk, dv head-major) from heads and dy (att_y and dy token-major), with D as
-// flash attention (flash) or the unfused versions form it.
+// flash attention (flash) or the unfused versions form it. [document mask] doc_start (B*T; NULL:
+// plain causal): each query's first key.
 static void attention_cpu(std::vector<float>& att_y, std::vector<float>& dheads, const std::vector<float>& heads,
-                          const std::vector<float>& dy, HeadShape sh, bool flash) {
+                          const std::vector<float>& dy, HeadShape sh, bool flash, const int* doc_start) {
     int T = sh.T, HD = sh.HD, G = sh.NH / sh.KVH;
     size_t Q = q_elems(sh), KV = kv_elems(sh), head = (size_t)T * HD;
     std::vector<double> dkv(2 * KV, 0.0), p(T), dp(T); // dk then dv
@@ -513,9 +523,10 @@ static void attention_cpu(std::vector<float>& att_y, std::vector<float>& dheads,
             size_t qh = ((size_t)b * sh.NH + h) * head, kvh = ((size_t)b * sh.KVH + h / G) * head;
             for (int t = 0; t < T; t++) {
                 size_t token_row = ((size_t)b * T + t) * sh.NH * HD + h * HD; // (b, t, head h) token-major
+                int first = doc_start ? doc_start[(size_t)b * T + t] : 0;
                 attention_row_cpu(&att_y[token_row], &dheads[qh + (size_t)t * HD], &dkv[kvh], &dkv[KV + kvh],
-                                  &heads[qh], &heads[Q + kvh], &heads[Q + KV + kvh], &dy[token_row], t, HD, p.data(),
-                                  dp.data(), flash);
+                                  &heads[qh], &heads[Q + kvh], &heads[Q + KV + kvh], &dy[token_row], t, first, HD,
+                                  p.data(), dp.data(), flash);
             }
         }
     for (size_t i = 0; i < 2 * KV; i++) dheads[Q + i] = (float)dkv[i];
@@ -585,13 +596,45 @@ static void ramp_keys(std::vector<float>& heads, HeadShape sh) {
     }
 }
 
+// A count of elements that must be 0 (mismatches), printed and counted as dev_check's lines are.
+static bool check_none_differ(const char* what, size_t differ, size_t n) {
+    printf("%s %-52s %zu of %zu elements differ (tol 0)\n", differ ? "FAIL" : "ok  ", what, differ, n);
+    differ ? dev_failed++ : dev_passed++;
+    return differ == 0;
+}
+
+// [document mask] The documents of a validation run: each position's start on the host (the
+// reference's first key of each query), the spans on the device (the versions'), and whether every
+// row is one document (no BOS at all).
+typedef struct {
+    std::vector<int> start;
+    DocSpans spans;
+    bool whole_rows;
+} DocRun;
+
+// [document mask] One document per row: a flash version (4 or 5) with the spans (its outputs in
+// `masked`) and without them must agree bit for bit, since the mask then keeps every key and skips
+// no tile.
+static bool same_as_unmasked(int version, Gemm* g, AttnBuffers b, HeadShape sh, const std::vector<float>* masked) {
+    std::vector<float> plain[2];
+    char what[64];
+    b.docs = DocSpans{NULL, NULL};
+    run_version(version, g, b, sh, plain);
+    size_t differ = 0, n = masked[0].size() + masked[1].size();
+    for (int i = 0; i < 2; i++)
+        for (size_t j = 0; j < masked[i].size(); j++) differ += memcmp(&masked[i][j], &plain[i][j], 4) != 0;
+    snprintf(what, sizeof(what), "v%d one document per row vs no mask, bit for bit", version);
+    return check_none_differ(what, differ, n);
+}
+
 // Fresh N(0, 1) q, k, v and d att_y (keys ramped when `ramped`) against the fp64 reference.
 // Tolerances: P, dS and every output are bf16 (2^-8 relative rounding each at most) with fp32
 // accumulation, about 1e-2 relative L2 error at most; per element atol 2e-2 rtol 2e-2 (the
 // outputs are O(0.1..1) here). They hold at long T too: an output's rounding errors are relative
 // to its own terms and do not grow with the number of tiles (the CPU model above: relative L2
-// 2e-3 to 3e-3 at T 1024, the worst element at 0.6 of the per-element bound).
-static void validate_cpu(HeadShape sh, bool ramped, Gemm* g, const DevArgs& a, bool* ok) {
+// 2e-3 to 3e-3 at T 1024, the worst element at 0.6 of the per-element bound). [document mask]
+// docs (NULL: plain causal): the reference and versions 1, 2 and 4 within each query's document.
+static void validate_cpu(HeadShape sh, bool ramped, Gemm* g, const DevArgs& a, bool* ok, const DocRun* docs = NULL) {
     std::vector<float> heads = random_normal(qkv_elems(sh));
     if (ramped) ramp_keys(heads, sh);
     heads = from_bf16(to_bf16(heads));
@@ -599,17 +642,19 @@ static void validate_cpu(HeadShape sh, bool ramped, Gemm* g, const DevArgs& a, b
     std::vector<float> ref[2][2], got[2]; // [flash]: D as versions 1, 2 or 3, 4 form it
     for (int flash = 0; flash < 2; flash++) {
         ref[flash][0].resize(q_elems(sh)), ref[flash][1].resize(qkv_elems(sh));
-        attention_cpu(ref[flash][0], ref[flash][1], heads, dy, sh, flash);
+        attention_cpu(ref[flash][0], ref[flash][1], heads, dy, sh, flash, docs ? docs->start.data() : NULL);
     }
     AttnBuffers b = attn_alloc(sh);
     upload_into(b.heads, heads);
     upload_into(b.dy, dy);
-    char tag[32];
+    if (docs) b.docs = docs->spans;
+    char tag[48];
     for (int version = 1; version <= N_VERSIONS; version++) {
-        if (!dev_selected(a, version) || !version_takes(version, sh)) continue;
+        if (!dev_selected(a, version) || !version_takes(version, sh) || (docs && version == 3)) continue;
         run_version(version, g, b, sh, got);
-        snprintf(tag, sizeof(tag), "v%d vs CPU%s", version, ramped ? ", ramped K" : "");
+        snprintf(tag, sizeof(tag), "v%d vs CPU%s%s", version, ramped ? ", ramped K" : "", docs ? ", documents" : "");
         ok[version] &= check_outputs(tag, got, ref[version >= 3], sh, true);
+        if (docs && docs->whole_rows && version >= 4) ok[version] &= same_as_unmasked(version, g, b, sh, got);
     }
     attn_free(b);
 }
@@ -632,6 +677,91 @@ static void validate_versions(HeadShape sh, int ref_version, Gemm* g, bool* ok) 
         ok[ref_version] &= same, ok[version] &= same;
     }
     attn_free(b);
+}
+
+// ---- [document mask] documents ----
+
+#define DOC_BOS 1 // the token that starts a document here (the kernels only compare ids)
+
+// B rows of T token ids: DOC_BOS at random about once in `every` positions (0: never) and at each
+// position of `at` (-1: none) of every row, 0 elsewhere.
+static std::vector<int> doc_tokens(int B, int T, int every, const int* at) {
+    std::vector<int> tokens((size_t)B * T, 0);
+    for (size_t i = 0; i < tokens.size(); i++) {
+        int t = (int)(i % T);
+        bool fixed = at[0] == t || at[1] == t || at[2] == t || at[3] == t;
+        if (fixed || (every && rng_u32() % every == 0)) tokens[i] = DOC_BOS;
+    }
+    return tokens;
+}
+
+// DocSpans by their definition: start[t] the last BOS at or before t (0 if none), end[t] the first
+// BOS after t (T if none), row by row.
+static void doc_spans_cpu(std::vector<int>& start, std::vector<int>& end, const std::vector<int>& tokens, int B,
+                          int T) {
+    for (size_t row = 0; row < (size_t)B * T; row += T) {
+        for (int t = 0, s = 0; t < T; t++) start[row + t] = s = tokens[row + t] == DOC_BOS ? t : s;
+        for (int t = T - 1, e = T; t >= 0; t--) {
+            end[row + t] = e;
+            if (tokens[row + t] == DOC_BOS) e = t;
+        }
+    }
+}
+
+// kernels.cuh doc_spans on the ids, its outputs poisoned first, against doc_spans_cpu, exactly. Leaves
+// the spans on the device in spans (start, then end: 2 B*T ints) and the starts on the host in start.
+static bool check_doc_spans(const std::vector<int>& tokens, int B, int T, int* spans, std::vector<int>& start) {
+    size_t N = (size_t)B * T, differ = 0;
+    std::vector<int> end(N);
+    start.resize(N);
+    doc_spans_cpu(start, end, tokens, B, T);
+    int* ids = dev_upload(tokens);
+    dev_poison(spans, 2 * N);
+    doc_spans(spans, spans + N, ids, B, T, DOC_BOS, 0);
+    std::vector<int> got = dev_download(spans, 2 * N);
+    for (size_t i = 0; i < N; i++) differ += (got[i] != start[i]) + (got[N + i] != end[i]);
+    CUDA_CHECK(cudaFree(ids));
+    char what[64];
+    snprintf(what, sizeof(what), "doc_spans B=%d T=%d vs their definition", B, T);
+    return check_none_differ(what, differ, 2 * N);
+}
+
+// Rows of documents, each against the reference masked to its documents, and what each guards: a BOS
+// at random about once in `every` positions (0: none) and at each of `at` (-1: none) in every row.
+static const struct {
+    HeadShape sh;
+    int every, at[4];
+} DOC_CASES[] = {
+    {{2, 17, 4, 2, 32}, 0, {3, 9, 16, -1}},         // one partial tile: documents inside it, one of the last key
+    {{2, 1024, 4, 2, 64}, 0, {-1, -1, -1, -1}},     // one document per row: the plain outputs bit for bit
+    {{2, 1024, 4, 2, 64}, 24, {64, 128, 129, -1}},  // many short documents (about 24 keys), tiles 1 and 2 each
+                                                    // starting one: the skipping's tile boundaries
+    {{1, 1031, 4, 1, 32}, 0, {63, 65, 200, -1}},    // no BOS at 0; key 63's document ends at 65, in the next
+                                                    // query tile; one of 831 keys over 14 tiles; ragged tail
+    {{2, 1024, 4, 2, 128}, 40, {64, 127, -1, -1}},  // HD 128 (dK/dV's K and V read from shared memory)
+};
+
+// [document mask] One layout of DOC_CASES: its spans (check_doc_spans), then the versions on them
+// against the masked reference (validate_cpu).
+static void validate_docs(HeadShape sh, int every, const int* at, Gemm* g, const DevArgs& a, bool* ok) {
+    size_t N = (size_t)sh.B * sh.T;
+    std::vector<int> tokens = doc_tokens(sh.B, sh.T, every, at);
+    int* spans = dev_alloc<int>(2 * N);
+    DocRun docs = {{}, {spans, spans + N}, std::find(tokens.begin(), tokens.end(), DOC_BOS) == tokens.end()};
+    ok[4] &= check_doc_spans(tokens, sh.B, sh.T, spans, docs.start);
+    validate_cpu(sh, false, g, a, ok, &docs);
+    CUDA_CHECK(cudaFree(spans));
+}
+
+// [document mask] doc_spans alone on 2 rows of 131000 tokens: 32 chunks of its scan, the last ragged;
+// BOS about every 5000, on both sides of the first chunk boundary (4095, 4096) and at the last position.
+static bool check_long_spans(void) {
+    const int B = 2, T = 131000, at[4] = {4095, 4096, T - 1, -1};
+    std::vector<int> tokens = doc_tokens(B, T, 5000, at), start;
+    int* spans = dev_alloc<int>(2 * tokens.size());
+    bool ok = check_doc_spans(tokens, B, T, spans, start);
+    CUDA_CHECK(cudaFree(spans));
+    return ok;
 }
 
 // ---- timing ----
@@ -725,6 +855,8 @@ int main(int argc, char** argv) {
     std::fill(ok, ok + N_VERSIONS + 1, true);
     const HeadShape b16t1024 = {16, 1024, 32, 8, 64};
     for (const auto& c : CPU_CASES) validate_cpu(c.sh, c.ramped, &g, a, ok);
+    for (const auto& c : DOC_CASES) validate_docs(c.sh, c.every, c.at, &g, a, ok);
+    ok[4] &= check_long_spans();
     if (a.version == 0) // the wgmma kernels' 64 key tiles of 128 at long T, at the 1B's and the 8B's heads
         for (int HD : {64, 128}) validate_versions({1, 8192, 32, 8, HD}, 4, &g, ok);
     if (!a.check_only) {

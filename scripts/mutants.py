@@ -49,8 +49,8 @@ MUTANTS = [
      "for (int d = 0; d < (HD == 128 ? HD / 16 : HD / 8); d++) o[d][2 * r] *= correction"),
     ("wrong_tile_prefetched", "kernel", "kernels.cuh", "flash forward: the current key tile prefetched again "
      "instead of the next",
-     "kt + 1, T);\n        const KeyTile<HD>& tile = kv[kt % 2];\n        float s[",
-     "kt, T);\n        const KeyTile<HD>& tile = kv[kt % 2];\n        float s["),
+     "kt + 1, T);\n        const KeyTile<HD>& tile = kv[buf];\n        float s[",
+     "kt, T);\n        const KeyTile<HD>& tile = kv[buf];\n        float s["),
     ("fp8_weight_scale_is_inputs", "fp8", "train_llama3.cu", "--fp8 1 forward: the input's inverse scale applied "
      "twice, the weight's not at all",
      "&fp8_weight_scale(m, tensor, layer)->scale_inv,\n               B * m->T, out, in, false);",
@@ -87,6 +87,18 @@ MUTANTS = [
     ("dk_10pct", "kernel", "kernels.cuh", "flash backward: dK 10 % too large",
      "store_head_rows<HD>(dk + kv_head, dk_acc, key, T, scale);",
      "store_head_rows<HD>(dk + kv_head, dk_acc, key, T, 1.1f * scale);"),
+    ("doc_mask_dkv_leaks", "document mask", "kernels.cuh", "--doc_mask 1, flash dK/dV: each key's document end "
+     "ignored, so a key takes gradient from the queries of the documents after it",
+     "if (DOC_MASK) visible = visible && (ROWS_ARE_KEYS ? col < bound[r] : col >= bound[r]);",
+     "if (DOC_MASK && !ROWS_ARE_KEYS) visible = visible && col >= bound[r];"),
+    ("doc_end_inclusive", "document mask", "kernels.cuh", "--doc_mask 1: a document's end found at t or after "
+     "instead of after t, so a BOS key's document ends at itself and no query's gradient reaches it",
+     "        if (to_end) Scan(scratch).ExclusiveScan(seen, scanned, MaxOf(), before);\n"
+     "        else Scan(scratch).InclusiveScan(seen, scanned, MaxOf(), before);",
+     "        Scan(scratch).InclusiveScan(seen, scanned, MaxOf(), before);"),
+    ("doc_mask_unfused_ignored", "document mask", "kernels.cuh", "--doc_mask 1 --flash_attention 0: the unfused "
+     "softmax ignores the documents (every query sees all keys before it)",
+     "    return doc_start ? doc_start[(size_t)(row / (NH * T)) * T + row % T] : 0;", "    return 0;"),
     ("rms_dw_slice_dropped", "kernel", "kernels.cuh", "RMSNorm weight gradient: the column sum drops its "
      "last row slice",
      "for (int y = 0; y < 32; y++) total += s[y * 32 + t];", "for (int y = 0; y < 31; y++) total += s[y * 32 + t];"),
@@ -523,6 +535,18 @@ DEV_MUTANTS = [
      "rounding (the FP8 scale off the tensor the GEMM reads)",
      "if (amax_bits) block_amax(amax_bits, round_bf16(amax)); // (uniform: every",
      "if (amax_bits) block_amax(amax_bits, amax); // (uniform: every", "dev/rmsnorm"),
+    # [document mask] the tile skipping's boundaries and the spans' scan, each wrong on few elements
+    ("doc_skip_tile_rounded_up", "document mask", "kernels.cuh", "--doc_mask 1, flash forward and dQ: the first "
+     "key tile rounded up from the query tile's first document start (one tile short unless the start is a "
+     "tile's first key)", "    return start[qt * FA_TILE] / FA_TILE;",
+     "    return (start[qt * FA_TILE] + FA_TILE - 1) / FA_TILE;", "dev/attention"),
+    ("doc_query_tiles_short", "document mask", "kernels.cuh", "--doc_mask 1, flash dK/dV: the last query tile "
+     "found from end - 2, one tile short when the last key's document ends just past a tile boundary (its last "
+     "query is a tile's first)", "    return (end[last_key] - 1) / FA_TILE + 1 - kt;",
+     "    return (end[last_key] - 2) / FA_TILE + 1 - kt;", "dev/attention"),
+    ("doc_spans_carry_dropped", "document mask", "kernels.cuh", "doc_spans: the scan's carry is the last chunk's "
+     "max, not the running max, so a chunk of 4096 positions without BOS forgets the document before it",
+     "        carry = max(carry, chunk_max);", "        carry = chunk_max;", "dev/attention"),
 ]
 
 
@@ -629,7 +653,7 @@ def main():
     mutants = [m for m in pool_of if not args.only or m[0] in args.only]
     refs = () if args.host_only else ("small_t64",) if args.data_parallel else (
         "small_t64", "small_t1024", "small_b8", "small_accum", "small_dense", "small_tied", "small_hd128", "small_fp8",
-        "small_fp8_e4m3")
+        "small_fp8_e4m3", "small_docs")
     for ref in refs:
         if not os.path.exists(os.path.join(ROOT, "ref", f"{ref}_state.bin")):
             sys.exit(f"ref/{ref}_state.bin is missing: run `make test` on this GPU machine first")

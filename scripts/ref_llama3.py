@@ -17,13 +17,17 @@ schedule (--lr_schedule, --warmup_iters, ...) and, with --grad_clip, torch.nn.ut
     python scripts/ref_llama3.py --name small_hd128 --shape small_hd128 --batch_size 2 --seq_len 1024 --qk_std 0.07 \\
         --rope_factor 8                                                            # head_dim 128, Llama-3.1's RoPE
     python scripts/ref_llama3.py --name 3b --shape 3b --tied --model_only          # LLaMA 3.2-3B's shape, 12.8 GB
+    python scripts/ref_llama3.py --name small_docs --shape small --batch_size 4 --seq_len 128 --docs  # --doc_mask 1
 
 The batches are consecutive windows of real text, the embedded Tiny Shakespeare
 (data/tiny_shakespeare_train.bin), read as the trainer's data loader reads a token file, so that
 the loss moves. The small shape's vocabulary is 1000 (--vocab N: N): its ids are the text's 999
 (N - 1) most frequent LLaMA-3 tokens by rank, every other token becomes 0. Weights are N(0, 0.02)
 (the q and k projections N(0, --qk_std)), norm weights U(0.5, 1.5) (all 1 would hide a norm reading
-another norm's weight).
+another norm's weight). With --docs the rows hold documents at fixed places (DOC_ROWS: the text's own
+BOS become 0, then BOS, at its id in the vocabulary, where a row's pattern puts it) and each query
+attends only within its document (the trainer's --doc_mask 1), by an explicit block-diagonal causal
+boolean mask that HF hands to SDPA as it is; positions stay absolute (0..T-1), as in the trainer.
 
 Writes into OUT_DIR (made when missing, in a folder that exists), each file to a temporary name, fsynced, then
 renamed:
@@ -93,6 +97,8 @@ def parse_args():
                     "--flash_attention 0 arithmetic (fp32 scores, softmax rounded to bf16, P V in bf16), which "
                     "--fp8 needs: FP8 rounds the attention output, so a bf16-level difference there becomes an "
                     "e4m3 step")
+    ap.add_argument("--docs", action="store_true", help="documents: BOS at fixed places of each row (DOC_ROWS) "
+                    "and attention masked to each document, as the trainer's --doc_mask 1 (with --attention sdpa)")
     ap.add_argument("--model_only", action="store_true", help="write only NAME_model.bin (no training)")
     ap.add_argument("--llmc", action="store_true", help="also write the model in llm.c's format (RoPE factor 8, "
                     "as llm.c reads it)")
@@ -106,6 +112,8 @@ def parse_args():
         ap.error(f"--rope_factor {args.rope_factor}: in [1, 1024], as llama3.h's config_check takes")
     if args.fp8_grads != "e5m2" and not args.fp8:
         ap.error(f"--fp8_grads {args.fp8_grads} takes --fp8")
+    if args.docs and args.attention != "sdpa":
+        ap.error("--docs takes --attention sdpa (the unfused attention here has no document mask)")
     return args
 
 
@@ -133,6 +141,13 @@ def rope_factor_of(shape, given=None, llmc=False):
 
 NORM_EPS, ROPE_THETA = 1e-5, 500000.0
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "tiny_shakespeare_train.bin")
+LLAMA3_BOS = 128000  # <|begin_of_text|>
+DOC_ROWS = (  # --docs: the BOS positions (those < T) of each row pattern, and what each exercises at T = 128
+    (0, 1, 7, 20, 45, 64, 66, 90, 100, 127),  # short documents, of 1 token too, one from key tile 1's first key
+    (0, 20),  # a document of T - 20 tokens, over two 64-key tiles
+    (0,),  # one document: no BOS after position 0
+    (63, 65, 127),  # no BOS at 0 (the row goes on with a document), 63..64 across a tile boundary
+)
 STATE_MAGIC, STATE_VERSION = 20241129, 5
 
 
@@ -369,17 +384,40 @@ def token_file(tokens, uint16):
 
 
 def text_tokens(V, count):
-    """The first `count` tokens of the embedded text; for V < the LLaMA-3 vocab, ids by frequency rank."""
+    """The first `count` tokens of the embedded text and BOS's id; for V < the LLaMA-3 vocab, ids by frequency
+    rank (BOS 0 if it is not among the V - 1 most frequent)."""
     tokens = np.fromfile(TEXT, dtype=np.uint32, offset=1024).astype(np.int64)
     if count > len(tokens):
         raise SystemExit(f"{TEXT}: {len(tokens)} tokens, {count} needed")
+    bos = LLAMA3_BOS
     if V < 128256:
         ids, counts = np.unique(tokens, return_counts=True)
         by_rank = ids[np.argsort(-counts, kind="stable")][: V - 1]
         remap = np.zeros(int(tokens.max()) + 1, dtype=np.int64)
         remap[by_rank] = np.arange(1, len(by_rank) + 1)
-        tokens = remap[tokens]
-    return tokens[:count]
+        tokens, bos = remap[tokens], int(remap[LLAMA3_BOS])
+    return tokens[:count], bos
+
+
+def place_documents(tokens, bos, B, T):
+    """--docs: the stream with its own BOS made 0 and BOS where DOC_ROWS puts them: the stream's row r (of T
+    tokens; micro-batch r // B, its row r % B) takes pattern (r % B + r // B) % 4, so that each micro-batch
+    lays the patterns out on other rows."""
+    out = np.where(tokens == bos, 0, tokens)
+    for r in range((len(tokens) - 1) // T):
+        out[[r * T + t for t in DOC_ROWS[(r % B + r // B) % len(DOC_ROWS)] if t < T]] = bos
+    return out
+
+
+def doc_mask(ids, bos):
+    """--docs' attention mask of ids (B, T): (B, 1, T, T) booleans, True where query t sees key u, that is
+    start[t] <= u <= t with start[t] the last BOS at or before t (0 if none), as the trainer's --doc_mask 1.
+    HF hands a 4D mask to SDPA as it is. None without --docs (bos None): HF's own causal attention."""
+    if bos is None:
+        return None
+    pos = torch.arange(ids.shape[1], device=ids.device)
+    start = torch.where(ids == bos, pos, 0).cummax(dim=1).values
+    return ((pos <= pos[:, None]) & (pos >= start[:, :, None]))[:, None]
 
 
 def rope_tables(cfg, T):
@@ -428,8 +466,9 @@ def train(model, cfg, args, x, y, dev):
         model.zero_grad(set_to_none=True)
         losses = []
         for micro in range(args.grad_accum):
+            ids = x[step - 1, micro].to(dev)
             with torch.autocast(device_type=dev.split(":")[0], dtype=torch.bfloat16):
-                logits = model(input_ids=x[step - 1, micro].to(dev)).logits
+                logits = model(input_ids=ids, attention_mask=doc_mask(ids, args.bos)).logits
             loss = F.cross_entropy(logits.float().view(-1, cfg.vocab_size), y[step - 1, micro].to(dev).view(-1))
             (loss / args.grad_accum).backward()  # the step's loss is the mean over all its micro-batches
             losses.append(loss.item())
@@ -465,7 +504,13 @@ def main(args):
     make_folder(args.out_dir, "--out_dir")
     inputs = [TEXT]
 
-    tokens = text_tokens(cfg.vocab_size, n * A * B * T + 1)  # the loader's x, y windows, pos += B*T
+    tokens, bos = text_tokens(cfg.vocab_size, n * A * B * T + 1)  # the loader's x, y windows, pos += B*T
+    args.bos = None
+    if args.docs:
+        if bos == 0:
+            cli.argument_error(__file__, f"--docs: BOS is not among the text's {cfg.vocab_size - 1} most frequent "
+                               "tokens, so the vocabulary has no id for it")
+        tokens, args.bos = place_documents(tokens, bos, B, T), bos
     x = torch.from_numpy(tokens[:-1].reshape(n, A, B, T))
     y = torch.from_numpy(tokens[1:].reshape(n, A, B, T))
     write_atomic(out("model.bin"), [seed_header(cfg), seed_order(model, cfg, lambda p: p)], inputs)
@@ -479,12 +524,13 @@ def main(args):
         write_atomic(out("tokens16.bin"), token_file(tokens, True), inputs)
 
     with torch.no_grad():  # context for the bf16 errors: the same model's logits in plain fp32
-        logits_fp32 = model(input_ids=x[0, 0].to(dev)).logits.float().cpu().numpy()
+        ids = x[0, 0].to(dev)
+        logits_fp32 = model(input_ids=ids, attention_mask=doc_mask(ids, args.bos)).logits.float().cpu().numpy()
     if args.fp8:
         use_fp8(model, args.fp8_grads)
     header = np.zeros(256, dtype=np.int32)
     header[:8] = [STATE_MAGIC, STATE_VERSION, B, T, n, cfg.vocab_size, 0 if args.dense_embedding else 1, A]
-    header[8:10] = [SCHEDULES.index(args.lr_schedule), args.warmup_iters]
+    header[8:12] = [SCHEDULES.index(args.lr_schedule), args.warmup_iters, int(args.docs), args.bos or 0]
     header[16:24] = np.array([args.lr, args.beta1, args.beta2, args.eps, args.weight_decay, args.grad_clip,
                               args.final_lr_frac, args.decay_frac], np.float32).view(np.int32)
 

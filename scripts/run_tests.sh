@@ -283,6 +283,12 @@ user_errors() {
     check $ok "--shape 8b: LLaMA 3.1-8B's shape, untied, RoPE factor 8" "$(head -n 3 <<< "$out")"
     expect_error "--shape beside a model file: refused before the file is read" "--shape 8b: --llmc_filepath gives" \
         ./train_llama3 --shape 8b --llmc_filepath "$tmp/none.bin"
+    # [document mask] the setup names the documents' BOS; one past the vocabulary is refused
+    out=$(./train_llama3 --doc_mask 1 --dry_run 1 2>&1)
+    [[ "$out" == *"documents: each starts at token 128000, attention within each"* ]] && ok=1 || ok=0
+    check $ok "--doc_mask 1: the setup names the documents' BOS, LLaMA 3's 128000" "$(grep -m 1 documents <<< "$out")"
+    expect_error "--bos_id past the vocabulary" "--bos_id 200000 is past the vocabulary (128256 tokens)" \
+        ./train_llama3 --doc_mask 1 --bos_id 200000
     if command -v cuobjdump > /dev/null; then
         cuobjdump --list-ptx train_llama3 2>&1 | grep -q 'sm_80\|compute_80' && ok=1 || ok=0
         check $ok "train_llama3 carries compute_80 PTX, which the driver compiles for GPUs newer than the build" \
@@ -552,7 +558,10 @@ host_parts() {
 # clipping and a cosine schedule; head_dim 128 (C 512, 4 heads, 2 KV heads) at T=1024, its q and k
 # init scaled so that the scores spread as small_t1024's (std about 2.5: the softmax not flat), with
 # Llama-3.1's RoPE factor 8 (the 8B's head_dim and RoPE; small_t64, written in llm.c's format too,
-# has llm.c's 8 as well: ref_llama3.py --llmc; the others have 3.2's 32); and on a GPU
+# has llm.c's 8 as well: ref_llama3.py --llmc; the others have 3.2's 32); documents packed in each
+# row at T=128 (two tiles), attention masked to each (ref_llama3.py --docs, the trainer's --doc_mask 1:
+# BOS at a tile boundary, one document over both tiles, a row without BOS after 0 and one without BOS
+# at 0, laid out on other rows each step, the val loss on step 3's documents); and on a GPU
 # with FP8 tensor cores, the block linears in FP8 (torch._scaled_mm, the trainer's --fp8 1 recipe).
 SMALL_REFS=(
     "small_sched --shape small --batch_size 4 --seq_len 64 --steps 5 --lr_schedule cosine --warmup_iters 2 --final_lr_frac 0.1 --grad_clip 1.0 --eps 1e-3"
@@ -566,6 +575,7 @@ SMALL_REFS=(
     "small_dense_clip --shape small --batch_size 4 --seq_len 64 --steps 5 --dense_embedding --lr_schedule wsd --decay_frac 0.4 --grad_clip 1.0"
     "small_tied --shape small --batch_size 4 --seq_len 64 --tied"
     "small_tied_accum_clip --shape small --batch_size 4 --seq_len 64 --grad_accum 3 --tied --lr_schedule cosine --warmup_iters 1 --grad_clip 1.0"
+    "small_docs --shape small --batch_size 4 --seq_len 128 --docs"
 )
 # [fp8] compute capability 8.9 or newer (Ada, Hopper): torch._scaled_mm and the trainer's --fp8 1
 if fp8_gpu; then
@@ -889,6 +899,10 @@ gpu_parts_on_refs() {
         small_accum) part "train_llama3 small_accum" trainer_run "small_accum, 3 micro-steps" small_accum \
             ref/small_accum_model.bin ref/small_accum_tokens.bin ;;
         small_t1024) part "recompute small_t1024" recompute_same small_t1024 1 ;;
+        small_docs)
+            for s in "--flash_attention 0" "--recompute 2"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
+            part "train_llama3 small_docs" trainer_run "small_docs, documents masked" small_docs \
+                ref/small_docs_model.bin ref/small_docs_tokens.bin ;;
         small_fp8)
             for s in "${FP8_SWITCHES[@]:-}"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
             part "train_llama3 small_fp8" trainer_run "small_fp8, the block linears in FP8" small_fp8 \
@@ -914,8 +928,8 @@ gpu_parts_on_refs() {
 
 # The GPU parts that python3 without torch cannot run, for the skipped list.
 GPU_REF_PARTS=("test_llama3 against the PyTorch references (small T=64 with every switch, T=1024, B=8,"\
-" 3 micro-steps, dense embedding, schedules with clipping, tied embeddings, head_dim 128, FP8 block linears"\
-" with every switch, 1B)"
+" 3 micro-steps, dense embedding, schedules with clipping, tied embeddings, head_dim 128, documents masked,"\
+" FP8 block linears with every switch, 1B)"
     "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens, 3 micro-steps, clipping)"
     "the NaN guard on a poisoned reference model, and its JSON log read and drawn"
     "checkpoints: exact resume, the log continued, SIGKILL during saves (scripts/test_checkpoints.sh)"

@@ -65,7 +65,8 @@ all_off=$(./train_llama3 --list_switches | awk '{ if (!($1 in v)) order[++n] = $
 # device, AdamW after the backward); the modes: tied embeddings (with 2 micro-steps), head_dim 128,
 # recompute 1 and 2 (with bf16 AdamW moments and clipping), FP8 block linears with either gradient
 # format (compute capability 8.9+), bf16 weights without fp32 masters, AdamW's state in host memory
-# (--offload_optimizer 1: the kernels' reads and writes of mapped host memory), and two ranks sharing the GPU
+# (--offload_optimizer 1: the kernels' reads and writes of mapped host memory), document masks (--doc_mask 1 with
+# the small vocabulary's most frequent token as BOS: many short documents, 2 micro-steps), and two ranks sharing the GPU
 # (ZeRO-1, and again under FP8 with bf16 weights; a trainer built with
 # NCCL >= 2.30, each rank under the tool: compute-sanitizer follows the launcher's children; a rank
 # that fails ends the other, which would otherwise wait in NCCL until --nccl_timeout).
@@ -90,6 +91,7 @@ cases=("train_default ./train_llama3 $small --num_iteration 3 --total_batch_size
     "train_bf16_weights ./train_llama3 $small --num_iteration 3 --master_weights bf16 --optimizer_state bf16 --grad_clip 1\
  --total_batch_size 512"
     "train_offload ./train_llama3 $small --num_iteration 3 --offload_optimizer 1 --grad_clip 1"
+    "train_doc_mask ./train_llama3 $small --num_iteration 3 --doc_mask 1 --bos_id 1 --total_batch_size 512"
     "train_ranks $(ranks)")
 # the ranks under FP8 with bf16 weights (compute capability 8.9+): the e4m3 all-gather and its transpose,
 # the bf16 weights' own gather

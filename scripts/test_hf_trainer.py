@@ -363,7 +363,7 @@ def main(work):
         check(False, "needs ./train_llama3 (make train_llama3) and a CUDA GPU for PyTorch")
         return
     vocab_size = ref_llama3.SHAPES[ARGS.shape][4]  # (n_layer, n_embd, n_head, n_kv_head, vocab_size, ...)
-    tokens = ref_llama3.text_tokens(vocab_size, 8 * B * T + 1)
+    tokens, _ = ref_llama3.text_tokens(vocab_size, 8 * B * T + 1)
     tokens_file = os.path.join(work, "tokens.bin")
     write_atomic(tokens_file, ref_llama3.token_file(tokens, False))
     round_trip(work, tokens, tokens_file, tied=False)
