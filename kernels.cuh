@@ -674,7 +674,8 @@ __global__ void rope_permute_kernel(bf16* token_major, bf16* q, bf16* k, bf16* v
     Vec16<bf16> src = load16(INVERSE ? head_major : token_major + i), dst;
     if (rotate) {
         int pair = (e % sh.HD) / 2;
-        Vec16<float> cs = load16(rope_cos + t * (sh.HD / 2) + pair), sn = load16(rope_sin + t * (sh.HD / 2) + pair);
+        size_t at = (size_t)t * (sh.HD / 2) + pair;
+        Vec16<float> cs = load16(rope_cos + at), sn = load16(rope_sin + at);
         for (int p = 0; p < 4; p++) {
             float x0 = __bfloat162float(src.v[2 * p]), x1 = __bfloat162float(src.v[2 * p + 1]);
             float c = cs.v[p], s = INVERSE ? -sn.v[p] : sn.v[p];
@@ -733,8 +734,9 @@ static void permute_heads(bool to_heads, bf16* token_major, bf16* head_major, He
 
 // Causal softmax, one warp per row: P = exp(s - max) / sum over keys <= t, zeros above the
 // diagonal, written as bf16 (the precision of P in the P @ V GEMM, as in flash attention).
-__global__ void attention_softmax_kernel(bf16* probs, const float* scores, int rows, int T) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+__global__ void attention_softmax_kernel(bf16* probs, const float* scores, size_t rows, int T) {
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
     if (row >= rows) return;
     int t = row % T;
     const float* s = scores + (size_t)row * T;
@@ -750,8 +752,9 @@ __global__ void attention_softmax_kernel(bf16* probs, const float* scores, int r
 
 // Softmax backward, one warp per row: dS = P * (dP - sum_c P*dP), written as bf16 over P
 // (P of this layer is not needed after it). Zeros above the diagonal.
-__global__ void attention_softmax_backward_kernel(bf16* probs_to_dscores, const float* dprobs, int rows, int T) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+__global__ void attention_softmax_backward_kernel(bf16* probs_to_dscores, const float* dprobs, size_t rows, int T) {
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
     if (row >= rows) return;
     int t = row % T;
     bf16* p = probs_to_dscores + (size_t)row * T;
@@ -763,7 +766,7 @@ __global__ void attention_softmax_backward_kernel(bf16* probs_to_dscores, const 
         p[c] = __float2bfloat16_rn(c <= t ? __bfloat162float(p[c]) * (dp[c] - dot) : 0.0f);
 }
 
-static void attention_softmax(bool backward, bf16* probs, const float* scores_or_dprobs, int rows, int T,
+static void attention_softmax(bool backward, bf16* probs, const float* scores_or_dprobs, size_t rows, int T,
                               cudaStream_t s) {
     const int warps = 8;
     if (backward) attention_softmax_backward_kernel<<<ceil_div(rows, warps), warps * 32, 0, s>>>(probs, scores_or_dprobs, rows, T);

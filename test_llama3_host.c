@@ -638,9 +638,25 @@ static void test_cli(void) {
     wide.n_embd = 16384, wide.n_head = 256, wide.n_kv_head = 64;
     expect_error(train_args_check(&a, &wide, err), err, "n_embd wider than the RMSNorm kernels", "n_embd 16384",
                  "8192");
-    rc = parse(&a, err, "--sequence_length 9000");
-    expect_error(train_args_check(&a, &c, err), err, "sequence longer than the model allows", "--sequence_length 9000",
-                 "max_seq_len 8192");
+    rc = parse(&a, err, "--sequence_length 131072 --batch_size 1");
+    checked = train_args_check(&a, &c, err);
+    CHECK(rc == 0 && checked == 0, "--sequence_length 131072, the released models' max_position_embeddings (%s)",
+          checked ? err : "ok");
+    rc = parse(&a, err, "--sequence_length 131073 --batch_size 1");
+    expect_error(train_args_check(&a, &c, err), err, "sequence longer than the model allows", "--sequence_length 131073",
+                 "max_seq_len 131072");
+    Llama3Config long_ctx = small;
+    long_ctx.max_seq_len = 1 << 24;
+    rc = parse(&a, err, "--sequence_length 4194240 --batch_size 1");
+    checked = train_args_check(&a, &long_ctx, err);
+    CHECK(rc == 0 && checked == 0, "--sequence_length 4194240: 65535 tiles of flash attention (%s)", checked ? err : "ok");
+    rc = parse(&a, err, "--sequence_length 4194304 --batch_size 1");
+    expect_error(train_args_check(&a, &long_ctx, err), err, "a sequence past flash attention's grid",
+                 "--sequence_length 4194304", "flash attention takes at most 4194240");
+    rc = parse(&a, err, "--sequence_length 4194304 --batch_size 1 --flash_attention 0");
+    checked = train_args_check(&a, &long_ctx, err);
+    CHECK(rc == 0 && checked == 0, "--sequence_length 4194304 with --flash_attention 0: only memory refuses it (%s)",
+          checked ? err : "ok");
     rc |= parse(&a, err, "--deferred_adamw 17");
     expect_error(train_args_check(&a, &c, err), err, "more deferred layers than the model has", "--deferred_adamw 17",
                  "16 layers");
@@ -711,6 +727,9 @@ static void test_fp8_flags(void) {
     int rc = parse(&a, err, "--fp8 1 --batch_size 3 --sequence_length 10");
     expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--fp8 1 with B*T 30", "--fp8 1",
                  "--batch_size * --sequence_length = 30 must be a multiple of 64");
+    rc = parse(&a, err, "--fp8 1 --batch_size 32 --sequence_length 131072");
+    expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--fp8 1 with B*T past the quantiser's grid",
+                 "--batch_size * --sequence_length = 4194304", "at most 4194240");
     rc = parse(&a, err, "--fp8 1 --shadow_weights 0");
     expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--fp8 1 --shadow_weights 0", "--fp8 1 needs --shadow_weights 1",
                  NULL);
@@ -745,16 +764,17 @@ static void test_family_shapes(void) {
     const struct { int shape, L, C, NH, F, tied; float factor; size_t total; } want[] = {
         {SHAPE_1B, 16, 2048, 32, 8192, 0, 32.0f, 1498482688ull},
         {SHAPE_3B, 28, 3072, 24, 8192, 1, 32.0f, 3212749824ull},
-        {SHAPE_8B, 32, 4096, 32, 14336, 0, 8.0f, 8030261248ull}};
+        {SHAPE_8B, 32, 4096, 32, 14336, 0, 8.0f, 8030261248ull}}; // each of 131,072 positions
     char err[L3_ERR_LEN];
     for (int i = 0; i < 3; i++) {
         Llama3Config c = family_config(want[i].shape);
         size_t total = param_layout(&c).total;
         CHECK(c.n_layer == want[i].L && c.n_embd == want[i].C && c.n_head == want[i].NH && c.n_kv_head == 8 &&
                   c.ffn_hidden == want[i].F && c.tied_embeddings == want[i].tied && c.rope_factor == want[i].factor &&
-                  total == want[i].total && config_check(&c, "family", err) == 0,
-              "--shape %s: L %d C %d heads %d/%d F %d tied %d factor %g, %zu parameters", SHAPE_NAMES[i], c.n_layer,
-              c.n_embd, c.n_head, c.n_kv_head, c.ffn_hidden, c.tied_embeddings, c.rope_factor, total);
+                  total == want[i].total && c.max_seq_len == 131072 && config_check(&c, "family", err) == 0,
+              "--shape %s: L %d C %d heads %d/%d F %d tied %d factor %g, %zu parameters, %d positions", SHAPE_NAMES[i],
+              c.n_layer, c.n_embd, c.n_head, c.n_kv_head, c.ffn_hidden, c.tied_embeddings, c.rope_factor, total,
+              c.max_seq_len);
     }
     TrainArgs a;
     int rc = parse(&a, err, "--shape 3b");
@@ -799,7 +819,8 @@ static void test_fit_advice(void) {
     CHECK(strstr(out, "--optimizer_state bf16") && strstr(out, "--recompute 2 (activations 0.13 GiB)") &&
               strstr(out, "--master_weights bf16 (frees the fp32 masters' 4.61 GiB)") &&
               strstr(out, "--offload_optimizer 1 (m and v's 11.16 GiB to host memory; slower)") &&
-              strstr(out, "--total_batch_size") && strstr(out, "more ranks") && !strstr(out, "--fp8"),
+              strstr(out, "--total_batch_size") && strstr(out, "more ranks") && !strstr(out, "--fp8") &&
+              !strstr(out, "--flash_attention"),
           "advice of a bf16 run: \"%s\"", out);
     FitAdvice fp8 = {.moments = MOMENTS_FP32, .recompute = RECOMPUTE_NORMS, .fp8 = 1, .weights = WEIGHTS_FP32,
                      .masters_gib = 4.61, .moments_gib = 11.16, .acts_blocks_gib = 0.13, .fp8_gib = 3.62};
@@ -820,6 +841,12 @@ static void test_fit_advice(void) {
           "--offload_optimizer 1: up to 90 %% of the host's memory pinned is taken");
     CHECK(offload_check(116 * GiB, 128 * GiB, err) != 0 && strstr(err, "116.00 GiB") && strstr(err, "128.00 GiB"),
           "--offload_optimizer 1: more than 90 %% of the host's memory is refused: \"%s\"", err);
+    FitAdvice unfused = bf16;
+    unfused.unfused_gib = 2048.5;
+    fit_advice(&unfused, out, sizeof(out));
+    CHECK(strstr(out, "--flash_attention 1 (frees the unfused attention's T x T scores and probabilities, 2048.50 GiB), "
+                      "--optimizer_state bf16") == out,
+          "advice of an unfused run names --flash_attention 1 first, with what it frees: \"%s\"", out);
     char tiny[24];
     fit_advice(&bf16, tiny, sizeof(tiny));
     CHECK(strlen(tiny) == sizeof(tiny) - 1, "advice cut to a short buffer: \"%s\"", tiny);
@@ -2422,12 +2449,37 @@ static int seed_to_hf(const char* model, const char* out, const char* dtype) {
     return rc ? 1 : 0;
 }
 
+// --rope_table HEAD_DIM FACTOR T OUT: llama3.h's RoPE of a head of HEAD_DIM with llama3 scaling at
+// FACTOR (theta 500000, as every LLaMA 3), for positions 0..T-1, as the trainer uploads it: float32
+// inv_freq (HEAD_DIM/2), then cos and sin (T, HEAD_DIM/2) each, for scripts/test_rope.py to compare
+// with transformers' LlamaRotaryEmbedding.
+static int rope_table_file(const char* head_dim, const char* factor, const char* positions, const char* out) {
+    Llama3Config c = llama3_2_1b_config();
+    int HD = atoi(head_dim), T = atoi(positions);
+    c.n_embd = HD, c.n_head = c.n_kv_head = 1, c.rope_factor = (float)atof(factor);
+    if (HD < 2 || HD % 2 || HD > 1024 || T < 1 || T > 1 << 24) {
+        fprintf(stderr, "error: --rope_table: head_dim %s (even, 2..1024) and T %s (1..2^24)\n", head_dim, positions);
+        return 1;
+    }
+    size_t half = HD / 2, n = (size_t)T * half;
+    float* table = (float*)malloc(sizeof(float) * (half + 2 * n));
+    rope_inv_freq(&c, table);
+    rope_table(&c, T, table + half, table + half + n);
+    Chunk chunk = {table, sizeof(float) * (half + 2 * n)};
+    char err[L3_ERR_LEN];
+    int rc = write_file_atomic(out, &chunk, 1, err);
+    if (rc) fprintf(stderr, "error: %s\n", err);
+    free(table);
+    return rc ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
     if (argc == 4 && strcmp(argv[1], "--hf_to_seed") == 0) return hf_to_seed(argv[2], argv[3]);
     if (argc == 5 && strcmp(argv[1], "--seed_to_hf") == 0) return seed_to_hf(argv[2], argv[3], argv[4]);
+    if (argc == 6 && strcmp(argv[1], "--rope_table") == 0) return rope_table_file(argv[2], argv[3], argv[4], argv[5]);
     if (argc != 1) {
-        fprintf(stderr, "usage: %s [--hf_to_seed HF_DIR OUT.bin | --seed_to_hf MODEL OUT_DIR bfloat16|float32]\n",
-                argv[0]);
+        fprintf(stderr, "usage: %s [--hf_to_seed HF_DIR OUT.bin | --seed_to_hf MODEL OUT_DIR bfloat16|float32 | "
+                "--rope_table HEAD_DIM FACTOR T OUT.bin]\n", argv[0]);
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0); // each line out as printed: stderr's (ASan's, a forked rank's) fall between them

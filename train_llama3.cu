@@ -23,6 +23,8 @@
 #endif
 
 static_assert(4 * RMS_VEC * 1024 == LLAMA3_MAX_N_EMBD, "kernel_limits_check's n_embd bound is the RMSNorm row width");
+static_assert(LLAMA3_MAX_TILED_ROWS == 65535 * FA_TILE && FA_TILE == FP8_TILE,
+              "train_args_check's bounds on T and B*T are the tiles that 65535 blocks of a grid's y axis take");
 
 #ifndef LLAMA3_NVTX
 #define LLAMA3_NVTX 1
@@ -733,11 +735,17 @@ static void memory_print(FILE* f, const MemoryParts* p) {
     if (p->host) fprintf(f, "; in pinned host memory: AdamW m and v %.2f GiB", p->host / G);
 }
 
-// [recompute] The activations' bytes of this model and batch at --recompute `level`.
-static size_t acts_bytes_at(const Model* m, int level) {
+// [recompute] The activations' bytes of this model and batch at --recompute `level`, with flash
+// attention or (flash false) unfused.
+static size_t acts_bytes_at(const Model* m, int level, bool flash) {
     Activations unused;
-    return act_layout(&unused, NULL, &m->cfg, m->B, m->T, m->grad_accum, m->sms, m->sw.flash_attention,
-                      m->sw.fused_rmsnorm, level);
+    return act_layout(&unused, NULL, &m->cfg, m->B, m->T, m->grad_accum, m->sms, flash, m->sw.fused_rmsnorm, level);
+}
+// [unfused attention] What --flash_attention 1 would free: the T x T scores and probabilities (0 with
+// flash attention). At long T these outgrow everything else (at T = 131072 one layer's fp32 scores
+// of the 1B's 32 heads take 2 TiB): the memory check names it first.
+static size_t unfused_attention_bytes(const Model* m) {
+    return m->sw.flash_attention ? 0 : m->acts_bytes - acts_bytes_at(m, m->recompute, true);
 }
 
 // The flags that would shrink this model's memory `parts` (llama3.h fit_advice), into advice[n].
@@ -747,7 +755,8 @@ static void model_fit_advice(const Model* m, const MemoryParts* parts, char* adv
     FitAdvice f = {.moments = m->optim.cfg.moments, .recompute = m->recompute, .fp8 = m->fp8 != NULL,
                    .weights = m->optim.cfg.weights, .masters_gib = (p->matmul_end - p->matmul_begin) * 4 / G,
                    .offload = m->optim.cfg.offload, .moments_gib = parts->moments / G,
-                   .acts_blocks_gib = acts_bytes_at(m, RECOMPUTE_BLOCKS) / G, .fp8_gib = parts->fp8 / G};
+                   .acts_blocks_gib = acts_bytes_at(m, RECOMPUTE_BLOCKS, m->sw.flash_attention) / G,
+                   .fp8_gib = parts->fp8 / G, .unfused_gib = unfused_attention_bytes(m) / G};
     fit_advice(&f, advice, n);
 }
 
@@ -772,14 +781,15 @@ static void check_fits(const Model* m) {
     exit(EXIT_FAILURE);
 }
 
-// The (T, HD/2) cos and sin tables of RoPE, computed on the host once.
+// The (T, HD/2) cos and sin tables of RoPE for the run's T (not the model's max_seq_len), computed
+// on the host once.
 static void rope_upload(Model* m) {
-    int half = m->cfg.n_embd / m->cfg.n_head / 2, T = m->T;
-    float* table = (float*)malloc(sizeof(float) * 2 * T * half);
-    rope_table(&m->cfg, T, table, table + T * half);
-    m->rope_cos = (float*)device_alloc(sizeof(float) * 2 * T * half, "rope table");
-    m->rope_sin = m->rope_cos + T * half;
-    CUDA_CHECK(cudaMemcpy(m->rope_cos, table, sizeof(float) * 2 * T * half, cudaMemcpyHostToDevice));
+    size_t half = m->cfg.n_embd / m->cfg.n_head / 2, n = (size_t)m->T * half;
+    float* table = (float*)malloc(sizeof(float) * 2 * n);
+    rope_table(&m->cfg, m->T, table, table + n);
+    m->rope_cos = (float*)device_alloc(sizeof(float) * 2 * n, "rope table");
+    m->rope_sin = m->rope_cos + n;
+    CUDA_CHECK(cudaMemcpy(m->rope_cos, table, sizeof(float) * 2 * n, cudaMemcpyHostToDevice));
     free(table);
 }
 
@@ -1074,7 +1084,7 @@ static void attention_forward(const Model* m, int B, int l) {
     }
     bf16* probs = m->acts.probs + copy * sh.B * sh.NH * sh.T * sh.T;
     attn_scores_gemm(m, B, m->acts.scores, q, k, 1.0f / sqrtf((float)sh.HD));
-    attention_softmax(false, probs, m->acts.scores, sh.B * sh.NH * sh.T, sh.T, m->stream);
+    attention_softmax(false, probs, m->acts.scores, (size_t)sh.B * sh.NH * sh.T, sh.T, m->stream);
     attn_mix_gemm(m, B, m->acts.heads_o, probs, v, 1.0f);
     permute_heads(false, att_y, m->acts.heads_o, sh, m->stream, m->shape_in_memory);
 }
@@ -1236,7 +1246,7 @@ static void attention_backward(const Model* m, int B, int l, bf16* dy) {
     permute_heads(true, dy, dout, sh, m->stream, m->shape_in_memory);
     attn_mix_t_gemm(m, B, dv, probs, dout, 1.0f);
     attn_scores_gemm(m, B, m->acts.scores, dout, v, 1.0f); // dP
-    attention_softmax(true, probs, m->acts.scores, sh.B * sh.NH * sh.T, sh.T, m->stream); // dS over P
+    attention_softmax(true, probs, m->acts.scores, (size_t)sh.B * sh.NH * sh.T, sh.T, m->stream); // dS over P
     attn_mix_gemm(m, B, dq, probs, k, scale);
     attn_mix_t_gemm(m, B, dk, probs, q, scale);
 }
@@ -1777,8 +1787,8 @@ static bool pending_is_steady(const Model* m) {
 // never waited on here). No host sync.
 static void train_step(Model* m, int slot) {
     NVTX_PUSH("step");
-    int n_step = m->grad_accum * m->B * m->T;
-    CUDA_CHECK(cudaMemcpyAsync(m->tokens, m->tokens_host + (size_t)slot * 2 * n_step, 2 * n_step * sizeof(int),
+    size_t n_step = (size_t)m->grad_accum * m->B * m->T;
+    CUDA_CHECK(cudaMemcpyAsync(m->tokens, m->tokens_host + slot * 2 * n_step, 2 * n_step * sizeof(int),
                                cudaMemcpyHostToDevice, m->stream));
     if (m->step.plan->use_graph && m->step.steps_run > 0 && pending_is_steady(m)) { // (the first step makes the GEMM plans)
         if (!m->step.graph) capture_step(m);
@@ -2775,8 +2785,10 @@ static void print_comm_bytes(const Model* m) {
 static void print_memory(const Model* m, const MemoryParts* parts) {
     printf("memory: ");
     memory_print(stdout, parts);
-    printf("\nactivations at --recompute 0, 1, 2: %.1f, %.1f, %.1f MiB\n", acts_bytes_at(m, RECOMPUTE_NONE) / 1048576.0,
-           acts_bytes_at(m, RECOMPUTE_NORMS) / 1048576.0, acts_bytes_at(m, RECOMPUTE_BLOCKS) / 1048576.0);
+    bool flash = m->sw.flash_attention;
+    printf("\nactivations at --recompute 0, 1, 2: %.1f, %.1f, %.1f MiB\n",
+           acts_bytes_at(m, RECOMPUTE_NONE, flash) / 1048576.0, acts_bytes_at(m, RECOMPUTE_NORMS, flash) / 1048576.0,
+           acts_bytes_at(m, RECOMPUTE_BLOCKS, flash) / 1048576.0);
 }
 static void print_model(const Model* m, const TrainArgs* a) {
     printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g\n", m->layout.total, m->B, m->T, m->grad_accum,

@@ -266,6 +266,10 @@ DP_MUTANTS = [
 ]
 
 HOST_MUTANTS = [
+    # (caught by scripts/test_rope.py, which needs torch and transformers: on a machine without them it is skipped)
+    ("rope_angle_in_double", "rope", "llama3.h", "the RoPE table's angle position * inv_freq taken in double, not "
+     "fp32 as HF's and Meta's (up to 4e-3 off theirs at position 131071)",
+     "            float angle = (float)t * inv_freq[i];", "            double angle = (double)t * inv_freq[i];"),
     ("offload_moments_counted_on_gpu", "offload", "train_llama3.cu", "--offload_optimizer 1: the memory check still "
      "counts m and v on the GPU, so a model that fits with them on the host is refused",
      "bf16_weight_bytes(m), host ? 0 : moments,", "bf16_weight_bytes(m), moments,"),

@@ -302,7 +302,7 @@ trainer_errors() {
     expect_error "bad model magic" "bad magic" ./train_llama3 --llmc_filepath "$tmp/junk.bin"
     expect_error "missing token file" "cannot open token file" ./train_llama3 --input_bin "$tmp/none.bin"
     expect_error "bad token magic" "bad magic" ./train_llama3 --input_bin "$tmp/junk.bin"
-    expect_error "sequence too long" "longer than the model allows" ./train_llama3 --sequence_length 8193
+    expect_error "sequence too long" "longer than the model allows" ./train_llama3 --sequence_length 131073
     expect_error "too few tokens" "not enough tokens for one batch" ./train_llama3 --input_bin data/tiny_shakespeare_val.bin --batch_size 8 --sequence_length 8192 --total_batch_size 65536
     expect_error "unwritable log file" "cannot open for writing" ./train_llama3 --log_file "$tmp/no/such/dir/log.json"
     expect_error "a directory as --log_file, before the GPU" "--log_file $tmp: is a directory, not a file to write" \
@@ -521,6 +521,8 @@ host_parts() {
     part "flag table" flag_tables
     part "safe_write.py" run "the scripts' file writing (scripts/safe_write.py)" python3 scripts/test_safe_write.py
     part "convert/export" run "Hugging Face convert/export round trip" python3 scripts/test_hf_convert.py
+    part "RoPE at long T" run "llama3.h's RoPE against transformers' at every position up to 131,071 (scripts/test_rope.py)" \
+        python3 scripts/test_rope.py
     part "prepare_data.py" run "prepare_data.py: your own text and tokenizers" python3 scripts/test_prepare_data.py
     if [ -n "${LLAMA3_MUTANT:-}" ]; then # (its own planted code is gone from this copy: the check would catch every mutant)
         skipped+=("scripts/mutants.py --plant_check (this copy carries the mutant $LLAMA3_MUTANT)")
