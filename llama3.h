@@ -224,6 +224,7 @@ typedef struct {
     const char* log_file;      // NULL: no JSON log
     int batch_size, sequence_length, total_batch_size; // total: of all ranks
     int recompute; // --recompute: RECOMPUTE_NONE, _NORMS or _BLOCKS, what the backward recomputes [recompute]
+    int classifier_chunk; // --classifier_chunk: rows the classifier takes at a time (0: classifier_rows decides)
     int fp8;       // --fp8: the block linears' GEMMs in FP8 [fp8]
     int fp8_grads; // --fp8_grads: FP8_GRADS_E5M2 or _E4M3, the backward's output gradients' format [fp8]
     int rank, world; // this process's rank, of the ranks the run is spread over (the launcher's, RankEnv;
@@ -341,10 +342,24 @@ typedef struct {
 typedef struct {
     int B, T, grad_accum;
     int recompute;      // RECOMPUTE_NONE, _NORMS or _BLOCKS
+    int classifier_chunk; // --classifier_chunk (0: automatic, classifier_rows)
     int fp8, fp8_grads; // --fp8 1: the block linears' GEMMs in FP8; FP8_GRADS_E5M2 or _E4M3
     const OptimConfig* opt;
     const Switches* sw;
 } RunConfig;
+
+// [chunked classifier] Rows of the classifier's chunks for N rows of a V-word vocabulary: --classifier_chunk
+// `chunk` (at most N), or (0) all N while their bf16 logits take at most CLASSIFIER_AUTO_BYTES (the bench
+// configs, up to B*T = 16384 on LLaMA 3's vocabulary: one chunk, as before chunks existed), else the fewest
+// chunks within it, of equal rows rounded up to a multiple of 64 (the last one may be shorter).
+#define CLASSIFIER_AUTO_BYTES ((size_t)4 << 30)
+static inline int classifier_rows(long long N, int V, int chunk) {
+    if (chunk > 0) return chunk < N ? chunk : (int)N;
+    long long most = (long long)(CLASSIFIER_AUTO_BYTES / (2 * (size_t)V)) / 64 * 64; // (128 at V = 2^24)
+    if (N <= most) return (int)N;
+    long long chunks = (N + most - 1) / most, rows = (N + chunks - 1) / chunks;
+    return (int)((rows + 63) / 64 * 64);
+}
 
 // The last step this invocation runs: --stop_after, or the schedule's last step.
 static inline int last_step(const TrainArgs* a) { return a->loop.stop_after ? a->loop.stop_after : a->optim.sched.total; }
@@ -394,6 +409,7 @@ static const FlagSpec FLAGS[] = {
     {"--batch_size", FLAG_INT, ARG(loop.batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", NOT_A_SWITCH, NULL},
     {"--sequence_length", FLAG_INT, ARG(loop.sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence, up to the model's max_seq_len (131072 for LLaMA 3.1 and 3.2; memory limits it before that: --dry_run 1 says)", NOT_A_SWITCH, NULL},
     {"--recompute", FLAG_INT, ARG(loop.recompute), "0", 0, 2, NULL, "activations recomputed in the backward instead of kept per layer: 0 none; 1 the RMSNorm and SwiGLU outputs; 2 whole blocks (each layer keeps only its input); the same losses bit for bit", NOT_A_SWITCH, NULL},
+    {"--classifier_chunk", FLAG_INT, ARG(loop.classifier_chunk), "0", 0, BIG_INT, NULL, "rows (tokens) of a micro-batch that the lm_head GEMM, the loss and the head's backward take at a time: the logits take chunk x vocab_size bf16 (0: all B*T rows while that is at most 4 GiB, else the fewest equal chunks within it, multiples of 64 rows)", NOT_A_SWITCH, NULL},
     {"--fp8", FLAG_INT, ARG(loop.fp8), "0", 0, 1, NULL, "1: the block linears' GEMMs (qkv, attn_out, gate_up, down) in FP8, e4m3 weights and activations, the output gradients in --fp8_grads, one dynamic scale per tensor; lm_head and attention stay bf16", NOT_A_SWITCH, NULL},
     {"--fp8_grads", FLAG_CHOICE, ARG(loop.fp8_grads), "e5m2", 0, 0, FP8_GRADS_CHOICES, "--fp8 1: the output gradients' format: e5m2 (range: max 57344, 2 mantissa bits) or e4m3 (precision: 3 mantissa bits, max 448; each tensor's dynamic scale maps its amax to 448)", NOT_A_SWITCH, NULL},
     {"--total_batch_size", FLAG_INT, ARG(loop.total_batch_size), "0", 0, BIG_INT, NULL, "tokens per optimizer step on all ranks, a multiple of B*T*ranks: N / (B*T*ranks) micro-steps on each rank accumulate gradients (0: B*T*ranks, one micro-step)", NOT_A_SWITCH, NULL},
@@ -597,7 +613,7 @@ static inline int micro_steps(const LoopConfig* l) {
 // The run as the flags give it (pointing into `a`, which must outlive it).
 static inline RunConfig run_config(const TrainArgs* a) {
     const LoopConfig* l = &a->loop;
-    RunConfig r = {l->batch_size, l->sequence_length, micro_steps(l), l->recompute, l->fp8, l->fp8_grads,
+    RunConfig r = {l->batch_size, l->sequence_length, micro_steps(l), l->recompute, l->classifier_chunk, l->fp8, l->fp8_grads,
                    &a->optim, &a->sw};
     return r;
 }
@@ -2681,7 +2697,8 @@ static inline int fp8_args_check(const TrainArgs* a, const Llama3Config* c, char
 // The out-of-memory message's advice: each flag that would shrink this run and that it can take,
 // with what it frees: recompute frees activations, not the FP8 copies of the inputs that the
 // backward keeps; --fp8 0 frees those; --flash_attention 1 the unfused attention's T x T buffers,
-// first, since at long T they outgrow everything else.
+// first, since at long T they outgrow everything else; a --classifier_chunk of 4096 rows the logits
+// beyond 4096 x vocab_size (1 GiB at LLaMA 3's vocabulary).
 typedef struct {
     int moments, recompute, fp8;   // this run's --optimizer_state, --recompute and --fp8
     int weights;                   // and --master_weights
@@ -2691,10 +2708,21 @@ typedef struct {
     double acts_blocks_gib;        // the activations at --recompute 2
     double fp8_gib;                // the FP8 copies (0 without --fp8 1)
     double unfused_gib;            // the unfused attention's T x T scores and probabilities (0 with flash attention)
+    int head_rows;                 // [chunked classifier] the rows of its chunks
+    double logits_gib;             // and one chunk's logits
 } FitAdvice;
+#define CLASSIFIER_ADVICE_ROWS 4096
+// Appends fmt's text to out (n bytes) at *k, cut at its end; *k moves by the whole text's length.
+static inline void advise(char* out, size_t n, size_t* k, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int len = vsnprintf(out + (*k < n ? *k : n - 1), *k < n ? n - *k : 1, fmt, ap);
+    va_end(ap);
+    *k += len > 0 ? (size_t)len : 0;
+}
 static inline void fit_advice(const FitAdvice* f, char* out, size_t n) {
     size_t k = 0;
-#define ADVISE(...) (k += (size_t)snprintf(out + (k < n ? k : n - 1), k < n ? n - k : 1, __VA_ARGS__))
+#define ADVISE(...) advise(out, n, &k, __VA_ARGS__)
     out[0] = 0;
     if (f->unfused_gib > 0)
         ADVISE("--flash_attention 1 (frees the unfused attention's T x T scores and probabilities, %.2f GiB), ",
@@ -2705,6 +2733,9 @@ static inline void fit_advice(const FitAdvice* f, char* out, size_t n) {
     if (f->recompute < RECOMPUTE_BLOCKS) ADVISE("--recompute 2 (activations %.2f GiB), ", f->acts_blocks_gib);
     if (!f->offload) ADVISE("--offload_optimizer 1 (m and v's %.2f GiB to host memory; slower), ", f->moments_gib);
     if (f->fp8) ADVISE("--fp8 0 (frees the FP8 copies' %.2f GiB), ", f->fp8_gib);
+    if (f->head_rows > CLASSIFIER_ADVICE_ROWS)
+        ADVISE("--classifier_chunk %d (frees %.2f GiB of logits), ", CLASSIFIER_ADVICE_ROWS,
+               f->logits_gib * (1.0 - (double)CLASSIFIER_ADVICE_ROWS / f->head_rows));
     ADVISE("a smaller --batch_size or --sequence_length (activations%s scale with B*T; keep --total_batch_size for "
            "the same step), more ranks (ZeRO-1 divides m and v)", f->fp8 ? " and the FP8 copies of the inputs" : "");
 #undef ADVISE

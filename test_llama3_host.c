@@ -789,6 +789,39 @@ static void test_family_shapes(void) {
     CHECK(rc == 0 && shape_args_check(&a, err) == 0, "--shape 1b (the default) beside a model file taken");
 }
 
+// [chunked classifier] classifier_rows: --classifier_chunk as given (at most B*T); 0: one chunk while the
+// logits take at most 4 GiB (every bench config: B*T up to 16384 at LLaMA 3's vocabulary), else the fewest
+// chunks within it, each a multiple of 64 rows and the chunks as even as that allows; and the flag parsed.
+static void test_classifier_rows(void) {
+    const int V = 128256;
+    CHECK(classifier_rows(256, V, 0) == 256 && classifier_rows(16384, V, 0) == 16384,
+          "--classifier_chunk 0: the bench configs' 256 and 16384 rows in one chunk");
+    CHECK(classifier_rows(131072, V, 0) == 16384 && classifier_rows(65536, V, 0) == 16384 &&
+              classifier_rows(20000, V, 0) == 10048,
+          "--classifier_chunk 0: T = 131072 in 8 chunks of 16384, 65536 in 4, 20000 in 2 of 10048 (%d, %d, %d)",
+          classifier_rows(131072, V, 0), classifier_rows(65536, V, 0), classifier_rows(20000, V, 0));
+    CHECK(classifier_rows(1 << 20, 1000, 0) == 1 << 20 && classifier_rows(1000, 1 << 24, 0) == 128,
+          "--classifier_chunk 0: 2^20 rows of a 1000-word vocabulary in one chunk; V = 2^24 in chunks of 128 rows");
+    long long most = (long long)(CLASSIFIER_AUTO_BYTES / (2 * (size_t)V)), bad = 0;
+    for (long long N = 1; N <= 300000; N += 997) { // the rule's promises at every 997th B*T
+        long long rows = classifier_rows(N, V, 0), chunks = (N + rows - 1) / rows;
+        bad += rows < 1 || rows > N || (size_t)rows * 2 * V > CLASSIFIER_AUTO_BYTES ||
+               chunks != (N + most / 64 * 64 - 1) / (most / 64 * 64) || (chunks > 1 && rows % 64);
+    }
+    CHECK(bad == 0, "--classifier_chunk 0 up to B*T 300000: within 4 GiB, the fewest chunks, multiples of 64 (%lld "
+          "broken)", bad);
+    CHECK(classifier_rows(1000, V, 100) == 100 && classifier_rows(50, V, 100) == 50 && classifier_rows(131072, V, 4096) == 4096,
+          "--classifier_chunk N: N rows, at most B*T");
+    TrainArgs a;
+    char err[L3_ERR_LEN];
+    int rc = parse(&a, err, "--classifier_chunk 4096 --sequence_length 131072 --batch_size 1");
+    Llama3Config c = llama3_2_1b_config();
+    CHECK(rc == 0 && run_config(&a).classifier_chunk == 4096 && train_args_check(&a, &c, err) == 0,
+          "--classifier_chunk 4096 parsed into the run's config, taken at T = 131072 (%s)", rc ? err : "ok");
+    expect_error(parse(&a, err, "--classifier_chunk -1"), err, "a negative --classifier_chunk", "--classifier_chunk: bad "
+                 "value '-1'", "[0, 1073741824]");
+}
+
 // [bf16 weights] widen_bf16_upper_half turns bf16 values stored in the upper half of a float range's
 // bytes into those floats, in place, for every length (odd ones too): each exact, none clobbered
 // before it is read.
@@ -841,6 +874,14 @@ static void test_fit_advice(void) {
           "--offload_optimizer 1: up to 90 %% of the host's memory pinned is taken");
     CHECK(offload_check(116 * GiB, 128 * GiB, err) != 0 && strstr(err, "116.00 GiB") && strstr(err, "128.00 GiB"),
           "--offload_optimizer 1: more than 90 %% of the host's memory is refused: \"%s\"", err);
+    FitAdvice chunked = bf16;
+    chunked.head_rows = 16384, chunked.logits_gib = 3.91;
+    fit_advice(&chunked, out, sizeof(out));
+    CHECK(strstr(out, "--classifier_chunk 4096 (frees 2.93 GiB of logits)") != NULL,
+          "advice of a classifier of 16384-row chunks: 4096 rows, with the logits that frees: \"%s\"", out);
+    chunked.head_rows = 4096;
+    fit_advice(&chunked, out, sizeof(out));
+    CHECK(!strstr(out, "--classifier_chunk"), "advice of a classifier of 4096-row chunks leaves --classifier_chunk out");
     FitAdvice unfused = bf16;
     unfused.unfused_gib = 2048.5;
     fit_advice(&unfused, out, sizeof(out));
@@ -2509,6 +2550,7 @@ int main(int argc, char** argv) {
     test_user_flags();
     test_fp8_flags();
     test_fit_advice();
+    test_classifier_rows();
     test_widen_bf16_upper_half();
     test_family_shapes();
     test_gpu_and_val_paths();

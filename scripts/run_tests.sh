@@ -409,6 +409,23 @@ dry_run_memory() {
         --optimizer_state bf16 --recompute 2 --master_weights bf16 2>&1)
     echo "$lean" | grep -q '^fits, [^:]*: 80 GB ([^)]*) yes' && ok=1 || ok=0
     check $ok "--dry_run 1: the 8B recipe with --master_weights bf16 --recompute 2 fits 80 GB" "$(echo "$lean" | grep -E '^(memory|fits)')"
+    # [long context] The 1B at T = 131072, B = 1: its classifier in 8 chunks of 16384 rows (3.91 GiB of logits, not
+    # all rows' 31.3), 202.55 GiB in all, and the advice: --recompute 2 (which alone fits it on 80 GB) and a
+    # smaller classifier chunk; unfused, the T x T buffers named first.
+    local long unfused
+    long=$(./train_llama3 --dry_run 1 --batch_size 1 --sequence_length 131072 2>&1)
+    echo "$long" | grep -q '^classifier: 131072 rows in 8 chunks of 16384, logits 3.91 GiB$' &&
+        echo "$long" | grep -q '^memory: 202.55 GiB' &&
+        echo "$long" | grep -q '^fits, [^:]*: 80 GB ([^)]*) no, 141 GB ([^)]*) no. Smaller: .*--recompute 2 (activations 40.70 GiB), .*--classifier_chunk 4096 (frees 2.94 GiB of logits), a smaller --batch_size or --sequence_length' &&
+        ./train_llama3 --dry_run 1 --batch_size 1 --sequence_length 131072 --recompute 2 2>&1 | grep -q '^fits, [^:]*: 80 GB ([^)]*) yes' &&
+        ok=1 || ok=0
+    check $ok "--dry_run 1 at T = 131072: the classifier in 8 chunks, the memory and what shrinks it (--recompute 2 fits 80 GB)" \
+        "$(echo "$long" | grep -E '^(memory|classifier|fits)')"
+    unfused=$(./train_llama3 --dry_run 1 --batch_size 1 --sequence_length 131072 --flash_attention 0 2>&1)
+    echo "$unfused" | grep -q '^fits, [^:]*: 80 GB ([^)]*) no, 141 GB ([^)]*) no. Smaller: --flash_attention 1 (frees the unfused attention.s T x T scores and probabilities, 18431.73 GiB)' &&
+        ok=1 || ok=0
+    check $ok "--dry_run 1 --flash_attention 0 at T = 131072: --flash_attention 1 named first, with the T x T buffers' GiB" \
+        "$(echo "$unfused" | grep '^fits' | cut -c 1-300)"
     # [offload] --offload_optimizer 1 moves m and v out of the GPU's total into pinned host memory.
     local host
     # shellcheck disable=SC2086
@@ -807,6 +824,8 @@ gpu_parts_without_refs() {
         ./test_llama3 --sampling
     part "bf16 moments" run "test_llama3 --bf16_moments: AdamW with bf16 m and v against float64, stochastic rounding" \
         ./test_llama3 --bf16_moments
+    part "classifier chunks" run "test_llama3 --classifier: the classifier in chunks (a ragged last one) against in one" \
+        ./test_llama3 --classifier
     part "default trainer runs" default_runs
     part "eval leaves training, no clipping" eval_leaves_training 0
     part "eval leaves training, clipping" eval_leaves_training 1
@@ -885,11 +904,13 @@ gpu_parts_on_refs() {
             part "recompute small_t64 unfused attention" recompute_same small_t64 2 --flash_attention 0
             part "offload small_t64" offload_same small_t64 1
             part "offload small_t64 bf16 weights" offload_same small_t64 2 --optimizer_state bf16 --master_weights bf16
-            for s in "--recompute 1" "--recompute 2"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
+            for s in "--recompute 1" "--recompute 2" "--classifier_chunk 100"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
             part "checkpoints" run "checkpoints: exact resume on a decaying schedule with clipping, the log continued, bad resumes, SIGKILL during saves" \
                 bash scripts/test_checkpoints.sh ;;
-        small_accum) part "train_llama3 small_accum" trainer_run "small_accum, 3 micro-steps" small_accum \
-            ref/small_accum_model.bin ref/small_accum_tokens.bin ;;
+        small_accum)
+            part "train_llama3 small_accum" trainer_run "small_accum, 3 micro-steps" small_accum \
+                ref/small_accum_model.bin ref/small_accum_tokens.bin
+            part "test_llama3 $name --classifier_chunk 100" with_switch "$name" "--classifier_chunk 100" ;;
         small_t1024) part "recompute small_t1024" recompute_same small_t1024 1 ;;
         small_fp8)
             for s in "${FP8_SWITCHES[@]:-}"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
@@ -902,6 +923,7 @@ gpu_parts_on_refs() {
             small_fp8_e4m3 ref/small_fp8_e4m3_model.bin ref/small_fp8_e4m3_tokens.bin ;;
         small_tied)
             part "recompute small_tied" recompute_same small_tied 2
+            part "test_llama3 $name --classifier_chunk 100" with_switch "$name" "--classifier_chunk 100"
             for s in "${TIED_SWITCHES[@]}"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
             part "train_llama3 small_tied" trainer_run "small_tied, tied embeddings" small_tied \
                 ref/small_tied_model.bin ref/small_tied_tokens.bin ;;
@@ -968,6 +990,7 @@ if ! nvidia-smi -L > /dev/null 2>&1; then
     for s in "${GPU_REF_PARTS[@]}"; do skipped+=("$s $NO_GPU"); done
     skipped+=("test_llama3 --sampling: the sampler's top-k set and frequencies on fixed logits $NO_GPU"
         "test_llama3 --bf16_moments: AdamW with bf16 m and v against float64 $NO_GPU"
+        "test_llama3 --classifier: the classifier in chunks against in one $NO_GPU"
         "training smoke run, /dev/full, no visible GPU, B and T alone $NO_GPU"
         "two runs of 50 steps log the same losses $NO_GPU"
         "--val_every and --sample_every leave the 20 losses unchanged, with and without clipping $NO_GPU")
