@@ -571,7 +571,10 @@ host_parts() {
 # clipping and a cosine schedule; head_dim 128 (C 512, 4 heads, 2 KV heads) at T=1024, its q and k
 # init scaled so that the scores spread as small_t1024's (std about 2.5: the softmax not flat), with
 # Llama-3.1's RoPE factor 8 (the 8B's head_dim and RoPE; small_t64, written in llm.c's format too,
-# has llm.c's 8 as well: ref_llama3.py --llmc; the others have 3.2's 32); and on a GPU
+# has llm.c's 8 as well: ref_llama3.py --llmc; the others have 3.2's 32); long sequences: T=4096 (one row,
+# 64 key tiles) at each head_dim the flash kernels take, 32, 64 (the 1B's) and 128, and T=32768 (past the
+# 8192 positions of llama3 RoPE's original context) on the small model against PyTorch's memory-efficient
+# SDPA (causal by is_causal, no T x T mask in memory); and on a GPU
 # with FP8 tensor cores, the block linears in FP8 (torch._scaled_mm, the trainer's --fp8 1 recipe).
 SMALL_REFS=(
     "small_sched --shape small --batch_size 4 --seq_len 64 --steps 5 --lr_schedule cosine --warmup_iters 2 --final_lr_frac 0.1 --grad_clip 1.0 --eps 1e-3"
@@ -585,6 +588,10 @@ SMALL_REFS=(
     "small_dense_clip --shape small --batch_size 4 --seq_len 64 --steps 5 --dense_embedding --lr_schedule wsd --decay_frac 0.4 --grad_clip 1.0"
     "small_tied --shape small --batch_size 4 --seq_len 64 --tied"
     "small_tied_accum_clip --shape small --batch_size 4 --seq_len 64 --grad_accum 3 --tied --lr_schedule cosine --warmup_iters 1 --grad_clip 1.0"
+    "small_t4096 --shape small --batch_size 1 --seq_len 4096 --qk_std 0.1"
+    "small_hd64_t4096 --shape small_hd64 --batch_size 1 --seq_len 4096 --qk_std 0.1"
+    "small_hd128_t4096 --shape small_hd128 --batch_size 1 --seq_len 4096 --qk_std 0.07 --rope_factor 8"
+    "small_t32768 --shape small --batch_size 1 --seq_len 32768 --qk_std 0.1 --attention efficient"
 )
 # [fp8] compute capability 8.9 or newer (Ada, Hopper): torch._scaled_mm and the trainer's --fp8 1
 if fp8_gpu; then
@@ -938,8 +945,8 @@ gpu_parts_on_refs() {
 
 # The GPU parts that python3 without torch cannot run, for the skipped list.
 GPU_REF_PARTS=("test_llama3 against the PyTorch references (small T=64 with every switch, T=1024, B=8,"\
-" 3 micro-steps, dense embedding, schedules with clipping, tied embeddings, head_dim 128, FP8 block linears"\
-" with every switch, 1B)"
+" 3 micro-steps, dense embedding, schedules with clipping, tied embeddings, head_dim 128, T=4096 at head_dim 32, 64"\
+" and 128, T=32768, FP8 block linears with every switch, 1B)"
     "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens, 3 micro-steps, clipping)"
     "the NaN guard on a poisoned reference model, and its JSON log read and drawn"
     "checkpoints: exact resume, the log continued, SIGKILL during saves (scripts/test_checkpoints.sh)"
