@@ -1091,7 +1091,8 @@ static int test_bf16_moments(void) {
 
 // ---- [chunked classifier]: in chunks against in one (no reference file) ----
 // The trainer's classifier (its head GEMM, cross-entropy and the head's two backward GEMMs, as the
-// training step runs them) on LLaMA 3.2-1B's head (C 2048, V 128256; a model of one layer) for B x T =
+// training step runs them) on LLaMA 3.2-1B's head (C 2048, V 128256; a tied model of one layer with bf16
+// moments, 5 GiB, since make test runs it beside other parts on the GPU) for B x T =
 // 2 x 1000 rows of fresh random normed_final (N(0, 1) in bf16) and targets: once in one chunk of all
 // 2000 rows, then in chunks of 512 (the last one 464: ragged) and of 500 (four even ones), each run's
 // outputs poisoned first (losses NaN, d normed_final NaN, the head's gradient NaN). Gradients fp32
@@ -1155,9 +1156,9 @@ static void check_chunks(Model* m, const int* targets, const ClassifierOut& whol
 
 static int test_classifier(void) {
     Llama3Config c = family_config(SHAPE_1B);
-    c.n_layer = 1;
+    c.n_layer = 1, c.tied_embeddings = 1;
     TrainArgs a = train_args_default();
-    a.sw.bf16_grads = 0;
+    a.sw.bf16_grads = 0, a.optim.moments = MOMENTS_BF16;
     RunConfig run = {CLASSIFIER_B, CLASSIFIER_T, 1, RECOMPUTE_NONE, 0, 0, FP8_GRADS_E5M2, &a.optim, &a.sw};
     Model m;
     model_create(&m, &c, &run, NULL);
