@@ -613,8 +613,8 @@ static inline int micro_steps(const LoopConfig* l) {
 // The run as the flags give it (pointing into `a`, which must outlive it).
 static inline RunConfig run_config(const TrainArgs* a) {
     const LoopConfig* l = &a->loop;
-    RunConfig r = {l->batch_size, l->sequence_length, micro_steps(l), l->recompute, l->classifier_chunk, l->fp8, l->fp8_grads,
-                   &a->optim, &a->sw};
+    RunConfig r = {l->batch_size, l->sequence_length, micro_steps(l), l->recompute, l->classifier_chunk, l->fp8,
+                   l->fp8_grads, &a->optim, &a->sw};
     return r;
 }
 

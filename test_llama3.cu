@@ -1233,8 +1233,8 @@ int main(int argc, char** argv) {
     if (argc == 2 && !strcmp(argv[1], "--bf16_moments")) return test_bf16_moments();
     if (argc == 2 && !strcmp(argv[1], "--classifier")) return test_classifier();
     if (argc < 2 || argv[1][0] == '-') {
-        fprintf(stderr, "usage: %s REF [switches, --recompute N, --classifier_chunk N] | --train_args REF | --log LOG.jsonl REF "
-                "[the run's flags] | --sampling | --bf16_moments | --classifier\n", argv[0]);
+        fprintf(stderr, "usage: %s REF [switches, --recompute N, --classifier_chunk N] | --train_args REF | --log "
+                "LOG.jsonl REF [the run's flags] | --sampling | --bf16_moments | --classifier\n", argv[0]);
         return EXIT_FAILURE;
     }
     char err[L3_ERR_LEN];

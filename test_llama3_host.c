@@ -810,7 +810,8 @@ static void test_classifier_rows(void) {
     }
     CHECK(bad == 0, "--classifier_chunk 0 up to B*T 300000: within 4 GiB, the fewest chunks, multiples of 64 (%lld "
           "broken)", bad);
-    CHECK(classifier_rows(1000, V, 100) == 100 && classifier_rows(50, V, 100) == 50 && classifier_rows(131072, V, 4096) == 4096,
+    CHECK(classifier_rows(1000, V, 100) == 100 && classifier_rows(50, V, 100) == 50 &&
+              classifier_rows(131072, V, 4096) == 4096,
           "--classifier_chunk N: N rows, at most B*T");
     TrainArgs a;
     char err[L3_ERR_LEN];

@@ -225,7 +225,8 @@ def efficient_attention(module, query, key, value, attention_mask, scaling, drop
 
 AttentionInterface.register("llama3cu_unfused", unfused_attention)
 AttentionInterface.register("llama3cu_efficient", efficient_attention)
-ATTENTION = {"sdpa": "sdpa", "unfused": "llama3cu_unfused", "efficient": "llama3cu_efficient"}  # HF's attn_implementation
+# --attention: HF's attn_implementation
+ATTENTION = {"sdpa": "sdpa", "unfused": "llama3cu_unfused", "efficient": "llama3cu_efficient"}
 
 
 def make_model(shape, device, seed, qk_std=0.02, vocab=0, tied=False, rope_factor=None, attention="sdpa"):
