@@ -737,7 +737,8 @@ __global__ void rope_permute_kernel(bf16* token_major, bf16* q, bf16* k, bf16* v
     Vec16<bf16> src = load16(INVERSE ? head_major : token_major + i), dst;
     if (rotate) {
         int pair = (e % sh.HD) / 2;
-        Vec16<float> cs = load16(rope_cos + t * (sh.HD / 2) + pair), sn = load16(rope_sin + t * (sh.HD / 2) + pair);
+        size_t at = (size_t)t * (sh.HD / 2) + pair;
+        Vec16<float> cs = load16(rope_cos + at), sn = load16(rope_sin + at);
         for (int p = 0; p < 4; p++) {
             float x0 = __bfloat162float(src.v[2 * p]), x1 = __bfloat162float(src.v[2 * p + 1]);
             float c = cs.v[p], s = INVERSE ? -sn.v[p] : sn.v[p];
@@ -797,15 +798,16 @@ static void permute_heads(bool to_heads, bf16* token_major, bf16* head_major, He
 // document start (DocSpans.start), not at 0; P and dS are zero before it as above the diagonal.
 
 // The first key of softmax row `row` (query t = row % T): its document's start, or 0.
-__device__ inline int softmax_first_key(const int* doc_start, int row, int NH, int T) {
-    return doc_start ? doc_start[(size_t)(row / (NH * T)) * T + row % T] : 0;
+__device__ inline int softmax_first_key(const int* doc_start, size_t row, int NH, int T) {
+    return doc_start ? doc_start[row / ((size_t)NH * T) * T + row % T] : 0;
 }
 
 // Causal softmax, one warp per row: P = exp(s - max) / sum over keys in [first, t], zeros elsewhere,
 // written as bf16 (the precision of P in the P @ V GEMM, as in flash attention).
-__global__ void attention_softmax_kernel(bf16* probs, const float* scores, const int* doc_start, int rows, int NH,
+__global__ void attention_softmax_kernel(bf16* probs, const float* scores, const int* doc_start, size_t rows, int NH,
                                          int T) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
     if (row >= rows) return;
     int t = row % T, first = softmax_first_key(doc_start, row, NH, T);
     const float* s = scores + (size_t)row * T;
@@ -823,8 +825,9 @@ __global__ void attention_softmax_kernel(bf16* probs, const float* scores, const
 // Softmax backward, one warp per row: dS = P * (dP - sum_c P*dP), written as bf16 over P
 // (P of this layer is not needed after it). Zeros outside the keys [first, t].
 __global__ void attention_softmax_backward_kernel(bf16* probs_to_dscores, const float* dprobs, const int* doc_start,
-                                                  int rows, int NH, int T) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+                                                  size_t rows, int NH, int T) {
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
     if (row >= rows) return;
     int t = row % T, first = softmax_first_key(doc_start, row, NH, T);
     bf16* p = probs_to_dscores + (size_t)row * T;
@@ -839,7 +842,8 @@ __global__ void attention_softmax_backward_kernel(bf16* probs_to_dscores, const 
 // The softmax of the B*NH*T score rows of shape sh (backward: its gradient over P), documents as doc_start has them.
 static void attention_softmax(bool backward, bf16* probs, const float* scores_or_dprobs, HeadShape sh,
                               const int* doc_start, cudaStream_t s) {
-    const int warps = 8, rows = sh.B * sh.NH * sh.T;
+    const int warps = 8;
+    const size_t rows = (size_t)sh.B * sh.NH * sh.T;
     if (backward)
         attention_softmax_backward_kernel<<<ceil_div(rows, warps), warps * 32, 0, s>>>(probs, scores_or_dprobs,
                                                                                       doc_start, rows, sh.NH, sh.T);

@@ -85,14 +85,15 @@ static inline int ffn_hidden_dim(int n_embd, float multiplier, int multiple_of) 
 }
 
 static inline Llama3Config llama3_2_1b_config(void) {
-    Llama3Config c = {8192, 128256, 16, 32, 8, 2048, 1.5f, 256, 0, 1e-5f, 500000.0f, 1, 0, LLAMA3_2_ROPE_FACTOR};
+    Llama3Config c = {131072, 128256, 16, 32, 8, 2048, 1.5f, 256, 0, 1e-5f, 500000.0f, 1, 0, LLAMA3_2_ROPE_FACTOR};
     c.ffn_hidden = ffn_hidden_dim(c.n_embd, c.ffn_dim_multiplier, c.multiple_of);
     return c;
 }
 
 // [family] The random init's shapes (--shape): LLaMA 3.2-1B (untied, as the seed's files; the
 // released one is tied), 3.2-3B (tied, as released) and 3.1-8B (untied, RoPE factor 8), each with
-// the 1B's vocabulary, norm eps, RoPE theta and 8192 positions. A model file gives its own shape.
+// the 1B's vocabulary, norm eps, RoPE theta and 131,072 positions (max_position_embeddings of the
+// released 3.2 and 3.1 models). A model file gives its own shape.
 enum { SHAPE_1B, SHAPE_3B, SHAPE_8B };
 #define SHAPE_CHOICES "1b|3b|8b" // (their order: the enum's)
 static const char* const SHAPE_NAMES[] = {"LLaMA 3.2-1B", "LLaMA 3.2-3B", "LLaMA 3.1-8B"};
@@ -225,6 +226,7 @@ typedef struct {
     int doc_mask; // --doc_mask: attention within each document of a packed row [document mask]
     int bos_id;   // --bos_id: the token that starts a document (-1: not given; bos_token decides)
     int recompute; // --recompute: RECOMPUTE_NONE, _NORMS or _BLOCKS, what the backward recomputes [recompute]
+    int classifier_chunk; // --classifier_chunk: rows the classifier takes at a time (0: classifier_rows decides)
     int fp8;       // --fp8: the block linears' GEMMs in FP8 [fp8]
     int fp8_grads; // --fp8_grads: FP8_GRADS_E5M2 or _E4M3, the backward's output gradients' format [fp8]
     int rank, world; // this process's rank, of the ranks the run is spread over (the launcher's, RankEnv;
@@ -350,11 +352,25 @@ typedef struct {
 typedef struct {
     int B, T, grad_accum;
     int recompute;      // RECOMPUTE_NONE, _NORMS or _BLOCKS
+    int classifier_chunk; // --classifier_chunk (0: automatic, classifier_rows)
     int fp8, fp8_grads; // --fp8 1: the block linears' GEMMs in FP8; FP8_GRADS_E5M2 or _E4M3
     const OptimConfig* opt;
     const Switches* sw;
     int doc_mask, bos; // [document mask] --doc_mask 1: attention within each document, which starts at token bos
 } RunConfig;
+
+// [chunked classifier] Rows of the classifier's chunks for N rows of a V-word vocabulary: --classifier_chunk
+// `chunk` (at most N), or (0) all N while their bf16 logits take at most CLASSIFIER_AUTO_BYTES (the bench
+// configs, up to B*T = 16384 on LLaMA 3's vocabulary: one chunk, as before chunks existed), else the fewest
+// chunks within it, of equal rows rounded up to a multiple of 64 (the last one may be shorter).
+#define CLASSIFIER_AUTO_BYTES ((size_t)4 << 30)
+static inline int classifier_rows(long long N, int V, int chunk) {
+    if (chunk > 0) return chunk < N ? chunk : (int)N;
+    long long most = (long long)(CLASSIFIER_AUTO_BYTES / (2 * (size_t)V)) / 64 * 64; // (128 at V = 2^24)
+    if (N <= most) return (int)N;
+    long long chunks = (N + most - 1) / most, rows = (N + chunks - 1) / chunks;
+    return (int)((rows + 63) / 64 * 64);
+}
 
 // The last step this invocation runs: --stop_after, or the schedule's last step.
 static inline int last_step(const TrainArgs* a) { return a->loop.stop_after ? a->loop.stop_after : a->optim.sched.total; }
@@ -402,10 +418,11 @@ static const FlagSpec FLAGS[] = {
     {"--num_iteration", FLAG_INT, ARG(optim.sched.total), "100", 1, BIG_INT, NULL, "optimizer steps of the run: the lr schedule's length, and its last step", NOT_A_SWITCH, NULL},
     {"--stop_after", FLAG_INT, ARG(loop.stop_after), "0", 0, BIG_INT, NULL, "end this invocation after step N, to --resume later on the same schedule (0: at --num_iteration)", NOT_A_SWITCH, NULL},
     {"--batch_size", FLAG_INT, ARG(loop.batch_size), "4", 1, BIG_INT, NULL, "sequences per micro-batch", NOT_A_SWITCH, NULL},
-    {"--sequence_length", FLAG_INT, ARG(loop.sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence", NOT_A_SWITCH, NULL},
+    {"--sequence_length", FLAG_INT, ARG(loop.sequence_length), "64", 1, BIG_INT, NULL, "tokens per sequence, up to the model's max_seq_len (131072 for LLaMA 3.1 and 3.2; memory limits it before that: --dry_run 1 says)", NOT_A_SWITCH, NULL},
     {"--doc_mask", FLAG_BOOL, ARG(loop.doc_mask), "0", 0, 0, NULL, "1: attention within each document of a packed sequence, as LLaMA 3's pretraining: a query sees the keys from its document's BOS (--bos_id) on, and key tiles wholly before it are skipped; positions stay absolute", NOT_A_SWITCH, NULL},
     {"--bos_id", FLAG_INT, ARG(loop.bos_id), "-1", 0, BIG_INT, NULL, "the token that starts a document: --doc_mask's boundary and a sample's first token (not given: LLaMA 3's 128000 when the vocabulary holds it)", NOT_A_SWITCH, NULL},
     {"--recompute", FLAG_INT, ARG(loop.recompute), "0", 0, 2, NULL, "activations recomputed in the backward instead of kept per layer: 0 none; 1 the RMSNorm and SwiGLU outputs; 2 whole blocks (each layer keeps only its input); the same losses bit for bit", NOT_A_SWITCH, NULL},
+    {"--classifier_chunk", FLAG_INT, ARG(loop.classifier_chunk), "0", 0, BIG_INT, NULL, "rows (tokens) of a micro-batch that the lm_head GEMM, the loss and the head's backward take at a time: the logits take chunk x vocab_size bf16 (0: all B*T rows while that is at most 4 GiB, else the fewest equal chunks within it, multiples of 64 rows)", NOT_A_SWITCH, NULL},
     {"--fp8", FLAG_INT, ARG(loop.fp8), "0", 0, 1, NULL, "1: the block linears' GEMMs (qkv, attn_out, gate_up, down) in FP8, e4m3 weights and activations, the output gradients in --fp8_grads, one dynamic scale per tensor; lm_head and attention stay bf16", NOT_A_SWITCH, NULL},
     {"--fp8_grads", FLAG_CHOICE, ARG(loop.fp8_grads), "e5m2", 0, 0, FP8_GRADS_CHOICES, "--fp8 1: the output gradients' format: e5m2 (range: max 57344, 2 mantissa bits) or e4m3 (precision: 3 mantissa bits, max 448; each tensor's dynamic scale maps its amax to 448)", NOT_A_SWITCH, NULL},
     {"--total_batch_size", FLAG_INT, ARG(loop.total_batch_size), "0", 0, BIG_INT, NULL, "tokens per optimizer step on all ranks, a multiple of B*T*ranks: N / (B*T*ranks) micro-steps on each rank accumulate gradients (0: B*T*ranks, one micro-step)", NOT_A_SWITCH, NULL},
@@ -609,8 +626,8 @@ static inline int micro_steps(const LoopConfig* l) {
 // The run as the flags give it for model c (pointing into `a`, which must outlive it).
 static inline RunConfig run_config(const TrainArgs* a, const Llama3Config* c) {
     const LoopConfig* l = &a->loop;
-    RunConfig r = {l->batch_size, l->sequence_length, micro_steps(l), l->recompute, l->fp8, l->fp8_grads,
-                   &a->optim, &a->sw, l->doc_mask, bos_token(l, c)};
+    RunConfig r = {l->batch_size, l->sequence_length, micro_steps(l), l->recompute, l->classifier_chunk, l->fp8,
+                   l->fp8_grads, &a->optim, &a->sw, l->doc_mask, bos_token(l, c)};
     return r;
 }
 
@@ -989,6 +1006,8 @@ static inline void rope_inv_freq(const Llama3Config* c, float* inv_freq) {
     }
 }
 
+// cos and sin of each fp32 angle are rounded once from double (scripts/test_rope.py holds the table to HF's
+// at every position up to 131,071).
 static inline void rope_table(const Llama3Config* c, int T, float* cos_out, float* sin_out) {
     int half = c->n_embd / c->n_head / 2;
     float* inv_freq = (float*)malloc(sizeof(float) * half);
@@ -996,8 +1015,8 @@ static inline void rope_table(const Llama3Config* c, int T, float* cos_out, floa
     for (int t = 0; t < T; t++)
         for (int i = 0; i < half; i++) {
             float angle = (float)t * inv_freq[i];
-            cos_out[t * half + i] = (float)cos((double)angle);
-            sin_out[t * half + i] = (float)sin((double)angle);
+            cos_out[(size_t)t * half + i] = (float)cos((double)angle);
+            sin_out[(size_t)t * half + i] = (float)sin((double)angle);
         }
     free(inv_freq);
 }
@@ -2528,6 +2547,9 @@ static inline size_t loader_groups(const DataLoader* l) {
 // registers, 8 values per thread; train_llama3.cu ties this to the kernel's constant) and, for
 // flash attention, head_dim 32, 64 or 128 (kernels.cuh HEADDIM_SWITCH).
 #define LLAMA3_MAX_N_EMBD 8192
+// Rows that a grid of 64-row tiles takes along its y axis (CUDA's 65,535 blocks there): flash
+// attention's query and key tiles of T positions, and [fp8] the transposing quantiser's of B*T tokens.
+#define LLAMA3_MAX_TILED_ROWS (65535 * 64)
 static inline int kernel_limits_check(const Llama3Config* c, int flash_attention, const char* source, char* err) {
     if (c->n_embd > LLAMA3_MAX_N_EMBD)
         return l3_fail(err, "%s: n_embd %d is more than the %d the RMSNorm kernels take", source, c->n_embd,
@@ -2672,6 +2694,9 @@ static inline int dist_args_check(const TrainArgs* a, char* err) {
 // train_args_check calls it through fp8_args_check, the trainer's model_create directly.
 static inline int fp8_check(const Llama3Config* c, long long bt, const Switches* sw, char* err) {
     if (bt % 64) return l3_fail(err, "--fp8 1: --batch_size * --sequence_length = %lld must be a multiple of 64", bt);
+    if (bt > LLAMA3_MAX_TILED_ROWS)
+        return l3_fail(err, "--fp8 1: --batch_size * --sequence_length = %lld: at most %d (the quantiser's 65535 tiles "
+                       "of 64 rows)", bt, LLAMA3_MAX_TILED_ROWS);
     if (c->n_embd % 64 || qkv_dim(c) % 64 || c->ffn_hidden % 64)
         return l3_fail(err, "--fp8 1: the model's n_embd %d, qkv width %d and ffn_hidden %d must be multiples of 64",
                        c->n_embd, qkv_dim(c), c->ffn_hidden);
@@ -2684,7 +2709,9 @@ static inline int fp8_args_check(const TrainArgs* a, const Llama3Config* c, char
 
 // The out-of-memory message's advice: each flag that would shrink this run and that it can take,
 // with what it frees: recompute frees activations, not the FP8 copies of the inputs that the
-// backward keeps; --fp8 0 frees those.
+// backward keeps; --fp8 0 frees those; --flash_attention 1 the unfused attention's T x T buffers,
+// first, since at long T they outgrow everything else; a --classifier_chunk of 4096 rows the logits
+// beyond 4096 x vocab_size (1 GiB at LLaMA 3's vocabulary).
 typedef struct {
     int moments, recompute, fp8;   // this run's --optimizer_state, --recompute and --fp8
     int weights;                   // and --master_weights
@@ -2693,17 +2720,35 @@ typedef struct {
     double moments_gib;            // AdamW's m and v on the GPU (what --offload_optimizer 1 frees)
     double acts_blocks_gib;        // the activations at --recompute 2
     double fp8_gib;                // the FP8 copies (0 without --fp8 1)
+    double unfused_gib;            // the unfused attention's T x T scores and probabilities (0 with flash attention)
+    int head_rows;                 // [chunked classifier] the rows of its chunks
+    double logits_gib;             // and one chunk's logits
 } FitAdvice;
+#define CLASSIFIER_ADVICE_ROWS 4096
+// Appends fmt's text to out (n bytes) at *k, cut at its end; *k moves by the whole text's length.
+static inline void advise(char* out, size_t n, size_t* k, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int len = vsnprintf(out + (*k < n ? *k : n - 1), *k < n ? n - *k : 1, fmt, ap);
+    va_end(ap);
+    *k += len > 0 ? (size_t)len : 0;
+}
 static inline void fit_advice(const FitAdvice* f, char* out, size_t n) {
     size_t k = 0;
-#define ADVISE(...) (k += (size_t)snprintf(out + (k < n ? k : n - 1), k < n ? n - k : 1, __VA_ARGS__))
+#define ADVISE(...) advise(out, n, &k, __VA_ARGS__)
     out[0] = 0;
+    if (f->unfused_gib > 0)
+        ADVISE("--flash_attention 1 (frees the unfused attention's T x T scores and probabilities, %.2f GiB), ",
+               f->unfused_gib);
     if (f->moments == MOMENTS_FP32) ADVISE("--optimizer_state bf16 (m and v in half), ");
     if (f->weights == WEIGHTS_FP32)
         ADVISE("--master_weights bf16 (frees the fp32 masters' %.2f GiB), ", f->masters_gib);
     if (f->recompute < RECOMPUTE_BLOCKS) ADVISE("--recompute 2 (activations %.2f GiB), ", f->acts_blocks_gib);
     if (!f->offload) ADVISE("--offload_optimizer 1 (m and v's %.2f GiB to host memory; slower), ", f->moments_gib);
     if (f->fp8) ADVISE("--fp8 0 (frees the FP8 copies' %.2f GiB), ", f->fp8_gib);
+    if (f->head_rows > CLASSIFIER_ADVICE_ROWS)
+        ADVISE("--classifier_chunk %d (frees %.2f GiB of logits), ", CLASSIFIER_ADVICE_ROWS,
+               f->logits_gib * (1.0 - (double)CLASSIFIER_ADVICE_ROWS / f->head_rows));
     ADVISE("a smaller --batch_size or --sequence_length (activations%s scale with B*T; keep --total_batch_size for "
            "the same step), more ranks (ZeRO-1 divides m and v)", f->fp8 ? " and the FP8 copies of the inputs" : "");
 #undef ADVISE
@@ -2735,6 +2780,9 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
     if (a->loop.sequence_length > c->max_seq_len)
         return l3_fail(err, "--sequence_length %d is longer than the model allows (max_seq_len %d)",
                        a->loop.sequence_length, c->max_seq_len);
+    if (a->sw.flash_attention && a->loop.sequence_length > LLAMA3_MAX_TILED_ROWS)
+        return l3_fail(err, "--sequence_length %d: flash attention takes at most %d (65535 tiles of 64 positions)",
+                       a->loop.sequence_length, LLAMA3_MAX_TILED_ROWS);
     long long bt = (long long)a->loop.batch_size * a->loop.sequence_length * a->loop.world;
     char ranks[48] = ""; // the world size in the messages, under several ranks
     if (a->loop.world > 1) snprintf(ranks, sizeof(ranks), " * %d ranks", a->loop.world);

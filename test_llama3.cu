@@ -5,6 +5,7 @@
 //   ./test_llama3 --log LOG.jsonl REF   every step's loss of a `train_llama3 --log_file` run against REF's
 //   ./test_llama3 --sampling            the trainer's sampler on fixed logits (no reference): top-k and
 //                                       the frequencies of softmax(logits / temperature), by chi-square
+//   ./test_llama3 --classifier          the classifier in chunks against in one, on random inputs (no reference)
 // REF is the prefix of a reference's files: REF_model.bin (its random model, seed format),
 // REF_state.bin (layout at ref_state_read) and REF_tokens.bin (the token stream of its steps).
 // The output ends with "N passed, M failed"; the exit code is M > 0. What runs:
@@ -378,7 +379,7 @@ static void grad_written(const Model* m, size_t offset, size_t count) {
     const ParamLayout* p = &m->layout;
     const float* src = ref_grads_device + offset;
     unsigned blocks = ceil_div(count, 256);
-    if (m->grads_bf16 && offset >= p->matmul_begin && offset < p->matmul_end)
+    if (grad_is_bf16(m, offset))
         copy_ref_grad_kernel<<<blocks, 256, 0, m->stream>>>(grad_bf16(m, offset), src, p->total, m->optim.steps, count);
     else
         copy_ref_grad_kernel<<<blocks, 256, 0, m->stream>>>(grad_f32(m, offset), src, p->total, m->optim.steps, count);
@@ -519,10 +520,16 @@ static void test_files(Model* m, const Ref* r) {
     free(llmc);
 }
 
+// The first micro-batch's logits, from the normed_final its forward left, chunk by chunk as the
+// classifier makes them [chunked classifier], against PyTorch's.
 static void check_logits(Model* m, const Ref* r) {
-    size_t n = (size_t)r->B * r->T * m->cfg.vocab_size;
+    size_t N = (size_t)r->B * r->T, V = m->cfg.vocab_size, n = N * V;
     bf16* logits_bf16 = (bf16*)malloc(n * 2);
-    CUDA_CHECK(cudaMemcpy(logits_bf16, m->acts.logits, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t first = 0; first < N; first += m->head_rows) {
+        size_t rows = std::min<size_t>(m->head_rows, N - first);
+        head_logits(m, weight_bf16(m, m->layout.head, 0), (int)first, (int)rows);
+        CUDA_CHECK(cudaMemcpy(logits_bf16 + first * V, m->acts.logits, rows * V * 2, cudaMemcpyDeviceToHost));
+    }
     float* logits = (float*)malloc(n * 4);
     for (size_t i = 0; i < n; i++) logits[i] = __bfloat162float(logits_bf16[i]);
     double err = rel_err(logits, r->logits, r->logits, NULL, n);
@@ -536,19 +543,18 @@ static void check_logits(Model* m, const Ref* r) {
     free(logits);
 }
 
-// Every gradient as fp32 in parameter order: the fp32 block, and with [bf16 grads] the matmul
-// weights' bf16 block widened.
+// Every gradient as fp32 in parameter order: the fp32 block, and with [bf16 grads] the bf16 block of
+// grad_bf16's range widened.
 static float* grads_to_host(Model* m) {
     const ParamLayout* p = &m->layout;
     if (!m->grads_bf16) return to_host(m->grads, p->total);
     float* g = (float*)malloc(p->total * sizeof(float));
-    size_t n = p->matmul_end - p->matmul_begin;
-    CUDA_CHECK(cudaMemcpy(g, m->grads, p->matmul_begin * 4, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(g + p->matmul_end, grad_f32(m, p->matmul_end), (p->total - p->matmul_end) * 4,
-                          cudaMemcpyDeviceToHost));
+    size_t begin = m->grad_bf16.begin, end = m->grad_bf16.end, n = end - begin;
+    CUDA_CHECK(cudaMemcpy(g, m->grads, begin * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(g + end, grad_f32(m, end), (p->total - end) * 4, cudaMemcpyDeviceToHost));
     bf16* h = (bf16*)malloc(n * 2);
     CUDA_CHECK(cudaMemcpy(h, m->grads_bf16, n * 2, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n; i++) g[p->matmul_begin + i] = __bfloat162float(h[i]);
+    for (size_t i = 0; i < n; i++) g[begin + i] = __bfloat162float(h[i]);
     free(h);
     return g;
 }
@@ -1086,6 +1092,100 @@ static int test_bf16_moments(void) {
     return n_failed > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
+// ---- [chunked classifier]: in chunks against in one (no reference file) ----
+// The trainer's classifier (its head GEMM, cross-entropy and the head's two backward GEMMs, as the
+// training step runs them) on LLaMA 3.2-1B's head (C 2048, V 128256; a tied model of one layer with bf16
+// moments, 5 GiB, since make test runs it beside other parts on the GPU) for B x T =
+// 2 x 1000 rows of fresh random normed_final (N(0, 1) in bf16) and targets: once in one chunk of all
+// 2000 rows, then in chunks of 512 (the last one 464: ragged) and of 500 (four even ones), each run's
+// outputs poisoned first (losses NaN, d normed_final NaN, the head's gradient NaN). Gradients fp32
+// (--bf16_grads 0: the head's sum over chunks is fp32 in training too). Rows are independent in the
+// logits GEMM and the cross-entropy, and the logits GEMM has some thousand output tiles at any row count
+// (no split over C), so the losses must be those of one chunk bit for bit. d normed_final = dlogits W
+// sums over V = 128256 per row, which cuBLASLt may split (split-K) for a chunk of few output tiles, in
+// another order than for 2000 rows: its fp32 sums then differ by fp32 rounding, which moves their bf16
+// rounding by at most one bf16 ulp. The head's gradient sums over the rows, chunk after chunk: the same
+// exact products (bf16 x bf16 in fp32) added in another order, a few fp32 ulp (about 1e-6 of its norm):
+// TOL_CLASSIFIER_DW leaves a hundredfold; a chunk lost or written over the others is 1e-1 and more.
+#define CLASSIFIER_B 2
+#define CLASSIFIER_T 1000
+static const double TOL_CLASSIFIER_DW = 1e-4;
+
+struct ClassifierOut {
+    std::vector<float> losses, dw;
+    std::vector<bf16> dx;
+};
+// The classifier with grads in chunks of `rows` (the model was sized for one chunk of all rows, so
+// its logits buffer holds any smaller chunk), its outputs poisoned first.
+static ClassifierOut classifier_run(Model* m, const int* targets, int rows) {
+    size_t N = (size_t)m->B * m->T, C = m->cfg.n_embd, W = m->layout.size[m->layout.head];
+    float* dw = grad_f32(m, m->layout.offset[m->layout.head]);
+    m->head_rows = rows;
+    CUDA_CHECK(cudaMemset(m->acts.losses, 0xFF, N * sizeof(float)));
+    CUDA_CHECK(cudaMemset(m->acts.branch, 0xFF, N * C * sizeof(bf16)));
+    CUDA_CHECK(cudaMemset(dw, 0xFF, W * sizeof(float)));
+    classifier(m, m->B, targets, 0, true, false);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    ClassifierOut out = {std::vector<float>(N), std::vector<float>(W), std::vector<bf16>(N * C)};
+    CUDA_CHECK(cudaMemcpy(out.losses.data(), m->acts.losses, N * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(out.dw.data(), dw, W * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(out.dx.data(), m->acts.branch, N * C * sizeof(bf16), cudaMemcpyDeviceToHost));
+    return out;
+}
+
+// Chunks of `rows` against one chunk: losses bit for bit, d normed_final within one bf16 ulp (and how
+// many differ at all), the head's gradient within TOL_CLASSIFIER_DW.
+static void check_chunks(Model* m, const int* targets, const ClassifierOut& whole, int rows) {
+    ClassifierOut part = classifier_run(m, targets, rows);
+    size_t losses_differ = 0, dx_differ = 0, dx_far = 0, N = whole.losses.size();
+    for (size_t i = 0; i < N; i++) losses_differ += memcmp(&part.losses[i], &whole.losses[i], 4) != 0;
+    for (size_t i = 0; i < whole.dx.size(); i++) {
+        float a = __bfloat162float(part.dx[i]), b = __bfloat162float(whole.dx[i]);
+        dx_differ += memcmp(&part.dx[i], &whole.dx[i], 2) != 0;
+        dx_far += !(fabs(a - b) <= bf16_ulp(fmax(fabs(a), fabs(b)))); // (a NaN is far)
+    }
+    char name[128];
+    int n_chunks = (int)((N + rows - 1) / rows), last = (int)(N - (size_t)(n_chunks - 1) * rows);
+    snprintf(name, sizeof(name), "classifier in %d chunks of %d (the last %d): losses that differ", n_chunks, rows,
+             last);
+    check(losses_differ == 0, name, (double)losses_differ, 0);
+    snprintf(name, sizeof(name), "classifier, chunks of %d: d normed_final over one bf16 ulp off (%zu differ)", rows,
+             dx_differ);
+    check(dx_far == 0, name, (double)dx_far, 0);
+    double e = rel_err(part.dw.data(), whole.dw.data(), whole.dw.data(), NULL, whole.dw.size());
+    snprintf(name, sizeof(name), "classifier, chunks of %d: the head's gradient (rel L2)", rows);
+    check(e <= TOL_CLASSIFIER_DW, name, e, TOL_CLASSIFIER_DW);
+}
+
+static int test_classifier(void) {
+    Llama3Config c = family_config(SHAPE_1B);
+    c.n_layer = 1, c.tied_embeddings = 1;
+    TrainArgs a = train_args_default();
+    a.sw.bf16_grads = 0, a.optim.moments = MOMENTS_BF16;
+    RunConfig run = {CLASSIFIER_B, CLASSIFIER_T, 1, RECOMPUTE_NONE, 0, 0, FP8_GRADS_E5M2, &a.optim, &a.sw};
+    Model m;
+    model_create(&m, &c, &run, NULL);
+    model_init_random(&m, 1234);
+    int N = CLASSIFIER_B * CLASSIFIER_T;
+    init_params(m.acts.normed_final, (size_t)N * c.n_embd, 0.0f, 1.0f, 4321, m.stream);
+    uint64_t rng = 99;
+    std::vector<int> targets(N);
+    for (int& t : targets) t = (int)(next_uniform(&rng) * c.vocab_size);
+    int* targets_device;
+    CUDA_CHECK(cudaMalloc(&targets_device, N * sizeof(int)));
+    CUDA_CHECK(cudaMemcpy(targets_device, targets.data(), N * sizeof(int), cudaMemcpyHostToDevice));
+    ClassifierOut whole = classifier_run(&m, targets_device, N);
+    double mean = 0;
+    for (float l : whole.losses) mean += l / N;
+    printf("     one chunk of %d rows: mean loss %.4f (ln V = %.4f)\n", N, mean, log((double)c.vocab_size));
+    check_chunks(&m, targets_device, whole, 512);
+    check_chunks(&m, targets_device, whole, 500);
+    CUDA_CHECK(cudaFree(targets_device));
+    model_free(&m);
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
 // ---- the trainer's own runs ----
 
 // The flags that make train_llama3 repeat the reference's steps (its files are given apart).
@@ -1120,14 +1220,15 @@ static int compare_log(const char* log_path, const char* prefix, int n_flags, ch
     return n_failed > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
-// Whether the flags leave the forward and backward passes as by default: no --recompute, and every
-// switch the table marks SWITCH_PASSES at its default (the others only change when and how AdamW runs).
+// Whether the flags leave the forward and backward passes as by default: no --recompute, --fp8 or
+// --classifier_chunk, and every switch the table marks SWITCH_PASSES at its default (the others only
+// change when and how AdamW runs).
 static bool forward_backward_default(const TrainArgs* a) {
     Switches d = train_args_default().sw;
     for (int i = 0; i < NUM_FLAGS; i++)
         if (FLAGS[i].scope == SWITCH_PASSES && switch_value(&a->sw, &FLAGS[i]) != switch_value(&d, &FLAGS[i]))
             return false;
-    return a->loop.recompute == RECOMPUTE_NONE && !a->loop.fp8;
+    return a->loop.recompute == RECOMPUTE_NONE && !a->loop.fp8 && !a->loop.classifier_chunk;
 }
 
 int main(int argc, char** argv) {
@@ -1135,8 +1236,10 @@ int main(int argc, char** argv) {
     if (argc >= 4 && !strcmp(argv[1], "--log")) return compare_log(argv[2], argv[3], argc - 4, argv + 4);
     if (argc == 2 && !strcmp(argv[1], "--sampling")) return test_sampling();
     if (argc == 2 && !strcmp(argv[1], "--bf16_moments")) return test_bf16_moments();
+    if (argc == 2 && !strcmp(argv[1], "--classifier")) return test_classifier();
     if (argc < 2 || argv[1][0] == '-') {
-        fprintf(stderr, "usage: %s REF [switches, --recompute N] | --train_args REF | --log LOG.jsonl REF [the run's flags] | --sampling | --bf16_moments\n", argv[0]);
+        fprintf(stderr, "usage: %s REF [switches, --recompute N, --classifier_chunk N] | --train_args REF | --log "
+                "LOG.jsonl REF [the run's flags] | --sampling | --bf16_moments | --classifier\n", argv[0]);
         return EXIT_FAILURE;
     }
     char err[L3_ERR_LEN];
@@ -1160,10 +1263,11 @@ int main(int argc, char** argv) {
               1.0);
     }
     Model m;
-    RunConfig run = {r.B, r.T, r.grad_accum, a.loop.recompute, a.loop.fp8, a.loop.fp8_grads, &r.opt, &a.sw,
-                     r.doc_bos >= 0, r.doc_bos};
+    RunConfig run = {r.B, r.T, r.grad_accum, a.loop.recompute, a.loop.classifier_chunk, a.loop.fp8, a.loop.fp8_grads,
+                     &r.opt, &a.sw, r.doc_bos >= 0, r.doc_bos};
     model_create(&m, &r.cfg, &run, NULL);
-    printf("flags given: %d | bf16 grads %d | recompute %d\n", argc - 2, m.grads_bf16 != NULL, m.recompute);
+    printf("flags given: %d | bf16 grads %d | recompute %d | classifier chunks of %d rows\n", argc - 2,
+           m.grads_bf16 != NULL, m.recompute, m.head_rows);
     step_plan_print(stdout, m.step.plan);
     if (argc == 2) {
         test_rope(&m, &r);

@@ -638,9 +638,25 @@ static void test_cli(void) {
     wide.n_embd = 16384, wide.n_head = 256, wide.n_kv_head = 64;
     expect_error(train_args_check(&a, &wide, err), err, "n_embd wider than the RMSNorm kernels", "n_embd 16384",
                  "8192");
-    rc = parse(&a, err, "--sequence_length 9000");
-    expect_error(train_args_check(&a, &c, err), err, "sequence longer than the model allows", "--sequence_length 9000",
-                 "max_seq_len 8192");
+    rc = parse(&a, err, "--sequence_length 131072 --batch_size 1");
+    checked = train_args_check(&a, &c, err);
+    CHECK(rc == 0 && checked == 0, "--sequence_length 131072, the released models' max_position_embeddings (%s)",
+          checked ? err : "ok");
+    rc = parse(&a, err, "--sequence_length 131073 --batch_size 1");
+    expect_error(train_args_check(&a, &c, err), err, "sequence longer than the model allows", "--sequence_length 131073",
+                 "max_seq_len 131072");
+    Llama3Config long_ctx = small;
+    long_ctx.max_seq_len = 1 << 24;
+    rc = parse(&a, err, "--sequence_length 4194240 --batch_size 1");
+    checked = train_args_check(&a, &long_ctx, err);
+    CHECK(rc == 0 && checked == 0, "--sequence_length 4194240: 65535 tiles of flash attention (%s)", checked ? err : "ok");
+    rc = parse(&a, err, "--sequence_length 4194304 --batch_size 1");
+    expect_error(train_args_check(&a, &long_ctx, err), err, "a sequence past flash attention's grid",
+                 "--sequence_length 4194304", "flash attention takes at most 4194240");
+    rc = parse(&a, err, "--sequence_length 4194304 --batch_size 1 --flash_attention 0");
+    checked = train_args_check(&a, &long_ctx, err);
+    CHECK(rc == 0 && checked == 0, "--sequence_length 4194304 with --flash_attention 0: only memory refuses it (%s)",
+          checked ? err : "ok");
     rc |= parse(&a, err, "--deferred_adamw 17");
     expect_error(train_args_check(&a, &c, err), err, "more deferred layers than the model has", "--deferred_adamw 17",
                  "16 layers");
@@ -711,6 +727,9 @@ static void test_fp8_flags(void) {
     int rc = parse(&a, err, "--fp8 1 --batch_size 3 --sequence_length 10");
     expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--fp8 1 with B*T 30", "--fp8 1",
                  "--batch_size * --sequence_length = 30 must be a multiple of 64");
+    rc = parse(&a, err, "--fp8 1 --batch_size 32 --sequence_length 131072");
+    expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--fp8 1 with B*T past the quantiser's grid",
+                 "--batch_size * --sequence_length = 4194304", "at most 4194240");
     rc = parse(&a, err, "--fp8 1 --shadow_weights 0");
     expect_error(rc ? rc : train_args_check(&a, &c, err), err, "--fp8 1 --shadow_weights 0", "--fp8 1 needs --shadow_weights 1",
                  NULL);
@@ -779,16 +798,17 @@ static void test_family_shapes(void) {
     const struct { int shape, L, C, NH, F, tied; float factor; size_t total; } want[] = {
         {SHAPE_1B, 16, 2048, 32, 8192, 0, 32.0f, 1498482688ull},
         {SHAPE_3B, 28, 3072, 24, 8192, 1, 32.0f, 3212749824ull},
-        {SHAPE_8B, 32, 4096, 32, 14336, 0, 8.0f, 8030261248ull}};
+        {SHAPE_8B, 32, 4096, 32, 14336, 0, 8.0f, 8030261248ull}}; // each of 131,072 positions
     char err[L3_ERR_LEN];
     for (int i = 0; i < 3; i++) {
         Llama3Config c = family_config(want[i].shape);
         size_t total = param_layout(&c).total;
         CHECK(c.n_layer == want[i].L && c.n_embd == want[i].C && c.n_head == want[i].NH && c.n_kv_head == 8 &&
                   c.ffn_hidden == want[i].F && c.tied_embeddings == want[i].tied && c.rope_factor == want[i].factor &&
-                  total == want[i].total && config_check(&c, "family", err) == 0,
-              "--shape %s: L %d C %d heads %d/%d F %d tied %d factor %g, %zu parameters", SHAPE_NAMES[i], c.n_layer,
-              c.n_embd, c.n_head, c.n_kv_head, c.ffn_hidden, c.tied_embeddings, c.rope_factor, total);
+                  total == want[i].total && c.max_seq_len == 131072 && config_check(&c, "family", err) == 0,
+              "--shape %s: L %d C %d heads %d/%d F %d tied %d factor %g, %zu parameters, %d positions", SHAPE_NAMES[i],
+              c.n_layer, c.n_embd, c.n_head, c.n_kv_head, c.ffn_hidden, c.tied_embeddings, c.rope_factor, total,
+              c.max_seq_len);
     }
     TrainArgs a;
     int rc = parse(&a, err, "--shape 3b");
@@ -801,6 +821,40 @@ static void test_family_shapes(void) {
                  NULL);
     rc = parse(&a, err, "--shape 1b --llmc_filepath m.bin");
     CHECK(rc == 0 && shape_args_check(&a, err) == 0, "--shape 1b (the default) beside a model file taken");
+}
+
+// [chunked classifier] classifier_rows: --classifier_chunk as given (at most B*T); 0: one chunk while the
+// logits take at most 4 GiB (every bench config: B*T up to 16384 at LLaMA 3's vocabulary), else the fewest
+// chunks within it, each a multiple of 64 rows and the chunks as even as that allows; and the flag parsed.
+static void test_classifier_rows(void) {
+    const int V = 128256;
+    CHECK(classifier_rows(256, V, 0) == 256 && classifier_rows(16384, V, 0) == 16384,
+          "--classifier_chunk 0: the bench configs' 256 and 16384 rows in one chunk");
+    CHECK(classifier_rows(131072, V, 0) == 16384 && classifier_rows(65536, V, 0) == 16384 &&
+              classifier_rows(20000, V, 0) == 10048,
+          "--classifier_chunk 0: T = 131072 in 8 chunks of 16384, 65536 in 4, 20000 in 2 of 10048 (%d, %d, %d)",
+          classifier_rows(131072, V, 0), classifier_rows(65536, V, 0), classifier_rows(20000, V, 0));
+    CHECK(classifier_rows(1 << 20, 1000, 0) == 1 << 20 && classifier_rows(1000, 1 << 24, 0) == 128,
+          "--classifier_chunk 0: 2^20 rows of a 1000-word vocabulary in one chunk; V = 2^24 in chunks of 128 rows");
+    long long most = (long long)(CLASSIFIER_AUTO_BYTES / (2 * (size_t)V)), bad = 0;
+    for (long long N = 1; N <= 300000; N += 997) { // the rule's promises at every 997th B*T
+        long long rows = classifier_rows(N, V, 0), chunks = (N + rows - 1) / rows;
+        bad += rows < 1 || rows > N || (size_t)rows * 2 * V > CLASSIFIER_AUTO_BYTES ||
+               chunks != (N + most / 64 * 64 - 1) / (most / 64 * 64) || (chunks > 1 && rows % 64);
+    }
+    CHECK(bad == 0, "--classifier_chunk 0 up to B*T 300000: within 4 GiB, the fewest chunks, multiples of 64 (%lld "
+          "broken)", bad);
+    CHECK(classifier_rows(1000, V, 100) == 100 && classifier_rows(50, V, 100) == 50 &&
+              classifier_rows(131072, V, 4096) == 4096,
+          "--classifier_chunk N: N rows, at most B*T");
+    TrainArgs a;
+    char err[L3_ERR_LEN];
+    int rc = parse(&a, err, "--classifier_chunk 4096 --sequence_length 131072 --batch_size 1");
+    Llama3Config c = llama3_2_1b_config();
+    CHECK(rc == 0 && run_config(&a, &c).classifier_chunk == 4096 && train_args_check(&a, &c, err) == 0,
+          "--classifier_chunk 4096 parsed into the run's config, taken at T = 131072 (%s)", rc ? err : "ok");
+    expect_error(parse(&a, err, "--classifier_chunk -1"), err, "a negative --classifier_chunk", "--classifier_chunk: bad "
+                 "value '-1'", "[0, 1073741824]");
 }
 
 // [bf16 weights] widen_bf16_upper_half turns bf16 values stored in the upper half of a float range's
@@ -833,7 +887,8 @@ static void test_fit_advice(void) {
     CHECK(strstr(out, "--optimizer_state bf16") && strstr(out, "--recompute 2 (activations 0.13 GiB)") &&
               strstr(out, "--master_weights bf16 (frees the fp32 masters' 4.61 GiB)") &&
               strstr(out, "--offload_optimizer 1 (m and v's 11.16 GiB to host memory; slower)") &&
-              strstr(out, "--total_batch_size") && strstr(out, "more ranks") && !strstr(out, "--fp8"),
+              strstr(out, "--total_batch_size") && strstr(out, "more ranks") && !strstr(out, "--fp8") &&
+              !strstr(out, "--flash_attention"),
           "advice of a bf16 run: \"%s\"", out);
     FitAdvice fp8 = {.moments = MOMENTS_FP32, .recompute = RECOMPUTE_NORMS, .fp8 = 1, .weights = WEIGHTS_FP32,
                      .masters_gib = 4.61, .moments_gib = 11.16, .acts_blocks_gib = 0.13, .fp8_gib = 3.62};
@@ -854,6 +909,20 @@ static void test_fit_advice(void) {
           "--offload_optimizer 1: up to 90 %% of the host's memory pinned is taken");
     CHECK(offload_check(116 * GiB, 128 * GiB, err) != 0 && strstr(err, "116.00 GiB") && strstr(err, "128.00 GiB"),
           "--offload_optimizer 1: more than 90 %% of the host's memory is refused: \"%s\"", err);
+    FitAdvice chunked = bf16;
+    chunked.head_rows = 16384, chunked.logits_gib = 3.91;
+    fit_advice(&chunked, out, sizeof(out));
+    CHECK(strstr(out, "--classifier_chunk 4096 (frees 2.93 GiB of logits)") != NULL,
+          "advice of a classifier of 16384-row chunks: 4096 rows, with the logits that frees: \"%s\"", out);
+    chunked.head_rows = 4096;
+    fit_advice(&chunked, out, sizeof(out));
+    CHECK(!strstr(out, "--classifier_chunk"), "advice of a classifier of 4096-row chunks leaves --classifier_chunk out");
+    FitAdvice unfused = bf16;
+    unfused.unfused_gib = 2048.5;
+    fit_advice(&unfused, out, sizeof(out));
+    CHECK(strstr(out, "--flash_attention 1 (frees the unfused attention's T x T scores and probabilities, 2048.50 GiB), "
+                      "--optimizer_state bf16") == out,
+          "advice of an unfused run names --flash_attention 1 first, with what it frees: \"%s\"", out);
     char tiny[24];
     fit_advice(&bf16, tiny, sizeof(tiny));
     CHECK(strlen(tiny) == sizeof(tiny) - 1, "advice cut to a short buffer: \"%s\"", tiny);
@@ -2457,12 +2526,37 @@ static int seed_to_hf(const char* model, const char* out, const char* dtype) {
     return rc ? 1 : 0;
 }
 
+// --rope_table HEAD_DIM FACTOR T OUT: llama3.h's RoPE of a head of HEAD_DIM with llama3 scaling at
+// FACTOR (theta 500000, as every LLaMA 3), for positions 0..T-1, as the trainer uploads it: float32
+// inv_freq (HEAD_DIM/2), then cos and sin (T, HEAD_DIM/2) each, for scripts/test_rope.py to compare
+// with transformers' LlamaRotaryEmbedding.
+static int rope_table_file(const char* head_dim, const char* factor, const char* positions, const char* out) {
+    Llama3Config c = llama3_2_1b_config();
+    int HD = atoi(head_dim), T = atoi(positions);
+    c.n_embd = HD, c.n_head = c.n_kv_head = 1, c.rope_factor = (float)atof(factor);
+    if (HD < 2 || HD % 2 || HD > 1024 || T < 1 || T > 1 << 24) {
+        fprintf(stderr, "error: --rope_table: head_dim %s (even, 2..1024) and T %s (1..2^24)\n", head_dim, positions);
+        return 1;
+    }
+    size_t half = HD / 2, n = (size_t)T * half;
+    float* table = (float*)malloc(sizeof(float) * (half + 2 * n));
+    rope_inv_freq(&c, table);
+    rope_table(&c, T, table + half, table + half + n);
+    Chunk chunk = {table, sizeof(float) * (half + 2 * n)};
+    char err[L3_ERR_LEN];
+    int rc = write_file_atomic(out, &chunk, 1, err);
+    if (rc) fprintf(stderr, "error: %s\n", err);
+    free(table);
+    return rc ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
     if (argc == 4 && strcmp(argv[1], "--hf_to_seed") == 0) return hf_to_seed(argv[2], argv[3]);
     if (argc == 5 && strcmp(argv[1], "--seed_to_hf") == 0) return seed_to_hf(argv[2], argv[3], argv[4]);
+    if (argc == 6 && strcmp(argv[1], "--rope_table") == 0) return rope_table_file(argv[2], argv[3], argv[4], argv[5]);
     if (argc != 1) {
-        fprintf(stderr, "usage: %s [--hf_to_seed HF_DIR OUT.bin | --seed_to_hf MODEL OUT_DIR bfloat16|float32]\n",
-                argv[0]);
+        fprintf(stderr, "usage: %s [--hf_to_seed HF_DIR OUT.bin | --seed_to_hf MODEL OUT_DIR bfloat16|float32 | "
+                "--rope_table HEAD_DIM FACTOR T OUT.bin]\n", argv[0]);
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0); // each line out as printed: stderr's (ASan's, a forked rank's) fall between them
@@ -2493,6 +2587,7 @@ int main(int argc, char** argv) {
     test_fp8_flags();
     test_doc_mask_flags();
     test_fit_advice();
+    test_classifier_rows();
     test_widen_bf16_upper_half();
     test_family_shapes();
     test_gpu_and_val_paths();

@@ -23,6 +23,8 @@
 #endif
 
 static_assert(4 * RMS_VEC * 1024 == LLAMA3_MAX_N_EMBD, "kernel_limits_check's n_embd bound is the RMSNorm row width");
+static_assert(LLAMA3_MAX_TILED_ROWS == 65535 * FA_TILE && FA_TILE == FP8_TILE,
+              "train_args_check's bounds on T and B*T are the tiles that 65535 blocks of a grid's y axis take");
 
 #ifndef LLAMA3_NVTX
 #define LLAMA3_NVTX 1
@@ -105,7 +107,7 @@ typedef struct {
     bf16* gate_up;       // (L, N, 2F)
     bf16* act;           // (L, N, F)    silu(gate) * up
     bf16* normed_final;  // (N, C)
-    bf16* logits;        // (N, V)       becomes dlogits in place
+    bf16* logits;        // (head_rows, V) one classifier chunk's logits, its dlogits in place [chunked classifier]
     // scratch
     bf16* qkv;           // (N, QKV)     qkv GEMM output; dqkv in backward
     bf16* branch;        // (N, C)       o-proj / down output; gradients into norms in backward
@@ -133,8 +135,8 @@ typedef struct {
 #define ACT_ROW(name, n) {offsetof(Activations, name), sizeof(*((Activations*)0)->name), (n)}
 
 // Lays every buffer into `block` (NULL: only measures) and returns the bytes they take.
-static size_t act_layout(Activations* acts, unsigned char* block, const Llama3Config* c, int B, int T, int grad_accum,
-                         int sms, bool flash, bool fused_rms, int recompute, bool doc_mask) {
+static size_t act_layout(Activations* acts, unsigned char* block, const Llama3Config* c, int B, int T, int head_rows,
+                         int grad_accum, int sms, bool flash, bool fused_rms, int recompute, bool doc_mask) {
     size_t N = (size_t)B * T, C = c->n_embd, L = c->n_layer, F = c->ffn_hidden, V = c->vocab_size;
     size_t DOC = doc_mask ? N : 0;
     size_t QKV = qkv_dim(c), ROWS = (size_t)B * c->n_head * T, ATT = flash ? 0 : ROWS * T, LSE = flash ? ROWS : 0;
@@ -144,7 +146,7 @@ static size_t act_layout(Activations* acts, unsigned char* block, const Llama3Co
         ACT_ROW(rstd_final, N), ACT_ROW(normed_attn, LN * N * C), ACT_ROW(qkv_heads, LB * N * QKV),
         ACT_ROW(probs, LB * ATT), ACT_ROW(lse, LB * LSE), ACT_ROW(att_y, LB * N * C), ACT_ROW(normed_ffn, LN * N * C),
         ACT_ROW(gate_up, LB * N * 2 * F), ACT_ROW(act, LN * N * F), ACT_ROW(normed_final, N * C),
-        ACT_ROW(logits, N * V), ACT_ROW(qkv, N * QKV), ACT_ROW(branch, N * C), ACT_ROW(heads_o, N * C),
+        ACT_ROW(logits, (size_t)head_rows * V), ACT_ROW(qkv, N * QKV), ACT_ROW(branch, N * C), ACT_ROW(heads_o, N * C),
         ACT_ROW(scores, ATT), ACT_ROW(dsum, LSE), ACT_ROW(dheads, N * QKV), ACT_ROW(dresid, N * C),
         ACT_ROW(dresid_bf16, N * C), ACT_ROW(dact, N * F), ACT_ROW(dgate_up, N * 2 * F),
         ACT_ROW(dw_partial, (size_t)rms_bwd_blocks((int)N, sms) * C), ACT_ROW(losses, grad_accum * N),
@@ -370,19 +372,27 @@ typedef struct {
                          // zeroed as the forward starts
 } Fp8Buffers;
 
+// A range of the parameter block kept in bf16, apart from its fp32 block (empty: none).
+typedef struct {
+    size_t begin, end;
+} Bf16Range;
+
 typedef struct {
     Llama3Config cfg;
     ParamLayout layout;
     TensorTable tab; // every weight slice's update group and slots (llama3.h tensor_table)
     Switches sw; // which optimisations are on (all, except in the ablation)
     int B, T, grad_accum, sms;
+    int head_rows; // [chunked classifier] rows of a micro-batch the classifier takes at a time (classifier_rows)
     int recompute; // [recompute] --recompute: RECOMPUTE_NONE, _NORMS or _BLOCKS
     int doc_bos;   // [document mask] --doc_mask 1: the token that starts a document; -1: plain causal attention
     // one block each, parameter-sized (see llama3.h for the order)
     float* params; // fp32 master weights; [bf16 weights] all but the matmul weights' (see param_f32)
     float* grads;  // fp32; wte's rows are zero except those touched this step [sparse rows]. With
-                   // bf16 grads it holds only wte and the norm weights, packed (see grad_f32)
-    bf16* grads_bf16; // [bf16 grads] the matmul weights' gradients, laid out like the shadow; or NULL
+                   // bf16 grads it holds the others but grad_bf16's, packed (see grad_f32)
+    bf16* grads_bf16;   // [bf16 grads] the gradients of the range grad_bf16, in its order; or NULL
+    Bf16Range grad_bf16; // [bf16 grads] their range: the matmul weights, but the head when the classifier runs in
+                         // chunks (its gradient sums them in fp32); empty when the gradients are all fp32
     Optimizer optim; // AdamW and its state: of every parameter, or [data parallel] of this rank's runs
     bf16* shadow;      // [shadow weights] bf16 copy of params[shadow_begin, matmul_end)
     bf16* cast_weight; // with shadow_weights off: one weight cast to bf16 just before its GEMM
@@ -408,31 +418,34 @@ typedef struct {
 static size_t param_offset(const Model* m, int tensor, int layer) {
     return m->layout.offset[tensor] + (size_t)layer * m->layout.layer_size[tensor];
 }
-// An fp32 block of every parameter, or (skips_matmuls) of all but the matmul weights [lm_head, down]
-// (wte and the norm weights), packed: its elements, and the index of the parameter at `offset`.
-static size_t f32_block_count(const ParamLayout* p, bool skips_matmuls) {
-    return p->total - (skips_matmuls ? p->matmul_end - p->matmul_begin : 0);
-}
-static size_t f32_block_index(const ParamLayout* p, bool skips_matmuls, size_t offset) {
-    return skips_matmuls && offset >= p->matmul_begin ? offset - (p->matmul_end - p->matmul_begin) : offset;
+// An fp32 block of every parameter but those of the range r (kept in bf16 elsewhere), packed: its
+// elements, and the index of the parameter at `offset` (outside r).
+static size_t f32_block_count(const ParamLayout* p, Bf16Range r) { return p->total - (r.end - r.begin); }
+static size_t f32_block_index(Bf16Range r, size_t offset) {
+    return offset >= r.end ? offset - (r.end - r.begin) : offset;
 }
 // [bf16 weights] --master_weights bf16: the matmul weights' bf16 copy (the shadow) is the only one.
 static bool bf16_weights(const Model* m) { return m->optim.cfg.weights == WEIGHTS_BF16; }
+static Bf16Range bf16_weight_range(const Model* m) {
+    Bf16Range none = {0, 0}, matmuls = {m->layout.matmul_begin, m->layout.matmul_end};
+    return bf16_weights(m) ? matmuls : none;
+}
 // The fp32 weight at `offset`: every parameter's, or with bf16 weights wte's and the norm weights'.
 static float* param_f32(const Model* m, size_t offset) {
-    return m->params + f32_block_index(&m->layout, bf16_weights(m), offset);
+    return m->params + f32_block_index(bf16_weight_range(m), offset);
 }
-// The fp32 gradient at `offset`: every parameter's, or with bf16 grads wte's and the norm weights'.
-static float* grad_f32(const Model* m, size_t offset) {
-    return m->grads + f32_block_index(&m->layout, m->grads_bf16 != NULL, offset);
-}
-// [bf16 grads] The bf16 gradient of the matmul weight at `offset`.
-static bf16* grad_bf16(const Model* m, size_t offset) { return m->grads_bf16 + (offset - m->layout.matmul_begin); }
-// [bf16 grads] Whether the gradient at `offset` is bf16: a matmul weight's (not a tied wte's) with bf16 grads on.
-static bool is_matmul_weight(const Model* m, size_t offset) { // [lm_head, down]: not a tied wte, not a norm
+// The fp32 gradient at `offset`: every parameter's but [bf16 grads] grad_bf16's.
+static float* grad_f32(const Model* m, size_t offset) { return m->grads + f32_block_index(m->grad_bf16, offset); }
+// [bf16 grads] The bf16 gradient at `offset`, in grad_bf16.
+static bf16* grad_bf16(const Model* m, size_t offset) { return m->grads_bf16 + (offset - m->grad_bf16.begin); }
+// Whether the weight at `offset` is a matmul weight [lm_head, down]: not a tied wte, not a norm.
+static bool is_matmul_weight(const Model* m, size_t offset) {
     return offset >= m->layout.matmul_begin && offset < m->layout.matmul_end;
 }
-static bool grad_is_bf16(const Model* m, size_t offset) { return m->grads_bf16 && is_matmul_weight(m, offset); }
+// [bf16 grads] Whether the gradient at `offset` is bf16 (in grad_bf16).
+static bool grad_is_bf16(const Model* m, size_t offset) {
+    return offset >= m->grad_bf16.begin && offset < m->grad_bf16.end;
+}
 // Test seam [reference gradients]: called after the backward writes a gradient (count elements at
 // parameter offset `offset`). test_llama3 defines it to overwrite them with PyTorch's, so that
 // the optimizer path training runs (overlapped, deferred, replayed from the graph) is checked on
@@ -489,8 +502,15 @@ static size_t bf16_weight_bytes(const Model* m) {
 
 // [bf16 grads] with one micro-step per step, the matmul weights' gradients are bf16: what PyTorch's
 // autocast gives too (its bf16 GEMM writes them, then the weight cast's backward widens them to
-// fp32), and 2 bytes less to write and to read per weight. Accumulating steps keep fp32.
-static bool uses_bf16_grads(const Switches* sw, int grad_accum) { return sw->bf16_grads && grad_accum == 1; }
+// fp32), and 2 bytes less to write and to read per weight. Accumulating steps keep fp32, and so does
+// [chunked classifier] the head's gradient when the classifier sums it over chunks (the block linears'
+// stay bf16: one GEMM writes each).
+static Bf16Range bf16_grad_range(const Model* m) {
+    Bf16Range none = {0, 0}, r = {m->layout.matmul_begin, m->layout.matmul_end};
+    if (!m->sw.bf16_grads || m->grad_accum > 1) return none;
+    if (m->head_rows < m->B * m->T) r.begin = m->layout.offset[P_QKV]; // (a tied head's, wte's, is fp32 anyway)
+    return r;
+}
 // Device bytes of the model's buffers, by the parts a flag changes (not the token buffers, RoPE
 // table, sort scratch and the union's rows: a few MiB at the bench shapes).
 typedef struct {
@@ -711,10 +731,10 @@ static void linear_backward_fp8(const Model* m, int B, int tensor, int layer, bf
 
 static MemoryParts memory_parts(const Model* m) {
     const ParamLayout* p = &m->layout;
-    size_t f32_n = f32_block_count(p, uses_bf16_grads(&m->sw, m->grad_accum)); // the rest are bf16
+    size_t f32_n = f32_block_count(p, m->grad_bf16); // the rest are bf16
     size_t moments = 2 * optimizer_moment_bytes(&m->optim);
     bool host = m->optim.cfg.offload;
-    MemoryParts parts = {f32_block_count(p, bf16_weights(m)) * 4 + bf16_weight_bytes(m), host ? 0 : moments,
+    MemoryParts parts = {f32_block_count(p, bf16_weight_range(m)) * 4 + bf16_weight_bytes(m), host ? 0 : moments,
                          f32_n * 4 + (p->total - f32_n) * 2, m->acts_bytes, GEMM_WORKSPACE_BYTES, fp8_bytes(m),
                          host ? moments : 0};
     return parts;
@@ -738,12 +758,21 @@ static void memory_print(FILE* f, const MemoryParts* p) {
     if (p->host) fprintf(f, "; in pinned host memory: AdamW m and v %.2f GiB", p->host / G);
 }
 
-// [recompute] The activations' bytes of this model and batch at --recompute `level`.
-static size_t acts_bytes_at(const Model* m, int level) {
+// [recompute] The activations' bytes of this model and batch at --recompute `level`, with flash
+// attention or (flash false) unfused.
+static size_t acts_bytes_at(const Model* m, int level, bool flash) {
     Activations unused;
-    return act_layout(&unused, NULL, &m->cfg, m->B, m->T, m->grad_accum, m->sms, m->sw.flash_attention,
+    return act_layout(&unused, NULL, &m->cfg, m->B, m->T, m->head_rows, m->grad_accum, m->sms, flash,
                       m->sw.fused_rmsnorm, level, m->doc_bos >= 0);
 }
+// [unfused attention] What --flash_attention 1 would free: the T x T scores and probabilities (0 with
+// flash attention). At long T these outgrow everything else (at T = 131072 one layer's fp32 scores
+// of the 1B's 32 heads take 2 TiB): the memory check names it first.
+static size_t unfused_attention_bytes(const Model* m) {
+    return m->sw.flash_attention ? 0 : m->acts_bytes - acts_bytes_at(m, m->recompute, true);
+}
+// [chunked classifier] One chunk's logits: head_rows x V bf16.
+static size_t logits_bytes(const Model* m) { return (size_t)m->head_rows * m->cfg.vocab_size * sizeof(bf16); }
 
 // The flags that would shrink this model's memory `parts` (llama3.h fit_advice), into advice[n].
 static void model_fit_advice(const Model* m, const MemoryParts* parts, char* advice, size_t n) {
@@ -752,7 +781,9 @@ static void model_fit_advice(const Model* m, const MemoryParts* parts, char* adv
     FitAdvice f = {.moments = m->optim.cfg.moments, .recompute = m->recompute, .fp8 = m->fp8 != NULL,
                    .weights = m->optim.cfg.weights, .masters_gib = (p->matmul_end - p->matmul_begin) * 4 / G,
                    .offload = m->optim.cfg.offload, .moments_gib = parts->moments / G,
-                   .acts_blocks_gib = acts_bytes_at(m, RECOMPUTE_BLOCKS) / G, .fp8_gib = parts->fp8 / G};
+                   .acts_blocks_gib = acts_bytes_at(m, RECOMPUTE_BLOCKS, m->sw.flash_attention) / G,
+                   .fp8_gib = parts->fp8 / G, .unfused_gib = unfused_attention_bytes(m) / G,
+                   .head_rows = m->head_rows, .logits_gib = logits_bytes(m) / G};
     fit_advice(&f, advice, n);
 }
 
@@ -770,21 +801,22 @@ static void check_fits(const Model* m) {
     if (memory_needed(&parts) <= free_b) return;
     fprintf(stderr, "out of GPU memory: the model needs ");
     memory_print(stderr, &parts);
-    char advice[512];
+    char advice[1024];
     model_fit_advice(m, &parts, advice, sizeof(advice));
     fprintf(stderr, ", and %.2f GiB for code and libraries; %.2f GiB free. Smaller: %s\n",
             RUN_OVERHEAD_BYTES / 1073741824.0, free_b / 1073741824.0, advice);
     exit(EXIT_FAILURE);
 }
 
-// The (T, HD/2) cos and sin tables of RoPE, computed on the host once.
+// The (T, HD/2) cos and sin tables of RoPE for the run's T (not the model's max_seq_len), computed
+// on the host once.
 static void rope_upload(Model* m) {
-    int half = m->cfg.n_embd / m->cfg.n_head / 2, T = m->T;
-    float* table = (float*)malloc(sizeof(float) * 2 * T * half);
-    rope_table(&m->cfg, T, table, table + T * half);
-    m->rope_cos = (float*)device_alloc(sizeof(float) * 2 * T * half, "rope table");
-    m->rope_sin = m->rope_cos + T * half;
-    CUDA_CHECK(cudaMemcpy(m->rope_cos, table, sizeof(float) * 2 * T * half, cudaMemcpyHostToDevice));
+    size_t half = m->cfg.n_embd / m->cfg.n_head / 2, n = (size_t)m->T * half;
+    float* table = (float*)malloc(sizeof(float) * 2 * n);
+    rope_table(&m->cfg, m->T, table, table + n);
+    m->rope_cos = (float*)device_alloc(sizeof(float) * 2 * n, "rope table");
+    m->rope_sin = m->rope_cos + n;
+    CUDA_CHECK(cudaMemcpy(m->rope_cos, table, sizeof(float) * 2 * n, cudaMemcpyHostToDevice));
     free(table);
 }
 
@@ -810,8 +842,8 @@ static void sorter_create(TokenSorter* ts, size_t n, int vocab_size) {
 // and the step's small state.
 static void model_alloc(Model* m) {
     size_t P = m->layout.total, n_step = (size_t)m->grad_accum * m->B * m->T;
-    m->params = (float*)device_alloc(f32_block_count(&m->layout, bf16_weights(m)) * 4, "fp32 weights");
-    size_t grads_f32_n = f32_block_count(&m->layout, uses_bf16_grads(&m->sw, m->grad_accum));
+    m->params = (float*)device_alloc(f32_block_count(&m->layout, bf16_weight_range(m)) * 4, "fp32 weights");
+    size_t grads_f32_n = f32_block_count(&m->layout, m->grad_bf16);
     m->grads = (float*)device_alloc(grads_f32_n * 4, "fp32 gradients");
     if (grads_f32_n < P) m->grads_bf16 = (bf16*)device_alloc((P - grads_f32_n) * 2, "bf16 gradients");
     optimizer_alloc(&m->optim);
@@ -820,7 +852,7 @@ static void model_alloc(Model* m) {
     else m->cast_weight = (bf16*)device_alloc(bf16_bytes, "bf16 weight cast buffer");
     if (!m->sw.metadata_by_value) m->shape_in_memory = (HeadShape*)device_alloc(sizeof(HeadShape), "shape metadata");
     m->acts_block = device_alloc(m->acts_bytes, "activations");
-    act_layout(&m->acts, (unsigned char*)m->acts_block, &m->cfg, m->B, m->T, m->grad_accum, m->sms,
+    act_layout(&m->acts, (unsigned char*)m->acts_block, &m->cfg, m->B, m->T, m->head_rows, m->grad_accum, m->sms,
                m->sw.flash_attention, m->sw.fused_rmsnorm, m->recompute, m->doc_bos >= 0);
     m->tokens = (int*)device_alloc(2 * n_step * sizeof(int), "tokens");
     CUDA_CHECK(cudaMallocHost(&m->tokens_host, 2 * 2 * n_step * sizeof(int32_t)));
@@ -860,7 +892,7 @@ static void comm_alloc(Model* m) {
 static void model_reset_training(Model* m) {
     CUDA_CHECK(cudaDeviceSynchronize());
     schedule_drop_graph(&m->step);
-    size_t P = m->layout.total, grads_f32_n = f32_block_count(&m->layout, m->grads_bf16 != NULL);
+    size_t P = m->layout.total, grads_f32_n = f32_block_count(&m->layout, m->grad_bf16);
     optimizer_reset(&m->optim);
     CUDA_CHECK(cudaMemset(m->grads, 0, grads_f32_n * 4));
     if (m->grads_bf16) CUDA_CHECK(cudaMemset(m->grads_bf16, 0, (P - grads_f32_n) * 2));
@@ -871,20 +903,23 @@ static void model_reset_training(Model* m) {
 }
 
 // What a model of config `cfg` for the run `run` (llama3.h RunConfig: its micro-batch and
-// micro-steps, recompute, FP8, optimizer and switches) on this rank of `comm` (NULL: one rank) is,
-// decided on the host: its layout and table, the step's plan, the activations' layout (for a GPU of
-// `sms` multiprocessors), and so its memory (memory_parts). No buffer yet: model_create allocates
-// them; --dry_run prints the memory of a model sized alone (model_host_free).
+// micro-steps, recompute, the classifier's chunks, FP8, optimizer and switches) on this rank of
+// `comm` (NULL: one rank) is, decided on the host: its layout and table, the step's plan, the
+// activations' layout (for a GPU of `sms` multiprocessors), and so its memory (memory_parts). No
+// buffer yet: model_create allocates them; --dry_run prints the memory of a model sized alone
+// (model_host_free).
 static void model_size(Model* m, const Llama3Config* cfg, const RunConfig* run, Comm* comm, int sms) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg, m->sw = switches_for_model(run->sw, cfg);
     m->B = run->B, m->T = run->T, m->grad_accum = run->grad_accum, m->recompute = run->recompute;
     m->doc_bos = run->doc_mask ? run->bos : -1;
+    m->head_rows = classifier_rows((long long)m->B * m->T, cfg->vocab_size, run->classifier_chunk);
     m->comm = comm, m->sms = sms;
     if (run->fp8) fp8_start(m, run->fp8_grads);
     const Switches* sw = &m->sw; // (as they apply to this model)
     m->layout = param_layout(cfg);
     m->tab = tensor_table(cfg);
+    m->grad_bf16 = bf16_grad_range(m);
     if (comm) comm->zero = zero_layout(&m->layout, comm->rank, comm->world, sw->sparse_embedding);
     m->optim.cfg = *run->opt, m->optim.sms = sms, m->optim.vec4 = sw->vector_adam != 0;
     m->optim.count = comm ? comm->zero.state_total : m->layout.total;
@@ -896,8 +931,8 @@ static void model_size(Model* m, const Llama3Config* cfg, const RunConfig* run, 
     StepPlan* plan = (StepPlan*)malloc(sizeof(StepPlan));
     *plan = step_plan(sw, &m->optim.cfg, cfg->n_layer, comm ? comm->world : 1);
     m->step.plan = plan;
-    m->acts_bytes = act_layout(&m->acts, NULL, cfg, m->B, m->T, m->grad_accum, m->sms, sw->flash_attention,
-                               sw->fused_rmsnorm, m->recompute, m->doc_bos >= 0);
+    m->acts_bytes = act_layout(&m->acts, NULL, cfg, m->B, m->T, m->head_rows, m->grad_accum, m->sms,
+                               sw->flash_attention, sw->fused_rmsnorm, m->recompute, m->doc_bos >= 0);
 }
 // What model_size allocated on the host.
 static void model_host_free(Model* m) {
@@ -1159,9 +1194,10 @@ static void wait_for_update(const Model* m, int g, bool after_deferred) {
 }
 
 // inputs: B rows of T token ids on the device (B at most the model's: sampling runs one row).
-// Leaves bf16 logits (B*T, V) in acts.logits. [document mask] With --doc_mask 1 it first finds every
-// position's document in the inputs, for the pass's attention (training, the val loss, the eval and
-// sampling alike: a row is split into documents wherever it holds BOS).
+// Leaves the final norm's output (B*T, C) in acts.normed_final: the classifier's input. [document
+// mask] With --doc_mask 1 it first finds every position's document in the inputs, for the pass's
+// attention (training, the val loss, the eval and sampling alike: a row is split into documents
+// wherever it holds BOS).
 static void forward(const Model* m, int B, const int* inputs, bool after_deferred) {
     NVTX_PUSH("forward");
     const Llama3Config* c = &m->cfg;
@@ -1178,43 +1214,74 @@ static void forward(const Model* m, int B, const int* inputs, bool after_deferre
     wait_for_update(m, head_group(m), after_deferred);
     norm_forward(m, B, P_FINAL_NORM, 0, m->acts.resid + L * NC, m->acts.normed_final, m->acts.rstd_final,
                  m->acts.h + block_copy(m, L - 1) * NC, m->acts.branch);
-    linear_forward(m, B, m->acts.logits, m->acts.normed_final, m->layout.head, 0, c->vocab_size, C);
     NVTX_POP();
 }
 
-// Per-token losses of micro-step `micro` and dlogits in place, scaled for the mean over the
-// whole step's tokens.
-static void classifier(const Model* m, int B, const int* targets, int micro) {
-    int N = B * m->T;
-    cross_entropy(m->acts.logits, m->acts.losses + (size_t)micro * N, targets, N, m->cfg.vocab_size,
-                  1.0f / ((float)N * m->grad_accum), m->stream);
-}
-
-// ---- backward ----
-
-// Weight gradient of a linear layer y = x W^T: dW (out, in) (+)= dy^T x, bf16 [bf16 grads] or
-// fp32. The first micro-step writes (beta 0), later ones accumulate: no zeroing of grads needed.
-// [tied embeddings] A tied wte's gradient is whole only once the embedding backward has added its rows.
-static void weight_grad(const Model* m, int B, int tensor, int layer, const bf16* dy, const bf16* x, int out, int in,
+// Weight gradient of a linear layer y = x W^T over `rows` rows: dW (out, in) (+)= dy^T x, bf16 [bf16
+// grads] or fp32. The first micro-step writes (beta 0), later ones accumulate: no zeroing of grads
+// needed. The caller tells the test seam once the gradient is whole (grad_written).
+static void weight_grad(const Model* m, int rows, int tensor, int layer, const bf16* dy, const bf16* x, int out, int in,
                         bool accumulate) {
     size_t offset = param_offset(m, tensor, layer);
     bool bf16_out = grad_is_bf16(m, offset);
     void* dw = bf16_out ? (void*)grad_bf16(m, offset) : (void*)grad_f32(m, offset);
-    matmul(m->gemm, m->stream, dw, dy, x, out, in, B * m->T, true, false, !bf16_out, 1.0f, accumulate ? 1.0f : 0.0f);
-    if (tensor != P_WTE) grad_written(m, offset, (size_t)out * in);
+    matmul(m->gemm, m->stream, dw, dy, x, out, in, rows, true, false, !bf16_out, 1.0f, accumulate ? 1.0f : 0.0f);
 }
-// Input gradient of a linear layer: dx (N, in) = dy (N, out) @ W (out, in), bf16.
-static void input_grad(const Model* m, int B, int tensor, int layer, bf16* dx, const bf16* dy, int out, int in) {
-    matmul(m->gemm, m->stream, dx, dy, weight_bf16(m, tensor, layer), B * m->T, in, out, false, false, false);
+// Input gradient of a linear layer over `rows` rows: dx (rows, in) = dy (rows, out) @ W (out, in), bf16.
+static void input_grad(const Model* m, int rows, bf16* dx, const bf16* dy, const bf16* w, int out, int in) {
+    matmul(m->gemm, m->stream, dx, dy, w, rows, in, out, false, false, false);
 }
+
+// ---- classifier: the lm_head, the loss and the head's backward, chunk by chunk ----
+// [chunked classifier] The logits of all N = B*T rows would take N x V bf16 (16.8 GB at B=1, T=65536
+// on LLaMA 3's vocabulary), so the head takes head_rows rows at a time (llama3.h classifier_rows: all
+// N while they take at most 4 GiB, as at every bench config). Each chunk: its logits (one GEMM), the
+// losses and dlogits over them in place (cross_entropy), and when training the head's two backward
+// GEMMs on those dlogits, dW (+)= dlogits^T x and dx = dlogits W, before the next chunk's logits
+// overwrite them. So the head's backward runs here, fused with the loss, and backward() starts from
+// its dx. Rows are independent in all four; only dW sums over them, chunk after chunk.
+
+// The logits of `rows` rows of normed_final from row `first` into acts.logits, with the head's bf16
+// weight w: bf16 (rows, V).
+static void head_logits(const Model* m, const bf16* w, int first, int rows) {
+    int C = m->cfg.n_embd;
+    matmul(m->gemm, m->stream, m->acts.logits, m->acts.normed_final + (size_t)first * C, w, rows, m->cfg.vocab_size,
+           C, false, true, false);
+}
+
+// Micro-step `micro`'s per-token losses (acts.losses from micro * N), chunk by chunk, dlogits scaled for
+// the mean over the whole step's tokens; with `grads` also the head's gradients: its weight's (the
+// first chunk writes unless `accumulate`, the later ones add) and the final norm's output gradient
+// into acts.branch (reads the head's shadow: before its AdamW). The chunks depend on B and T only,
+// so a captured step replays them.
+static void classifier(const Model* m, int B, const int* targets, int micro, bool grads, bool accumulate) {
+    int N = B * m->T, C = m->cfg.n_embd, V = m->cfg.vocab_size, head = m->layout.head;
+    int rows = m->head_rows < N ? m->head_rows : N; // (sampling's forward of one row: T rows)
+    const bf16* w = weight_bf16(m, head, 0);
+    for (int first = 0; first < N; first += rows) {
+        int n = N - first < rows ? N - first : rows;
+        head_logits(m, w, first, n);
+        cross_entropy(m->acts.logits, m->acts.losses + (size_t)micro * N + first, targets + first, n, V,
+                      1.0f / ((float)N * m->grad_accum), m->stream);
+        if (!grads) continue;
+        const bf16* x = m->acts.normed_final + (size_t)first * C;
+        weight_grad(m, n, head, 0, m->acts.logits, x, V, C, accumulate || first > 0);
+        input_grad(m, n, m->acts.branch + (size_t)first * C, m->acts.logits, w, V, C);
+    }
+    // [tied embeddings] a tied wte's gradient is whole only once the embedding backward has added its rows
+    if (grads && head != P_WTE) grad_written(m, m->layout.offset[head], m->layout.size[head]);
+}
+
+// ---- backward ----
 
 // Both gradients of a block linear y = x W^T from dy: the weight's (written, or accumulated onto the
 // earlier micro-steps') and dx.
 static void linear_backward(const Model* m, int B, int tensor, int layer, bf16* dx, const bf16* dy, const bf16* x,
                             int out, int in, bool accumulate) {
     if (fp8_linear(m, tensor, layer)) return linear_backward_fp8(m, B, tensor, layer, dx, dy, out, in, accumulate);
-    weight_grad(m, B, tensor, layer, dy, x, out, in, accumulate);
-    input_grad(m, B, tensor, layer, dx, dy, out, in);
+    weight_grad(m, B * m->T, tensor, layer, dy, x, out, in, accumulate);
+    grad_written(m, param_offset(m, tensor, layer), (size_t)out * in);
+    input_grad(m, B * m->T, dx, dy, weight_bf16(m, tensor, layer), out, in);
 }
 
 // Backward of one RMSNorm: dresid (+)= its input gradient, dresid_bf16 = the same rounded, and
@@ -1358,23 +1425,21 @@ static void gradients_done(const Model* m, const int* slices, int n) {
     }
 }
 
-// From dlogits (in acts.logits) to every weight gradient. accumulate: add to the gradients of
-// earlier micro-steps of this step instead of overwriting them. to_optimizer: the step's last
-// micro-step, whose gradients go to the optimizer group by group as they are written.
+// From the final norm's output gradient (acts.branch, the classifier's) to every weight gradient
+// but the head's (the classifier's too): the head's group is handed on first. accumulate: add to
+// the gradients of earlier micro-steps of this step instead of overwriting them. to_optimizer: the
+// step's last micro-step, whose gradients go to the optimizer group by group as they are written.
 static void backward(const Model* m, int B, const int* inputs, bool accumulate, bool to_optimizer) {
     NVTX_PUSH("backward");
     const Llama3Config* c = &m->cfg;
-    int N = B * m->T, C = c->n_embd, V = c->vocab_size, L = c->n_layer;
+    int N = B * m->T, C = c->n_embd, L = c->n_layer;
     size_t NC = (size_t)N * C;
     const int* first = m->tab.first; // (a tensor's layer-0 slice: a list of one)
     auto done = [&](const int* slices, int n) {
         if (to_optimizer) gradients_done(m, slices, n);
     };
-    bf16* dlogits = m->acts.logits;
-    int head = m->layout.head; // [tied embeddings] wte: its gradient starts here, the embedding's rows are added last
-    weight_grad(m, B, head, 0, dlogits, m->acts.normed_final, V, C, accumulate);
-    input_grad(m, B, head, 0, m->acts.branch, dlogits, V, C); // reads the head's shadow: before its AdamW
-    if (head == P_LM_HEAD) done(&first[P_LM_HEAD], 1);
+    // [tied embeddings] a tied head is wte: its gradient is done only once the embedding's rows are added, last
+    if (m->layout.head == P_LM_HEAD) done(&first[P_LM_HEAD], 1);
     norm_backward(m, B, P_FINAL_NORM, 0, m->acts.resid + L * NC, m->acts.rstd_final, false, accumulate);
     done(&first[P_FINAL_NORM], 1);
     for (int l = L - 1; l >= 0; l--) {
@@ -1714,7 +1779,7 @@ static void zero_grads(const Model* m) {
     for (int t = P_LM_HEAD; t < NUM_PARAM_TENSORS; t++)
         for (size_t off = p->offset[t]; off < p->offset[t] + p->size[t]; off += p->layer_size[t]) {
             size_t n = p->layer_size[t];
-            if (m->grads_bf16 && off < p->matmul_end) {
+            if (grad_is_bf16(m, off)) {
                 bf16* g = grad_bf16(m, off);
                 if (fill_kernels) fill(g, n, 0.0f, m->stream);
                 else CUDA_CHECK(cudaMemsetAsync(g, 0, n * 2, m->stream));
@@ -1727,23 +1792,25 @@ static void zero_grads(const Model* m) {
 }
 
 // Micro-step `micro` of the step: forward (the first waits for each group the previous step
-// deferred), the per-token losses and dlogits, and the backward, accumulating onto the earlier
-// micro-steps' gradients. The last also takes the step's mean loss and its NaN guard (before any
-// AdamW of the step), and with to_optimizer its backward hands each group's gradients on as the
-// plan has it (the test's gradient check runs the micro-steps without).
+// deferred), the classifier (the per-token losses and, chunk by chunk with them, the head's
+// gradients), and the backward from there, accumulating onto the earlier micro-steps' gradients.
+// The last also takes the step's mean loss and its NaN guard (before any AdamW of the step), and
+// with to_optimizer its backward hands each group's gradients on as the plan has it (the test's
+// gradient check runs the micro-steps without).
 static void micro_step(const Model* m, int micro, bool to_optimizer) {
     int N = m->B * m->T, n_step = m->grad_accum * N;
     const int* inputs = m->tokens + (size_t)micro * N;
     bool last = micro == m->grad_accum - 1, accumulate = micro > 0 || m->sw.grad_zeroing != GRAD_ZERO_NONE;
     forward(m, m->B, inputs, micro == 0 && m->step.pending.updates);
-    classifier(m, m->B, m->tokens + n_step + (size_t)micro * N, micro);
+    // (after the forward's wait for wte's deferred AdamW, which reads this gradient; before a tied head adds to it)
+    bool head_writes_wte = m->cfg.tied_embeddings && !accumulate; // [tied embeddings] with beta 0, every row
+    if (micro == 0 && !m->sw.sparse_embedding && !head_writes_wte) // dense wte gradient: re-zeroed every step
+        CUDA_CHECK(cudaMemsetAsync(grad_f32(m, m->layout.offset[P_WTE]), 0, m->layout.size[P_WTE] * 4, m->stream));
+    classifier(m, m->B, m->tokens + n_step + (size_t)micro * N, micro, true, accumulate);
     if (last)
         loss_guard(optimizer_hyper(&m->optim), m->stats, m->acts.losses, n_step,
                    m->step.plan->counted_by == COUNTED_BY_LOSS_GUARD, m->stream);
     if (last && m->step.plan->world > 1) ranks_agree_on_loss(m);
-    bool head_writes_wte = m->cfg.tied_embeddings && !accumulate; // [tied embeddings] with beta 0, every row
-    if (micro == 0 && !m->sw.sparse_embedding && !head_writes_wte) // dense wte gradient: re-zeroed every step
-        CUDA_CHECK(cudaMemsetAsync(grad_f32(m, m->layout.offset[P_WTE]), 0, m->layout.size[P_WTE] * 4, m->stream));
     if (last && m->step.pending.save_copy) CUDA_CHECK(cudaStreamWaitEvent(m->stream, *m->step.pending.save_copy));
     backward(m, m->B, inputs, accumulate, last && to_optimizer);
 }
@@ -1797,8 +1864,8 @@ static bool pending_is_steady(const Model* m) {
 // never waited on here). No host sync.
 static void train_step(Model* m, int slot) {
     NVTX_PUSH("step");
-    int n_step = m->grad_accum * m->B * m->T;
-    CUDA_CHECK(cudaMemcpyAsync(m->tokens, m->tokens_host + (size_t)slot * 2 * n_step, 2 * n_step * sizeof(int),
+    size_t n_step = (size_t)m->grad_accum * m->B * m->T;
+    CUDA_CHECK(cudaMemcpyAsync(m->tokens, m->tokens_host + slot * 2 * n_step, 2 * n_step * sizeof(int),
                                cudaMemcpyHostToDevice, m->stream));
     if (m->step.plan->use_graph && m->step.steps_run > 0 && pending_is_steady(m)) { // (the first step makes the GEMM plans)
         if (!m->step.graph) capture_step(m);
@@ -2124,7 +2191,7 @@ static float val_loss(Model* m, ValData* v) {
     optimizer_flush(m);
     for (int i = 0; i < v->n_batches; i++) {
         forward(m, m->B, v->tokens + i * 2 * N, false);
-        classifier(m, m->B, v->tokens + i * 2 * N + N, 0); // (also writes dlogits: unused)
+        classifier(m, m->B, v->tokens + i * 2 * N + N, 0, false, false); // (also writes dlogits: unused)
         mean(v->batch_loss + i, m->acts.losses, (int)N, m->stream);
     }
     mean(v->batch_loss + v->n_batches, v->batch_loss, v->n_batches, m->stream);
@@ -2177,7 +2244,7 @@ static void eval_forward(Model* m, const EvalData* e, int first_row, int rows, i
     }
     CUDA_CHECK(cudaMemcpyAsync(e->tokens, e->host, 2 * N * sizeof(int), cudaMemcpyHostToDevice, m->stream));
     forward(m, m->B, e->tokens, false);
-    classifier(m, m->B, e->tokens + N, 0); // (also writes dlogits: unused)
+    classifier(m, m->B, e->tokens + N, 0, false, false); // (also writes dlogits: unused)
     CUDA_CHECK(cudaMemcpyAsync(e->losses, m->acts.losses, N * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
     for (int r = 0; r < rows; r++) {
@@ -2221,8 +2288,8 @@ static float next_uniform(uint64_t* state) { // splitmix64, top 24 bits: [0, 1)
 
 // Generates cfg->sample_tokens tokens after s->bos into
 // ids[0..sample_tokens]: one forward pass of one sequence (B = 1, the same T) per token, the next id
-// drawn on the device from the row of the last position (the forward of one row writes the first
-// T rows of the activation buffers).
+// drawn on the device from the logits of the last position alone (the forward of one row writes the
+// first T rows of the activation buffers).
 static void sample_ids(Model* m, Sampler* s, int* ids) {
     NVTX_PUSH("sample");
     int T = m->T, V = m->cfg.vocab_size;
@@ -2232,8 +2299,9 @@ static void sample_ids(Model* m, Sampler* s, int* ids) {
     CUDA_CHECK(cudaMemcpyAsync(s->seq, ids, sizeof(int), cudaMemcpyHostToDevice, m->stream));
     for (int pos = 0; pos < s->cfg->sample_tokens; pos++) {
         forward(m, 1, s->seq, false);
-        sample_token(s->seq + pos + 1, m->acts.logits + (size_t)pos * V, V, s->cfg->temperature, s->cfg->top_k,
-                     next_uniform(&s->rng), m->stream);
+        head_logits(m, weight_bf16(m, m->layout.head, 0), pos, 1);
+        sample_token(s->seq + pos + 1, m->acts.logits, V, s->cfg->temperature, s->cfg->top_k, next_uniform(&s->rng),
+                     m->stream);
     }
     CUDA_CHECK(cudaMemcpyAsync(ids, s->seq, (s->cfg->sample_tokens + 1) * sizeof(int), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
@@ -2770,7 +2838,6 @@ static void print_setup(const TrainArgs* a, const Llama3Config* cfg, ModelFileFo
 // both for a tied wte), and for the sparse embedding the union's rows.
 static void print_comm_bytes(const Model* m) {
     const Comm* c = m->comm;
-    bool bf16_grads = uses_bf16_grads(&m->sw, m->grad_accum);
     double reduced = 0, gathered = 0, fp8_saved = 0;
     for (int j = 0; j < m->tab.n_slices; j++) {
         const TensorSlice* w = &m->tab.slice[j];
@@ -2779,7 +2846,7 @@ static void print_comm_bytes(const Model* m) {
             reduced += (double)n_union(m) * m->cfg.n_embd * 4;
             continue;
         }
-        reduced += (double)w->n * (bf16_grads && is_matmul_weight(m, w->offset) ? 2 : 4);
+        reduced += (double)w->n * (grad_is_bf16(m, w->offset) ? 2 : 4);
         if (!sh.part) continue;
         double gathered_n = (double)sh.part * c->world;
         GatheredCopies g = gathered_copies(m, w->tensor, w->layer); // (shard_gather's)
@@ -2794,12 +2861,21 @@ static void print_comm_bytes(const Model* m) {
 
 // The model as created: its size and memory, every flag's value, and the step's plan (which
 // optimisations take effect for this model and batch, and when each AdamW group runs).
+// [chunked classifier] Its chunks for the micro-batch, and their logits' memory.
+static void print_classifier(const Model* m) {
+    long long N = (long long)m->B * m->T, chunks = (N + m->head_rows - 1) / m->head_rows;
+    printf("classifier: %lld rows in %lld chunk%s of %d, logits %.2f GiB\n", N, chunks, chunks > 1 ? "s" : "",
+           m->head_rows, logits_bytes(m) / 1073741824.0);
+}
 // The model's memory on each GPU by part (`parts`), and its activations at each --recompute level.
 static void print_memory(const Model* m, const MemoryParts* parts) {
     printf("memory: ");
     memory_print(stdout, parts);
-    printf("\nactivations at --recompute 0, 1, 2: %.1f, %.1f, %.1f MiB\n", acts_bytes_at(m, RECOMPUTE_NONE) / 1048576.0,
-           acts_bytes_at(m, RECOMPUTE_NORMS) / 1048576.0, acts_bytes_at(m, RECOMPUTE_BLOCKS) / 1048576.0);
+    bool flash = m->sw.flash_attention;
+    printf("\nactivations at --recompute 0, 1, 2: %.1f, %.1f, %.1f MiB\n",
+           acts_bytes_at(m, RECOMPUTE_NONE, flash) / 1048576.0, acts_bytes_at(m, RECOMPUTE_NORMS, flash) / 1048576.0,
+           acts_bytes_at(m, RECOMPUTE_BLOCKS, flash) / 1048576.0);
+    print_classifier(m);
 }
 static void print_model(const Model* m, const TrainArgs* a) {
     printf("params: %zu | B %d | T %d | grad_accum %d | lr %g | wd %g\n", m->layout.total, m->B, m->T, m->grad_accum,
@@ -2807,10 +2883,11 @@ static void print_model(const Model* m, const TrainArgs* a) {
     MemoryParts parts = memory_parts(m);
     print_memory(m, &parts);
     train_args_print(stdout, a);
-    printf("in effect: bf16_grads %d, attention %s", m->grads_bf16 != NULL,
-           !m->sw.flash_attention                  ? "unfused (cuBLASLt and a softmax kernel)"
-           : flash_uses_wgmma(head_shape(m, m->B)) ? "flash, TMA + wgmma (sm_90a)"
-                                                   : "flash, mma.sync");
+    printf("in effect: bf16_grads %d", m->grad_bf16.end > m->grad_bf16.begin);
+    if (m->grad_bf16.begin > m->layout.matmul_begin) printf(" (not lm_head's: it sums the classifier's chunks in fp32)");
+    printf(", attention %s", !m->sw.flash_attention                  ? "unfused (cuBLASLt and a softmax kernel)"
+                             : flash_uses_wgmma(head_shape(m, m->B)) ? "flash, TMA + wgmma (sm_90a)"
+                                                                     : "flash, mma.sync");
     if (a->sw.sparse_embedding && !m->sw.sparse_embedding) // [tied embeddings] (switches_for_model)
         printf(", sparse_embedding 0: tied embeddings, the head GEMM writes every row of wte's gradient");
     printf("\n");
@@ -2844,7 +2921,7 @@ static int dry_run(const TrainArgs* a, const Llama3Config* cfg, const RankEnv* r
     printf("fits, with %.2f GiB for code and libraries: ", RUN_OVERHEAD_BYTES / 1073741824.0);
     for (size_t i = 0; i < sizeof(cards) / sizeof(cards[0]); i++)
         printf("%s%s %s", i ? ", " : "", cards[i].card, need <= cards[i].gib ? "yes" : "no");
-    char advice[512];
+    char advice[1024];
     model_fit_advice(&m, &parts, advice, sizeof(advice));
     if (need > cards[0].gib) printf(". Smaller: %s", advice);
     printf("\n");

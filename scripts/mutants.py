@@ -198,8 +198,15 @@ MUTANTS = [
     return;"""),
     ("tied_head_grad_dropped", "tied embeddings", "train_llama3.cu", "the head's weight gradient written to "
      "lm_head's slot as when untied: a tied wte's gradient lacks it (only the embedding's rows)",
-     "weight_grad(m, B, head, 0, dlogits, m->acts.normed_final, V, C, accumulate);",
-     "weight_grad(m, B, P_LM_HEAD, 0, dlogits, m->acts.normed_final, V, C, accumulate);"),
+     "weight_grad(m, n, head, 0, m->acts.logits, x, V, C, accumulate || first > 0);",
+     "weight_grad(m, n, P_LM_HEAD, 0, m->acts.logits, x, V, C, accumulate || first > 0);"),
+    ("classifier_last_chunk_dropped", "chunked classifier", "train_llama3.cu", "the classifier's last chunk dropped "
+     "when it is shorter than the others: its rows get no loss, dlogits or head gradient",
+     "for (int first = 0; first < N; first += rows) {", "for (int first = 0; first + rows <= N; first += rows) {"),
+    ("classifier_chunks_overwrite", "chunked classifier", "train_llama3.cu", "each classifier chunk's head GEMM "
+     "writes the head's gradient (beta 0) instead of adding to the chunks before it: only the last chunk's rows count",
+     "weight_grad(m, n, head, 0, m->acts.logits, x, V, C, accumulate || first > 0);",
+     "weight_grad(m, n, head, 0, m->acts.logits, x, V, C, accumulate);"),
     ("recompute_previous_input", "recompute", "train_llama3.cu", "--recompute 2 runs each block's forward again "
      "from the previous layer's saved input",
      "if (again || l == 0) norm_forward(m, B, P_ATTN_NORM, l, NULL, normed_attn, rstd_attn, resid, NULL);",
@@ -278,6 +285,15 @@ DP_MUTANTS = [
 ]
 
 HOST_MUTANTS = [
+    ("classifier_chunk_ignored", "chunked classifier", "llama3.h", "--classifier_chunk ignored: the automatic rows "
+     "always", "    if (chunk > 0) return chunk < N ? chunk : (int)N;\n", ""),
+    ("logits_sized_for_all_rows", "chunked classifier", "train_llama3.cu", "the memory check counts the logits of all "
+     "B*T rows, not one chunk's: T = 131072 seems to need 27 GiB more",
+     "ACT_ROW(logits, (size_t)head_rows * V)", "ACT_ROW(logits, N * V)"),
+    # (caught by scripts/test_rope.py, which needs torch and transformers: on a machine without them it is skipped)
+    ("rope_angle_in_double", "rope", "llama3.h", "the RoPE table's angle position * inv_freq taken in double, not "
+     "fp32 as HF's and Meta's (up to 4e-3 off theirs at position 131071)",
+     "            float angle = (float)t * inv_freq[i];", "            double angle = (double)t * inv_freq[i];"),
     ("offload_moments_counted_on_gpu", "offload", "train_llama3.cu", "--offload_optimizer 1: the memory check still "
      "counts m and v on the GPU, so a model that fits with them on the host is refused",
      "bf16_weight_bytes(m), host ? 0 : moments,", "bf16_weight_bytes(m), moments,"),
@@ -287,7 +303,7 @@ HOST_MUTANTS = [
      """tail -n 1 "$work/run.jsonl" | grep -q '"val_loss"'"""),
     ("bf16_weights_memory_counts_masters", "bf16 weights", "train_llama3.cu", "--master_weights bf16: the memory "
      "check counts the fp32 masters it no longer has, so the 8B recipe seems not to fit 80 GB",
-     "    MemoryParts parts = {f32_block_count(p, bf16_weights(m)) * 4 + bf16_weight_bytes(m),",
+     "    MemoryParts parts = {f32_block_count(p, bf16_weight_range(m)) * 4 + bf16_weight_bytes(m),",
      "    MemoryParts parts = {p->total * 4 + bf16_weight_bytes(m),"),
     ("widen_reads_lower_half", "bf16 weights", "llama3.h", "a save of bf16 weights widens bf16 values read from the "
      "lower half of the range's bytes, where the stale floats are",

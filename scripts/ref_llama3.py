@@ -17,6 +17,8 @@ schedule (--lr_schedule, --warmup_iters, ...) and, with --grad_clip, torch.nn.ut
     python scripts/ref_llama3.py --name small_hd128 --shape small_hd128 --batch_size 2 --seq_len 1024 --qk_std 0.07 \\
         --rope_factor 8                                                            # head_dim 128, Llama-3.1's RoPE
     python scripts/ref_llama3.py --name 3b --shape 3b --tied --model_only          # LLaMA 3.2-3B's shape, 12.8 GB
+    python scripts/ref_llama3.py --name small_t32768 --batch_size 1 --seq_len 32768 --qk_std 0.1 \\
+        --attention efficient                           # a long sequence: memory-efficient SDPA, causal, no mask
     python scripts/ref_llama3.py --name small_docs --shape small --batch_size 4 --seq_len 128 --docs  # --doc_mask 1
 
 The batches are consecutive windows of real text, the embedded Tiny Shakespeare
@@ -46,11 +48,12 @@ import os
 import cli
 
 SHAPES = {  # n_layer, n_embd, n_head, n_kv_head, vocab_size, max_seq_len, ffn_dim_multiplier, multiple_of
-    "small": (2, 256, 8, 2, 1000, 8192, 1.5, 256),
-    "small_hd128": (2, 512, 4, 2, 1000, 8192, 1.5, 256),  # head_dim 128 at a small width
-    "1b": (16, 2048, 32, 8, 128256, 8192, 1.5, 256),
-    "3b": (28, 3072, 24, 8, 128256, 8192, 1.0, 256),  # LLaMA 3.2-3B's shape (released tied: --tied)
-    "8b": (32, 4096, 32, 8, 128256, 8192, 1.3, 1024),  # LLaMA 3.1-8B's
+    "small": (2, 256, 8, 2, 1000, 131072, 1.5, 256),  # head_dim 32
+    "small_hd64": (2, 256, 4, 2, 1000, 131072, 1.5, 256),  # head_dim 64 (the 1B's) at the small width
+    "small_hd128": (2, 512, 4, 2, 1000, 131072, 1.5, 256),  # head_dim 128 at a small width
+    "1b": (16, 2048, 32, 8, 128256, 131072, 1.5, 256),  # (131072 positions, as the released models)
+    "3b": (28, 3072, 24, 8, 128256, 131072, 1.0, 256),  # LLaMA 3.2-3B's shape (released tied: --tied)
+    "8b": (32, 4096, 32, 8, 128256, 131072, 1.3, 1024),  # LLaMA 3.1-8B's
 }
 SCHEDULES = ["constant", "cosine", "linear", "wsd"]  # the trainer's --lr_schedule, in its order
 FP8_GRADS = {"e5m2": "float8_e5m2", "e4m3": "float8_e4m3fn"}  # the trainer's --fp8_grads: torch's dtypes
@@ -92,11 +95,12 @@ def parse_args():
                     "trainer's --fp8 1 (a GPU of compute capability 8.9 or newer)")
     ap.add_argument("--fp8_grads", choices=list(FP8_GRADS), default="e5m2", help="--fp8: the output gradients' "
                     "format, as the trainer's --fp8_grads")
-    ap.add_argument("--attention", choices=["sdpa", "unfused"], default="sdpa", help="sdpa: PyTorch's fused "
-                    "attention (the trainer's flash attention lands on its bf16 output); unfused: the trainer's "
+    ap.add_argument("--attention", choices=["sdpa", "unfused", "efficient"], default="sdpa", help="sdpa: PyTorch's "
+                    "fused attention (the trainer's flash attention lands on its bf16 output); unfused: the trainer's "
                     "--flash_attention 0 arithmetic (fp32 scores, softmax rounded to bf16, P V in bf16), which "
                     "--fp8 needs: FP8 rounds the attention output, so a bf16-level difference there becomes an "
-                    "e4m3 step")
+                    "e4m3 step; efficient: PyTorch's memory-efficient SDPA kernel alone, causal by is_causal, no "
+                    "T x T mask in memory (long sequences)")
     ap.add_argument("--docs", action="store_true", help="documents: BOS at fixed places of each row (DOC_ROWS) "
                     "and attention masked to each document, as the trainer's --doc_mask 1 (with --attention sdpa)")
     ap.add_argument("--model_only", action="store_true", help="write only NAME_model.bin (no training)")
@@ -123,6 +127,7 @@ try:
     import numpy as np
     import torch
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 except ModuleNotFoundError as e:
@@ -222,8 +227,21 @@ def unfused_attention(module, query, key, value, attention_mask, scaling, dropou
     return UnfusedAttention.apply(query, key, value, scaling).transpose(1, 2).contiguous(), None
 
 
+def efficient_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """--attention efficient: PyTorch's memory-efficient SDPA kernel and no other, causal by is_causal=True: HF makes
+    no mask for an attention it has no mask function of (attention_mask None), so nothing of T x T is in memory at
+    any T. q (B, NH, T, HD); k and v (B, KVH, T, HD), repeated for their G query heads; returns o as (B, T, NH, HD)."""
+    G = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(G, dim=1), value.repeat_interleave(G, dim=1)
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
 AttentionInterface.register("llama3cu_unfused", unfused_attention)
-ATTENTION = {"sdpa": "sdpa", "unfused": "llama3cu_unfused"}  # --attention: HF's attn_implementation
+AttentionInterface.register("llama3cu_efficient", efficient_attention)
+# --attention: HF's attn_implementation
+ATTENTION = {"sdpa": "sdpa", "unfused": "llama3cu_unfused", "efficient": "llama3cu_efficient"}
 
 
 def make_model(shape, device, seed, qk_std=0.02, vocab=0, tied=False, rope_factor=None, attention="sdpa"):

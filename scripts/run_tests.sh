@@ -308,7 +308,7 @@ trainer_errors() {
     expect_error "bad model magic" "bad magic" ./train_llama3 --llmc_filepath "$tmp/junk.bin"
     expect_error "missing token file" "cannot open token file" ./train_llama3 --input_bin "$tmp/none.bin"
     expect_error "bad token magic" "bad magic" ./train_llama3 --input_bin "$tmp/junk.bin"
-    expect_error "sequence too long" "longer than the model allows" ./train_llama3 --sequence_length 8193
+    expect_error "sequence too long" "longer than the model allows" ./train_llama3 --sequence_length 131073
     expect_error "too few tokens" "not enough tokens for one batch" ./train_llama3 --input_bin data/tiny_shakespeare_val.bin --batch_size 8 --sequence_length 8192 --total_batch_size 65536
     expect_error "unwritable log file" "cannot open for writing" ./train_llama3 --log_file "$tmp/no/such/dir/log.json"
     expect_error "a directory as --log_file, before the GPU" "--log_file $tmp: is a directory, not a file to write" \
@@ -415,6 +415,23 @@ dry_run_memory() {
         --optimizer_state bf16 --recompute 2 --master_weights bf16 2>&1)
     echo "$lean" | grep -q '^fits, [^:]*: 80 GB ([^)]*) yes' && ok=1 || ok=0
     check $ok "--dry_run 1: the 8B recipe with --master_weights bf16 --recompute 2 fits 80 GB" "$(echo "$lean" | grep -E '^(memory|fits)')"
+    # [long context] The 1B at T = 131072, B = 1: its classifier in 8 chunks of 16384 rows (3.91 GiB of logits, not
+    # all rows' 31.3), 202.55 GiB in all, and the advice: --recompute 2 (which alone fits it on 80 GB) and a
+    # smaller classifier chunk; unfused, the T x T buffers named first.
+    local long unfused
+    long=$(./train_llama3 --dry_run 1 --batch_size 1 --sequence_length 131072 2>&1)
+    echo "$long" | grep -q '^classifier: 131072 rows in 8 chunks of 16384, logits 3.91 GiB$' &&
+        echo "$long" | grep -q '^memory: 202.55 GiB' &&
+        echo "$long" | grep -q '^fits, [^:]*: 80 GB ([^)]*) no, 141 GB ([^)]*) no. Smaller: .*--recompute 2 (activations 40.70 GiB), .*--classifier_chunk 4096 (frees 2.94 GiB of logits), a smaller --batch_size or --sequence_length' &&
+        ./train_llama3 --dry_run 1 --batch_size 1 --sequence_length 131072 --recompute 2 2>&1 | grep -q '^fits, [^:]*: 80 GB ([^)]*) yes' &&
+        ok=1 || ok=0
+    check $ok "--dry_run 1 at T = 131072: the classifier in 8 chunks, the memory and what shrinks it (--recompute 2 fits 80 GB)" \
+        "$(echo "$long" | grep -E '^(memory|classifier|fits)')"
+    unfused=$(./train_llama3 --dry_run 1 --batch_size 1 --sequence_length 131072 --flash_attention 0 2>&1)
+    echo "$unfused" | grep -q '^fits, [^:]*: 80 GB ([^)]*) no, 141 GB ([^)]*) no. Smaller: --flash_attention 1 (frees the unfused attention.s T x T scores and probabilities, 18431.73 GiB)' &&
+        ok=1 || ok=0
+    check $ok "--dry_run 1 --flash_attention 0 at T = 131072: --flash_attention 1 named first, with the T x T buffers' GiB" \
+        "$(echo "$unfused" | grep '^fits' | cut -c 1-300)"
     # [offload] --offload_optimizer 1 moves m and v out of the GPU's total into pinned host memory.
     local host
     # shellcheck disable=SC2086
@@ -527,6 +544,8 @@ host_parts() {
     part "flag table" flag_tables
     part "safe_write.py" run "the scripts' file writing (scripts/safe_write.py)" python3 scripts/test_safe_write.py
     part "convert/export" run "Hugging Face convert/export round trip" python3 scripts/test_hf_convert.py
+    part "RoPE at long T" run "llama3.h's RoPE against transformers' at every position up to 131,071 (scripts/test_rope.py)" \
+        python3 scripts/test_rope.py
     part "prepare_data.py" run "prepare_data.py: your own text and tokenizers" python3 scripts/test_prepare_data.py
     if [ -n "${LLAMA3_MUTANT:-}" ]; then # (its own planted code is gone from this copy: the check would catch every mutant)
         skipped+=("scripts/mutants.py --plant_check (this copy carries the mutant $LLAMA3_MUTANT)")
@@ -561,7 +580,10 @@ host_parts() {
 # has llm.c's 8 as well: ref_llama3.py --llmc; the others have 3.2's 32); documents packed in each
 # row at T=128 (two tiles), attention masked to each (ref_llama3.py --docs, the trainer's --doc_mask 1:
 # BOS at a tile boundary, one document over both tiles, a row without BOS after 0 and one without BOS
-# at 0, laid out on other rows each step, the val loss on step 3's documents); and on a GPU
+# at 0, laid out on other rows each step, the val loss on step 3's documents); long sequences: T=4096
+# (one row, 64 key tiles) at each head_dim the flash kernels take, 32, 64 (the 1B's) and 128, and
+# T=32768 (past the 8192 positions of llama3 RoPE's original context) on the small model against
+# PyTorch's memory-efficient SDPA (causal by is_causal, no T x T mask in memory); and on a GPU
 # with FP8 tensor cores, the block linears in FP8 (torch._scaled_mm, the trainer's --fp8 1 recipe).
 SMALL_REFS=(
     "small_sched --shape small --batch_size 4 --seq_len 64 --steps 5 --lr_schedule cosine --warmup_iters 2 --final_lr_frac 0.1 --grad_clip 1.0 --eps 1e-3"
@@ -576,6 +598,10 @@ SMALL_REFS=(
     "small_tied --shape small --batch_size 4 --seq_len 64 --tied"
     "small_tied_accum_clip --shape small --batch_size 4 --seq_len 64 --grad_accum 3 --tied --lr_schedule cosine --warmup_iters 1 --grad_clip 1.0"
     "small_docs --shape small --batch_size 4 --seq_len 128 --docs"
+    "small_t4096 --shape small --batch_size 1 --seq_len 4096 --qk_std 0.1"
+    "small_hd64_t4096 --shape small_hd64 --batch_size 1 --seq_len 4096 --qk_std 0.1"
+    "small_hd128_t4096 --shape small_hd128 --batch_size 1 --seq_len 4096 --qk_std 0.07 --rope_factor 8"
+    "small_t32768 --shape small --batch_size 1 --seq_len 32768 --qk_std 0.1 --attention efficient"
 )
 # [fp8] compute capability 8.9 or newer (Ada, Hopper): torch._scaled_mm and the trainer's --fp8 1
 if fp8_gpu; then
@@ -815,6 +841,8 @@ gpu_parts_without_refs() {
         ./test_llama3 --sampling
     part "bf16 moments" run "test_llama3 --bf16_moments: AdamW with bf16 m and v against float64, stochastic rounding" \
         ./test_llama3 --bf16_moments
+    part "classifier chunks" run "test_llama3 --classifier: the classifier in chunks (a ragged last one) against in one" \
+        ./test_llama3 --classifier
     part "default trainer runs" default_runs
     part "eval leaves training, no clipping" eval_leaves_training 0
     part "eval leaves training, clipping" eval_leaves_training 1
@@ -893,11 +921,13 @@ gpu_parts_on_refs() {
             part "recompute small_t64 unfused attention" recompute_same small_t64 2 --flash_attention 0
             part "offload small_t64" offload_same small_t64 1
             part "offload small_t64 bf16 weights" offload_same small_t64 2 --optimizer_state bf16 --master_weights bf16
-            for s in "--recompute 1" "--recompute 2"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
+            for s in "--recompute 1" "--recompute 2" "--classifier_chunk 100"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
             part "checkpoints" run "checkpoints: exact resume on a decaying schedule with clipping, the log continued, bad resumes, SIGKILL during saves" \
                 bash scripts/test_checkpoints.sh ;;
-        small_accum) part "train_llama3 small_accum" trainer_run "small_accum, 3 micro-steps" small_accum \
-            ref/small_accum_model.bin ref/small_accum_tokens.bin ;;
+        small_accum)
+            part "train_llama3 small_accum" trainer_run "small_accum, 3 micro-steps" small_accum \
+                ref/small_accum_model.bin ref/small_accum_tokens.bin
+            part "test_llama3 $name --classifier_chunk 100" with_switch "$name" "--classifier_chunk 100" ;;
         small_t1024) part "recompute small_t1024" recompute_same small_t1024 1 ;;
         small_docs)
             for s in "--flash_attention 0" "--recompute 2"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
@@ -914,6 +944,7 @@ gpu_parts_on_refs() {
             small_fp8_e4m3 ref/small_fp8_e4m3_model.bin ref/small_fp8_e4m3_tokens.bin ;;
         small_tied)
             part "recompute small_tied" recompute_same small_tied 2
+            part "test_llama3 $name --classifier_chunk 100" with_switch "$name" "--classifier_chunk 100"
             for s in "${TIED_SWITCHES[@]}"; do part "test_llama3 $name $s" with_switch "$name" "$s"; done
             part "train_llama3 small_tied" trainer_run "small_tied, tied embeddings" small_tied \
                 ref/small_tied_model.bin ref/small_tied_tokens.bin ;;
@@ -929,7 +960,7 @@ gpu_parts_on_refs() {
 # The GPU parts that python3 without torch cannot run, for the skipped list.
 GPU_REF_PARTS=("test_llama3 against the PyTorch references (small T=64 with every switch, T=1024, B=8,"\
 " 3 micro-steps, dense embedding, schedules with clipping, tied embeddings, head_dim 128, documents masked,"\
-" FP8 block linears with every switch, 1B)"
+" T=4096 at head_dim 32, 64 and 128, T=32768, FP8 block linears with every switch, 1B)"
     "train_llama3 on the references' files (seed and llm.c models, uint32 and uint16 tokens, 3 micro-steps, clipping)"
     "the NaN guard on a poisoned reference model, and its JSON log read and drawn"
     "checkpoints: exact resume, the log continued, SIGKILL during saves (scripts/test_checkpoints.sh)"
@@ -980,6 +1011,7 @@ if ! nvidia-smi -L > /dev/null 2>&1; then
     for s in "${GPU_REF_PARTS[@]}"; do skipped+=("$s $NO_GPU"); done
     skipped+=("test_llama3 --sampling: the sampler's top-k set and frequencies on fixed logits $NO_GPU"
         "test_llama3 --bf16_moments: AdamW with bf16 m and v against float64 $NO_GPU"
+        "test_llama3 --classifier: the classifier in chunks against in one $NO_GPU"
         "training smoke run, /dev/full, no visible GPU, B and T alone $NO_GPU"
         "two runs of 50 steps log the same losses $NO_GPU"
         "--val_every and --sample_every leave the 20 losses unchanged, with and without clipping $NO_GPU")

@@ -92,6 +92,7 @@ cases=("train_default ./train_llama3 $small --num_iteration 3 --total_batch_size
  --total_batch_size 512"
     "train_offload ./train_llama3 $small --num_iteration 3 --offload_optimizer 1 --grad_clip 1"
     "train_doc_mask ./train_llama3 $small --num_iteration 3 --doc_mask 1 --bos_id 1 --total_batch_size 512"
+    "train_chunked ./train_llama3 $small --num_iteration 3 --classifier_chunk 100 --grad_clip 1"
     "train_ranks $(ranks)")
 # the ranks under FP8 with bf16 weights (compute capability 8.9+): the e4m3 all-gather and its transpose,
 # the bf16 weights' own gather
