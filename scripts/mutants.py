@@ -42,11 +42,12 @@ MUTANTS = [
      "*weight = param_f32(m, param_offset(m, tensor, layer));", "*weight = param_f32(m, param_offset(m, tensor, 0));"),
     ("softmax_no_rescale", "kernel", "kernels.cuh", "flash forward: the running sum and output not rescaled "
      "when the row max moves to a later key tile",
-     "float correction = exp2f(row_max[r] - base[r]);", "float correction = 1.0f;"),
+     "        correction[r] = exp2f(row_max[r] - base[r]);", "        correction[r] = 1.0f;"),
     ("hd128_half_rescaled", "kernel", "kernels.cuh", "flash forward at head_dim 128: only the first half of the "
      "head's output rescaled when the row max moves to a later key tile",
-     "for (int d = 0; d < HD / 8; d++) o[d][2 * r] *= correction",
-     "for (int d = 0; d < (HD == 128 ? HD / 16 : HD / 8); d++) o[d][2 * r] *= correction"),
+     "    for (int d = 0; d < HD / 8; d++)\n#pragma unroll\n        for (int e = 0; e < 4; e++) o[d][e] *= correction",
+     "    for (int d = 0; d < (HD == 128 ? HD / 16 : HD / 8); d++)\n#pragma unroll\n        for (int e = 0; e < 4; e++) "
+     "o[d][e] *= correction"),
     ("wrong_tile_prefetched", "kernel", "kernels.cuh", "flash forward: the current key tile prefetched again "
      "instead of the next",
      "kt + 1, T);\n        const KeyTile<HD>& tile = kv[buf];\n        float s[",
@@ -81,16 +82,18 @@ MUTANTS = [
     ("fp8_grads_flag_ignored", "fp8", "train_llama3.cu", "--fp8_grads e4m3 ignored: the gradients stay e5m2",
      "m->fp8->grad_type = grads == FP8_GRADS_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;",
      "m->fp8->grad_type = CUDA_R_8F_E5M2;"),
-    ("dq_10pct", "kernel", "kernels.cuh", "flash backward: dQ 10 % too large",
-     "store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, scale);",
-     "store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, 1.1f * scale);"),
+    ("dq_10pct", "kernel", "kernels.cuh", "flash backward (mma.sync): dQ 10 % too large",
+     "dS K\n    }\n    store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, scale);",
+     "dS K\n    }\n    store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, 1.1f * scale);"),
+    ("wgmma_dq_10pct", "kernel", "kernels.cuh", "flash backward (wgmma, head_dim 64 and 128 on sm_90): dQ 10 % too large",
+     "kv_free[s]);\n    }\n    store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, scale);",
+     "kv_free[s]);\n    }\n    store_head_rows<HD>(dq + (size_t)bh * T * HD, dq_acc, row, T, 1.1f * scale);"),
     ("dk_10pct", "kernel", "kernels.cuh", "flash backward: dK 10 % too large",
      "store_head_rows<HD>(dk + kv_head, dk_acc, key, T, scale);",
      "store_head_rows<HD>(dk + kv_head, dk_acc, key, T, 1.1f * scale);"),
     ("doc_mask_dkv_leaks", "document mask", "kernels.cuh", "--doc_mask 1, flash dK/dV: each key's document end "
      "ignored, so a key takes gradient from the queries of the documents after it",
-     "if (DOC_MASK) visible = visible && (ROWS_ARE_KEYS ? col < bound[r] : col >= bound[r]);",
-     "if (DOC_MASK && !ROWS_ARE_KEYS) visible = visible && col >= bound[r];"),
+     "    return DOC_MASK && t < T ? docs.end[(size_t)b * T + t] - 1 : T - 1;", "    return T - 1;"),
     ("doc_end_inclusive", "document mask", "kernels.cuh", "--doc_mask 1: a document's end found at t or after "
      "instead of after t, so a BOS key's document ends at itself and no query's gradient reaches it",
      "        if (to_end) Scan(scratch).ExclusiveScan(seen, scanned, MaxOf(), before);\n"
@@ -98,7 +101,7 @@ MUTANTS = [
      "        Scan(scratch).InclusiveScan(seen, scanned, MaxOf(), before);"),
     ("doc_mask_unfused_ignored", "document mask", "kernels.cuh", "--doc_mask 1 --flash_attention 0: the unfused "
      "softmax ignores the documents (every query sees all keys before it)",
-     "    return doc_start ? doc_start[(size_t)(row / (NH * T)) * T + row % T] : 0;", "    return 0;"),
+     "    return doc_start ? doc_start[row / ((size_t)NH * T) * T + row % T] : 0;", "    return 0;"),
     ("rms_dw_slice_dropped", "kernel", "kernels.cuh", "RMSNorm weight gradient: the column sum drops its "
      "last row slice",
      "for (int y = 0; y < 32; y++) total += s[y * 32 + t];", "for (int y = 0; y < 31; y++) total += s[y * 32 + t];"),
@@ -554,12 +557,32 @@ DEV_MUTANTS = [
     # [document mask] the tile skipping's boundaries and the spans' scan, each wrong on few elements
     ("doc_skip_tile_rounded_up", "document mask", "kernels.cuh", "--doc_mask 1, flash forward and dQ: the first "
      "key tile rounded up from the query tile's first document start (one tile short unless the start is a "
-     "tile's first key)", "    return start[qt * FA_TILE] / FA_TILE;",
-     "    return (start[qt * FA_TILE] + FA_TILE - 1) / FA_TILE;", "dev/attention"),
+     "tile's first key)", "    return doc_first<DOC_MASK>(docs, b, qt * FA_TILE, T) / FA_TILE;",
+     "    return (doc_first<DOC_MASK>(docs, b, qt * FA_TILE, T) + FA_TILE - 1) / FA_TILE;", "dev/attention"),
     ("doc_query_tiles_short", "document mask", "kernels.cuh", "--doc_mask 1, flash dK/dV: the last query tile "
      "found from end - 2, one tile short when the last key's document ends just past a tile boundary (its last "
-     "query is a tile's first)", "    return (end[last_key] - 1) / FA_TILE + 1 - kt;",
-     "    return (end[last_key] - 2) / FA_TILE + 1 - kt;", "dev/attention"),
+     "query is a tile's first)", "    return doc_last<DOC_MASK>(docs, b, min(kt * FA_TILE + FA_TILE - 1, T - 1), T) / FA_TILE + 1 - kt;",
+     "    return (doc_last<DOC_MASK>(docs, b, min(kt * FA_TILE + FA_TILE - 1, T - 1), T) - 1) / FA_TILE + 1 - kt;",
+     "dev/attention"),
+    # [sm_90] the wgmma kernels (dev/attention version 5): a tile boundary, the document mask, a scale
+    ("wgmma_key_tile_off_by_one", "sm_90 attention", "kernels.cuh", "wgmma forward and dQ: each K tile copied "
+     "from one row past its first (a tile boundary off by one)", "sm.k[s].load(k_map, &sm.k_full[s], j * Tiles::KEYS, kvh, b);",
+     "sm.k[s].load(k_map, &sm.k_full[s], j * Tiles::KEYS + 1, kvh, b);", "dev/attention"),
+    ("wgmma_doc_mask_leaks", "sm_90 attention", "kernels.cuh", "--doc_mask 1, wgmma forward: a tile below a query's "
+     "document start left unmasked unless it is the diagonal tile (the mask leaks across documents)",
+     "if (key0 + FA90_TILE - 1 > row0 || key0 < last_first_key) mask_scores",
+     "if (key0 + FA90_TILE - 1 > row0) mask_scores", "dev/attention"),
+    ("wgmma_doc_skip_rounded_up", "sm_90 attention", "kernels.cuh", "--doc_mask 1, wgmma forward and dQ: the first "
+     "key tile rounded up from the block's first document start",
+     "return KeyRange{doc_first<DOC_MASK>(docs, b, q0, T) / KEYS,",
+     "return KeyRange{(doc_first<DOC_MASK>(docs, b, q0, T) + KEYS - 1) / KEYS,", "dev/attention"),
+    ("wgmma_doc_steps_short", "sm_90 attention", "kernels.cuh", "--doc_mask 1, wgmma dK/dV: the last query step "
+     "found from end - 2 (one step short when the last key's document ends just past a step's first query)",
+     "tiles = doc_last<DOC_MASK>(docs, b, k0 + FA90_TILE - 1, sh.T) / FA90_STEP - first + 1;",
+     "tiles = (doc_last<DOC_MASK>(docs, b, k0 + FA90_TILE - 1, sh.T) - 1) / FA90_STEP - first + 1;", "dev/attention"),
+    ("wgmma_dk_unscaled", "sm_90 attention", "kernels.cuh", "wgmma dK/dV: dK stored without its 1/sqrt(HD) (the "
+     "wrong scale in the backward)", "    store_head_rows<HD>(dk + kv_head, dk_acc, key, sh.T, scale);",
+     "    store_head_rows<HD>(dk + kv_head, dk_acc, key, sh.T, 1.0f);", "dev/attention"),
     ("doc_spans_carry_dropped", "document mask", "kernels.cuh", "doc_spans: the scan's carry is the last chunk's "
      "max, not the running max, so a chunk of 4096 positions without BOS forgets the document before it",
      "        carry = max(carry, chunk_max);", "        carry = chunk_max;", "dev/attention"),
