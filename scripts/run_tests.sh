@@ -492,7 +492,7 @@ readme_recipes() {
         out=$(cd "$tmp/recipes" && timeout 60 bash -c "$cmd" 2>&1)
         echo "$out" | grep -q "^error: no CUDA device found" && ok=1 || ok=0
         check $ok "a recipe's flags pass every check before the GPU: ${cmd:0:70}..." "$(echo "$out" | grep -m 1 '^error')"
-    done < <(echo "$list" | sed -n 's/^cmd \(\.\/train_llama3 .*\)/\1/p' | grep -v -- '--resume\|--llmc_filepath')
+    done < <(echo "$list" | sed -n 's/^cmd \(\.\/train_llama3 .*\)/\1/p' | grep -v -- '--resume\|--llmc_filepath\|--hf_dir')
 }
 
 # The checks test_recipes.sh makes of a recipe's outputs pass on a folder holding what the recipe
@@ -507,13 +507,14 @@ recipe_checks() {
     echo '{"step": 2000, "sample_ids": [128000, 12]}' >> "$d/run.jsonl"
     for s in $(seq 1 199); do echo "{\"step\": $s, \"loss\": 3.2}"; done > "$d/mine.jsonl"
     echo '{"step": 200, "loss": 3.2, "val_loss": 3.3}' >> "$d/mine.jsonl"
+    head -n 99 "$d/mine.jsonl" > "$d/long.jsonl" && echo '{"step": 100, "loss": 3.1, "val_loss": 3.2}' >> "$d/long.jsonl"
     touch "$d/ckpt/step_00002000/state.bin" && echo x > "$d/run.png"
     for s in config.json model.safetensors tokenizer.json; do echo x > "$d/my-llama/$s"; done
     ok=1
-    for s in embedded resume finetune; do bash scripts/test_recipes.sh --check $s "$d" || ok=0; done
+    for s in embedded resume finetune longcontext; do bash scripts/test_recipes.sh --check $s "$d" || ok=0; done
     sed -i '1000p' "$d/parts.jsonl"
     ! bash scripts/test_recipes.sh --check resume "$d" || ok=0
-    check $ok "test_recipes.sh's output checks pass on whole outputs (embedded, resume, finetune) and fail on a log with a step twice"
+    check $ok "test_recipes.sh's output checks pass on whole outputs (embedded, resume, finetune, longcontext) and fail on a log with a step twice"
 }
 
 # switch_lists: --list_switches gives the settings of every switch, and each of CLIP_SWITCHES and

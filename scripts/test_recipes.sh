@@ -73,6 +73,7 @@ check_finetune() {
     steps_once mine.jsonl 200 && grep -q '"val_loss"' "$work/mine.jsonl" &&
         for f in config.json model.safetensors tokenizer.json; do [ -s "$work/my-llama/$f" ] || return 1; done
 }
+check_longcontext() { steps_once long.jsonl 100 && grep -q '"val_loss"' "$work/long.jsonl"; }
 check_larger() { :; }
 check_fp8() { :; }
 if [ -n "$check_only" ]; then
@@ -159,7 +160,7 @@ for name in "${names[@]}"; do
         result 0 "recipe resume" "needs 40 GiB free in $work for its two checkpoints of the 1B; $free_gib GiB are"
         continue
     fi
-    if [ "$name" = finetune ] && [ ! -d "$work/Llama-3.2-1B" ]; then
+    if [[ $name == finetune || $name == longcontext ]] && [ ! -d "$work/Llama-3.2-1B" ]; then
         stand_ins > "$work/stand_ins.log" 2>&1 || { result 0 "recipe $name" "the stand-in model: $(tail -n 2 "$work/stand_ins.log")"; continue; }
     fi
     run_recipe "$name"
