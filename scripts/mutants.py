@@ -465,7 +465,7 @@ HOST_MUTANTS = [
      "    if (nbytes < 1024) return shorter_than_header(name, \"token file\", nbytes, 1024, err);\n", ""),
     ("out_dir_parents_made", "scripts", "scripts/safe_write.py", "an output folder whose parent is missing passes "
      "the check: prepare_data.py and export_hf.py stop only after their work, when the folder is made",
-     '("does not exist" if not os.path.exists(parent) else', '(None if not os.path.exists(parent) else'),
+     'return f"its folder {folder} does not exist (only the last folder of a path is made)"', "return None"),
     ("out_dir_made_before_work", "scripts", "scripts/prepare_data.py", "prepare_data.py makes --out_dir before "
      "tokenizing: a run that then stops leaves an empty folder",
      "            refuse_input(out, files + inputs)\n    shard_stem",

@@ -548,10 +548,35 @@ def output_folders(args):
                                             if args.vocab_out else [])
 
 
+def own_name(args):
+    """--input's output name: --name, else the one input's name, else "data"."""
+    return args.name or (Path(os.path.abspath(args.input[0])).stem if len(args.input) == 1 else "data")
+
+
+def eval_path(args):
+    return os.path.join(args.out_dir, f"{args.name or 'hellaswag'}_eval.bin")
+
+
+def output_files(args):
+    """The files this run writes (with --shard_tokens, its first train shard's name)."""
+    if args.hellaswag:
+        return [eval_path(args)]
+    vocab = [args.vocab_out] if args.vocab_out else []
+    if args.input is None:
+        return [os.path.join(args.out_dir, f"tiny_shakespeare_{s}.bin") for s in ("val", "train")] + (
+            vocab or [os.path.join(args.out_dir, VOCAB_NAME)])
+    stem = os.path.join(args.out_dir, own_name(args))
+    return [f"{stem}_val.bin", f"{stem}_train_000000.bin" if args.shard_tokens else f"{stem}_train.bin"] + vocab
+
+
 def check_folders(args):
-    """Before any work: each output folder exists, or can be made (its parent exists; safe_write's rule)."""
+    """Before any work: each output folder exists, or can be made (its parent exists), and can be written,
+    with no folder where a file of this run goes (safe_write's rules)."""
+    files = output_files(args)
     for folder, flag in output_folders(args):
-        check_new_folder(folder, flag)
+        here = [os.path.basename(f) for f in files
+                if os.path.normpath(os.path.dirname(f) or ".") == os.path.normpath(folder)]
+        check_new_folder(folder, flag, files=here)
 
 
 def make_folders(args):
@@ -619,7 +644,7 @@ def val_end(args, starts, total):
 
 def own_data(args, enc, inputs):
     files = input_files(args.input)
-    name = args.name or (Path(os.path.abspath(args.input[0])).stem if len(args.input) == 1 else "data")
+    name = own_name(args)
     val_out, train_out = (os.path.join(args.out_dir, f"{name}_{split}.bin") for split in ("val", "train"))
     for out in (train_out, val_out, args.vocab_out):  # before any work (write_atomic checks again)
         if out:
@@ -698,7 +723,7 @@ def hellaswag_examples(path):
 
 def hellaswag(args, enc, inputs):
     """The eval file of HellaSwag's JSONL (format in the docstring), written whole."""
-    out = os.path.join(args.out_dir, f"{args.name or 'hellaswag'}_eval.bin")
+    out = eval_path(args)
     refuse_input(out, inputs)
     examples = hellaswag_examples(args.hellaswag)
     bos = enc.encode_single_token(BOS_NAME)
