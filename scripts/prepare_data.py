@@ -7,7 +7,7 @@ default, or your own text with --input; and the tokenizer's id-to-bytes table, f
   scripts/prepare_data.py --text input.txt --tokenizer tokenizer.model
   scripts/prepare_data.py --input my_texts/ --tokenizer Llama-3.2-1B/tokenizer.json
   scripts/prepare_data.py --input corpus.jsonl --text_field content \\
-      --tokenizer Llama-3.2-1B/original/tokenizer.model --name corpus --val_tokens 100000
+      --tokenizer Llama-3.2-1B/tokenizer.json --name corpus --val_tokens 100000
   scripts/prepare_data.py --input a.txt b.txt --input c.jsonl --name mine
   scripts/prepare_data.py --input a.txt --tokenizer tokenizer.json --vocab_out data/mine_vocab.bin
   scripts/prepare_data.py --input notes.txt --tokenizer tokenizer.json --val_tokens 0   # no val split
@@ -45,8 +45,9 @@ a tiktoken tokenizer.model ("base64token rank" lines; Meta's file is recognised 
 an HF tokenizer.json (a byte-level BPE: model.vocab's keys are bytes through GPT-2's byte-to-unicode
 table, the ids are the ranks, added_tokens the special tokens, the pre_tokenizer a Split regex then
 ByteLevel). Either way the result must be the LLaMA-3 vocabulary: n_vocab 128256, BOS 128000 and
-LLaMA-3's pre-tokenizer regex. The HF LLaMA 3.2-1B download has both files: Llama-3.2-1B/tokenizer.json
-and Llama-3.2-1B/original/tokenizer.model, which give the same tokens.
+LLaMA-3's pre-tokenizer regex. A Hugging Face download of LLaMA 3.2-1B has Llama-3.2-1B/tokenizer.json
+(and Llama-3.2-1B/original/tokenizer.model, unless it excludes original/*, as the README's does); both
+give the same tokens.
 
 Each file: a header of 256 little-endian int32 ([0]=20240801 magic, [1]=7 version, [2]=number of
 tokens, rest 0), then the tokens as little-endian uint32; written whole (safe_write.write_atomic),
@@ -278,6 +279,10 @@ def load_tokenizer(path):
     """(Encoding, what the file is) from a tiktoken tokenizer.model or an HF tokenizer.json."""
     try:
         data = Path(path).read_bytes()
+    except FileNotFoundError:
+        fail(f"--tokenizer {path}: no such file. The LLaMA-3 tokenizer comes with a Hugging Face download, as its "
+             "tokenizer.json (hf download meta-llama/Llama-3.2-1B --local-dir Llama-3.2-1B --exclude \"original/*\": "
+             "Llama-3.2-1B/tokenizer.json); without --tokenizer, Meta's tokenizer.model of the package llama-models")
     except OSError as e:
         fail(f"{path}: cannot read the tokenizer ({e.strerror})")
     if data.lstrip()[:1] == b"{":  # base64 has no "{": JSON

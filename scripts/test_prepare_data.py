@@ -413,6 +413,9 @@ def check_failures_are_one_line(d, model, hf, text_file):
                                                                      "no_proxy": "", "NO_PROXY": ""})
     check(one_error(rc, err, "cannot download Tiny Shakespeare", "--text"),
           f"a download that fails: {err.strip()}")
+    rc, _, err = run_cli("--input", text_file, "--tokenizer", os.path.join(d, "absent.json"), "--out_dir", d)
+    check(one_error(rc, err, "--tokenizer", "absent.json: no such file", "tokenizer.json (hf download "
+                    "meta-llama/Llama-3.2-1B"), f"a --tokenizer that is not there: where the file comes from ({err.strip()[:90]}...)")
     rc, _, err = run_cli("--text", os.path.join(d, "absent.txt"), "--tokenizer", model, "--out_dir", d)
     check(one_error(rc, err, "--text", "absent.txt: cannot read"), f"a --text that is not there: {err.strip()}")
     sock = os.path.join(d, "sock.txt")  # exists, but open() fails even for root
