@@ -3996,7 +3996,12 @@ typedef struct {
     unsigned long long free_bytes; // and the free space of the file system it goes on
 } Output;
 #define MAX_OUTPUTS 4
-#define GIB 1073741824.0
+
+// A size for messages, in GiB from 1 GiB on, else in MiB ("16.75 GiB", "0.31 MiB"); out: 16 bytes.
+static inline const char* size_text(unsigned long long bytes, char* out) {
+    snprintf(out, 16, bytes >> 30 ? "%.2f GiB" : "%.2f MiB", bytes / (bytes >> 30 ? 1073741824.0 : 1048576.0));
+    return out;
+}
 
 // What hf_save writes, at most: the tensors, model.safetensors' header (hf_writer_header's bound),
 // config.json (its text buffer) and the tokenizer files that tokenizer_from holds.
@@ -4062,8 +4067,9 @@ static inline int run_outputs(const TrainArgs* a, const Llama3Config* c, int sta
     if (a->ckpt.dir) {
         unsigned long long one = checkpoint_bytes(a, c);
         int k = checkpoints_at_once(a, start, checkpoints_held(a->ckpt.dir));
-        out[n++] = output_of("--checkpoint_dir", a->ckpt.dir, OUT_FOLDER, one * k, "%d checkpoint%s of %.2f GiB at once",
-                             k, k > 1 ? "s" : "", one / GIB);
+        char size[16];
+        out[n++] = output_of("--checkpoint_dir", a->ckpt.dir, OUT_FOLDER, one * k, "%d checkpoint%s of %s at once", k,
+                             k > 1 ? "s" : "", size_text(one, size));
     }
     if (rank0 && a->loop.save_hf)
         out[n++] = output_of("--save_hf", a->loop.save_hf, OUT_FOLDER,
@@ -4092,11 +4098,12 @@ static inline void parent_folder(const char* path, char* out) {
 // free space than that (the blocks available to this user). 0 if it can; *free_bytes: its free space.
 static inline int space_problem(const char* folder, const struct statvfs* v, unsigned long long bytes,
                                 unsigned long long* free_bytes, char* why, size_t n) {
+    char free_text[16], bytes_text[16];
     *free_bytes = (unsigned long long)v->f_bavail * v->f_frsize;
     if (v->f_flag & ST_RDONLY) return snprintf(why, n, "%s is on a read-only file system", folder), -1;
     if (bytes > *free_bytes)
-        return snprintf(why, n, "%s has %.2f GiB free, and the run writes up to %.2f GiB there", folder,
-                        *free_bytes / GIB, bytes / GIB), -1;
+        return snprintf(why, n, "%s has %s free, and the run writes up to %s there", folder,
+                        size_text(*free_bytes, free_text), size_text(bytes, bytes_text)), -1;
     return 0;
 }
 
@@ -4171,7 +4178,8 @@ static inline void outputs_print(FILE* f, const Output* out, int n) {
         const Output* o = &out[i];
         const char* kind = o->kind == OUT_FOLDER ? "folder" : "file";
         fprintf(f, "output: %s %s (%s %s; %s", o->flag, o->path, o->exists ? "an existing" : "a new", kind, o->what);
-        if (o->bytes) fprintf(f, ", %.2f GiB of %.2f GiB free", o->bytes / GIB, o->free_bytes / GIB);
+        char bytes[16], free_bytes[16];
+        if (o->bytes) fprintf(f, ", %s of %s free", size_text(o->bytes, bytes), size_text(o->free_bytes, free_bytes));
         fprintf(f, "): can be written\n");
     }
 }

@@ -1465,7 +1465,7 @@ static const OutputCase OUTPUT_CASES[] = {
     {"checkpoint_dir_parent_missing", "--checkpoint_dir D/none/ck", "its folder D/none does not exist"},
     {"save_hf_parent_missing", "--save_hf D/none/out", "its folder D/none does not exist"},
     {"checkpoints_fill_the_disk", "--checkpoint_dir D/ck --checkpoint_every 1 --num_iteration 2000 "
-     "--checkpoint_keep 2000", "GiB free, and the run writes up to"},
+     "--checkpoint_keep 2000", "free, and the run writes up to"},
     {"log_new", "--log_file D/adir/new.jsonl", NULL},
     {"all_new", "--log_file D/new.jsonl --checkpoint_dir D/ck --save_hf D/hf", NULL},
     {"existing_folders", "--checkpoint_dir D/adir --save_hf D/adir --log_file /dev/null", NULL},
@@ -1577,6 +1577,9 @@ static void test_space_problem(void) {
           "3 GiB on a file system with 4 GiB free: taken");
     CHECK(space_problem("d", &v, 5ull << 30, &free_bytes, why, sizeof(why)) && !strcmp(why, "d has 4.00 GiB free, and "
           "the run writes up to 5.00 GiB there"), "5 GiB on 4 GiB free: %s", why);
+    v.f_bavail = 25600; // 100 MiB
+    CHECK(space_problem("d", &v, 200ull << 20, &free_bytes, why, sizeof(why)) && !strcmp(why, "d has 100.00 MiB free, "
+          "and the run writes up to 200.00 MiB there"), "200 MiB on 100 MiB free: %s", why);
     v.f_flag = ST_RDONLY;
     CHECK(space_problem("d", &v, 0, &free_bytes, why, sizeof(why)) && !strcmp(why, "d is on a read-only file system"),
           "a read-only file system: %s", why);

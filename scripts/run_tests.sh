@@ -214,12 +214,12 @@ launch_and_outputs_through_trainer() {
 # checks make nothing.
 dry_run_lines() {
     local out ok
-    mkdir -p "$tmp/dry" && out=$(env RANK=0 WORLD_SIZE=1 ./train_llama3 --dry_run 1 --log_file "$tmp/dry/run.jsonl" \
-        --checkpoint_dir "$tmp/dry/ck" --save_hf "$tmp/dry/hf" 2>&1)
+    mkdir -p "$tmp/dry" && out=$(env RANK=0 WORLD_SIZE=1 ./train_llama3 "${TINY[@]}" --dry_run 1 \
+        --log_file "$tmp/dry/run.jsonl" --checkpoint_dir "$tmp/dry/ck" --save_hf "$tmp/dry/hf" 2>&1)
     [ "$(head -n 1 <<< "$out")" = "rank 0 of 1 (from torchrun: RANK=0 WORLD_SIZE=1)" ] &&
         grep -qF "output: --log_file $tmp/dry/run.jsonl (a new file; the JSON log): can be written" <<< "$out" &&
-        grep -qE "^output: --checkpoint_dir $tmp/dry/ck \(a new folder; 1 checkpoint of 16.75 GiB at once, 16.75 GiB of [0-9.]+ GiB free\): can be written$" <<< "$out" &&
-        grep -qE "^output: --save_hf $tmp/dry/hf \(a new folder; the Hugging Face folder, 2.79 GiB of [0-9.]+ GiB free\): can be written$" <<< "$out" &&
+        grep -qE "^output: --checkpoint_dir $tmp/dry/ck \(a new folder; 1 checkpoint of 0.19 MiB at once, 0.19 MiB of [0-9.]+ [GM]iB free\): can be written$" <<< "$out" &&
+        grep -qE "^output: --save_hf $tmp/dry/hf \(a new folder; the Hugging Face folder, 0.0[0-9] MiB of [0-9.]+ [GM]iB free\): can be written$" <<< "$out" &&
         [ -z "$(ls -A "$tmp/dry")" ] && ok=1 || ok=0
     check $ok "--dry_run 1: the rank's line, then a line per output (log, checkpoints, HF folder) that can be written; nothing made" \
         "$(grep -E '^(rank|output)' <<< "$out")"
@@ -245,25 +245,26 @@ files_never_lost() {
     expect_error "an empty path" "--llmc_filepath: empty path" ./train_llama3 --llmc_filepath ""
 }
 
-# A run that stops after its inputs passed, where the GPU is looked at (no GPU here; on a GPU
-# machine, a batch too large for its memory): an earlier log and the checkpoint folder are
-# untouched, and stdout reaches a file a line at a time, so the step-free setup lines come before
-# the error (block buffering would write them at exit, after it).
+# A run that stops after its inputs and outputs passed, where the GPU is looked at (none visible): an
+# earlier log and the checkpoint folder are untouched, and stdout reaches a file a line at a time, so
+# the step-free setup lines come before the error (block buffering would write them at exit, after
+# it). The corpus's tiny model (TINY), whose checkpoints fit any disk; on a GPU machine also the 1B with
+# a batch too large for its memory.
 gpu_failure_loses_nothing() {
-    local keep="$tmp/gpu_keep.log" ck="$tmp/gpu_ckpt" frag args ok
-    if nvidia-smi -L > /dev/null 2>&1; then
-        frag="out of GPU memory" args=(--batch_size 32 --sequence_length 8192 --num_iteration 1)
-    else
-        frag="no CUDA device found" args=()
-    fi
+    local keep="$tmp/gpu_keep.log" ck="$tmp/gpu_ckpt" ok
     echo "an earlier run's log" > "$keep"
-    ./train_llama3 "${args[@]}" --log_file "$keep" --checkpoint_dir "$ck" > "$tmp/gpu_fail.out" 2>&1
+    CUDA_VISIBLE_DEVICES= ./train_llama3 "${TINY[@]}" --log_file "$keep" --checkpoint_dir "$ck" > "$tmp/gpu_fail.out" 2>&1
     [ $? -ne 0 ] && [ "$(cat "$keep")" = "an earlier run's log" ] && [ ! -e "$ck" ] && ok=1 || ok=0
-    check $ok "a run that stops with '$frag' leaves an earlier --log_file as it was and creates no --checkpoint_dir" \
+    check $ok "a run that stops with 'no CUDA device found' leaves an earlier --log_file as it was and creates no --checkpoint_dir" \
         "$(tail -n 2 "$tmp/gpu_fail.out")"
-    grep -q '^model: ' "$tmp/gpu_fail.out" && tail -n 1 "$tmp/gpu_fail.out" | grep -qF "$frag" && ok=1 || ok=0
+    grep -q '^model: ' "$tmp/gpu_fail.out" && tail -n 1 "$tmp/gpu_fail.out" | grep -qF "no CUDA device found" && ok=1 || ok=0
     check $ok "stdout is line-buffered into a file: the setup lines come before the error on stderr" \
         "$(head -c 300 "$tmp/gpu_fail.out")"
+    nvidia-smi -L > /dev/null 2>&1 || return
+    ./train_llama3 --batch_size 32 --sequence_length 8192 --num_iteration 1 --log_file "$keep" > "$tmp/oom.out" 2>&1
+    [ $? -ne 0 ] && [ "$(cat "$keep")" = "an earlier run's log" ] && tail -n 1 "$tmp/oom.out" | grep -qF "out of GPU memory" &&
+        ok=1 || ok=0
+    check $ok "a run that stops with 'out of GPU memory' leaves an earlier --log_file as it was" "$(tail -n 2 "$tmp/oom.out")"
 }
 
 # Broken checkpoints given to --resume: each one line before the GPU is touched (no GPU needed).
@@ -340,6 +341,10 @@ user_errors() {
 
 # The trainer's bad-input errors, in one part (they read the corpus the host unit tests wrote).
 trainer_errors() {
+    # TINY: the corpus's tiny model (C 32, 4 heads of 8: unfused attention) on 2,000 tokens of its 64
+    python3 -c 'import struct, sys; open(sys.argv[1], "wb").write(struct.pack("<256i", 20240801, 7, 2000, *[0] * 253)
+                + struct.pack("<2000I", *[i % 64 for i in range(2000)]))' "$tmp/tiny_tokens.bin"
+    TINY=(--llmc_filepath "$tmp/corpus/valid_seed_valid" --input_bin "$tmp/tiny_tokens.bin" --flash_attention 0)
     corpus_through_trainer
     launch_and_outputs_through_trainer
     dry_run_lines
@@ -537,7 +542,9 @@ readme_recipes() {
     mkdir -p "$tmp/recipes" && ln -sf "$PWD/train_llama3" "$tmp/recipes/"
     while IFS= read -r cmd; do
         out=$(cd "$tmp/recipes" && timeout 60 bash -c "$cmd" 2>&1)
-        echo "$out" | grep -q "^error: no CUDA device found" && ok=1 || ok=0
+        # (or every check but the free space of a disk too small for the recipe's checkpoints)
+        echo "$out" | grep -q "^error: no CUDA device found\|^error: --checkpoint_dir .* free, and the run writes up to" &&
+            ok=1 || ok=0
         check $ok "a recipe's flags pass every check before the GPU: ${cmd:0:70}..." "$(echo "$out" | grep -m 1 '^error')"
     done < <(echo "$list" | sed -n 's/^cmd \(\.\/train_llama3 .*\)/\1/p' | grep -v -- '--resume\|--llmc_filepath\|--hf_dir')
 }
