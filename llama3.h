@@ -2,7 +2,7 @@
 // model's config (config, lr schedule, each part's settings, the command line); the weights' layout
 // (parameter layout, tensor table, the step's plan, RoPE); files (model files, the vocabulary); data
 // (token files, the loader); the checks before the GPU; checkpoints and the JSON log; ranks (launch
-// variables, ZeRO-1 shards, the configuration hash, the rendezvous).
+// variables, ZeRO-1 shards, the configuration hash, the rendezvous); the outputs, checked before the GPU.
 // No CUDA in here: `gcc -x c test_llama3_host.c` builds its unit tests on a machine without a GPU.
 // Functions that can fail on bad input return 0 on success and -1 with a message in `err`
 // (L3_ERR_LEN bytes) that names the file or flag and what is wrong; callers decide to exit.
@@ -23,6 +23,7 @@
 #include <glob.h>
 #include <pthread.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #define L3_ERR_LEN 1024
@@ -412,8 +413,8 @@ static const FlagSpec FLAGS[] = {
     {"--shuffle", FLAG_BOOL, ARG(loop.shuffle), "1", 0, 0, NULL, "1: each epoch reads the shards, and each shard's steps, in an order drawn from --seed and the epoch; 0: in order", NOT_A_SWITCH, NULL},
     {"--llmc_filepath", FLAG_PATH, ARG(loop.llmc_filepath), NULL, 0, 0, NULL, "model file: this trainer's format (convert_hf.py's, a checkpoint's model.bin, InfiniTrain's) or llm.c's llama3 format, told apart by size (default: random init)", NOT_A_SWITCH, NULL},
     {"--hf_dir", FLAG_PATH, ARG(loop.hf_dir), NULL, 0, 0, NULL, "a Hugging Face LLaMA 3 folder (config.json, model.safetensors or its index and shards; F32, F16 or BF16), read straight onto the GPU as convert_hf.py would convert it (default: --llmc_filepath, else random init)", NOT_A_SWITCH, NULL},
-    {"--save_hf", FLAG_PATH, ARG(loop.save_hf), NULL, 0, 0, NULL, "after the last step, write the model as a Hugging Face folder here, as export_hf.py would (model.safetensors, config.json, and --hf_dir's tokenizer files); made if missing", NOT_A_SWITCH, NULL},
-    {"--save_hf_dtype", FLAG_CHOICE, ARG(loop.save_hf_dtype), "bfloat16", 0, 0, "bfloat16|float32", "--save_hf's tensors: bf16 rounded to nearest even, or the fp32 weights", NOT_A_SWITCH, NULL},
+    {"--save_hf", FLAG_PATH, ARG(loop.save_hf), NULL, 0, 0, NULL, "after the last step, write the model as a Hugging Face folder here, as export_hf.py would at the same --dtype (model.safetensors, config.json, and --hf_dir's tokenizer files); made if missing", NOT_A_SWITCH, NULL},
+    {"--save_hf_dtype", FLAG_CHOICE, ARG(loop.save_hf_dtype), "bfloat16", 0, 0, "bfloat16|float32", "--save_hf's and --save_hf_checkpoints' tensors: bf16 rounded to nearest even, or the fp32 weights (export_hf.py's --dtype default)", NOT_A_SWITCH, NULL},
     {"--shape", FLAG_CHOICE, ARG(loop.shape), "1b", 0, 0, SHAPE_CHOICES, "the random init's shape: LLaMA 3.2-1B (untied), 3.2-3B (tied) or 3.1-8B (untied, RoPE factor 8); a model file or --resume gives its own", NOT_A_SWITCH, NULL},
     {"--num_iteration", FLAG_INT, ARG(optim.sched.total), "100", 1, BIG_INT, NULL, "optimizer steps of the run: the lr schedule's length, and its last step", NOT_A_SWITCH, NULL},
     {"--stop_after", FLAG_INT, ARG(loop.stop_after), "0", 0, BIG_INT, NULL, "end this invocation after step N, to --resume later on the same schedule (0: at --num_iteration)", NOT_A_SWITCH, NULL},
@@ -442,7 +443,7 @@ static const FlagSpec FLAGS[] = {
     {"--eps", FLAG_FLOAT, ARG(optim.eps), "1e-8", 1e-30, 1.0, NULL, "AdamW eps", NOT_A_SWITCH, NULL},
     {"--seed", FLAG_U64, ARG(loop.seed), "42", 0, 9.2233720368547758e18, NULL, "random init seed, and the data order's (--shuffle 1)", NOT_A_SWITCH, NULL},
     {"--overfit_single_batch", FLAG_BOOL, ARG(loop.overfit_single_batch), "0", 0, 0, NULL, "train on the first batch only", NOT_A_SWITCH, NULL},
-    {"--dry_run", FLAG_BOOL, ARG(loop.dry_run), "0", 0, 0, NULL, "1: check the flags and the input files (every check made before the GPU), print the setup, and exit 0 without starting the GPU or writing anything", NOT_A_SWITCH, NULL},
+    {"--dry_run", FLAG_BOOL, ARG(loop.dry_run), "0", 0, 0, NULL, "1: check the flags, the input files and the outputs (every check made before the GPU), print the setup (the rank and its launcher, a line per output), and exit 0 without starting the GPU or writing anything", NOT_A_SWITCH, NULL},
     {"--log_file", FLAG_PATH, ARG(loop.log_file), NULL, 0, 0, NULL, "one JSON line per step (step, loss, lr, grad_norm with clipping, val_loss when measured, skipped, ms, tok_per_s, peak_mib; non-finite: null) and per sample; continued by --resume", NOT_A_SWITCH, NULL},
     {"--val_bin", FLAG_PATH, ARG(eval.val_bin), NULL, 0, 0, NULL, "llm.c token files for the val loss, read in order: a file, a glob or a comma list (default: NAME_val.bin beside an --input_bin NAME_train.bin or 'NAME_train_*.bin', else the embedded val split)", NOT_A_SWITCH, NULL},
     {"--val_every", FLAG_INT, ARG(eval.val_every), "0", 0, BIG_INT, NULL, "val loss every N steps and after the last (0: never)", NOT_A_SWITCH, NULL},
@@ -704,18 +705,31 @@ static inline void print_switches(FILE* f) {
     }
 }
 
+// An argument that is no flag. After a path, most likely a glob or a path with a space that the shell
+// split (--input_bin mix_*.bin reaches the trainer as --input_bin mix_a.bin mix_b.bin): quoted, it
+// comes whole (the trainer expands a glob of token files itself).
+static inline int unexpected_argument(const char* arg, const FlagSpec* prev, const char* prev_value, char* err) {
+    if (prev && prev->kind == FLAG_PATH)
+        return l3_fail(err, "unexpected argument '%s' after %s %s: a path flag takes one value; quote a glob "
+                       "('data/train_*.bin', which the trainer expands) or a path with spaces", arg, prev->name,
+                       prev_value);
+    return l3_fail(err, "unexpected argument '%s'", arg);
+}
+
 // --flag value or --flag=value; a bool flag given without a value (next arg absent or a flag)
 // means true. --help or -h (--list_switches) stops the parse with a->help (a->list_switches) set.
 // The command line of one of `world` ranks (1: a run on one GPU).
 static inline int train_args_parse(TrainArgs* a, int argc, char** argv, int world, char* err) {
     *a = flag_defaults();
+    const FlagSpec* prev = NULL; // the flag before, and its value
+    const char* prev_value = NULL;
     for (int i = 1; i < argc; i++) {
         const char* arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h") || !strcmp(arg, "--list_switches")) {
             *(strcmp(arg, "--list_switches") ? &a->help : &a->list_switches) = 1;
             return 0;
         }
-        if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0') return l3_fail(err, "unexpected argument '%s'", arg);
+        if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0') return unexpected_argument(arg, prev, prev_value, err);
         char flag[128];
         const char* eq = strchr(arg, '=');
         const char* val;
@@ -732,6 +746,7 @@ static inline int train_args_parse(TrainArgs* a, int argc, char** argv, int worl
         else if (f->kind == FLAG_BOOL) val = "1";
         else return l3_fail(err, "%s: missing value", flag);
         if (flag_set(a, f, val, 1, err)) return -1;
+        prev = f, prev_value = val;
     }
     train_args_resolve(a, world);
     return 0;
@@ -1109,10 +1124,11 @@ static inline long long file_size_of(const char* path) {
     return stat(path, &st) == 0 ? (long long)st.st_size : -1;
 }
 
-// What a file that is not a regular one is, for messages ("is a directory").
+// What a file is, for messages ("is a directory").
 static inline const char* file_kind(mode_t mode) {
-    return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a pipe or FIFO" : S_ISCHR(mode) ? "a character device"
-           : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
+    return S_ISREG(mode) ? "a regular file" : S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a pipe or FIFO"
+           : S_ISCHR(mode) ? "a character device" : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket"
+                                                                                       : "not a regular file";
 }
 
 // Opens `path` (a `what`: "model file", "token file") for reading if it is a regular file, with its
@@ -2610,19 +2626,6 @@ static inline bool source_holds(const TokenSource* s, const char* path) {
     return false;
 }
 
-// That an output can be written, without creating or changing anything: an existing file must be
-// writable, a new one's folder must exist and be writable.
-static inline int writable_check(const char* flag, const char* path, char* err) {
-    char folder[L3_PATH_LEN];
-    snprintf(folder, sizeof(folder), "%s", path);
-    char* slash = strrchr(folder, '/');
-    if (!slash) snprintf(folder, sizeof(folder), ".");
-    else slash[slash == folder] = 0; // "a/b" -> "a", "/b" -> "/"
-    if (access(path, F_OK) == 0 ? access(path, W_OK) != 0 : access(folder, W_OK) != 0)
-        return l3_fail(err, "%s %s: cannot open for writing: %s", flag, path, strerror(errno));
-    return 0;
-}
-
 // What an existing --log_file may be: a file that takes the log's lines as they come (a regular file, a
 // pipe such as >(jq .), a character device such as /dev/null or /dev/full); never a directory (which
 // no open for writing takes), a block device (whose bytes the log would overwrite) or a socket. A
@@ -2639,39 +2642,25 @@ static inline int log_file_kind_check(const char* path, int resumed, char* err) 
     return 0;
 }
 
-// --save_hf DIR can be written, before anything runs: a folder or nothing there yet (then its parent
-// must be a writable folder), and not the --hf_dir folder the model is read from.
-static inline int save_hf_check(const char* dir, const char* hf_dir, char* err) {
-    struct stat st;
-    if (hf_dir && same_file(dir, hf_dir))
-        return l3_fail(err, "--save_hf %s is the --hf_dir folder, an input: its files would be written over", dir);
-    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
-        return l3_fail(err, "--save_hf %s: exists and is not a folder", dir);
-    return writable_check("--save_hf", dir, err);
-}
-
 // No output may be one of the inputs: a --log_file naming the model or the eval file (directly or
 // through a link) would empty it before anything is read (the token files: source_holds, as they
-// are opened). Each output can be written.
+// are opened), a --save_hf naming the --hf_dir folder would be written over. The model is given one
+// way. Whether each output can be written: outputs_writable, once the model's size is known.
 static inline int outputs_check(const TrainArgs* a, char* err) {
     const char* inputs[2][2] = {{"--llmc_filepath", a->loop.llmc_filepath}, {"--eval_file", a->eval.eval_file}};
     for (int i = 0; i < 2; i++)
         if (same_file(a->loop.log_file, inputs[i][1]))
             return l3_fail(err, "--log_file %s is the same file as %s %s, an input: not overwritten", a->loop.log_file,
                            inputs[i][0], inputs[i][1]);
+    if (a->loop.hf_dir && same_file(a->loop.save_hf, a->loop.hf_dir))
+        return l3_fail(err, "--save_hf %s is the --hf_dir folder, an input: its files would be written over",
+                       a->loop.save_hf);
     if (a->loop.hf_dir && a->loop.llmc_filepath)
         return l3_fail(err, "--hf_dir %s and --llmc_filepath %s: give the model one way", a->loop.hf_dir,
                        a->loop.llmc_filepath);
     if (a->ckpt.resume && (a->loop.llmc_filepath || a->loop.hf_dir))
         return l3_fail(err, "--resume loads the checkpoint's model: %s %s cannot be used with it",
                        a->loop.hf_dir ? "--hf_dir" : "--llmc_filepath", model_source(a));
-    struct stat st;
-    if (a->ckpt.dir && stat(a->ckpt.dir, &st) == 0 && !S_ISDIR(st.st_mode))
-        return l3_fail(err, "--checkpoint_dir %s: exists and is not a directory", a->ckpt.dir);
-    if (a->ckpt.dir && writable_check("--checkpoint_dir", a->ckpt.dir, err)) return -1;
-    if (a->loop.log_file && log_file_kind_check(a->loop.log_file, a->ckpt.resume != NULL, err)) return -1;
-    if (a->loop.log_file && writable_check("--log_file", a->loop.log_file, err)) return -1;
-    if (a->loop.save_hf && save_hf_check(a->loop.save_hf, a->loop.hf_dir, err)) return -1;
     return 0;
 }
 
@@ -2805,6 +2794,8 @@ static inline int train_args_check(const TrainArgs* a, const Llama3Config* c, ch
                                                     : "--eval_every takes --eval_file (the set to score)");
     if (a->ckpt.hf && !a->ckpt.dir)
         return l3_fail(err, "--save_hf_checkpoints 1 takes --checkpoint_dir (the folders that get hf/)");
+    if (a->loop.save_hf_dtype != HF_DTYPE_BF16 && !a->loop.save_hf && !a->ckpt.hf)
+        return l3_fail(err, "--save_hf_dtype float32 takes --save_hf or --save_hf_checkpoints 1 (the folders it is for)");
     if (a->eval.sample_every && a->eval.sample_tokens >= a->loop.sequence_length)
         return l3_fail(err, "--sample_tokens %d: at most --sequence_length - 1 = %d (a sample is one sequence)",
                        a->eval.sample_tokens, a->loop.sequence_length - 1);
@@ -3603,58 +3594,102 @@ static inline FILE* log_open(const char* path, int resumed, char* err) {
 }
 
 // ---- ranks ----
-// The world size a launcher gives the process, with its rank and its rank on this node: torchrun
-// and most schedulers set WORLD_SIZE, RANK and LOCAL_RANK, Open MPI's mpirun OMPI_COMM_WORLD_SIZE,
-// _RANK and _LOCAL_RANK, MPICH's hydra PMI_SIZE, PMI_RANK and MPI_LOCALRANKID, Slurm's srun
-// SLURM_STEP_NUM_TASKS, SLURM_PROCID and SLURM_LOCALID (the step's tasks: a batch script's own
-// SLURM_NTASKS and SLURM_PROCID also reach a process it starts without srun, which is one rank). The
-// first launcher whose world size is set counts (torchrun's under srun). Only a whole number counts:
-// a variable that is unset, empty or anything else is not a launcher's, and leaves one rank. `get`
-// looks a variable up (getenv).
+// A launcher starts one process per rank and tells each its rank, the world size and its rank on its
+// node in variables of its own. The innermost launcher decides, looked for in this order: torchrun's
+// (RANK, WORLD_SIZE, LOCAL_RANK; also DeepSpeed's and accelerate's), Open MPI's mpirun's, PMI's
+// (MPICH's and Intel MPI's mpirun, srun --mpi=pmi2), Slurm's srun's. torchrun under srun, or mpirun
+// in a Slurm job, leaves the outer launcher's variables beside its own: those count torchrun's or the
+// job's processes, not the trainer's, and are not compared. Slurm's count is the step's tasks
+// (SLURM_STEP_NUM_TASKS), else the job's (SLURM_NTASKS): a batch script's own process, started without
+// srun, counts as task 0 of them.
 typedef struct {
-    int rank, world;    // rank -1: the launcher set no rank
-    int local_rank;     // -1: the launcher set none (then the rank: one node)
-    const char* source; // the launcher's variables, for messages ("RANK/WORLD_SIZE"); NULL: none
+    const char* name;
+    const char* size[2]; // the world size's variable, and the one read where it is unset (NULL: none)
+    const char* rank;
+    const char* local; // the rank on its node; unset: the rank (one node)
+} Launcher;
+static const Launcher LAUNCHERS[] = {
+    {"torchrun", {"WORLD_SIZE", NULL}, "RANK", "LOCAL_RANK"},
+    {"Open MPI", {"OMPI_COMM_WORLD_SIZE", NULL}, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"},
+    {"PMI", {"PMI_SIZE", NULL}, "PMI_RANK", "MPI_LOCALRANKID"},
+    {"Slurm", {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}, "SLURM_PROCID", "SLURM_LOCALID"},
+};
+#define NUM_LAUNCHERS ((int)(sizeof(LAUNCHERS) / sizeof(LAUNCHERS[0])))
+
+typedef struct {
+    int rank, world, local_rank;
+    char from[256]; // the launcher and its variables ("torchrun: RANK=1 WORLD_SIZE=2"); "": none, one process
 } RankEnv;
 
-static inline int env_count(const char* (*get)(const char*), const char* name) {
-    const char* s = get(name);
-    long long v = 0;
-    char not_ours[L3_ERR_LEN];
-    return s && parse_int(name, s, 0, INT_MAX, &v, not_ours) == 0 ? (int)v : -1;
+// A launcher's variable: its value, or NULL when it is unset or empty (`export RANK=` unsets it).
+static inline const char* env_text(const char* (*get)(const char*), const char* name) {
+    const char* s = name ? get(name) : NULL;
+    return s && *s ? s : NULL;
 }
 
-static inline RankEnv rank_env_read(const char* (*get)(const char*)) {
-    static const char* const VARS[][4] = {
-        {"WORLD_SIZE", "RANK", "LOCAL_RANK", "RANK/WORLD_SIZE"},
-        {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun's OMPI_COMM_WORLD_RANK/_SIZE"},
-        {"PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "PMI_RANK/PMI_SIZE"},
-        {"SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID", "srun's SLURM_PROCID/SLURM_STEP_NUM_TASKS"}};
-    RankEnv r = {0, 1, 0, NULL};
-    for (size_t i = 0; i < sizeof(VARS) / sizeof(VARS[0]); i++) {
-        int world = env_count(get, VARS[i][0]);
-        if (world < 1) continue;
-        r.world = world, r.rank = env_count(get, VARS[i][1]), r.source = VARS[i][3];
-        r.local_rank = env_count(get, VARS[i][2]);
-        if (r.local_rank < 0) r.local_rank = r.rank;
-        break;
+// Launcher l's rank, world size and local rank in *r: 1 when its variables give them, 0 when it set
+// none (Slurm: no task id, as in salloc's shell, which holds SLURM_NTASKS), -1 with a message naming
+// the variables when the set is partial (RANK=1 alone) or contradictory (WORLD_SIZE=0, WORLD_SIZE=abc,
+// RANK=3 with WORLD_SIZE=2). A set that can name one process only is whole: WORLD_SIZE=1 alone, and
+// Slurm's task 0 without a count (a batch script without --ntasks).
+static inline int launcher_read(const Launcher* l, const char* (*get)(const char*), RankEnv* r, char* err) {
+    const char* size_var = env_text(get, l->size[0]) || !l->size[1] ? l->size[0] : l->size[1];
+    const char *size = env_text(get, size_var), *rank = env_text(get, l->rank), *local = env_text(get, l->local);
+    bool slurm = l->size[1] != NULL;
+    if (!rank && (slurm || !size)) return 0;
+    const char* vars[3][2] = {{l->rank, rank}, {size_var, size}, {l->local, local}}; // (as set, for r->from)
+    if (!size && slurm && !strcmp(rank, "0")) size = "1";
+    if (!rank && !strcmp(size, "1")) rank = "0";
+    char sizes[64], why[L3_ERR_LEN];
+    snprintf(sizes, sizeof(sizes), slurm ? "%s or %s" : "%s", l->size[0], l->size[1]);
+    if (!size || !rank)
+        return l3_fail(err, "%s=%s without %s: %s's variables are partial (a launch of several ranks sets both)",
+                       rank ? l->rank : size_var, rank ? rank : size, rank ? sizes : l->rank, l->name);
+    long long world = 1, k = 0, k_local = 0;
+    if (parse_int(size_var, size, 1, INT_MAX, &world, why))
+        return l3_fail(err, "%s=%s: not a number of ranks (a whole number, 1 or more; from %s)", size_var, size, l->name);
+    if (parse_int(l->rank, rank, 0, world - 1, &k, why))
+        return l3_fail(err, "%s=%s with %s=%s: a rank is a whole number of 0..%lld (%s)", l->rank, rank, size_var,
+                       size, world - 1, l->name);
+    if (local && parse_int(l->local, local, 0, world - 1, &k_local, why))
+        return l3_fail(err, "%s=%s with %s=%s: a local rank is a whole number of 0..%lld (%s)", l->local, local,
+                       size_var, size, world - 1, l->name);
+    r->rank = (int)k, r->world = (int)world, r->local_rank = local ? (int)k_local : (int)k;
+    int n = snprintf(r->from, sizeof(r->from), "%s:", l->name);
+    for (int i = 0; i < 3 && n < (int)sizeof(r->from); i++)
+        if (vars[i][1]) n += snprintf(r->from + n, sizeof(r->from) - n, " %s=%s", vars[i][0], vars[i][1]);
+    return 1;
+}
+
+// This process's rank, the world size and its local rank, decided once (main, before anything else):
+// the first launcher of LAUNCHERS whose variables are set, else one process, rank 0 of 1. -1 with a
+// message naming the variables where that launcher's set is partial or contradictory, which would
+// otherwise start N processes that each train alone on the same outputs. `get` looks a variable up
+// (getenv; the host tests give their own).
+static inline int rank_env_read(const char* (*get)(const char*), RankEnv* r, char* err) {
+    const RankEnv one = {0, 1, 0, ""};
+    *r = one;
+    for (int i = 0; i < NUM_LAUNCHERS; i++) {
+        int got = launcher_read(&LAUNCHERS[i], get, r, err);
+        if (got < 0) *r = one;
+        if (got) return got < 0 ? -1 : 0;
     }
-    if (r.world == 1) r.rank = r.local_rank = 0; // (a launcher of one process may leave them out)
-    return r;
+    return 0;
 }
 
-// A launch of several ranks needs each one's rank, below the world size, and a trainer that trains
-// that many (max_world; 1 without NCCL: every process would train alone on the same outputs).
+// The start's first line, and the dry run's: "rank 1 of 2 (from torchrun: RANK=1 WORLD_SIZE=2)".
+static inline void rank_env_print(FILE* f, const RankEnv* r) {
+    fprintf(f, "rank %d of %d (%s%s)\n", r->rank, r->world, r->from[0] ? "from " : "",
+            r->from[0] ? r->from : "no launcher's variables: one process");
+}
+
+// A trainer that trains at most max_world ranks (1 without NCCL: every process would train alone on
+// the same outputs) refuses a launch of more.
 static inline int rank_env_check(const RankEnv* r, int max_world, char* err) {
-    if (r->world <= 1) return 0;
-    if (r->rank < 0 || r->rank >= r->world)
-        return l3_fail(err, "launched as one of %d ranks (%s) without a rank below %d: the launcher's rank "
-                       "variable is missing or wrong", r->world, r->source, r->world);
-    if (r->world > max_world)
-        return l3_fail(err, "launched as rank %d of %d ranks (%s): this train_llama3 is built without NCCL and "
-                       "trains as one process on one GPU, where %d processes would each train alone on the same "
-                       "outputs: start one", r->rank, r->world, r->source, r->world);
-    return 0;
+    if (r->world <= max_world) return 0;
+    return l3_fail(err, "launched as rank %d of %d ranks (%s): this train_llama3 is built without NCCL and trains as "
+                   "one process on one GPU, where %d processes would each train alone on the same outputs: start one",
+                   r->rank, r->world, r->from, r->world);
 }
 
 // The GPU of a rank: its local rank, on a node of n_devices GPUs. More local ranks than GPUs is a
@@ -3808,11 +3843,11 @@ static inline int rendezvous_agree(const RendezvousMsg* got, int rank, int world
     return 0;
 }
 
-// file: rank 0 publishes its message.
+// file: rank 0 publishes its message, in a file that is not there yet (checked before the GPU too:
+// outputs_writable).
+#define RENDEZVOUS_FILE_STALE "exists already (an earlier run's, or one that stopped): remove it, or name a new file"
 static inline int rendezvous_file_publish(const char* path, const RendezvousMsg* msg, char* err) {
-    if (file_size_of(path) >= 0)
-        return l3_fail(err, "--rendezvous file:%s exists already (another run's, or one that stopped): remove it, or "
-                       "name a new file", path);
+    if (file_size_of(path) >= 0) return l3_fail(err, "--rendezvous file:%s " RENDEZVOUS_FILE_STALE, path);
     Chunk c = {msg, sizeof(*msg)};
     return write_file_atomic(path, &c, 1, err);
 }
@@ -3935,4 +3970,216 @@ static inline int rendezvous(const RendezvousSpec* s, int rank, int world, uint6
     if (rc == 0) rc = rendezvous_agree(&msg, rank, world, hash, "--rendezvous", err);
     if (rc == 0) memcpy(id, msg.id, RENDEZVOUS_ID_BYTES);
     return rc;
+}
+
+// ---- the outputs ----
+// Every file and folder a run writes, named and checked before the GPU starts for what would make its
+// write fail, without creating or changing anything: a part of the path that is a file or missing, a
+// target of the wrong kind, no permission, a read-only file system, and too little free space where the
+// size is known (the checkpoints', --save_hf's). Rank 0 writes the log, model.bin, --save_hf's folder
+// and the rendezvous file; every rank its share of AdamW's state in the checkpoint folders. Each output
+// is checked against its own file system's free space (two on one file system are not added up).
+typedef enum {
+    OUT_FOLDER,        // a folder, made when missing (only it: its parent must be a folder), holding new files
+    OUT_LOG,           // the JSON log, opened in place: a file, a pipe or a device (log_file_kind_check)
+    OUT_LOG_CONTINUED, // the log of a resumed run, which reads and cuts it: a regular file
+    OUT_NEW_FILE,      // a file that must not exist yet (the rendezvous file: an old one hands out a stale id)
+} OutputKind;
+
+typedef struct {
+    const char* flag;
+    const char* path;
+    OutputKind kind;
+    unsigned long long bytes;      // the most the run holds there at once, where known (0: not known, or small)
+    char what[96];                 // what it holds, for the dry run
+    bool exists;                   // output_check's findings: whether it is there already,
+    unsigned long long free_bytes; // and the free space of the file system it goes on
+} Output;
+#define MAX_OUTPUTS 4
+
+// A size for messages, in GiB from 1 GiB on, else in MiB ("16.75 GiB", "0.31 MiB"); out: 16 bytes.
+static inline const char* size_text(unsigned long long bytes, char* out) {
+    snprintf(out, 16, bytes >> 30 ? "%.2f GiB" : "%.2f MiB", bytes / (bytes >> 30 ? 1073741824.0 : 1048576.0));
+    return out;
+}
+
+// What hf_save writes, at most: the tensors, model.safetensors' header (hf_writer_header's bound),
+// config.json (its text buffer) and the tokenizer files that tokenizer_from holds.
+static inline unsigned long long hf_folder_bytes(const Llama3Config* c, bool bf16, const char* tokenizer_from) {
+    unsigned long long bytes = (unsigned long long)param_layout(c).total * (bf16 ? 2 : 4) + 264 +
+                               160ull * hf_places_count(c) + 4096;
+    char path[L3_PATH_LEN], err[L3_ERR_LEN];
+    for (int i = 0; tokenizer_from && i < 4; i++)
+        if (path_fmt(path, err, "%s/%s", tokenizer_from, HF_TOKENIZER_FILES[i]) == 0 && file_size_of(path) > 0)
+            bytes += (unsigned long long)file_size_of(path);
+    return bytes;
+}
+
+// One checkpoint's bytes, the files of every rank together: model.bin (a seed file), each rank's
+// state file (its share of m and v, zero_layout, after a 256-byte header) and, with
+// --save_hf_checkpoints 1, its hf/ folder.
+static inline unsigned long long checkpoint_bytes(const TrainArgs* a, const Llama3Config* c) {
+    ParamLayout p = param_layout(c);
+    ZeroLayout z = zero_layout(&p, 0, a->loop.world, switches_for_model(&a->sw, c).sparse_embedding != 0);
+    unsigned long long state = CKPT_HEADER_BYTES + 2ull * z.state_total * moment_bytes(a->optim.moments);
+    unsigned long long hf = a->ckpt.hf ? hf_folder_bytes(c, a->loop.save_hf_dtype == HF_DTYPE_BF16, a->loop.hf_dir) : 0;
+    return 1024 + 4ull * p.total + (unsigned long long)a->loop.world * state + hf;
+}
+
+// The checkpoints a folder holds at once beyond the `held` complete ones there before: this run's
+// saves (every --checkpoint_every steps after step `start`, and after its last step), until
+// --checkpoint_keep are kept; then one more while a save completes, before the oldest is deleted.
+static inline int checkpoints_at_once(const TrainArgs* a, int start, int held) {
+    long long last = last_step(a), every = a->ckpt.every;
+    long long saves = every ? last / every - start / every + (last % every != 0) : 1;
+    long long most = saves + held < a->ckpt.keep + 1LL ? saves + held : a->ckpt.keep + 1LL;
+    return most - held > 1 ? (int)(most - held) : 1;
+}
+// The complete checkpoints in a --checkpoint_dir (0 when it is not there yet).
+static inline int checkpoints_held(const char* dir) {
+    int steps[4096], n = checkpoint_list(dir, steps, 4096), held = 0;
+    for (int i = 0; i < n; i++) held += checkpoint_complete(dir, steps[i]);
+    return held;
+}
+
+// An output and what it holds (printf's format and arguments), not yet checked.
+static inline Output output_of(const char* flag, const char* path, OutputKind kind, unsigned long long bytes,
+                               const char* fmt, ...) {
+    Output o;
+    memset(&o, 0, sizeof(o));
+    o.flag = flag, o.path = path, o.kind = kind, o.bytes = bytes;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(o.what, sizeof(o.what), fmt, ap);
+    va_end(ap);
+    return o;
+}
+
+// This rank's outputs (at most MAX_OUTPUTS) and what each holds at most at once. `start`: the step the
+// run starts after (0, or the resumed checkpoint's). -1 with a message for a --rendezvous that is no
+// spec.
+static inline int run_outputs(const TrainArgs* a, const Llama3Config* c, int start, Output* out, char* err) {
+    int n = 0;
+    bool rank0 = a->loop.rank == 0, resumed = a->ckpt.resume != NULL;
+    if (rank0 && a->loop.log_file)
+        out[n++] = output_of("--log_file", a->loop.log_file, resumed ? OUT_LOG_CONTINUED : OUT_LOG, 0, "the JSON log%s",
+                             resumed ? ", continued" : "");
+    if (a->ckpt.dir) {
+        unsigned long long one = checkpoint_bytes(a, c);
+        int k = checkpoints_at_once(a, start, checkpoints_held(a->ckpt.dir));
+        char size[16];
+        out[n++] = output_of("--checkpoint_dir", a->ckpt.dir, OUT_FOLDER, one * k, "%d checkpoint%s of %s at once", k,
+                             k > 1 ? "s" : "", size_text(one, size));
+    }
+    if (rank0 && a->loop.save_hf)
+        out[n++] = output_of("--save_hf", a->loop.save_hf, OUT_FOLDER,
+                             hf_folder_bytes(c, a->loop.save_hf_dtype == HF_DTYPE_BF16, a->loop.hf_dir),
+                             "the Hugging Face folder");
+    RendezvousSpec s;
+    if (a->loop.world > 1 && a->dist.rendezvous && rendezvous_parse(a->dist.rendezvous, &s, err)) return -1;
+    if (rank0 && a->loop.world > 1 && a->dist.rendezvous && !s.tcp)
+        out[n++] = output_of("--rendezvous", a->dist.rendezvous + strlen("file:"), OUT_NEW_FILE, 0, "the rendezvous file");
+    return n;
+}
+
+// The folder a path goes in: "a/b" -> "a", "a/b/" -> "a", "/b" -> "/", "b" -> "." (out: L3_PATH_LEN).
+static inline void parent_folder(const char* path, char* out) {
+    char p[L3_PATH_LEN];
+    snprintf(p, sizeof(p), "%s", path);
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') p[--n] = '\0';
+    char* slash = strrchr(p, '/');
+    if (!slash) snprintf(p, sizeof(p), ".");
+    else slash[slash == p] = '\0';
+    memcpy(out, p, strlen(p) + 1);
+}
+
+// Why a file system cannot take `bytes` more (0: not known): read-only (statvfs's ST_RDONLY), or less
+// free space than that (the blocks available to this user). 0 if it can; *free_bytes: its free space.
+static inline int space_problem(const char* folder, const struct statvfs* v, unsigned long long bytes,
+                                unsigned long long* free_bytes, char* why, size_t n) {
+    char free_text[16], bytes_text[16];
+    *free_bytes = (unsigned long long)v->f_bavail * v->f_frsize;
+    if (v->f_flag & ST_RDONLY) return snprintf(why, n, "%s is on a read-only file system", folder), -1;
+    if (bytes > *free_bytes)
+        return snprintf(why, n, "%s has %s free, and the run writes up to %s there", folder,
+                        size_text(*free_bytes, free_text), size_text(bytes, bytes_text)), -1;
+    return 0;
+}
+
+// Why an existing path cannot take new files as a folder: it is not one, this user may not write in
+// it, or its file system (space_problem). 0 if it can.
+static inline int folder_problem(const char* folder, unsigned long long bytes, unsigned long long* free_bytes,
+                                 char* why, size_t n) {
+    struct stat st;
+    struct statvfs v;
+    if (stat(folder, &st) != 0) return snprintf(why, n, "%s: %s", folder, strerror(errno)), -1;
+    if (!S_ISDIR(st.st_mode)) return snprintf(why, n, "%s is %s, not a folder", folder, file_kind(st.st_mode)), -1;
+    if (statvfs(folder, &v) != 0) return snprintf(why, n, "%s: %s", folder, strerror(errno)), -1;
+    if (!(v.f_flag & ST_RDONLY) && access(folder, W_OK | X_OK) != 0)
+        return snprintf(why, n, "%s is not writable (%s)", folder, strerror(errno)), -1;
+    return space_problem(folder, &v, bytes, free_bytes, why, n);
+}
+
+// Why a path that is not there cannot be made: the folder it goes in is a file or not writable, or
+// missing (only the last part of a path is made), named as the first part of the path that is not a
+// folder (afile/sub/x under a regular file afile: afile).
+static inline int missing_path_problem(Output* o, char* why, size_t n) {
+    char folder[L3_PATH_LEN], up[L3_PATH_LEN];
+    struct stat st = {0};
+    parent_folder(o->path, folder);
+    if (stat(folder, &st) == 0 || (errno != ENOENT && errno != ENOTDIR))
+        return folder_problem(folder, o->bytes, &o->free_bytes, why, n);
+    for (parent_folder(folder, up); stat(up, &st) != 0 && strcmp(up, ".") && strcmp(up, "/");) parent_folder(up, up);
+    if (stat(up, &st) == 0 && !S_ISDIR(st.st_mode)) return folder_problem(up, 0, &o->free_bytes, why, n);
+    return snprintf(why, n, "its folder %s does not exist (only the last folder of a path is made)", folder), -1;
+}
+
+// Why an existing path cannot take output o: a folder where a file goes or the reverse, a log that
+// is no file to write it to (log_file_kind_check), a rendezvous file of an earlier run, or no
+// permission or room (folder_problem).
+static inline int existing_output_problem(Output* o, const struct stat* st, char* why, size_t n) {
+    if (o->kind == OUT_FOLDER) return folder_problem(o->path, o->bytes, &o->free_bytes, why, n);
+    if (o->kind == OUT_NEW_FILE)
+        return snprintf(why, n, RENDEZVOUS_FILE_STALE), -1;
+    if (log_file_kind_check(o->path, o->kind == OUT_LOG_CONTINUED, why)) return -2; // (a whole message of its own)
+    if (S_ISREG(st->st_mode) && access(o->path, W_OK) != 0)
+        return snprintf(why, n, "%s is not writable (%s)", o->path, strerror(errno)), -1;
+    return 0;
+}
+
+// That output o can be written, found without creating or changing anything; sets o->exists and
+// o->free_bytes. The message: "--save_hf afile/sub: cannot be written: afile is a regular file, not a
+// folder".
+static inline int output_check(Output* o, char* err) {
+    char why[L3_ERR_LEN];
+    struct stat st;
+    o->exists = stat(o->path, &st) == 0;
+    int rc = o->exists ? existing_output_problem(o, &st, why, sizeof(why)) : missing_path_problem(o, why, sizeof(why));
+    if (rc == -2) return l3_fail(err, "%s", why);
+    return rc ? l3_fail(err, "%s %s: cannot be written: %s", o->flag, o->path, why) : 0;
+}
+
+// Every output of this rank (run_outputs), each checked (output_check); their count in *n.
+static inline int outputs_writable(const TrainArgs* a, const Llama3Config* c, int start, Output* out, int* n,
+                                   char* err) {
+    *n = run_outputs(a, c, start, out, err);
+    if (*n < 0) return -1;
+    for (int i = 0; i < *n; i++)
+        if (output_check(&out[i], err)) return -1;
+    return 0;
+}
+
+// One line per output, as the dry run and the start print them: "output: --checkpoint_dir ckpt (a new
+// folder; 3 checkpoints of 18.40 GiB at once, 55.20 GiB free): can be written".
+static inline void outputs_print(FILE* f, const Output* out, int n) {
+    if (n == 0) fprintf(f, "outputs: none on this rank (no --log_file, --checkpoint_dir or --save_hf)\n");
+    for (int i = 0; i < n; i++) {
+        const Output* o = &out[i];
+        const char* kind = o->kind == OUT_FOLDER ? "folder" : "file";
+        fprintf(f, "output: %s %s (%s %s; %s", o->flag, o->path, o->exists ? "an existing" : "a new", kind, o->what);
+        char bytes[16], free_bytes[16];
+        if (o->bytes) fprintf(f, ", %s of %s free", size_text(o->bytes, bytes), size_text(o->free_bytes, free_bytes));
+        fprintf(f, "): can be written\n");
+    }
 }

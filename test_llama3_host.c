@@ -5,11 +5,14 @@
 // `nice -n 19 sh -c 'while :; do :; done' &` loops it passed in 36 s (34 s alone); beside four such
 // loops at nice 0 and another user's nvcc builds, in 207 s, where the single alarm(120) it had
 // before ended it with exit 142.
+#define _GNU_SOURCE // (unshare, for a read-only mount in a child)
 #include "llama3.h"
 
 #include <float.h>
 #include <limits.h>
 #include <signal.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -84,6 +87,16 @@ static void write_file(const char* path, const void* a, size_t na, const void* b
     if (na) fwrite(a, 1, na, f);
     if (nb) fwrite(b, 1, nb, f);
     fclose(f);
+}
+
+// What was printed to f (a tmpfile), NUL-terminated, to free; f is closed. Empty if it cannot be read.
+static char* printed_text(FILE* f) {
+    long size = ftell(f);
+    char* text = calloc(size + 1, 1);
+    rewind(f);
+    if (fread(text, 1, size, f) != (size_t)size) text[0] = '\0';
+    fclose(f);
+    return text;
 }
 
 static Llama3Config small_config(void) {
@@ -1372,15 +1385,6 @@ static void test_hostile_sizes(void) {
     CHECK(linked && held, "--log_file through a link to a token file of a glob is one of its files (%s)",
           held ? "held" : err);
     token_source_free(&linked_src);
-    a = train_args_default(), a.loop.log_file = tmp_path("no/such/dir/log.jsonl");
-    expect_error(outputs_check(&a, err), err, "a --log_file in a folder that does not exist, before anything runs",
-                 "--log_file", "cannot open for writing");
-    a.loop.log_file = tmp_path("log.jsonl"), a.ckpt.dir = tmp_path("no/such/ckpt");
-    expect_error(outputs_check(&a, err), err, "a --checkpoint_dir whose parent does not exist", "--checkpoint_dir",
-                 "cannot open for writing");
-    a.ckpt.dir = tmp_path("ckpt_new");
-    CHECK(outputs_check(&a, err) == 0 && access(a.ckpt.dir, F_OK) != 0 && access(a.loop.log_file, F_OK) != 0,
-          "new outputs in existing folders pass the check, which creates neither");
 }
 
 // A text file shorter than a format's header, given as a model, token or state file (issue 45): each
@@ -1406,30 +1410,265 @@ static void test_shorter_than_header(void) {
 }
 
 // An existing --log_file that cannot take the log (issue 45: a directory passed every check and failed
-// after the GPU start): refused by outputs_check, before the GPU; a pipe or a device such as /dev/full
+// after the GPU start): refused by outputs_writable, before the GPU; a pipe or a device such as /dev/full
 // (make test's log that fails on write) passes, but not under --resume, which reads and cuts the log.
+static int log_verdict(TrainArgs* a, char* err) {
+    Output out[MAX_OUTPUTS];
+    Llama3Config c = llama3_2_1b_config();
+    int n;
+    return outputs_writable(a, &c, 0, out, &n, err);
+}
 static void test_log_file_kinds(void) {
     char err[L3_ERR_LEN];
     TrainArgs a = train_args_default();
     a.loop.log_file = tmpdir;
-    expect_error(outputs_check(&a, err), err, "--log_file naming a directory", "--log_file",
+    expect_error(log_verdict(&a, err), err, "--log_file naming a directory", "--log_file",
                  "is a directory, not a file to write the log to");
     const char* fifo = tmp_path("log_fifo");
     int made = mkfifo(fifo, 0600) == 0;
     const char* fine[] = {"/dev/null", "/dev/full", fifo, tmp_path("new_log.jsonl")};
     for (int i = 0; i < 4; i++) {
         a.loop.log_file = fine[i];
-        int rc = outputs_check(&a, err);
+        int rc = log_verdict(&a, err);
         CHECK((i != 2 || made) && rc == 0, "--log_file %s passes the check (%s)", fine[i], rc ? err : "ok");
     }
     a.ckpt.resume = tmp_path("ckpt");
     a.loop.log_file = fifo;
-    expect_error(outputs_check(&a, err), err, "--resume with a FIFO as --log_file", "is a pipe or FIFO, not a regular "
+    expect_error(log_verdict(&a, err), err, "--resume with a FIFO as --log_file", "is a pipe or FIFO, not a regular "
                  "file (a resumed run reads its log", NULL);
     a.loop.log_file = "/dev/null";
-    expect_error(outputs_check(&a, err), err, "--resume with /dev/null as --log_file", "is a character device, not a "
+    expect_error(log_verdict(&a, err), err, "--resume with /dev/null as --log_file", "is a character device, not a "
                  "regular file", NULL);
     unlink(fifo);
+}
+
+// ---- outputs: every path a run writes, checked before the GPU (issue 65) ----
+
+// Output cases: a command line (D/: the corpus folder, where afile is a regular file and adir a
+// folder) whose outputs outputs_writable refuses in one line naming the flag and path (said: also in
+// it) or takes (said NULL), creating nothing. The refused ones join the hostile corpus
+// (corpus_dir/output_LABEL, one argument a line) for ./train_llama3 (run_tests.sh).
+typedef struct {
+    const char* label;
+    const char* args;
+    const char* said;
+} OutputCase;
+static const OutputCase OUTPUT_CASES[] = {
+    {"save_hf_under_file", "--save_hf D/afile/sub", "cannot be written: D/afile is a regular file, not a folder"},
+    {"checkpoint_dir_under_file", "--checkpoint_dir D/afile/ck", "D/afile is a regular file, not a folder"},
+    {"log_under_file", "--log_file D/afile/x.jsonl", "D/afile is a regular file, not a folder"},
+    {"log_under_file_deeper", "--log_file D/afile/a/b/x.jsonl", "D/afile is a regular file, not a folder"},
+    {"checkpoint_dir_is_file", "--checkpoint_dir D/afile", "D/afile is a regular file, not a folder"},
+    {"save_hf_is_file", "--save_hf D/afile", "D/afile is a regular file, not a folder"},
+    {"log_is_folder", "--log_file D/adir", "is a directory, not a file to write the log to"},
+    {"log_folder_missing", "--log_file D/none/log.jsonl", "its folder D/none does not exist"},
+    {"checkpoint_dir_parent_missing", "--checkpoint_dir D/none/ck", "its folder D/none does not exist"},
+    {"save_hf_parent_missing", "--save_hf D/none/out", "its folder D/none does not exist"},
+    {"checkpoints_fill_the_disk", "--checkpoint_dir D/ck --checkpoint_every 1 --num_iteration 2000 "
+     "--checkpoint_keep 2000", "free, and the run writes up to"},
+    {"log_new", "--log_file D/adir/new.jsonl", NULL},
+    {"all_new", "--log_file D/new.jsonl --checkpoint_dir D/ck --save_hf D/hf", NULL},
+    {"existing_folders", "--checkpoint_dir D/adir --save_hf D/adir --log_file /dev/null", NULL},
+};
+
+// s with every "D/" the corpus folder (out: 1024 bytes).
+static const char* in_corpus(const char* s, char* out) {
+    size_t k = 0;
+    for (; *s && k < 900; s++)
+        if (s[0] == 'D' && s[1] == '/') k += snprintf(out + k, 1024 - k, "%s", corpus_dir);
+        else out[k++] = *s;
+    out[k] = '\0';
+    return out;
+}
+
+// What outputs_writable says of a command line of the 1B (NULL: takes it), and its outputs' count.
+static const char* outputs_verdict(const char* line, int world, int rank, int* n) {
+    static char err[L3_ERR_LEN];
+    TrainArgs a;
+    Output out[MAX_OUTPUTS];
+    Llama3Config c = llama3_2_1b_config();
+    if (parse_ranks(&a, err, line, world)) return err;
+    a.loop.rank = rank;
+    return outputs_writable(&a, &c, 0, out, n, err) ? err : NULL;
+}
+
+static void test_output_cases(void) {
+    char line[1024], said[1024];
+    int n;
+    for (size_t i = 0; i < sizeof(OUTPUT_CASES) / sizeof(OUTPUT_CASES[0]); i++) {
+        const OutputCase* k = &OUTPUT_CASES[i];
+        in_corpus(k->args, line);
+        const char* err = outputs_verdict(line, 1, 0, &n);
+        char flag_path[1024]; // the first flag and its path
+        size_t flag = strcspn(line, " ");
+        snprintf(flag_path, sizeof(flag_path), "%.*s", (int)(flag + 1 + strcspn(line + flag + 1, " ")), line);
+        if (k->said)
+            CHECK(err && one_line(err, flag_path) && strstr(err, in_corpus(k->said, said)),
+                  "output %s refused in one line naming %s -> \"%s\"", k->label, flag_path, err ? err : "(taken)");
+        else CHECK(!err, "output %s taken (%s)", k->label, err ? err : "ok");
+    }
+    const char* made[] = {"none", "ck", "hf", "new.jsonl", "adir/new.jsonl"};
+    int created = 0;
+    for (int i = 0; i < 5; i++) {
+        snprintf(line, sizeof(line), "%s/%s", corpus_dir, made[i]);
+        created += access(line, F_OK) == 0;
+    }
+    snprintf(line, sizeof(line), "%s/afile", corpus_dir);
+    CHECK(created == 0 && file_size_of(line) == 5, "the checks created nothing (%d of 5 paths there) and left afile "
+          "as it was", created);
+    const char* err = outputs_verdict(in_corpus("--log_file D/none/x --save_hf D/afile/x --checkpoint_dir D/ck", line),
+                                      2, 1, &n);
+    CHECK(!err && n == 1, "rank 1 of 2 checks only the checkpoint folder, its share of the state (%d outputs; %s)", n,
+          err ? err : "ok");
+}
+
+// The rendezvous file (rank 0 of several writes it): new, in a folder that exists; a spec that is
+// none is refused here too, before the GPU.
+static void test_rendezvous_output(void) {
+    char line[1024];
+    int n;
+    const char* err = outputs_verdict(in_corpus("--rendezvous file:D/afile", line), 2, 0, &n);
+    CHECK(err && strstr(err, "exists already (an earlier run's, or one that stopped)"),
+          "a rendezvous file left by an earlier run, refused before the GPU -> \"%s\"", err ? err : "(taken)");
+    err = outputs_verdict(in_corpus("--rendezvous file:D/none/rdv", line), 2, 0, &n);
+    CHECK(err && strstr(err, "its folder"), "a rendezvous file in a missing folder -> \"%s\"", err ? err : "(taken)");
+    err = outputs_verdict(in_corpus("--rendezvous file:D/adir/rdv", line), 2, 1, &n);
+    CHECK(!err && n == 0, "rank 1 does not write the rendezvous file: not its output (%s)", err ? err : "ok");
+    err = outputs_verdict("--rendezvous tcp:host", 2, 0, &n);
+    CHECK(err && strstr(err, "expected file:PATH or tcp:HOST:PORT"), "a rendezvous that is no spec -> \"%s\"",
+          err ? err : "(taken)");
+}
+
+// What a checkpoint holds and how many are kept at once: the 1B's model.bin (1024 + 4 x 1,498,482,688
+// bytes) and state.bin (256 + 2 x 4 x 1,498,482,688), its share on each of 2 ranks; the saves of a run
+// until --checkpoint_keep, and one more while a save completes.
+static void test_checkpoint_sizes(void) {
+    char err[L3_ERR_LEN];
+    Llama3Config c = llama3_2_1b_config();
+    TrainArgs a;
+    parse(&a, err, "");
+    unsigned long long one = checkpoint_bytes(&a, &c), model = 1024 + 4ull * 1498482688, state = 256 + 8ull * 1498482688;
+    CHECK(one == model + state, "the 1B's checkpoint: %llu bytes (model.bin %llu + state.bin %llu)", one, model, state);
+    parse_ranks(&a, err, "--optimizer_state bf16", 2);
+    unsigned long long two = checkpoint_bytes(&a, &c);
+    CHECK(two > model + 2 * 256 + 4ull * 1498482688 && two < model + 2 * 256 + 4ull * 1498482688 + 8ull * 128256 * 2048,
+          "2 ranks of bf16 moments: %llu bytes (each rank's share and the sparse embedding's whole state)", two);
+    struct { const char* flags; int start, held, want; } runs[] = {
+        {"", 0, 0, 1}, {"--num_iteration 2000 --checkpoint_every 1000", 0, 0, 2},
+        {"--num_iteration 2000 --checkpoint_every 100", 0, 0, 3}, {"--num_iteration 2000 --checkpoint_every 100", 1000, 2, 1},
+        {"--num_iteration 2000 --checkpoint_every 100 --checkpoint_keep 5", 1000, 2, 4},
+        {"--num_iteration 2000 --checkpoint_every 300 --stop_after 1000", 0, 0, 3}};
+    for (int i = 0; i < 6; i++) {
+        parse(&a, err, runs[i].flags);
+        int k = checkpoints_at_once(&a, runs[i].start, runs[i].held);
+        CHECK(k == runs[i].want, "'%s' from step %d, %d held: %d checkpoints at once (%d)", runs[i].flags, runs[i].start,
+              runs[i].held, k, runs[i].want);
+    }
+}
+
+// The file system's verdicts from statvfs's numbers: read-only, full, or room.
+static void test_space_problem(void) {
+    char why[L3_ERR_LEN];
+    unsigned long long free_bytes;
+    struct statvfs v;
+    memset(&v, 0, sizeof(v));
+    v.f_frsize = 4096, v.f_bavail = 1 << 20; // 4 GiB free
+    CHECK(space_problem("d", &v, 3ull << 30, &free_bytes, why, sizeof(why)) == 0 && free_bytes == 4ull << 30,
+          "3 GiB on a file system with 4 GiB free: taken");
+    CHECK(space_problem("d", &v, 5ull << 30, &free_bytes, why, sizeof(why)) && !strcmp(why, "d has 4.00 GiB free, and "
+          "the run writes up to 5.00 GiB there"), "5 GiB on 4 GiB free: %s", why);
+    v.f_bavail = 25600; // 100 MiB
+    CHECK(space_problem("d", &v, 200ull << 20, &free_bytes, why, sizeof(why)) && !strcmp(why, "d has 100.00 MiB free, "
+          "and the run writes up to 200.00 MiB there"), "200 MiB on 100 MiB free: %s", why);
+    v.f_flag = ST_RDONLY;
+    CHECK(space_problem("d", &v, 0, &free_bytes, why, sizeof(why)) && !strcmp(why, "d is on a read-only file system"),
+          "a read-only file system: %s", why);
+}
+
+// In a child process (which may change its user or mounts): output_check of --checkpoint_dir
+// DIR/ck; 0 if its message holds `said`, 1 if not, 2 when fn could not set the case up.
+static int child_verdict(int (*setup)(const char* dir), const char* dir, const char* said) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        char path[600], err[L3_ERR_LEN] = "";
+        if (setup(dir)) _exit(2);
+        snprintf(path, sizeof(path), "%s/ck", dir);
+        Output o = output_of("--checkpoint_dir", path, OUT_FOLDER, 0, "checkpoints");
+        int rc = output_check(&o, err);
+        printf("     (%s)\n", rc ? err : "taken");
+        _exit(rc && strstr(err, said) && strstr(err, "--checkpoint_dir") ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+// A user without write permission on dir (root: the child becomes nobody, for whom dir's 0555 holds).
+static int as_other_user(const char* dir) { return (void)dir, getuid() == 0 && setuid(65534) != 0; }
+// dir on a read-only file system: a read-only bind mount of it in a mount namespace of the child's own.
+static int read_only_mount(const char* dir) {
+    return unshare(CLONE_NEWNS) || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
+           mount(dir, dir, NULL, MS_BIND, NULL) || mount(NULL, dir, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL);
+}
+
+// No permission and a read-only file system, each in a folder of /tmp (1777, so that nobody reaches it):
+// refused in one line. A machine that lets no process mount (no CAP_SYS_ADMIN) skips the second.
+static void test_unwritable_folders(void) {
+    char dir[] = "/tmp/llama3_outputs_XXXXXX";
+    if (!mkdtemp(dir) || chmod(dir, 0555)) {
+        CHECK(0, "a folder in /tmp for the permission cases: %s", strerror(errno));
+        return;
+    }
+    fflush(stdout);
+    CHECK(child_verdict(as_other_user, dir, "is not writable (Permission denied)") == 0,
+          "--checkpoint_dir in a folder this user may not write: refused in one line");
+    int rc = child_verdict(read_only_mount, dir, "is on a read-only file system");
+    if (rc == 2) printf("skipped: a read-only file system (this machine lets no process mount one)\n");
+    else CHECK(rc == 0, "--checkpoint_dir in a folder on a read-only file system: refused in one line");
+    rmdir(dir);
+}
+
+// The dry run's lines of the outputs, and the one for none.
+static void test_outputs_print(void) {
+    Output out[2] = {output_of("--log_file", "run.jsonl", OUT_LOG, 0, "the JSON log"),
+                     output_of("--checkpoint_dir", "ck", OUT_FOLDER, 3ull << 30, "3 checkpoints of 1.00 GiB at once")};
+    out[1].exists = true, out[1].free_bytes = 5ull << 30;
+    FILE* f = tmpfile();
+    outputs_print(f, out, 2);
+    outputs_print(f, out, 0);
+    char* text = printed_text(f);
+    CHECK(!strcmp(text, "output: --log_file run.jsonl (a new file; the JSON log): can be written\n"
+                        "output: --checkpoint_dir ck (an existing folder; 3 checkpoints of 1.00 GiB at once, 3.00 GiB "
+                        "of 5.00 GiB free): can be written\n"
+                        "outputs: none on this rank (no --log_file, --checkpoint_dir or --save_hf)\n"),
+          "the outputs' lines: %s", text);
+    free(text);
+}
+
+// The corpus's afile (5 bytes) and adir, then each refused output case as corpus_dir/output_LABEL.
+static void output_corpus(void) {
+    char path[600], args[1024];
+    snprintf(path, sizeof(path), "%s/afile", corpus_dir);
+    write_file(path, "afile", 5, NULL, 0);
+    snprintf(path, sizeof(path), "%s/adir", corpus_dir);
+    mkdir(path, 0700);
+    for (size_t i = 0; i < sizeof(OUTPUT_CASES) / sizeof(OUTPUT_CASES[0]); i++) {
+        if (!OUTPUT_CASES[i].said) continue;
+        snprintf(path, sizeof(path), "%s/output_%s", corpus_dir, OUTPUT_CASES[i].label);
+        FILE* f = fopen(path, "w");
+        in_corpus(OUTPUT_CASES[i].args, args);
+        for (char* w = strtok(args, " "); f && w; w = strtok(NULL, " ")) fprintf(f, "%s\n", w);
+        if (f) fclose(f);
+    }
+}
+
+static void test_outputs(void) {
+    output_corpus();
+    test_output_cases();
+    test_rendezvous_output();
+    test_checkpoint_sizes();
+    test_space_problem();
+    test_unwritable_folders();
+    test_outputs_print();
 }
 
 // llm.c's bf16 files (version 5): each value widened exactly (bf16 is the top half of an fp32).
@@ -1799,16 +2038,6 @@ static void test_lr_schedule(void) {
     expect_error(train_args_check(&a, &c, err), err, "top_k past the vocabulary", "--top_k 200000", NULL);
 }
 
-// What was printed to f (a tmpfile), NUL-terminated, to free; f is closed. Empty if it cannot be read.
-static char* printed_text(FILE* f) {
-    long size = ftell(f);
-    char* text = calloc(size + 1, 1);
-    rewind(f);
-    if (fread(text, 1, size, f) != (size_t)size) text[0] = '\0';
-    fclose(f);
-    return text;
-}
-
 // The flag table drives parsing, defaults, usage and the printed configuration: every row is in the
 // usage and the printout, its default typed back on a command line gives the same arguments (but a
 // default of -1, "not given", which no typed value means: --deferred_adamw, --bos_id), and a numeric
@@ -1950,71 +2179,98 @@ static void test_step_plan(void) {
     }
 }
 
-// The launcher's rank variables (torchrun's, mpirun's, PMI's), from a fake environment.
+// The launcher's rank variables (rank_env_read), from a fake environment.
 static const char* const* fake_env;
 static const char* fake_getenv(const char* name) {
     for (const char* const* e = fake_env; *e; e += 2)
         if (!strcmp(e[0], name)) return e[1];
     return NULL;
 }
+
+// Launch environments: taken (world > 0: the rank, world size, local rank and the launcher's line
+// read) or refused (world 0: one line naming the variables). The refused ones join the hostile corpus
+// (launcher_corpus) for ./train_llama3.
+typedef struct {
+    const char* label;
+    const char* env[13]; // name, value, ..., NULL
+    int rank, world, local;
+    const char* said; // taken: RankEnv.from; refused: in the message
+} LauncherCase;
+static const LauncherCase LAUNCHER_CASES[] = {
+    {"none", {"HOME", "/root"}, 0, 1, 0, ""},
+    {"empty_values_unset", {"RANK", "", "WORLD_SIZE", ""}, 0, 1, 0, ""},
+    {"torchrun_one", {"RANK", "0", "WORLD_SIZE", "1", "LOCAL_RANK", "0"}, 0, 1, 0,
+     "torchrun: RANK=0 WORLD_SIZE=1 LOCAL_RANK=0"},
+    {"world_one_alone", {"WORLD_SIZE", "1"}, 0, 1, 0, "torchrun: WORLD_SIZE=1"},
+    {"torchrun", {"RANK", "3", "WORLD_SIZE", "4", "LOCAL_RANK", "1"}, 3, 4, 1,
+     "torchrun: RANK=3 WORLD_SIZE=4 LOCAL_RANK=1"},
+    {"mpirun", {"OMPI_COMM_WORLD_RANK", "2", "OMPI_COMM_WORLD_SIZE", "4", "OMPI_COMM_WORLD_LOCAL_RANK", "0"}, 2, 4, 0,
+     "Open MPI: OMPI_COMM_WORLD_RANK=2 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=0"},
+    {"pmi_no_local", {"PMI_RANK", "1", "PMI_SIZE", "2"}, 1, 2, 1, "PMI: PMI_RANK=1 PMI_SIZE=2"},
+    {"srun", {"SLURM_PROCID", "5", "SLURM_STEP_NUM_TASKS", "16", "SLURM_LOCALID", "1", "SLURM_NTASKS", "32"}, 5, 16, 1,
+     "Slurm: SLURM_PROCID=5 SLURM_STEP_NUM_TASKS=16 SLURM_LOCALID=1"},
+    {"slurm_job_count", {"SLURM_PROCID", "1", "SLURM_NTASKS", "2"}, 1, 2, 1, "Slurm: SLURM_PROCID=1 SLURM_NTASKS=2"},
+    {"sbatch_one_task", {"SLURM_PROCID", "0", "SLURM_LOCALID", "0"}, 0, 1, 0, "Slurm: SLURM_PROCID=0 SLURM_LOCALID=0"},
+    {"salloc_shell", {"SLURM_NTASKS", "8", "SLURM_JOB_ID", "7"}, 0, 1, 0, ""},
+    {"torchrun_in_srun", {"RANK", "3", "WORLD_SIZE", "8", "LOCAL_RANK", "3", "SLURM_PROCID", "0",
+                          "SLURM_STEP_NUM_TASKS", "1", "SLURM_LOCALID", "0"}, 3, 8, 3, "torchrun: RANK=3 WORLD_SIZE=8 LOCAL_RANK=3"},
+    {"mpirun_in_sbatch", {"OMPI_COMM_WORLD_RANK", "1", "OMPI_COMM_WORLD_SIZE", "2", "SLURM_PROCID", "0",
+                          "SLURM_NTASKS", "16"}, 1, 2, 1, "Open MPI: OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2"},
+    {"rank_alone", {"RANK", "1"}, 0, 0, 0, "RANK=1 without WORLD_SIZE: torchrun's variables are partial"},
+    {"rank0_alone", {"RANK", "0"}, 0, 0, 0, "RANK=0 without WORLD_SIZE"},
+    {"world_alone", {"WORLD_SIZE", "2"}, 0, 0, 0, "WORLD_SIZE=2 without RANK"},
+    {"world_zero", {"RANK", "0", "WORLD_SIZE", "0"}, 0, 0, 0, "WORLD_SIZE=0: not a number of ranks"},
+    {"world_abc", {"RANK", "0", "WORLD_SIZE", "abc"}, 0, 0, 0, "WORLD_SIZE=abc: not a number of ranks"},
+    {"rank_past_world", {"WORLD_SIZE", "2", "RANK", "3"}, 0, 0, 0, "RANK=3 with WORLD_SIZE=2: a rank is a whole number of 0..1"},
+    {"rank_is_world", {"RANK", "2", "WORLD_SIZE", "2"}, 0, 0, 0, "RANK=2 with WORLD_SIZE=2"},
+    {"rank_negative", {"RANK", "-1", "WORLD_SIZE", "2"}, 0, 0, 0, "RANK=-1 with WORLD_SIZE=2"},
+    {"local_past_world", {"RANK", "0", "WORLD_SIZE", "2", "LOCAL_RANK", "2"}, 0, 0, 0, "LOCAL_RANK=2 with WORLD_SIZE=2"},
+    {"local_abc", {"RANK", "0", "WORLD_SIZE", "2", "LOCAL_RANK", "x"}, 0, 0, 0, "LOCAL_RANK=x with WORLD_SIZE=2"},
+    {"ompi_rank_alone", {"OMPI_COMM_WORLD_RANK", "1"}, 0, 0, 0, "OMPI_COMM_WORLD_RANK=1 without OMPI_COMM_WORLD_SIZE"},
+    {"pmi_size_alone", {"PMI_SIZE", "3"}, 0, 0, 0, "PMI_SIZE=3 without PMI_RANK"},
+    {"slurm_task_without_count", {"SLURM_PROCID", "1"}, 0, 0, 0,
+     "SLURM_PROCID=1 without SLURM_STEP_NUM_TASKS or SLURM_NTASKS"},
+    {"slurm_task_past_count", {"SLURM_PROCID", "2", "SLURM_NTASKS", "2"}, 0, 0, 0, "SLURM_PROCID=2 with SLURM_NTASKS=2"},
+    {"rank_alone_under_srun", {"RANK", "1", "SLURM_PROCID", "0", "SLURM_STEP_NUM_TASKS", "1"}, 0, 0, 0,
+     "RANK=1 without WORLD_SIZE"},
+};
+#define N_LAUNCHER_CASES ((int)(sizeof(LAUNCHER_CASES) / sizeof(LAUNCHER_CASES[0])))
+
 static void test_rank_env(void) {
     char err[L3_ERR_LEN];
-    const char* none[] = {"HOME", "/root", NULL};
-    fake_env = none;
-    RankEnv r = rank_env_read(fake_getenv);
-    CHECK(r.world == 1 && r.rank == 0 && !r.source && rank_env_check(&r, 1, err) == 0, "no launcher: one rank, taken");
-    const char* one[] = {"RANK", "0", "WORLD_SIZE", "1", "LOCAL_RANK", "0", NULL};
-    fake_env = one;
-    r = rank_env_read(fake_getenv);
-    CHECK(r.world == 1 && rank_env_check(&r, 1, err) == 0, "torchrun with one process: taken");
-    const char* not_ours[] = {"WORLD_SIZE", "two", "RANK", "", NULL};
-    fake_env = not_ours;
-    r = rank_env_read(fake_getenv);
-    CHECK(r.world == 1 && rank_env_check(&r, 1, err) == 0, "a WORLD_SIZE that is no whole number is not a launcher's");
-    const char* torchrun[] = {"RANK", "3", "WORLD_SIZE", "4", "LOCAL_RANK", "1", NULL};
-    fake_env = torchrun;
-    r = rank_env_read(fake_getenv);
-    CHECK(r.rank == 3 && r.world == 4 && r.local_rank == 1 && rank_env_check(&r, 8, err) == 0,
-          "torchrun's rank 3 of 4, local rank 1, read (%d of %d, local %d) and taken with NCCL", r.rank, r.world,
-          r.local_rank);
-    expect_error(rank_env_check(&r, 1, err), err, "four ranks refused without NCCL", "rank 3 of 4 ranks (RANK/WORLD_SIZE)",
-                 "built without NCCL");
-    const char* mpi[] = {"OMPI_COMM_WORLD_RANK", "2", "OMPI_COMM_WORLD_SIZE", "4", "OMPI_COMM_WORLD_LOCAL_RANK", "0", NULL};
-    fake_env = mpi;
-    r = rank_env_read(fake_getenv);
-    CHECK(r.rank == 2 && r.world == 4 && r.local_rank == 0 && strstr(r.source, "mpirun"),
-          "mpirun's rank 2 of 4, local rank 0 (%d of %d, local %d)", r.rank, r.world, r.local_rank);
-    const char* hydra[] = {"PMI_RANK", "1", "PMI_SIZE", "2", NULL};
-    fake_env = hydra;
-    r = rank_env_read(fake_getenv);
-    CHECK(r.rank == 1 && r.world == 2 && r.local_rank == 1, "PMI's rank 1 of 2, no local rank: the rank (one node)");
-    const char* pmi[] = {"PMI_SIZE", "3", NULL};
-    fake_env = pmi;
-    r = rank_env_read(fake_getenv);
-    expect_error(rank_env_check(&r, 8, err), err, "PMI's 3 ranks, no rank given", "one of 3 ranks", "rank variable");
-    const char* srun[] = {"SLURM_PROCID", "5", "SLURM_STEP_NUM_TASKS", "16", "SLURM_LOCALID", "1", "SLURM_NTASKS", "16",
-                          NULL};
-    fake_env = srun;
-    r = rank_env_read(fake_getenv);
-    CHECK(r.rank == 5 && r.world == 16 && r.local_rank == 1 && strstr(r.source, "srun") && rank_env_check(&r, 16, err) == 0,
-          "srun's task 5 of 16, local 1 (%d of %d, local %d)", r.rank, r.world, r.local_rank);
-    const char* sbatch[] = {"SLURM_PROCID", "0", "SLURM_NTASKS", "16", "SLURM_LOCALID", "0", NULL};
-    fake_env = sbatch;
-    r = rank_env_read(fake_getenv);
-    CHECK(r.world == 1 && r.rank == 0 && !r.source,
-          "a batch script's SLURM_NTASKS 16 without srun's step: one rank (not rank 0 of 16 waiting for the rest)");
-    const char* torchrun_in_srun[] = {"RANK", "3", "WORLD_SIZE", "8", "LOCAL_RANK", "3", "SLURM_PROCID", "0",
-                                      "SLURM_STEP_NUM_TASKS", "1", "SLURM_LOCALID", "0", NULL};
-    fake_env = torchrun_in_srun;
-    r = rank_env_read(fake_getenv);
-    CHECK(r.rank == 3 && r.world == 8 && r.local_rank == 3 && strstr(r.source, "RANK/WORLD_SIZE"),
-          "torchrun under srun: torchrun's rank 3 of 8, not srun's one task (%d of %d)", r.rank, r.world);
-    const char* past[] = {"RANK", "2", "WORLD_SIZE", "2", NULL};
-    fake_env = past;
-    r = rank_env_read(fake_getenv);
-    expect_error(rank_env_check(&r, 8, err), err, "RANK 2 of WORLD_SIZE 2", "without a rank below 2", NULL);
+    for (int i = 0; i < N_LAUNCHER_CASES; i++) {
+        const LauncherCase* k = &LAUNCHER_CASES[i];
+        RankEnv r;
+        fake_env = k->env;
+        err[0] = 0;
+        int rc = rank_env_read(fake_getenv, &r, err);
+        if (k->world)
+            CHECK(rc == 0 && r.rank == k->rank && r.world == k->world && r.local_rank == k->local &&
+                      !strcmp(r.from, k->said),
+                  "launch %s: rank %d of %d, local %d, from \"%s\"%s%s", k->label, r.rank, r.world, r.local_rank,
+                  r.from, rc ? ": " : "", rc ? err : "");
+        else
+            CHECK(rc != 0 && one_line(err, k->said) && r.world == 1,
+                  "launch %s refused in one line naming its variables -> \"%s\"", k->label, rc ? err : "(taken)");
+    }
+    RankEnv r;
+    fake_env = LAUNCHER_CASES[4].env; // torchrun's rank 3 of 4
+    rank_env_read(fake_getenv, &r, err);
+    CHECK(rank_env_check(&r, 8, err) == 0, "rank 3 of 4 taken by a trainer with NCCL");
+    expect_error(rank_env_check(&r, 1, err), err, "four ranks refused without NCCL",
+                 "rank 3 of 4 ranks (torchrun: RANK=3 WORLD_SIZE=4 LOCAL_RANK=1)", "built without NCCL");
+    FILE* f = tmpfile();
+    rank_env_print(f, &r);
+    fake_env = LAUNCHER_CASES[0].env;
+    rank_env_read(fake_getenv, &r, err);
+    rank_env_print(f, &r);
+    char* text = printed_text(f);
+    CHECK(!strcmp(text, "rank 3 of 4 (from torchrun: RANK=3 WORLD_SIZE=4 LOCAL_RANK=1)\n"
+                        "rank 0 of 1 (no launcher's variables: one process)\n"),
+          "the start's rank line: %s", text);
+    free(text);
     // the GPU of each local rank
-    RankEnv local = {5, 8, 1, "RANK/WORLD_SIZE"};
+    RankEnv local = {5, 8, 1, "torchrun"};
     int device = -1;
     CHECK(rank_device(&local, 2, 0, &device, err) == 0 && device == 1, "local rank 1 of a 2-GPU node takes GPU 1");
     local.local_rank = 2;
@@ -2022,6 +2278,29 @@ static void test_rank_env(void) {
                  "NCCL_MULTI_RANK_GPU_ENABLE=1");
     local.local_rank = 1;
     CHECK(rank_device(&local, 1, 1, &device, err) == 0 && device == 0, "two ranks on one GPU when NCCL allows it");
+}
+
+// The refused launch environments, for ./train_llama3 (run_tests.sh): corpus_dir/env_LABEL, one
+// NAME=VALUE per line, and corpus_dir/env_unset, "-u NAME" of every launcher variable (so that the
+// caller's own, under a scheduler, do not mix in).
+static void launcher_corpus(void) {
+    char path[512];
+    for (int i = 0; i < N_LAUNCHER_CASES; i++) {
+        if (LAUNCHER_CASES[i].world) continue;
+        snprintf(path, sizeof(path), "%s/env_%s", corpus_dir, LAUNCHER_CASES[i].label);
+        FILE* f = fopen(path, "w");
+        for (const char* const* e = LAUNCHER_CASES[i].env; f && *e; e += 2) fprintf(f, "%s=%s\n", e[0], e[1]);
+        if (f) fclose(f);
+    }
+    snprintf(path, sizeof(path), "%s/env_unset", corpus_dir);
+    FILE* f = fopen(path, "w");
+    for (int i = 0; f && i < NUM_LAUNCHERS; i++) {
+        const Launcher* l = &LAUNCHERS[i];
+        const char* names[] = {l->size[0], l->size[1], l->rank, l->local};
+        for (int j = 0; j < 4; j++)
+            if (names[j]) fprintf(f, "-u %s\n", names[j]);
+    }
+    if (f) fclose(f);
 }
 
 // ZeRO-1's shards: every tensor's layer slice at 1, 2, 3 and 8 ranks, of the 1B (untied and tied) and of an odd
@@ -2609,6 +2888,8 @@ int main(int argc, char** argv) {
     test_hostile_sizes();
     test_shorter_than_header();
     test_log_file_kinds();
+    test_outputs();
+    launcher_corpus();
     corpus_models();
     corpus_tokens();
     corpus_odd_files();

@@ -2582,6 +2582,8 @@ typedef struct {
     DataLoader val_loader;
     EvalSet eval_set; // with --eval_file
     Vocab vocab; // with --sample_every
+    Output outputs[MAX_OUTPUTS]; // this rank's outputs, each checked writable
+    int n_outputs;
 } RunInputs;
 
 // The val data (--val_bin or the embedded val split) and the vocabulary, when the run uses them.
@@ -2609,8 +2611,9 @@ static void check_eval_inputs(const TrainArgs* a, const Llama3Config* cfg, RunIn
 
 // Every input, checked before the GPU is touched: no output names an input, the model file (header,
 // size, llm.c's biases), a resumed checkpoint (its files, and that it continues this run), the flags
-// against the model, the token file and enough tokens for one batch, and that the checkpoint folder
-// holds no later checkpoint of another run. Nothing is written here (open_outputs does that).
+// against the model, the token file and enough tokens for one batch, that the checkpoint folder
+// holds no later checkpoint of another run, and that every output can be written. Nothing is
+// written here (open_outputs does that).
 static void check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat* fmt, DataLoader* loader,
                          RunInputs* in, const char* prog) {
     char err[L3_ERR_LEN];
@@ -2643,7 +2646,9 @@ static void check_inputs(const TrainArgs* a, Llama3Config* cfg, ModelFileFormat*
             die(err, prog, false);
     }
     check_eval_inputs(a, cfg, in, prog);
-    if (a->ckpt.dir && checkpoint_dir_check(a->ckpt.dir, a->ckpt.resume ? in->st.step : 0, err))
+    int start = a->ckpt.resume ? in->st.step : 0;
+    if ((a->ckpt.dir && checkpoint_dir_check(a->ckpt.dir, start, err)) ||
+        outputs_writable(a, cfg, start, in->outputs, &in->n_outputs, err))
         die(err, prog, false);
 }
 
@@ -2830,6 +2835,7 @@ static void print_setup(const TrainArgs* a, const Llama3Config* cfg, ModelFileFo
     if (a->loop.doc_mask) // [document mask]
         printf("documents: each starts at token %d, attention within each (training, val loss, eval and samples "
                "alike); positions absolute\n", bos_token(&a->loop, cfg));
+    outputs_print(stdout, in->outputs, in->n_outputs);
 }
 // [data parallel] The buffer bytes of one rank's collectives in an optimizer step (NCCL's count times
 // the element size; a ring moves about (world - 1) / world of each across the links): the gradients
@@ -2926,7 +2932,7 @@ static int dry_run(const TrainArgs* a, const Llama3Config* cfg, const RankEnv* r
     if (need > cards[0].gib) printf(". Smaller: %s", advice);
     printf("\n");
     model_host_free(&m);
-    printf("dry run: the flags and inputs pass every check made before the GPU; nothing was written\n");
+    printf("dry run: the flags, inputs and outputs pass every check made before the GPU; nothing was written\n");
     return 0;
 }
 
@@ -2948,17 +2954,21 @@ static void model_start(Model* m, const TrainArgs* a, ModelFileFormat fmt, RunIn
 int main(int argc, char** argv) {
     char err[L3_ERR_LEN];
     setvbuf(stdout, NULL, _IOLBF, 0); // a line at a time under tee, nohup or a scheduler, in order with stderr
-    RankEnv ranks = rank_env_read(env_lookup);
+    RankEnv ranks;
+    char env_err[L3_ERR_LEN];
+    int env_bad = rank_env_read(env_lookup, &ranks, env_err); // (refused after --help: one rank meanwhile)
     TrainArgs a;
     if (train_args_parse(&a, argc, argv, ranks.world, err)) die(err, argv[0], true);
     if (a.help || a.list_switches) {
         a.help ? print_usage(stdout, argv[0]) : print_switches(stdout);
         return 0;
     }
+    if (env_bad) die(env_err, argv[0], false);
     if (rank_env_check(&ranks, LLAMA3_NCCL ? INT_MAX : 1, err)) die(err, argv[0], false);
     a.loop.rank = ranks.rank;
     if (ranks.world > 1) snprintf(rank_tag, sizeof(rank_tag), "rank %d: ", ranks.rank);
     if (ranks.rank > 0 && !freopen("/dev/null", "w", stdout)) die("cannot silence stdout", argv[0], false); // rank 0 prints
+    rank_env_print(stdout, &ranks);
     Llama3Config cfg = family_config(a.loop.shape); // (a model file's header replaces it)
     ModelFileFormat fmt = MODEL_FILE_SEED;
     DataLoader loader;

@@ -14,7 +14,9 @@ formula gives (see ffn_params). Anything else is refused in one line. Tied embed
 as Llama-3.2-1B/3B ship) stay tied: the file's header says so and it has no lm_head tensor; q and k rows go
 from HF's half-rotation order to Meta's adjacent pairs.
 The output is written to a temporary name, fsynced and renamed; it may not be one of the inputs, and
-its folder must exist (a write that fails stops with one line naming OUT.bin).
+its folder must exist. Before a tensor is read, OUT.bin is checked as the trainer checks its outputs
+(its folder a folder this user may write in, a file system that is not read-only and has room for the
+file); a write that fails stops with one line naming OUT.bin.
 """
 import math
 import os
@@ -39,9 +41,9 @@ try:
 except ModuleNotFoundError as e:
     cli.missing_package(__file__, e)
 
-from llama3_files import (LLAMA3_2_ROPE_FACTOR, LLAMA3_ROPE, Config, config_problem, ffn_hidden_dim, kernel_problem,
-                          read_f32, read_json, safetensors_index, seed_header, seed_layout, to_meta_rows)
-from safe_write import write_atomic
+from llama3_files import (LLAMA3_2_ROPE_FACTOR, LLAMA3_ROPE, SEED_HEADER_BYTES, Config, config_problem, ffn_hidden_dim,
+                          kernel_problem, read_f32, read_json, safetensors_index, seed_header, seed_layout, to_meta_rows)
+from safe_write import check_output, write_atomic
 
 # LLaMA 3.x's own (ffn_dim_multiplier, multiple_of): 3.2-1B, 3.2-3B, 3.1-8B, 3.1-70B, 3.1-405B.
 LLAMA3_FFN = ((1.5, 256), (1.0, 256), (1.3, 1024), (1.3, 4096), (1.2, 4096))
@@ -259,6 +261,7 @@ def main(args):
     if tied:
         print("tied embeddings: kept (the file has no lm_head; the trainer uses embed_tokens as its head)")
     n_params = sum(math.prod(s) for _, s in seed_layout(c))
+    check_output(args.out, size=SEED_HEADER_BYTES + 4 * n_params)  # (before the tensors are read)
     write_atomic(args.out, seed_chunks(c, tensors, tied), [config_path, *files])
     print(f"wrote {args.out}: seed format, fp32, {n_params:,} parameters, {os.path.getsize(args.out):,} "
           f"bytes (q/k rows in Meta's pair order)")

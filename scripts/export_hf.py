@@ -12,7 +12,9 @@ is lossless, bfloat16 rounds to nearest even) and OUT_DIR/config.json (rope_type
 constants and the header's factor, or no scaling; tie_word_embeddings as the file's header says, and a tied file's export has no
 lm_head.weight; ffn_dim_multiplier and multiple_of kept so that convert_hf.py writes the same header
 back). OUT_DIR is made when missing, in a folder that exists (a missing parent is refused before the model
-is read, as the trainer's --checkpoint_dir).
+is read, as the trainer's --checkpoint_dir); before the tensors are read it is checked as the trainer
+checks its outputs (writable, not on a read-only file system, room for the tensors and tokenizer files,
+no folder where a file goes).
 
 --tokenizer_from HF_DIR (the folder the model came from, convert_hf.py's input) also copies its
 tokenizer.json, tokenizer_config.json, special_tokens_map.json and generation_config.json, those it
@@ -226,9 +228,18 @@ def write_model(args, c, tensors):
           f"(q/k rows in HF's half-rotation order); {config}")
 
 
+def folder_bytes(c, dtype, tokenizer_from):
+    """What OUT_DIR gets: the tensors in `dtype`, and the tokenizer files tokenizer_from holds."""
+    sources = [os.path.join(tokenizer_from, n) for n in TOKENIZER_FILES] if tokenizer_from else []
+    return layout_bytes(seed_layout(c), 2 if dtype == "bfloat16" else 4) + sum(
+        os.path.getsize(s) for s in sources if os.path.isfile(s))
+
+
 def main(args):
-    check_new_folder(args.out_dir)
+    check_new_folder(args.out_dir)  # (before the model is read; again with its size once its header is)
     c, fmt, version = read_header(args.model)
+    check_new_folder(args.out_dir, size=folder_bytes(c, args.dtype, args.tokenizer_from),
+                     files=("model.safetensors", "config.json") + (TOKENIZER_FILES if args.tokenizer_from else ()))
     tensors = read_tensors(args.model, c, fmt, version)
     if fmt == "llmc":
         check_llmc_biases(args.model, tensors)

@@ -396,8 +396,19 @@ HOST_MUTANTS = [
      "    if (l->total_batch_size == 0) l->total_batch_size = 256;"),
     ("no_near_miss", "flags", "llama3.h", "an unknown flag gets no 'did you mean'",
      "const FlagSpec* near = flag_nearest(flag);", "const FlagSpec* near = NULL;"),
-    ("outputs_unchecked", "log", "llama3.h", "a --log_file in a folder that does not exist is found only when it "
-     "opens, after the GPU", '    if (a->loop.log_file && writable_check("--log_file", a->loop.log_file, err)) return -1;\n', ""),
+    ("outputs_unchecked", "log", "llama3.h", "the --log_file left out of the outputs checked: a log in a folder that "
+     "does not exist is found only when it opens, after the GPU",
+     '    if (rank0 && a->loop.log_file)\n        out[n++] = output_of("--log_file"',
+     '    if (0)\n        out[n++] = output_of("--log_file"'),
+    ("parent_check_access", "outputs", "llama3.h", "an output's folder checked with access(W_OK) as before issue 65: a "
+     "writable regular file passes, so --save_hf afile/sub fails only at the end of the run",
+     "    if (!S_ISDIR(st.st_mode)) return snprintf(why, n, \"%s is %s, not a folder\", folder, file_kind(st.st_mode)), -1;\n"
+     "    if (statvfs(folder, &v) != 0) return snprintf(why, n, \"%s: %s\", folder, strerror(errno)), -1;\n"
+     "    if (!(v.f_flag & ST_RDONLY) && access(folder, W_OK | X_OK) != 0)",
+     "    if (statvfs(folder, &v) != 0) return snprintf(why, n, \"%s: %s\", folder, strerror(errno)), -1;\n"
+     "    if (!(v.f_flag & ST_RDONLY) && access(folder, W_OK) != 0)"),
+    ("checkpoints_counted_once", "outputs", "llama3.h", "the checkpoint folder's free space checked against one "
+     "checkpoint, not the ones kept at once: a run fails at its third save", "OUT_FOLDER, one * k,", "OUT_FOLDER, one,"),
     ("stop_after_ignored", "flags", "llama3.h", "--stop_after does not end the run early",
      "return a->loop.stop_after ? a->loop.stop_after : a->optim.sched.total;", "return a->optim.sched.total;"),
     ("schedule_ends_at_stop", "flags", "llama3.h", "the lr schedule spans the invocation (--stop_after), not "
@@ -408,8 +419,12 @@ HOST_MUTANTS = [
     ("val_beside_unchecked", "flags", "llama3.h", "--val_every takes a NAME_val.bin beside the token file "
      "that does not exist", "    if (stat(out, &st) != 0 || !S_ISREG(st.st_mode))\n", "    if (0)\n"),
     ("two_ranks_taken", "launch", "llama3.h", "a process launched as one of several ranks (torchrun, mpirun) trains "
-     "alone anyway, writing the same outputs as the others", "    if (r->world <= 1) return 0;\n",
-     "    if (r->world <= 1 || 1) return 0;\n"),
+     "alone anyway, writing the same outputs as the others", "    if (r->world <= max_world) return 0;\n",
+     "    if (r->world <= max_world || 1) return 0;\n"),
+    ("launcher_partial_one_rank", "launch", "llama3.h", "a partial set of a launcher's variables (RANK=1 alone, "
+     "WORLD_SIZE=2 alone) falls back to one rank: N processes each train alone on the same outputs",
+     "    if (!size || !rank)\n        return l3_fail(err, \"%s=%s without %s:",
+     "    if (!size || !rank)\n        return 0;\n    if (0)\n        return l3_fail(err, \"%s=%s without %s:"),
     ("shard_boundary_off_by_one", "data parallel", "llama3.h", "ZeRO-1: each rank's part starts one element late "
      "(a parameter of every boundary updated by two ranks, one by none)",
      "ShardRun r = {begin + (size_t)z->rank * s->part, state, s->part};",
@@ -459,13 +474,14 @@ HOST_MUTANTS = [
     # issue 45's last bad inputs: each refused in one line, before the GPU or before any work
     ("log_file_directory_taken", "log", "llama3.h", "a --log_file that is a directory passes the checks (and fails "
      "only when it opens, after the GPU start and the model load)",
-     "    if (a->loop.log_file && log_file_kind_check(a->loop.log_file, a->ckpt.resume != NULL, err)) return -1;\n", ""),
+     "    if (log_file_kind_check(o->path, o->kind == OUT_LOG_CONTINUED, why)) return -2; // (a whole message of its own)\n",
+     ""),
     ("short_token_file_truncated", "inputs", "llama3.h", "a token file shorter than its header is read as one (a "
      "42-byte text file: a bad magic, or a count against a size less the header)",
      "    if (nbytes < 1024) return shorter_than_header(name, \"token file\", nbytes, 1024, err);\n", ""),
     ("out_dir_parents_made", "scripts", "scripts/safe_write.py", "an output folder whose parent is missing passes "
      "the check: prepare_data.py and export_hf.py stop only after their work, when the folder is made",
-     '("does not exist" if not os.path.exists(parent) else', '(None if not os.path.exists(parent) else'),
+     'return f"its folder {folder} does not exist (only the last folder of a path is made)"', "return None"),
     ("out_dir_made_before_work", "scripts", "scripts/prepare_data.py", "prepare_data.py makes --out_dir before "
      "tokenizing: a run that then stops leaves an empty folder",
      "            refuse_input(out, files + inputs)\n    shard_stem",
@@ -492,8 +508,8 @@ HOST_MUTANTS = [
      "numbers with their commas (\"1,\"), so that no whole log passes (as on the H100, 2026-12-06)",
      "| tr -dc '0-9\\n' |", "| cut -d' ' -f2 |"),
     ("slurm_job_tasks_as_world", "data parallel", "llama3.h", "the world size read from SLURM_NTASKS (the job's) "
-     "instead of the step's: a process a batch script starts without srun waits as rank 0 of all the job's tasks",
-     '{"SLURM_STEP_NUM_TASKS", "SLURM_PROCID"', '{"SLURM_NTASKS", "SLURM_PROCID"'),
+     "before the step's SLURM_STEP_NUM_TASKS: srun's tasks of a step smaller than the job wait for ranks that "
+     "never come", '{"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}', '{"SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"}'),
     ("shard_steps_without_last_target", "data", "llama3.h", "a shard's steps counted without the last step's "
      "last target: a shard of a whole number of steps reads one token past its end",
      "return n ? (n - 1) / l->group_tokens : 0;", "return n / l->group_tokens;"),

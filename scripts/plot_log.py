@@ -23,7 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cli import ArgumentParser  # noqa: E402
-from safe_write import write_atomic  # noqa: E402
+from safe_write import check_output, write_atomic  # noqa: E402
 
 
 def pyplot():
@@ -136,6 +136,7 @@ def main():
     labels = args.label or names
     if len(labels) != len(args.logs):
         sys.exit(f"error: --label: {len(labels)} given for {len(args.logs)} logs (one per log, in order)")
+    check_output(args.out)
     plt = pyplot()
     fmt = out_format(args.out)
     runs = [(label, read_log(log)) for label, log in zip(labels, args.logs)]

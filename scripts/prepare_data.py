@@ -7,7 +7,7 @@ default, or your own text with --input; and the tokenizer's id-to-bytes table, f
   scripts/prepare_data.py --text input.txt --tokenizer tokenizer.model
   scripts/prepare_data.py --input my_texts/ --tokenizer Llama-3.2-1B/tokenizer.json
   scripts/prepare_data.py --input corpus.jsonl --text_field content \\
-      --tokenizer Llama-3.2-1B/original/tokenizer.model --name corpus --val_tokens 100000
+      --tokenizer Llama-3.2-1B/tokenizer.json --name corpus --val_tokens 100000
   scripts/prepare_data.py --input a.txt b.txt --input c.jsonl --name mine
   scripts/prepare_data.py --input a.txt --tokenizer tokenizer.json --vocab_out data/mine_vocab.bin
   scripts/prepare_data.py --input notes.txt --tokenizer tokenizer.json --val_tokens 0   # no val split
@@ -45,8 +45,9 @@ a tiktoken tokenizer.model ("base64token rank" lines; Meta's file is recognised 
 an HF tokenizer.json (a byte-level BPE: model.vocab's keys are bytes through GPT-2's byte-to-unicode
 table, the ids are the ranks, added_tokens the special tokens, the pre_tokenizer a Split regex then
 ByteLevel). Either way the result must be the LLaMA-3 vocabulary: n_vocab 128256, BOS 128000 and
-LLaMA-3's pre-tokenizer regex. The HF LLaMA 3.2-1B download has both files: Llama-3.2-1B/tokenizer.json
-and Llama-3.2-1B/original/tokenizer.model, which give the same tokens.
+LLaMA-3's pre-tokenizer regex. A Hugging Face download of LLaMA 3.2-1B has Llama-3.2-1B/tokenizer.json
+(and Llama-3.2-1B/original/tokenizer.model, unless it excludes original/*, as the README's does); both
+give the same tokens.
 
 Each file: a header of 256 little-endian int32 ([0]=20240801 magic, [1]=7 version, [2]=number of
 tokens, rest 0), then the tokens as little-endian uint32; written whole (safe_write.write_atomic),
@@ -278,6 +279,10 @@ def load_tokenizer(path):
     """(Encoding, what the file is) from a tiktoken tokenizer.model or an HF tokenizer.json."""
     try:
         data = Path(path).read_bytes()
+    except FileNotFoundError:
+        fail(f"--tokenizer {path}: no such file. The LLaMA-3 tokenizer comes with a Hugging Face download, as its "
+             "tokenizer.json (hf download meta-llama/Llama-3.2-1B --local-dir Llama-3.2-1B --exclude \"original/*\": "
+             "Llama-3.2-1B/tokenizer.json); without --tokenizer, Meta's tokenizer.model of the package llama-models")
     except OSError as e:
         fail(f"{path}: cannot read the tokenizer ({e.strerror})")
     if data.lstrip()[:1] == b"{":  # base64 has no "{": JSON
@@ -548,10 +553,35 @@ def output_folders(args):
                                             if args.vocab_out else [])
 
 
+def own_name(args):
+    """--input's output name: --name, else the one input's name, else "data"."""
+    return args.name or (Path(os.path.abspath(args.input[0])).stem if len(args.input) == 1 else "data")
+
+
+def eval_path(args):
+    return os.path.join(args.out_dir, f"{args.name or 'hellaswag'}_eval.bin")
+
+
+def output_files(args):
+    """The files this run writes (with --shard_tokens, its first train shard's name)."""
+    if args.hellaswag:
+        return [eval_path(args)]
+    vocab = [args.vocab_out] if args.vocab_out else []
+    if args.input is None:
+        return [os.path.join(args.out_dir, f"tiny_shakespeare_{s}.bin") for s in ("val", "train")] + (
+            vocab or [os.path.join(args.out_dir, VOCAB_NAME)])
+    stem = os.path.join(args.out_dir, own_name(args))
+    return [f"{stem}_val.bin", f"{stem}_train_000000.bin" if args.shard_tokens else f"{stem}_train.bin"] + vocab
+
+
 def check_folders(args):
-    """Before any work: each output folder exists, or can be made (its parent exists; safe_write's rule)."""
+    """Before any work: each output folder exists, or can be made (its parent exists), and can be written,
+    with no folder where a file of this run goes (safe_write's rules)."""
+    files = output_files(args)
     for folder, flag in output_folders(args):
-        check_new_folder(folder, flag)
+        here = [os.path.basename(f) for f in files
+                if os.path.normpath(os.path.dirname(f) or ".") == os.path.normpath(folder)]
+        check_new_folder(folder, flag, files=here)
 
 
 def make_folders(args):
@@ -619,7 +649,7 @@ def val_end(args, starts, total):
 
 def own_data(args, enc, inputs):
     files = input_files(args.input)
-    name = args.name or (Path(os.path.abspath(args.input[0])).stem if len(args.input) == 1 else "data")
+    name = own_name(args)
     val_out, train_out = (os.path.join(args.out_dir, f"{name}_{split}.bin") for split in ("val", "train"))
     for out in (train_out, val_out, args.vocab_out):  # before any work (write_atomic checks again)
         if out:
@@ -698,7 +728,7 @@ def hellaswag_examples(path):
 
 def hellaswag(args, enc, inputs):
     """The eval file of HellaSwag's JSONL (format in the docstring), written whole."""
-    out = os.path.join(args.out_dir, f"{args.name or 'hellaswag'}_eval.bin")
+    out = eval_path(args)
     refuse_input(out, inputs)
     examples = hellaswag_examples(args.hellaswag)
     bos = enc.encode_single_token(BOS_NAME)

@@ -185,6 +185,46 @@ corpus_through_trainer() {
     check $ok "train_llama3 refuses each of the $n corpus files in one line naming it" "$bad"
 }
 
+# The corpus's launch environments and output paths (test_llama3_host.c's LAUNCHER_CASES and
+# OUTPUT_CASES that it refuses) through ./train_llama3 --dry_run 1: each refused in one line before the
+# GPU, "error: " and the first variable (env_LABEL: NAME=VALUE lines, every other launcher variable
+# unset) or the first flag and its path (output_LABEL: one argument a line).
+launch_and_outputs_through_trainer() {
+    local f n=0 bad="" expect args unset rc
+    mapfile -t unset < "$tmp/corpus/env_unset"
+    for f in "$tmp"/corpus/env_* "$tmp"/corpus/output_*; do
+        [ "${f##*/}" = env_unset ] && continue
+        mapfile -t args < "$f"
+        n=$((n + 1))
+        if [[ ${f##*/} == env_* ]]; then # (named: one of its variables, NAME=VALUE)
+            env "${unset[@]}" "${args[@]}" ./train_llama3 --dry_run 1 > "$tmp/out" 2> "$tmp/err"
+            rc=$? expect=$(grep -oF -f "$f" "$tmp/err" | head -n 1)
+        else
+            ./train_llama3 --dry_run 1 "${args[@]}" > "$tmp/out" 2> "$tmp/err"
+            rc=$? expect="error: ${args[0]} ${args[1]}"
+        fi
+        [ "$rc" -ne 0 ] && [ -n "$expect" ] && [ "$(wc -l < "$tmp/err")" -eq 1 ] && grep -q "^error: " "$tmp/err" &&
+            grep -qF -- "$expect" "$tmp/err" || bad="$bad ${f##*/}($(head -c 200 "$tmp/err"))"
+    done
+    [ "$n" -gt 20 ] && [ -z "$bad" ] && ok=1 || ok=0
+    check $ok "train_llama3 refuses each of the corpus's $n launch environments and output paths in one line" "$bad"
+}
+
+# The dry run names the rank and its launcher, and each output with its verdict (one line each); the
+# checks make nothing.
+dry_run_lines() {
+    local out ok
+    mkdir -p "$tmp/dry" && out=$(env RANK=0 WORLD_SIZE=1 ./train_llama3 "${TINY[@]}" --dry_run 1 \
+        --log_file "$tmp/dry/run.jsonl" --checkpoint_dir "$tmp/dry/ck" --save_hf "$tmp/dry/hf" 2>&1)
+    [ "$(head -n 1 <<< "$out")" = "rank 0 of 1 (from torchrun: RANK=0 WORLD_SIZE=1)" ] &&
+        grep -qF "output: --log_file $tmp/dry/run.jsonl (a new file; the JSON log): can be written" <<< "$out" &&
+        grep -qE "^output: --checkpoint_dir $tmp/dry/ck \(a new folder; 1 checkpoint of 0.19 MiB at once, 0.19 MiB of [0-9.]+ [GM]iB free\): can be written$" <<< "$out" &&
+        grep -qE "^output: --save_hf $tmp/dry/hf \(a new folder; the Hugging Face folder, 0.0[0-9] MiB of [0-9.]+ [GM]iB free\): can be written$" <<< "$out" &&
+        [ -z "$(ls -A "$tmp/dry")" ] && ok=1 || ok=0
+    check $ok "--dry_run 1: the rank's line, then a line per output (log, checkpoints, HF folder) that can be written; nothing made" \
+        "$(grep -E '^(rank|output)' <<< "$out")"
+}
+
 # Nothing is lost: no output is one of the inputs, and an output opens only after every input check.
 files_never_lost() {
     local model="$tmp/corpus/model_llmc_bias_nonzero" keep="$tmp/keep.log" before ok
@@ -205,25 +245,26 @@ files_never_lost() {
     expect_error "an empty path" "--llmc_filepath: empty path" ./train_llama3 --llmc_filepath ""
 }
 
-# A run that stops after its inputs passed, where the GPU is looked at (no GPU here; on a GPU
-# machine, a batch too large for its memory): an earlier log and the checkpoint folder are
-# untouched, and stdout reaches a file a line at a time, so the step-free setup lines come before
-# the error (block buffering would write them at exit, after it).
+# A run that stops after its inputs and outputs passed, where the GPU is looked at (none visible): an
+# earlier log and the checkpoint folder are untouched, and stdout reaches a file a line at a time, so
+# the step-free setup lines come before the error (block buffering would write them at exit, after
+# it). The corpus's tiny model (TINY), whose checkpoints fit any disk; on a GPU machine also the 1B with
+# a batch too large for its memory.
 gpu_failure_loses_nothing() {
-    local keep="$tmp/gpu_keep.log" ck="$tmp/gpu_ckpt" frag args ok
-    if nvidia-smi -L > /dev/null 2>&1; then
-        frag="out of GPU memory" args=(--batch_size 32 --sequence_length 8192 --num_iteration 1)
-    else
-        frag="no CUDA device found" args=()
-    fi
+    local keep="$tmp/gpu_keep.log" ck="$tmp/gpu_ckpt" ok
     echo "an earlier run's log" > "$keep"
-    ./train_llama3 "${args[@]}" --log_file "$keep" --checkpoint_dir "$ck" > "$tmp/gpu_fail.out" 2>&1
+    CUDA_VISIBLE_DEVICES= ./train_llama3 "${TINY[@]}" --log_file "$keep" --checkpoint_dir "$ck" > "$tmp/gpu_fail.out" 2>&1
     [ $? -ne 0 ] && [ "$(cat "$keep")" = "an earlier run's log" ] && [ ! -e "$ck" ] && ok=1 || ok=0
-    check $ok "a run that stops with '$frag' leaves an earlier --log_file as it was and creates no --checkpoint_dir" \
+    check $ok "a run that stops with 'no CUDA device found' leaves an earlier --log_file as it was and creates no --checkpoint_dir" \
         "$(tail -n 2 "$tmp/gpu_fail.out")"
-    grep -q '^model: ' "$tmp/gpu_fail.out" && tail -n 1 "$tmp/gpu_fail.out" | grep -qF "$frag" && ok=1 || ok=0
+    grep -q '^model: ' "$tmp/gpu_fail.out" && tail -n 1 "$tmp/gpu_fail.out" | grep -qF "no CUDA device found" && ok=1 || ok=0
     check $ok "stdout is line-buffered into a file: the setup lines come before the error on stderr" \
         "$(head -c 300 "$tmp/gpu_fail.out")"
+    nvidia-smi -L > /dev/null 2>&1 || return
+    ./train_llama3 --batch_size 32 --sequence_length 8192 --num_iteration 1 --log_file "$keep" > "$tmp/oom.out" 2>&1
+    [ $? -ne 0 ] && [ "$(cat "$keep")" = "an earlier run's log" ] && tail -n 1 "$tmp/oom.out" | grep -qF "out of GPU memory" &&
+        ok=1 || ok=0
+    check $ok "a run that stops with 'out of GPU memory' leaves an earlier --log_file as it was" "$(tail -n 2 "$tmp/oom.out")"
 }
 
 # Broken checkpoints given to --resume: each one line before the GPU is touched (no GPU needed).
@@ -300,7 +341,13 @@ user_errors() {
 
 # The trainer's bad-input errors, in one part (they read the corpus the host unit tests wrote).
 trainer_errors() {
+    # TINY: the corpus's tiny model (C 32, 4 heads of 8: unfused attention) on 2,000 tokens of its 64
+    python3 -c 'import struct, sys; open(sys.argv[1], "wb").write(struct.pack("<256i", 20240801, 7, 2000, *[0] * 253)
+                + struct.pack("<2000I", *[i % 64 for i in range(2000)]))' "$tmp/tiny_tokens.bin"
+    TINY=(--llmc_filepath "$tmp/corpus/valid_seed_valid" --input_bin "$tmp/tiny_tokens.bin" --flash_attention 0)
     corpus_through_trainer
+    launch_and_outputs_through_trainer
+    dry_run_lines
     files_never_lost
     gpu_failure_loses_nothing
     printf 'not a model file at all, just text padding it out to more than 1024 bytes %01100d' 0 > "$tmp/junk.bin"
@@ -310,7 +357,8 @@ trainer_errors() {
     expect_error "bad token magic" "bad magic" ./train_llama3 --input_bin "$tmp/junk.bin"
     expect_error "sequence too long" "longer than the model allows" ./train_llama3 --sequence_length 131073
     expect_error "too few tokens" "not enough tokens for one batch" ./train_llama3 --input_bin data/tiny_shakespeare_val.bin --batch_size 8 --sequence_length 8192 --total_batch_size 65536
-    expect_error "unwritable log file" "cannot open for writing" ./train_llama3 --log_file "$tmp/no/such/dir/log.json"
+    expect_error "unwritable log file" "--log_file $tmp/no/such/dir/log.json: cannot be written: its folder $tmp/no/such/dir does not exist" \
+        ./train_llama3 --log_file "$tmp/no/such/dir/log.json"
     expect_error "a directory as --log_file, before the GPU" "--log_file $tmp: is a directory, not a file to write" \
         ./train_llama3 --log_file "$tmp"
     printf 'a text file, 42 bytes, where one was meant' > "$tmp/text42.txt"
@@ -337,12 +385,16 @@ trainer_errors() {
         ./train_llama3 --hf_dir "$tmp" --shape 8b
     expect_error "--save_hf naming the --hf_dir folder" "is the --hf_dir folder, an input" \
         ./train_llama3 --hf_dir "$tmp" --save_hf "$tmp/"
-    expect_error "--save_hf naming a file" "--save_hf $tmp/junk.bin: exists and is not a folder" \
+    expect_error "--save_hf naming a file" "--save_hf $tmp/junk.bin: cannot be written: $tmp/junk.bin is a regular file, not a folder" \
         ./train_llama3 --save_hf "$tmp/junk.bin"
-    expect_error "--save_hf in a folder that does not exist" "--save_hf $tmp/none/out: cannot open for writing" \
+    expect_error "--save_hf in a folder that does not exist" "--save_hf $tmp/none/out: cannot be written: its folder $tmp/none does not exist" \
         ./train_llama3 --save_hf "$tmp/none/out"
     expect_error "--save_hf_checkpoints without --checkpoint_dir" "--save_hf_checkpoints 1 takes --checkpoint_dir" \
         ./train_llama3 --save_hf_checkpoints 1
+    expect_error "--save_hf_dtype float32 without an HF folder to write" "--save_hf_dtype float32 takes --save_hf" \
+        ./train_llama3 --save_hf_dtype float32
+    expect_error "an unquoted glob, expanded by the shell: quote it" "unexpected argument 'data/tiny_shakespeare_val.bin' after --input_bin data/tiny_shakespeare_train.bin: a path flag takes one value; quote a glob" \
+        ./train_llama3 --input_bin data/tiny_shakespeare_*.bin
     bad_checkpoints
     user_errors
     # Every script the README names runs as it is named: executable, with a #! line.
@@ -490,7 +542,9 @@ readme_recipes() {
     mkdir -p "$tmp/recipes" && ln -sf "$PWD/train_llama3" "$tmp/recipes/"
     while IFS= read -r cmd; do
         out=$(cd "$tmp/recipes" && timeout 60 bash -c "$cmd" 2>&1)
-        echo "$out" | grep -q "^error: no CUDA device found" && ok=1 || ok=0
+        # (or every check but the free space of a disk too small for the recipe's checkpoints)
+        echo "$out" | grep -q "^error: no CUDA device found\|^error: --checkpoint_dir .* free, and the run writes up to" &&
+            ok=1 || ok=0
         check $ok "a recipe's flags pass every check before the GPU: ${cmd:0:70}..." "$(echo "$out" | grep -m 1 '^error')"
     done < <(echo "$list" | sed -n 's/^cmd \(\.\/train_llama3 .*\)/\1/p' | grep -v -- '--resume\|--llmc_filepath\|--hf_dir')
 }

@@ -441,7 +441,7 @@ def check_missing_folders(d, seed):
     nested, bad = os.path.join(d, "a", "b", "c"), os.path.join(d, "not_a_model.bin")
     write_bytes(bad, b"x" * 42)
     expect_refusal("export_hf.py", [bad, nested],
-                   f"{nested}: cannot make the folder: its parent {os.path.dirname(nested)} does not exist",
+                   f"{nested}: cannot be written: its folder {os.path.dirname(nested)} does not exist",
                    "export into a missing folder, before the model is read", absent=os.path.join(d, "a"))
 
 

@@ -413,6 +413,9 @@ def check_failures_are_one_line(d, model, hf, text_file):
                                                                      "no_proxy": "", "NO_PROXY": ""})
     check(one_error(rc, err, "cannot download Tiny Shakespeare", "--text"),
           f"a download that fails: {err.strip()}")
+    rc, _, err = run_cli("--input", text_file, "--tokenizer", os.path.join(d, "absent.json"), "--out_dir", d)
+    check(one_error(rc, err, "--tokenizer", "absent.json: no such file", "tokenizer.json (hf download "
+                    "meta-llama/Llama-3.2-1B"), f"a --tokenizer that is not there: where the file comes from ({err.strip()[:90]}...)")
     rc, _, err = run_cli("--text", os.path.join(d, "absent.txt"), "--tokenizer", model, "--out_dir", d)
     check(one_error(rc, err, "--text", "absent.txt: cannot read"), f"a --text that is not there: {err.strip()}")
     sock = os.path.join(d, "sock.txt")  # exists, but open() fails even for root
@@ -422,7 +425,7 @@ def check_failures_are_one_line(d, model, hf, text_file):
     check(one_error(rc, err, f"{sock}: cannot read"), f"an input that cannot be read: {err.strip()}")
     rc, _, err = run_cli("--input", text_file, "--tokenizer", hf, "--val_tokens", "300",
                          "--out_dir", os.path.join(text_file, "out"))
-    check(one_error(rc, err, "--out_dir", "cannot make the folder"),
+    check(one_error(rc, err, "--out_dir", "cannot be written", "is a file, not a folder"),
           f"an --out_dir that cannot be made: {err.strip()}")
     rc, _, err = run_cli("--input", text_file, "--tokenizer", hf, "--val_tokens", "300", "--out_dir", d,
                          "--vocab_out", os.path.join(text_file, "v.bin"))
@@ -444,12 +447,12 @@ def check_missing_parents(d, hf, text_file):
     nested = os.path.join(d, "a", "b", "c")
     absent = os.path.join(d, "no_tokenizer.json")
     rc, _, err = run_cli("--input", text_file, "--tokenizer", absent, "--out_dir", nested)
-    check(one_error(rc, err, f"--out_dir {nested}: cannot make the folder: its parent {os.path.dirname(nested)} "
+    check(one_error(rc, err, f"--out_dir {nested}: cannot be written: its folder {os.path.dirname(nested)} "
                     "does not exist") and not os.path.exists(os.path.join(d, "a")),
           f"an --out_dir in a missing folder: refused before any work, nothing made: {err.strip()}")
     vocab = os.path.join(d, "x", "y", "v.bin")
     rc, _, err = run_cli("--input", text_file, "--tokenizer", absent, "--out_dir", d, "--vocab_out", vocab)
-    check(one_error(rc, err, "--vocab_out's folder", "its parent", "does not exist")
+    check(one_error(rc, err, "--vocab_out's folder", "its folder", "does not exist")
           and not os.path.exists(os.path.join(d, "x")), f"a --vocab_out in a missing folder: {err.strip()}")
     tiny, new = os.path.join(d, "few_words.txt"), os.path.join(d, "new_out")
     open(tiny, "w").write("a few words\n")

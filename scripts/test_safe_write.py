@@ -2,15 +2,16 @@
 """Host test of scripts/safe_write.py (no GPU, no numpy): the file appears whole or not at all, an
 input is never an output, no temporary file is left, and a write that cannot be made stops with one
 line naming the output (not the temporary file). An output folder is made when missing, but a missing
-parent is refused in one line and not made (the trainer's --checkpoint_dir rule). Ends with "N passed, M
-failed"."""
+parent is refused in one line and not made (the trainer's --checkpoint_dir rule); check_output and
+check_new_folder refuse what would make a write fail, as the trainer's outputs_writable. Ends with "N
+passed, M failed"."""
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cli import ArgumentParser  # noqa: E402
-from safe_write import check_new_folder, make_folder, write_atomic  # noqa: E402
+from safe_write import check_new_folder, check_output, make_folder, write_atomic  # noqa: E402
 
 results = []
 
@@ -59,12 +60,56 @@ def check_folders(d):
           and said_by(make_folder, new, "--out_dir") is None and os.path.isdir(new),
           "a new folder in one that exists: passes the check (which makes nothing), then is made")
     said = said_by(check_new_folder, nested, "--out_dir")
-    check(said == f"error: --out_dir {nested}: cannot make the folder: its parent {os.path.dirname(nested)} does "
-          "not exist (only the last folder of a path is made, as the trainer makes --checkpoint_dir)"
-          and not os.path.exists(os.path.join(d, "a")),
+    check(said == f"error: --out_dir {nested}: cannot be written: its folder {os.path.dirname(nested)} does not "
+          "exist (only the last folder of a path is made)" and not os.path.exists(os.path.join(d, "a")),
           f"a folder whose parent is missing: refused, nothing made ({said})")
     said = said_by(check_new_folder, os.path.join(d, "out.bin"))
-    check(said and said.endswith("out.bin: exists and is not a folder"), f"a file where the folder would be ({said})")
+    check(said and said.endswith("out.bin: cannot be written: " + os.path.join(d, "out.bin") + " is a file, not a folder"),
+          f"a file where the folder would be ({said})")
+    os.mkdir(os.path.join(new, "model.safetensors"))
+    said = said_by(check_new_folder, new, "OUT_DIR", None, ("config.json", "model.safetensors"))
+    check(said and said.endswith("is a folder, where a file goes") and "model.safetensors" in said,
+          f"a folder where one of the folder's files goes ({said})")
+
+
+def check_outputs(d):
+    """check_output, as the trainer's outputs_writable: a path under a file, a folder where the file goes,
+    a missing folder, a file system too small or read-only (statvfs's answer replaced), no permission
+    (a child as another user when this one is root); each one line naming the output, nothing made."""
+    under = os.path.join(d, "out.bin", "x", "y.bin")
+    said = said_by(check_output, under, "--vocab_out")
+    check(said == f"error: --vocab_out {under}: cannot be written: {os.path.join(d, 'out.bin')} is a file, not a "
+          "folder", f"a file under a regular file ({said})")
+    said = said_by(check_output, d, "OUT")
+    check(said and said.endswith(": cannot be written: is a folder, where a file goes"), f"a folder as the file ({said})")
+    said = said_by(check_output, os.path.join(d, "new.bin"), None, 1 << 60)
+    check(said and "GiB free, and 1073741824.00 GiB are written there" in said, f"a file larger than the free space ({said})")
+    check(said_by(check_output, os.path.join(d, "new.bin"), None, 1 << 20) is None and not
+          os.path.exists(os.path.join(d, "new.bin")), "a new file that fits: taken, nothing made")
+    real = os.statvfs
+    os.statvfs = lambda p: os.statvfs_result((4096, 4096, 1, 1, 1, 1, 1, 1, os.ST_RDONLY, 255))
+    try:
+        said = said_by(check_output, os.path.join(d, "new.bin"), "--out")
+    finally:
+        os.statvfs = real
+    check(said and said.endswith(f"{d} is on a read-only file system"), f"a read-only file system ({said})")
+    check_permission(d)
+
+
+def check_permission(d):
+    locked = os.path.join(d, "locked")
+    os.mkdir(locked, 0o555)
+    pid = os.fork()
+    if pid == 0:  # (as nobody when root, for whom 0555 holds)
+        try:
+            if os.getuid() == 0:
+                os.chmod(d, 0o755)
+                os.setuid(65534)
+            said = said_by(check_output, os.path.join(locked, "x.bin"))
+            os._exit(0 if said and said.endswith(f"{locked} is not writable") else 1)
+        except BaseException:
+            os._exit(2)
+    check(os.waitpid(pid, 0)[1] == 0, "a folder this user may not write in: refused in one line")
 
 
 def failing_chunks():
@@ -99,6 +144,7 @@ def main():
         os.remove(src)
         check_unwritable(d)
         check_folders(d)
+        check_outputs(d)
     print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
     sys.exit(0 if all(results) else 1)
 
