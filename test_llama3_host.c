@@ -1467,7 +1467,7 @@ static const OutputCase OUTPUT_CASES[] = {
     {"checkpoints_fill_the_disk", "--checkpoint_dir D/ck --checkpoint_every 1 --num_iteration 2000 "
      "--checkpoint_keep 2000", "free, and the run writes up to"},
     {"log_new", "--log_file D/adir/new.jsonl", NULL},
-    {"all_new", "--log_file D/new.jsonl --checkpoint_dir D/ck --save_hf D/hf", NULL},
+    {"all_new", "--log_file D/fresh.jsonl --checkpoint_dir D/ck --save_hf D/hf", NULL},
     {"existing_folders", "--checkpoint_dir D/adir --save_hf D/adir --log_file /dev/null", NULL},
 };
 
@@ -1507,7 +1507,7 @@ static void test_output_cases(void) {
                   "output %s refused in one line naming %s -> \"%s\"", k->label, flag_path, err ? err : "(taken)");
         else CHECK(!err, "output %s taken (%s)", k->label, err ? err : "ok");
     }
-    const char* made[] = {"none", "ck", "hf", "new.jsonl", "adir/new.jsonl"};
+    const char* made[] = {"none", "ck", "hf", "fresh.jsonl", "adir/new.jsonl"}; // (tmp_path("new.jsonl") is another test's)
     int created = 0;
     for (int i = 0; i < 5; i++) {
         snprintf(line, sizeof(line), "%s/%s", corpus_dir, made[i]);
