@@ -49,6 +49,11 @@ build/vocab.o: data/llama3_vocab.bin
 	$(STEP)ld -r -b binary -z noexecstack -o $@ $<
 
 BLOBS = build/default_data.o build/default_val.o build/vocab.o
+# $(call build,TARGETS,LOG): TARGETS built JOBS at once (the CPU cores), a line per target and the
+# compiler's lines in LOG (scripts/build_step.sh). The blobs come first, alone: with them there, make -j
+# starts the trainer, the longest compile, at once (else after every other target).
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+build = $(MAKE) --no-print-directory -s $(BLOBS) BUILD_LOG=$(2) && $(MAKE) --no-print-directory -s -j$(JOBS) $(1) BUILD_LOG=$(2)
 # The trainer's data-parallel step (several ranks through NCCL, ZeRO-1) is built when NCCL is found
 # (DATA_PARALLEL=1; DATA_PARALLEL=0 leaves it out, and a DATA_PARALLEL=1 without NCCL is an error).
 # Without it the trainer trains one rank, and says so to a launch of several.
@@ -89,14 +94,12 @@ build/check/dev_%.ptx: dev/%.cu dev/common.h kernels.cuh llama3.h
 	@mkdir -p build/check
 	$(STEP)$(NVCC) $(CHECK_FLAGS) $(if $(filter dev/nccl.cu,$<),$(NCCL_INCLUDE)) $< -o $@
 
-# Builds (JOBS compilers at once: the CPU cores), installs the scripts' missing Python packages, runs
-# the host tests, and on a GPU machine the reference comparison and the dev/ kernel checks. On a
-# machine without a GPU it builds what runs there (the trainer, the host tests) and only compile-checks
-# test_llama3 and dev/ (their tests are GPU parts). The screen gets a line for the build, a line per
-# part, the skipped parts and "N passed, M failed, K skipped"; everything else goes to build/make_test.log
-# (each target's time, every check's line) and build/make_test_build.log (the compiler's lines). The
-# blobs come first, alone: with them there, make -j starts the trainer, the longest compile, at once.
-JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# Builds, installs the scripts' missing Python packages, runs the host tests, and on a GPU machine the
+# reference comparison and the dev/ kernel checks. On a machine without a GPU it builds what runs there
+# (the trainer, the host tests) and only compile-checks test_llama3 and dev/ (their tests are GPU parts).
+# The screen gets a line for the build, a line per part, the skipped parts and "N passed, M failed, K
+# skipped"; everything else goes to build/make_test.log (each target's time, every check's line) and
+# build/make_test_build.log (the compiler's lines).
 TEST_BUILD_LOG = build/make_test_build.log
 TEST_LOG = build/make_test.log
 NO_GPU_BUILD = train_llama3 test_llama3_host compile-check
@@ -105,16 +108,17 @@ test:
 	@mkdir -p build && : > $(TEST_BUILD_LOG) && : > $(TEST_LOG)
 	@echo "build: make $(TEST_BUILD), $(JOBS) at once$(if $(filter all,$(TEST_BUILD)),,; no GPU here: test_llama3 and dev/ compile-checked, as nothing here runs them)" | tee -a $(TEST_LOG)
 	@t0=$$(date +%s); \
-	$(MAKE) --no-print-directory -s $(BLOBS) BUILD_LOG=$(TEST_BUILD_LOG) >> $(TEST_LOG) 2>&1 && \
-	$(MAKE) --no-print-directory -s -j$(JOBS) $(TEST_BUILD) BUILD_LOG=$(TEST_BUILD_LOG) >> $(TEST_LOG) 2>&1 || \
+	{ $(call build,$(TEST_BUILD),$(TEST_BUILD_LOG)); } >> $(TEST_LOG) 2>&1 || \
 		{ grep -A 20 '^FAILED' $(TEST_LOG) || tail -n 5 $(TEST_LOG); echo "the build failed: the compiler's lines are in $(TEST_BUILD_LOG)"; exit 1; }; \
 	secs=$$(($$(date +%s) - t0)); \
 	echo "-- build: $$(grep -c '^build ' $(TEST_LOG)) targets, $$secs s" | tee -a $(TEST_LOG); \
 	LLAMA3_TEST_LOG=$(TEST_LOG) LLAMA3_BUILD_SECONDS=$$secs bash scripts/run_tests.sh
 
 # compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over small-shape training runs and every
-# dev/ kernel check; error counts per tool, ours apart from NVIDIA's libraries (needs a GPU).
-sanitize: train_llama3 dev
+# dev/ kernel check; error counts per tool, ours apart from NVIDIA's libraries (needs a GPU). Its build:
+# a line per target, the compiler's lines in build/make_sanitize_build.log.
+sanitize:
+	@mkdir -p build && $(call build,train_llama3 dev,build/make_sanitize_build.log)
 	bash scripts/sanitize.sh
 
 # The README's recipes run as written (needs a GPU; minutes, and ~40 GB of disk for the 1B's checkpoints).
@@ -122,7 +126,8 @@ test-recipes: train_llama3
 	bash scripts/test_recipes.sh
 
 # Every dev/ microbenchmark, validated then timed, and one table of all rows (needs a GPU).
-bench-kernels: dev
+bench-kernels:
+	@mkdir -p build && $(call build,dev,build/make_bench_build.log)
 	bash scripts/bench_kernels.sh
 
 clean:
