@@ -602,6 +602,42 @@ EOF
         "$(cat "$d"/*.out | grep -v '^ok')"
 }
 
+# make sanitize's parts that need no GPU: scripts/sanitize_report.py on made-up compute-sanitizer logs (a
+# report in a kernel of ours, a race inside cuBLASLt's, a clean run, one out of time), and sanitize.sh's
+# settings: a wrong tool, case or count refused in one line, exit 2; SANITIZE_DRY_RUN=1 its runs and estimate.
+sanitize_checks() {
+    local d=$tmp/sanitize ok out n_dev
+    mkdir -p "$d"
+    printf '========= ERROR SUMMARY: 0 errors\n' > "$d/train_default.memcheck.log"
+    printf '%s\n' "========= Invalid __global__ read of size 4 bytes" "=========     at void rope_kernel(float *)+0x1a0" \
+        "========= ERROR SUMMARY: 1 error" > "$d/dev_rope.memcheck.log"
+    printf '%s\n' "========= Error: Race reported between Write access at void nvjet_sm90_tst(int)+0x10" \
+        "========= RACECHECK SUMMARY: 1 hazard displayed" > "$d/dev_cast.racecheck.log"
+    : > "$d/dev_sample.racecheck.log"
+    echo 124 > "$d/dev_sample.racecheck.rc"
+    for f in train_default.memcheck dev_rope.memcheck dev_cast.racecheck; do echo 0 > "$d/$f.rc"; echo 7 > "$d/$f.seconds"; done
+    out=$(python3 scripts/sanitize_report.py "$d" memcheck racecheck 2>&1)
+    [ $? = 1 ] && grep -q '^| memcheck | dev_rope | 1 | 0 | FAIL | 7 |$' <<< "$out" && grep -q '| dev_sample | 0 | 0 | timed out |' <<< "$out" &&
+        [ "$(tail -n 1 <<< "$out")" = "2 passed, 2 failed; reports in our kernels: memcheck 1, racecheck 0; in NVIDIA's libraries: memcheck 0, racecheck 1" ] &&
+        [ "$(python3 scripts/sanitize_report.py "$d" racecheck --case dev_cast)" = "racecheck dev_cast: ok, 0 reports in our kernels, 1 in NVIDIA's libraries, 7 s" ] &&
+        ok=1 || ok=0
+    check $ok "sanitize_report.py on made-up logs: ours FAIL, the library's race ok, the time limit named; one summary line of each tool's reports" "$out"
+    expect_error "SANITIZE_TOOLS with no such tool" "SANITIZE_TOOLS: no tool 'memchek'" env SANITIZE_TOOLS=memchek bash scripts/sanitize.sh
+    expect_error "SANITIZE_CASES with no such case" "SANITIZE_CASES: no case 'train_nope*'" env SANITIZE_CASES="dev_* train_nope*" bash scripts/sanitize.sh
+    expect_error "SANITIZE_JOBS 0" "SANITIZE_JOBS=0: a positive whole number" env SANITIZE_JOBS=0 bash scripts/sanitize.sh
+    out=$(SANITIZE_DRY_RUN=1 SANITIZE_TOOLS="memcheck racecheck" SANITIZE_CASES="train_default dev_*" bash scripts/sanitize.sh 2>&1)
+    n_dev=$(ls dev/*.cu | grep -vc nccl)
+    [ -x dev/nccl ] && n_dev=$((n_dev + 1))
+    grep -q "^scripts/sanitize.sh: $((2 * (n_dev + 1))) runs, about [0-9]* min on one H100 .*; alone: memcheck [0-9]* min, racecheck [0-9]* min$" <<< "$out" &&
+        [ "$(grep -c '^run ' <<< "$out")" = $((2 * (n_dev + 1))) ] && grep -q '^run racecheck train_default$' <<< "$out" && ok=1 || ok=0
+    check $ok "SANITIZE_DRY_RUN=1: the runs of two tools over train_default and dev_* ($((2 * (n_dev + 1)))), the minutes in all and per tool, no GPU" "$out"
+}
+
+test_driver_checks() {
+    screen_checks
+    sanitize_checks
+}
+
 host_parts() {
     part "host unit tests and the trainer's bad-input errors" host_unit_tests
     part "flag table" flag_tables
@@ -619,7 +655,7 @@ host_parts() {
     part "plot_log.py" run "plot_log.py: a training log drawn, bad logs refused" python3 scripts/test_plot_log.py
     part "scripts' --help" run "every script's --help and a bad argument: usage or one line, nothing done (scripts/test_help.py)" \
         python3 scripts/test_help.py
-    part "make test's screen" screen_checks
+    part "make test's screen, make sanitize's settings and report" test_driver_checks
     if python3 -c "import torch, transformers" > /dev/null 2>&1; then
         part "bench_torch.py --ddp" ddp_peer_on_cpu
     else
