@@ -190,7 +190,7 @@ python_deps() {
         [ -z "${want// /}" ] && continue
         show "== installing the Python packages of $f that are missing: $want"
         if ! out=$(python3 -m pip install --quiet --disable-pip-version-check --retries 2 --timeout 15 -r "$f" 2>&1); then
-            show "$(echo "$out" | tail -n 3)" "   pip could not install them: the tests that need them are skipped"
+            show "$(echo "$out" | tail -n 3 | sed 's/^/   /')" "   pip could not install them: the tests that need them are skipped"
         fi
     done
 }
