@@ -19,12 +19,13 @@ CUDA_ROOT := $(abspath $(dir $(shell command -v $(NVCC) 2>/dev/null))..)
 NCCL_HOME ?= $(firstword $(if $(wildcard $(CUDA_ROOT)/include/nccl.h),$(CUDA_ROOT)) \
                $(shell python3 -c "import nvidia.nccl as n; print(n.__path__[0])" 2>/dev/null))
 NCCL_LIB := $(firstword $(wildcard $(NCCL_HOME)/lib/libnccl.so.2 $(NCCL_HOME)/lib64/libnccl.so.2))
-NCCL_FLAGS = -DLLAMA3_NCCL=1 -I$(NCCL_HOME)/include -L$(dir $(NCCL_LIB)) -l:libnccl.so.2 -Xlinker -rpath=$(dir $(NCCL_LIB))
+NCCL_INCLUDE = -DLLAMA3_NCCL=1 -I$(NCCL_HOME)/include
+NCCL_FLAGS = $(NCCL_INCLUDE) -L$(dir $(NCCL_LIB)) -l:libnccl.so.2 -Xlinker -rpath=$(dir $(NCCL_LIB))
 
 DEV_SOURCES = $(filter-out $(if $(NCCL_LIB),,dev/nccl.cu),$(wildcard dev/*.cu))
 DEV_BINARIES = $(DEV_SOURCES:.cu=)
 
-.PHONY: all dev test sanitize clean bench-kernels test-recipes
+.PHONY: all dev test sanitize clean bench-kernels test-recipes compile-check
 all: train_llama3 test_llama3 test_llama3_host dev
 
 # BUILD_LOG=FILE (make test sets it): each build command's output goes to FILE, and one line per
@@ -48,6 +49,11 @@ build/vocab.o: data/llama3_vocab.bin
 	$(STEP)ld -r -b binary -z noexecstack -o $@ $<
 
 BLOBS = build/default_data.o build/default_val.o build/vocab.o
+# $(call build,TARGETS,LOG): TARGETS built JOBS at once (the CPU cores), a line per target and the
+# compiler's lines in LOG (scripts/build_step.sh). The blobs come first, alone: with them there, make -j
+# starts the trainer, the longest compile, at once (else after every other target).
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+build = $(MAKE) --no-print-directory -s $(BLOBS) BUILD_LOG=$(2) && $(MAKE) --no-print-directory -s -j$(JOBS) $(1) BUILD_LOG=$(2)
 # The trainer's data-parallel step (several ranks through NCCL, ZeRO-1) is built when NCCL is found
 # (DATA_PARALLEL=1; DATA_PARALLEL=0 leaves it out, and a DATA_PARALLEL=1 without NCCL is an error).
 # Without it the trainer trains one rank, and says so to a launch of several.
@@ -74,22 +80,45 @@ dev/%: dev/%.cu dev/common.h kernels.cuh llama3.h
 dev/nccl: dev/nccl.cu dev/common.h kernels.cuh llama3.h
 	$(STEP)$(NVCC) $(NVCC_FLAGS) $(NCCL_FLAGS) $< $(LIBS) -o $@
 
-# Builds everything (JOBS compilers at once: the CPU cores; the compiler's lines in
-# build/make_test_build.log, one line per target on the screen), installs the scripts' missing
-# Python packages, runs the host tests, and on a GPU machine the reference comparison and the dev/
-# kernel checks. Ends with "N passed, M failed, K skipped".
-JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# compile-check: test_llama3 and every dev/ benchmark through nvcc's front end, whose C++ analysis covers
+# the file's host and device code, to PTX for sm_90a at cicc -O0 (build/check/*.ptx): no ptxas, host
+# compiler or link, about 5 s a file instead of 45. What make test does with them on a machine without a
+# GPU, where nothing runs them; dev/TESTING.md says what it leaves to the full build.
+CHECK_FLAGS = -std=c++17 -ptx -arch=compute_90a -Xcicc -O0 -DLLAMA3_NVTX=$(NVTX) $(NVTX_OFF)
+COMPILE_CHECKS = build/check/test_llama3.ptx $(DEV_SOURCES:dev/%.cu=build/check/dev_%.ptx)
+compile-check: $(COMPILE_CHECKS)
+build/check/test_llama3.ptx: test_llama3.cu train_llama3.cu kernels.cuh llama3.h
+	@mkdir -p build/check
+	$(STEP)$(NVCC) $(CHECK_FLAGS) $(if $(TRAIN_NCCL),$(NCCL_INCLUDE)) $< -o $@
+build/check/dev_%.ptx: dev/%.cu dev/common.h kernels.cuh llama3.h
+	@mkdir -p build/check
+	$(STEP)$(NVCC) $(CHECK_FLAGS) $(if $(filter dev/nccl.cu,$<),$(NCCL_INCLUDE)) $< -o $@
+
+# Builds, installs the scripts' missing Python packages, runs the host tests, and on a GPU machine the
+# reference comparison and the dev/ kernel checks. On a machine without a GPU it builds what runs there
+# (the trainer, the host tests) and only compile-checks test_llama3 and dev/ (their tests are GPU parts).
+# The screen gets a line for the build, a line per part, the skipped parts and "N passed, M failed, K
+# skipped"; everything else goes to build/make_test.log (each target's time, every check's line) and
+# build/make_test_build.log (the compiler's lines).
 TEST_BUILD_LOG = build/make_test_build.log
+TEST_LOG = build/make_test.log
+NO_GPU_BUILD = train_llama3 test_llama3_host compile-check
+TEST_BUILD = $(if $(shell nvidia-smi -L 2>/dev/null),all,$(NO_GPU_BUILD))
 test:
-	@mkdir -p build && : > $(TEST_BUILD_LOG)
-	@echo "== build: $(JOBS) targets at once, the compiler's lines in $(TEST_BUILD_LOG)"
-	@$(MAKE) --no-print-directory -s -j$(JOBS) all BUILD_LOG=$(TEST_BUILD_LOG) || \
-		{ echo "the build failed: the compiler's lines are in $(TEST_BUILD_LOG)"; exit 1; }
-	@bash scripts/run_tests.sh
+	@mkdir -p build && : > $(TEST_BUILD_LOG) && : > $(TEST_LOG)
+	@echo "build: make $(TEST_BUILD), $(JOBS) at once$(if $(filter all,$(TEST_BUILD)),,; no GPU here: test_llama3 and dev/ compile-checked, as nothing here runs them)" | tee -a $(TEST_LOG)
+	@t0=$$(date +%s); \
+	{ $(call build,$(TEST_BUILD),$(TEST_BUILD_LOG)); } >> $(TEST_LOG) 2>&1 || \
+		{ grep -A 20 '^FAILED' $(TEST_LOG) || tail -n 5 $(TEST_LOG); echo "the build failed: the compiler's lines are in $(TEST_BUILD_LOG)"; exit 1; }; \
+	secs=$$(($$(date +%s) - t0)); \
+	echo "-- build: $$(grep -c '^build ' $(TEST_LOG)) targets, $$secs s" | tee -a $(TEST_LOG); \
+	LLAMA3_TEST_LOG=$(TEST_LOG) LLAMA3_BUILD_SECONDS=$$secs bash scripts/run_tests.sh
 
 # compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over small-shape training runs and every
-# dev/ kernel check; error counts per tool, ours apart from NVIDIA's libraries (needs a GPU).
-sanitize: train_llama3 dev
+# dev/ kernel check; error counts per tool, ours apart from NVIDIA's libraries (needs a GPU). Its build:
+# a line per target, the compiler's lines in build/make_sanitize_build.log.
+sanitize:
+	@mkdir -p build && $(call build,train_llama3 dev,build/make_sanitize_build.log)
 	bash scripts/sanitize.sh
 
 # The README's recipes run as written (needs a GPU; minutes, and ~40 GB of disk for the 1B's checkpoints).
@@ -97,7 +126,8 @@ test-recipes: train_llama3
 	bash scripts/test_recipes.sh
 
 # Every dev/ microbenchmark, validated then timed, and one table of all rows (needs a GPU).
-bench-kernels: dev
+bench-kernels:
+	@mkdir -p build && $(call build,dev,build/make_bench_build.log)
 	bash scripts/bench_kernels.sh
 
 clean:

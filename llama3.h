@@ -1037,7 +1037,7 @@ static inline void rope_table(const Llama3Config* c, int T, float* cos_out, floa
 }
 
 // ---- model files ----
-// Two formats share magic 20240803 and version 3 (fp32); see the README's "File formats".
+// Two formats share magic 20240803 and version 3 (fp32); dev/FORMATS.md sections 1 and 2.
 // seed: InfiniTrain's llmc_filepath file, 1024-byte header, tensors in the order of
 //       seed_file_segments below. llmc: llm.c's llama3 branch, 2048-byte header, with zero biases.
 // A file is read as a list of segments: `count` floats at `file_offset` that go to
@@ -2023,7 +2023,7 @@ static inline int model_file_check(const char* path, const Llama3Config* cfg, Mo
 }
 
 // Writes a header for the seed format (the reference script writes the same bytes): slots 0..15 as
-// InfiniTrain's (FORMATS.md section 1), slot 16 (byte 64) tied_embeddings, 0 in the seed's own files,
+// InfiniTrain's (dev/FORMATS.md section 1), slot 16 (byte 64) tied_embeddings, 0 in the seed's own files,
 // slot 17 (byte 68) the f32 rope_factor, 0 in the seed's own files (read as 32).
 static inline void seed_header_write(unsigned char h[1024], const Llama3Config* c) {
     int32_t ints[256] = {0};

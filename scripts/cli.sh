@@ -17,8 +17,8 @@ unknown_argument() { bad_argument "unknown argument '$1' (--help lists them)"; }
 # needs_value "$@" (at an option that takes a value): its value must follow.
 needs_value() { [ $# -ge 2 ] || bad_argument "$1 needs a value (--help)"; }
 # fp8_gpu: this machine's (first) GPU has FP8 tensor cores, compute capability 8.9 or newer (the one
-# owner of that test for the GPU scripts; the trainer's own is fp8_gpu_check).
-fp8_gpu() { nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -n 1 | awk '{ exit !($1 >= 8.9) }'; }
+# owner of that test for the GPU scripts; the trainer's own is fp8_gpu_check); false without a GPU.
+fp8_gpu() { nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | awk 'NR == 1 { fp8 = $1 >= 8.9 } END { exit !fp8 }'; }
 # no_arguments "$@": a script that takes none answers --help, and refuses anything else.
 no_arguments() {
     [ $# -eq 0 ] && return

@@ -100,7 +100,8 @@ def verdict(binary, c):
 def table_cells(binary):
     """The table's cells in order, each with the trainer's verdict."""
     every = list(itertools.product(*(range(len(values)) for _, values in DIMENSIONS)))
-    said = {c: verdict(binary, c) for c in every}
+    with cf.ThreadPoolExecutor(os.cpu_count()) as pool:  # (each is mostly the trainer's start: 324 of them)
+        said = dict(zip(every, pool.map(lambda c: verdict(binary, c), every)))
     todo = set().union(*(pairs(c) for c in every))
     taken = covering([c for c in every if said[c] == "takes it"], todo)
     for (i, a), (j, b) in sorted(todo):  # (what no cell the trainer takes holds)

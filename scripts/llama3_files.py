@@ -1,6 +1,6 @@
 """The trainer's model files and Hugging Face's safetensors files in numpy, no torch: what convert_hf.py
 and export_hf.py share. The model header and its checks as llama3.h makes them (config_check,
-kernel_limits_check), the tensor order of the seed format and of llm.c's (FORMATS.md sections 1 and 2),
+kernel_limits_check), the tensor order of the seed format and of llm.c's (dev/FORMATS.md sections 1 and 2),
 the q/k row order, bf16 bits, a reader of HF's JSON files, and a safetensors reader and writer that take
 fp32, fp16 and bf16 (safetensors.numpy cannot hold bf16)."""
 import json

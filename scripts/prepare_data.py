@@ -459,7 +459,8 @@ class Progress:
     redrawn in place at most every half second on a terminal, else a line every 30 s and at the end."""
 
     def __init__(self, total_bytes):
-        self.total, self.done, self.start, self.shown = max(total_bytes, 1), 0, time.monotonic(), 0.0
+        self.total, self.done, self.start = max(total_bytes, 1), 0, time.monotonic()
+        self.shown = self.start  # (the first line after the first interval, not at the first piece)
         self.tty = sys.stdout.isatty()
 
     def add(self, n_bytes, n_tokens, final=False):

@@ -7,10 +7,13 @@
 # a GPU, also: test_llama3 against PyTorch references (scripts/ref_llama3.py, written to ref/ when
 # missing or older than the script) that exercise every path, the trainer itself on a reference's
 # files, the training runs, and every dev/ kernel check. Independent parts run at once (several fit
-# on the GPU together), each into its own output, printed with its time in the order they started,
-# as soon as it and those before it have ended. Ends with "N passed, M failed, K skipped" after the
-# list of skipped parts and why (without a GPU, also that the GPU parts' skips are expected there and
-# how to run them); exits non-zero if anything failed.
+# on the GPU together), each into its own output, printed with a line of its counts and time in the
+# order they started, as soon as it and those before it have ended. Ends with "N passed, M failed, K
+# skipped" after the list of skipped parts and why (without a GPU, also that the GPU parts' skips are
+# expected there and how to run them); exits non-zero if anything failed.
+#   LLAMA3_TEST_LOG=FILE        (make test) the whole output goes to FILE, and the screen gets a line per
+#                               part, the first 10 FAIL lines, the skipped parts and the summary
+#   LLAMA3_BUILD_SECONDS=N      (make test) the build's time, which the "test time:" line adds in
 #   LLAMA3_TEST_SHAPES="small"  leaves the 1B shape out (its reference writes ~42 GB to ref/)
 #   LLAMA3_DEV_CHECKS=0         leaves the dev/ kernel checks out
 #   LLAMA3_HOST_TESTS=0         leaves the host unit tests and the bad-input errors out (scripts/mutants.py
@@ -31,22 +34,38 @@ jobs_max=${LLAMA3_TEST_JOBS:-$(n=$(nproc 2>/dev/null || echo 2); echo $((n < 8 ?
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
 t_start=$SECONDS
+# The screen is fd 3: with LLAMA3_TEST_LOG, stdout and stderr go to the log and `show` prints a line to
+# both; without, fd 3 is /dev/null and the output is the whole output.
+if [ -n "${LLAMA3_TEST_LOG:-}" ]; then exec 3>&1 >> "$LLAMA3_TEST_LOG" 2>&1; else exec 3> /dev/null; fi
+show() { printf '%s\n' "$@" | tee /dev/fd/3; }
+# show_failures FILE: its FAIL lines to the screen too, the first 10 of the run (all are in the log).
+fails_shown=0
+show_failures() {
+    local line
+    while IFS= read -r line; do
+        fails_shown=$((fails_shown + 1))
+        if [ "$fails_shown" -le 10 ]; then echo "   $line" >&3
+        elif [ "$fails_shown" = 11 ]; then echo "   (more FAIL lines in $LLAMA3_TEST_LOG)" >&3; fi
+    done < <(grep -a '^FAIL' "$1")
+}
 
 finish() {
     local s n_gpu=0
     for s in "${skipped[@]+"${skipped[@]}"}"; do
-        echo "SKIPPED $s"
+        show "SKIPPED $s"
         [[ $s == *"$NO_GPU" ]] && n_gpu=$((n_gpu + 1))
     done
     if [ "$n_gpu" -gt 0 ]; then # (the sentence a user without a GPU reads: nothing is wrong)
         local others=$((${#skipped[@]} - n_gpu))
-        echo "$n_gpu of the ${#skipped[@]} skipped parts are the GPU parts, skipped as expected on a machine without a GPU$(
-            [ "$others" -gt 0 ] && echo " (the other $others say why)")."
-        echo "To run them: \`make test\` on a machine with a CUDA GPU (compute capability 8.0 or newer) and python3"
-        echo "with torch and transformers (requirements-gpu.txt)."
+        show "$n_gpu of the ${#skipped[@]} skipped parts are the GPU parts, skipped as expected on a machine without a GPU$(
+            [ "$others" -gt 0 ] && echo " (the other $others say why)")." \
+            "To run them: \`make test\` on a machine with a CUDA GPU (compute capability 8.0 or newer) and python3" \
+            "with torch and transformers (requirements-gpu.txt)."
     fi
-    echo "test time: $((SECONDS - t_start)) s"
-    echo "$passed passed, $failed failed, ${#skipped[@]} skipped"
+    local secs=$((SECONDS - t_start)) build=${LLAMA3_BUILD_SECONDS:-}
+    show "test time: ${build:+$((build + secs)) s (build $build s, tests }$secs s${build:+)}"
+    [ -z "${LLAMA3_TEST_LOG:-}" ] || show "the whole output: $LLAMA3_TEST_LOG"
+    show "$passed passed, $failed failed, ${#skipped[@]} skipped"
     [ "$failed" -eq 0 ]
     exit
 }
@@ -106,25 +125,36 @@ part() {
         passed=0 failed=0 skipped=()
         start=$SECONDS
         "$@"
-        echo "@@part $passed $failed $((SECONDS - start)) $((SECONDS - t_start))"
+        echo "@@part $passed $failed $((SECONDS - start))"
         for s in "${skipped[@]+"${skipped[@]}"}"; do echo "@@skip $s"; done
     ) > "$tmp/part$k.out" 2>&1 &
     part_names+=("$name") part_pids+=($!)
+    echo "-- start $name at $((SECONDS - t_start)) s"
+}
+# part_line NAME PASSED FAILED SKIPPED SECONDS: a part's line, what went wrong first.
+part_line() {
+    local counts="$2 passed"
+    [ "$3" -gt 0 ] && counts="$3 FAILED, $counts"
+    [ "$4" -gt 0 ] && counts="$counts, $4 skipped"
+    [ "$2$3" = 00 ] && [ "$4" -gt 0 ] && counts="skipped"
+    echo "-- part $1: $counts, $5 s"
 }
 # collect [ready]: prints the parts not yet printed, in the order they started, and adds their
 # counts; with "ready", only up to the first one still running (so the output streams).
 collected=0
 collect() {
-    local k out sum p f secs end
+    local k out sum p f secs n_skip
     for ((k = collected; k < ${#part_names[@]}; k++)); do
         if [ "${1:-}" = ready ] && kill -0 "${part_pids[$k]}" 2> /dev/null; then break; fi
         wait "${part_pids[$k]}" 2> /dev/null # (one that wait -n took already has ended)
         out="$tmp/part$k.out"
         grep -av '^@@' "$out" # (-a: a line with bytes that are not text is printed, not dropped)
         sum=$(grep -a '^@@part ' "$out" | tail -n 1)
-        if [ -z "$sum" ]; then echo "FAIL part ${part_names[$k]} ended without its counts"; p=0 f=1 secs=0
-        else read -r _ p f secs end <<< "$sum"; fi
-        echo "-- part ${part_names[$k]}: $p passed, $f failed, ${secs} s (ended at ${end:-?} s)"
+        if [ -z "$sum" ]; then echo "FAIL part ${part_names[$k]} ended without its counts" | tee -a "$out"; p=0 f=1 secs=0
+        else read -r _ p f secs <<< "$sum"; fi
+        n_skip=$(grep -ac '^@@skip ' "$out")
+        show "$(part_line "${part_names[$k]}" "$p" "$f" "$n_skip" "$secs")"
+        show_failures "$out"
         passed=$((passed + p)) failed=$((failed + f))
         while IFS= read -r s; do skipped+=("${s#@@skip }"); done < <(grep -a '^@@skip ' "$out")
         collected=$((k + 1))
@@ -158,10 +188,9 @@ python_deps() {
     for f in $list; do
         want=$(missing_packages "$f" | tr '\n' ' ')
         [ -z "${want// /}" ] && continue
-        echo "== installing the Python packages of $f that are missing: $want"
+        show "== installing the Python packages of $f that are missing: $want"
         if ! out=$(python3 -m pip install --quiet --disable-pip-version-check --retries 2 --timeout 15 -r "$f" 2>&1); then
-            echo "$out" | tail -n 3
-            echo "   pip could not install them: the tests that need them are skipped"
+            show "$(echo "$out" | tail -n 3 | sed 's/^/   /')" "   pip could not install them: the tests that need them are skipped"
         fi
     done
 }
@@ -515,17 +544,18 @@ dry_run_memory() {
 }
 
 # The README's table of which modes combine is the trainer's own verdicts (--dry_run 1 on each cell),
-# and a row that no longer says what the trainer says is named. A trainer built without NCCL cannot
-# judge the ranks cells: skipped.
+# and a row that no longer says what the trainer says is named: against a stand-in trainer that refuses
+# every cell (each README row is then stale; 324 starts of a shell, not of the trainer). A trainer built
+# without NCCL cannot judge the ranks cells: skipped.
 combination_table() {
-    local out rc readme="$tmp/README_combinations.md"
+    local out rc refuses="$tmp/refuses_every_cell"
     out=$(python3 scripts/combinations.py --check README.md 2>&1)
     rc=$?
     if [ "$rc" = 3 ]; then echo "$out"; return; fi
     check $((rc == 0)) "README.md's combination table is ./train_llama3 --dry_run 1's (scripts/combinations.py --check)" "$out"
-    sed '0,/| takes it |$/s//| refuses: a stale row |/' README.md > "$readme"
-    expect_error "combinations.py --check: a stale row, the line named" "first difference at $readme line" \
-        python3 scripts/combinations.py --check "$readme"
+    printf '#!/bin/sh\necho "error: a stand-in that refuses every cell" >&2\nexit 1\n' > "$refuses" && chmod +x "$refuses"
+    expect_error "combinations.py --check: a row the trainer does not give, the line named" \
+        "first difference at README.md line" python3 scripts/combinations.py --binary "$refuses" --check README.md
 }
 
 # The README's recipes (scripts/test_recipes.sh --list, which make test-recipes runs on a GPU): each
@@ -594,6 +624,75 @@ ddp_peer_on_cpu() {
         "$(grep -m 2 -iE 'error|Traceback' <<< "$out")"
 }
 
+# make test's screen as scripts/check_test_output.py checks it (.ci/run checks the real one): a made-up
+# screen of two parts passes, and each fault of issue 65 fails with its check named: a progress line, the
+# parts out of their start order, a test time without the build's, 65 lines.
+screen_checks() {
+    local d=$tmp/screen ok=1 fault want
+    mkdir -p "$d"
+    printf -- '-- start %s at 0 s\n' "host" "flag table" > "$d/log"
+    cat > "$d/good" <<'EOF'
+build: make train_llama3 test_llama3_host compile-check, 2 at once
+-- build: 20 targets, 80 s
+-- part host: 3 passed, 50 s
+-- part flag table: 1 FAILED, 2 passed, 1 skipped, 40 s
+   FAIL a check
+SKIPPED a GPU part (no GPU on this machine)
+SKIPPED a script's part (flag table)
+test time: 170 s (build 80 s, tests 90 s)
+the whole output: build/make_test.log
+5 passed, 1 failed, 2 skipped
+EOF
+    python3 scripts/check_test_output.py "$d/good" "$d/log" > "$d/good.out" 2>&1 || ok=0
+    sed '3a encoded 0.0 of 0.0 MB (22 %)' "$d/good" > "$d/progress"
+    awk 'NR == 3 { first = $0; next } NR == 6 { print first } { print }' "$d/good" > "$d/order"
+    sed 's/^test time: .*/test time: 90 s/' "$d/good" > "$d/time"
+    { seq -f '   FAIL detail %g' 55; cat "$d/good"; } > "$d/long"
+    for fault in "progress:every line is one" "order:a line per part" "time:one test time line" "long:65 lines"; do
+        want=${fault#*:} fault=${fault%%:*}
+        ! python3 scripts/check_test_output.py "$d/$fault" "$d/log" > "$d/$fault.out" 2>&1 &&
+            grep -q "^FAIL $want" "$d/$fault.out" || ok=0
+    done
+    check $ok "check_test_output.py passes a made-up make test screen, fails one with a progress line, parts out of order, no build time, 65 lines" \
+        "$(cat "$d"/*.out | grep -v '^ok')"
+}
+
+# make sanitize's parts that need no GPU: scripts/sanitize_report.py on made-up compute-sanitizer logs (a
+# report in a kernel of ours, a race inside cuBLASLt's, a clean run, one out of time), and sanitize.sh's
+# settings: a wrong tool, case or count refused in one line, exit 2; SANITIZE_DRY_RUN=1 its runs and estimate.
+sanitize_checks() {
+    local d=$tmp/sanitize ok out n_dev
+    mkdir -p "$d"
+    printf '========= ERROR SUMMARY: 0 errors\n' > "$d/train_default.memcheck.log"
+    printf '%s\n' "========= Invalid __global__ read of size 4 bytes" "=========     at void rope_kernel(float *)+0x1a0" \
+        "========= ERROR SUMMARY: 1 error" > "$d/dev_rope.memcheck.log"
+    printf '%s\n' "========= Error: Race reported between Write access at void nvjet_sm90_tst(int)+0x10" \
+        "========= RACECHECK SUMMARY: 1 hazard displayed" > "$d/dev_cast.racecheck.log"
+    : > "$d/dev_sample.racecheck.log"
+    echo 124 > "$d/dev_sample.racecheck.rc"
+    for f in train_default.memcheck dev_rope.memcheck dev_cast.racecheck; do echo 0 > "$d/$f.rc"; echo 7 > "$d/$f.seconds"; done
+    out=$(python3 scripts/sanitize_report.py "$d" memcheck racecheck 2>&1)
+    [ $? = 1 ] && grep -q '^| memcheck | dev_rope | 1 | 0 | FAIL | 7 |$' <<< "$out" && grep -q '| dev_sample | 0 | 0 | timed out |' <<< "$out" &&
+        [ "$(tail -n 1 <<< "$out")" = "2 passed, 2 failed; reports in our kernels: memcheck 1, racecheck 0; in NVIDIA's libraries: memcheck 0, racecheck 1" ] &&
+        [ "$(python3 scripts/sanitize_report.py "$d" racecheck --case dev_cast)" = "racecheck dev_cast: ok, 0 reports in our kernels, 1 in NVIDIA's libraries, 7 s" ] &&
+        ok=1 || ok=0
+    check $ok "sanitize_report.py on made-up logs: ours FAIL, the library's race ok, the time limit named; one summary line of each tool's reports" "$out"
+    expect_error "SANITIZE_TOOLS with no such tool" "SANITIZE_TOOLS: no tool 'memchek'" env SANITIZE_TOOLS=memchek bash scripts/sanitize.sh
+    expect_error "SANITIZE_CASES with no such case" "SANITIZE_CASES: no case 'train_nope*'" env SANITIZE_CASES="dev_* train_nope*" bash scripts/sanitize.sh
+    expect_error "SANITIZE_JOBS 0" "SANITIZE_JOBS=0: a positive whole number" env SANITIZE_JOBS=0 bash scripts/sanitize.sh
+    out=$(SANITIZE_DRY_RUN=1 SANITIZE_TOOLS="memcheck racecheck" SANITIZE_CASES="train_default dev_*" bash scripts/sanitize.sh 2>&1)
+    n_dev=$(ls dev/*.cu | grep -vc nccl)
+    [ -x dev/nccl ] && n_dev=$((n_dev + 1))
+    grep -q "^scripts/sanitize.sh: $((2 * (n_dev + 1))) runs, about [0-9]* min on one H100 .*; alone: memcheck [0-9]* min, racecheck [0-9]* min$" <<< "$out" &&
+        [ "$(grep -c '^run ' <<< "$out")" = $((2 * (n_dev + 1))) ] && grep -q '^run racecheck train_default$' <<< "$out" && ok=1 || ok=0
+    check $ok "SANITIZE_DRY_RUN=1: the runs of two tools over train_default and dev_* ($((2 * (n_dev + 1)))), the minutes in all and per tool, no GPU" "$out"
+}
+
+test_driver_checks() {
+    screen_checks
+    sanitize_checks
+}
+
 host_parts() {
     part "host unit tests and the trainer's bad-input errors" host_unit_tests
     part "flag table" flag_tables
@@ -611,6 +710,7 @@ host_parts() {
     part "plot_log.py" run "plot_log.py: a training log drawn, bad logs refused" python3 scripts/test_plot_log.py
     part "scripts' --help" run "every script's --help and a bad argument: usage or one line, nothing done (scripts/test_help.py)" \
         python3 scripts/test_help.py
+    part "make test's screen, make sanitize's settings and report" test_driver_checks
     if python3 -c "import torch, transformers" > /dev/null 2>&1; then
         part "bench_torch.py --ddp" ddp_peer_on_cpu
     else
@@ -1026,6 +1126,7 @@ GPU_REF_PARTS=("test_llama3 against the PyTorch references (small T=64 with ever
 refs_wait() {
     wait "$1" 2> /dev/null
     cat "$2"
+    show_failures "$2"
     count_failure "$(grep -c '^FAIL' "$2")"
 }
 

@@ -13,7 +13,9 @@ that follows a library kernel's fault in the same log ("Program hit cudaErrorLau
 and synccheck end the faulting kernel, and the next synchronization reports it) is counted with the
 library. A case passes when it finished (a summary line, within the time limit), its program exited
 0, and no report names a kernel of ours. The table gives each case's seconds (CASE.TOOL.seconds).
-Ends with "N passed, M failed"; exits 1 if any case failed.
+Ends with one line, "N passed, M failed; reports in our kernels: TOOL N, ...; in NVIDIA's libraries:
+TOOL N, ..."; exits 1 if any case failed. --case NAME prints that case's line under each tool alone
+(sanitize.sh, as each run ends).
 """
 import collections
 import os
@@ -96,6 +98,29 @@ def status_of(ours, library, rc_text, finished, killed):
     return f"exit {rc_text}" + (" (after the library's fault)" if library else "")
 
 
+Run = collections.namedtuple("Run", "tool case ours library status seconds")  # ours, library: the reports
+
+
+def runs(out, tools, cases):
+    """Each run's Run, tool after tool; a case not run under a tool (SANITIZE_CASES) is left out."""
+    for tool in tools:
+        for case in cases:
+            stem = os.path.join(out, f"{case}.{tool}")
+            if os.path.exists(stem + ".log"):
+                ours, library, rc_text, finished, killed = read_case(stem)
+                yield Run(tool, case, ours, library, status_of(ours, library, rc_text, finished, killed),
+                          read_file(stem + ".seconds", "?"))
+
+
+def summary(done, tools):
+    """The last line: the runs that passed and failed, and each tool's reports, ours and the libraries'."""
+    def per_tool(who):
+        return ", ".join(f"{t} {sum(len(getattr(r, who)) for r in done if r.tool == t)}" for t in tools)
+    passed = sum(r.status == "ok" for r in done)
+    return (f"{passed} passed, {len(done) - passed} failed; reports in our kernels: {per_tool('ours')}; "
+            f"in NVIDIA's libraries: {per_tool('library')}")
+
+
 def main():
     ap = ArgumentParser(__file__, description=__doc__.split("\n\n")[0],
                         epilog="example: scripts/sanitize_report.py /tmp/sanitize memcheck racecheck\n"
@@ -103,47 +128,39 @@ def main():
     ap.add_argument("dir", metavar="DIR", help="the folder of CASE.TOOL.log and CASE.TOOL.rc (sanitize.sh's SANITIZE_OUT)")
     ap.add_argument("tools", metavar="TOOL", nargs="+", choices=("memcheck", "racecheck", "initcheck", "synccheck"),
                     help="the tools to report: memcheck, racecheck, initcheck, synccheck")
+    ap.add_argument("--case", metavar="NAME", help="only this case: a line per tool, no table")
     args = ap.parse_args()
     out, tools = args.dir, args.tools
     if not os.path.isdir(out):
         sys.exit(f"error: {out}: not a folder")
     cases = sorted({f.rsplit(".", 2)[0] for f in os.listdir(out) if f.endswith(".log") and f.count(".") == 2})
+    if args.case:
+        for r in runs(out, tools, [args.case]):
+            print(f"{r.tool} {r.case}: {r.status}, {len(r.ours)} reports in our kernels, {len(r.library)} in NVIDIA's "
+                  f"libraries, {r.seconds} s")
+        return
     if not cases:
         sys.exit(f"error: {out}: no CASE.TOOL.log files (scripts/sanitize.sh writes them)")
     groups = collections.Counter()
-    totals = collections.Counter()
-    passed = failed = 0
-    killed_any = False
+    done = list(runs(out, tools, cases))
     print("| tool | case | reports in our kernels | in NVIDIA libraries | status | s |")
     print("|---|---|---|---|---|---|")
-    for tool in tools:
-        for case in cases:
-            stem = os.path.join(out, f"{case}.{tool}")
-            if not os.path.exists(stem + ".log"):
-                continue  # not run under this tool (SANITIZE_CASES)
-            ours, library, rc_text, finished, killed = read_case(stem)
-            status = status_of(ours, library, rc_text, finished, killed)
-            print(f"| {tool} | {case} | {len(ours)} | {len(library)} | {status} | {read_file(stem + '.seconds', '?')} |")
-            totals[(tool, "ours")] += len(ours)
-            totals[(tool, "library")] += len(library)
-            for who, blocks in (("OURS", ours), ("library", library)):
-                for b in blocks:
-                    groups[(tool, who, re.sub(r"0x[0-9a-f]+", "0x..", b[0])[:70], kernel_of(b))] += 1
-            passed, failed = (passed + 1, failed) if status == "ok" else (passed, failed + 1)
-            killed_any = killed_any or status.startswith("killed")
+    for r in done:
+        print(f"| {r.tool} | {r.case} | {len(r.ours)} | {len(r.library)} | {r.status} | {r.seconds} |")
+        for who, blocks in (("OURS", r.ours), ("library", r.library)):
+            for b in blocks:
+                groups[(r.tool, who, re.sub(r"0x[0-9a-f]+", "0x..", b[0])[:70], kernel_of(b))] += 1
     for (tool, who, what, kernel), n in sorted(groups.items()):
         print(f"{who:7s} {tool:9s} {n:6d} x {what} | {kernel}")
     if any(who == "library" for _, who, _, _ in groups):
         print("library: reports inside cuBLASLt's, CUB's or NCCL's own kernels, not code of this project")
-    if killed_any:
+    if any(r.status.startswith("killed") for r in done):
         print("killed (signal 9): most often the host's out-of-memory killer (dmesg names the process); under"
               " racecheck a training run's host memory grows 1.3-1.8 GB/s: SANITIZE_HEAVY_JOBS=1 (the default) runs them one"
               " at a time")
-    for tool in tools:
-        print(f"{tool}: {totals[(tool, 'ours')]} reports in our kernels, {totals[(tool, 'library')]} in NVIDIA's libraries")
     print(f"logs in {out}")
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    print(summary(done, tools))
+    sys.exit(0 if all(r.status == "ok" for r in done) else 1)
 
 
 if __name__ == "__main__":

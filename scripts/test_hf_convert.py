@@ -166,7 +166,7 @@ def qkv_meta(hp, t, l):
 
 
 def seed_bytes(hp, t, tied=False):
-    """The seed file (FORMATS.md section 1) of HF tensors t; tied: slot 16 says so, no lm_head; slot 17 the RoPE
+    """The seed file (dev/FORMATS.md section 1) of HF tensors t; tied: slot 16 says so, no lm_head; slot 17 the RoPE
     factor."""
     header = struct.pack("<8i", 20240803, 3, hp["max_seq"], hp["V"], hp["L"], hp["NH"], hp["KVH"], hp["C"])
     header += struct.pack("<fiff5if", hp["mult"], hp["multiple_of"], hp["eps"], hp["theta"], hp["scaled"],
@@ -181,7 +181,7 @@ def seed_bytes(hp, t, tied=False):
 
 
 def llmc_bytes(hp, t, version, bias=0.0):
-    """llm.c's llama3 file (FORMATS.md section 2); version 5 stores bf16 (t must hold bf16 values)."""
+    """llm.c's llama3 file (dev/FORMATS.md section 2); version 5 stores bf16 (t must hold bf16 values)."""
     L, C, F, QKV = hp["L"], hp["C"], hp["F"], hp["C"] + 2 * hp["KVH"] * (hp["C"] // hp["NH"])
     ints = struct.pack("<12i", 20240803, version, hp["max_seq"], hp["V"], L, hp["NH"], hp["KVH"], C,
                        hp["multiple_of"], hp["scaled"], 3, 2)
