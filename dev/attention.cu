@@ -445,10 +445,10 @@ static void backward_flash(int version, const AttnBuffers& b, HeadShape sh) {
 }
 
 // Version 3 takes HD 32 or 64 (its static tiles pass 48 KB at 128), version 5 HD 64 or 128 on an
-// sm_90 GPU (flash_uses_wgmma); the others take 32, 64 or 128.
+// sm_90 GPU (flash_wgmma_takes); the others take 32, 64 or 128.
 static bool version_takes(int version, HeadShape sh) {
     if (version == 3) return sh.HD <= 64;
-    if (version == 5) return flash_uses_wgmma(sh);
+    if (version == 5) return flash_wgmma_takes(sh);
     return true;
 }
 
