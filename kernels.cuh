@@ -1634,10 +1634,22 @@ __device__ inline void stream_key_tiles(Tiles& sm, const CUtensorMap* k_map, con
     }
 }
 
+// Thread 0's set-up of a query block's barriers (the forward's and dQ's), then barriers_ready: the
+// block's own rows' (one arrival, the producer's), and for each stage of the key ring K's and V's
+// (the producer's) and its free barrier (every consumer thread's).
+template <class Tiles> __device__ inline void init_key_ring(Tiles& sm) {
+    if (threadIdx.x == 0) {
+        mbar_init(&sm.rows_full, 1);
+        for (int s = 0; s < FA90_STAGES; s++)
+            mbar_init(&sm.k_full[s], 1), mbar_init(&sm.v_full[s], 1), mbar_init(&sm.kv_free[s], FA90_CONSUMERS);
+    }
+    barriers_ready();
+}
+
 template <int HD> struct ForwardTiles {
     static constexpr int KEYS = FA90_TILE;
     SwizzledTile<FA90_TILE, HD> q, k[FA90_STAGES], v[FA90_STAGES];
-    uint64_t q_full, k_full[FA90_STAGES], v_full[FA90_STAGES], kv_free[FA90_STAGES];
+    uint64_t rows_full, k_full[FA90_STAGES], v_full[FA90_STAGES], kv_free[FA90_STAGES];
 };
 
 // One consumer warpgroup of the forward: its 64 queries from row0 (q0 the block's first) through
@@ -1672,7 +1684,7 @@ __device__ inline void forward_rows(ForwardTiles<HD>& sm, KeyRange keys, int q0,
         if (key0 + FA90_TILE - 1 > row0 || key0 < last_first_key) mask_scores<FA90_TILE>(sc, first_key, row, key0);
         softmax_tile<FA90_TILE>(sc, row_max, row_sum, scale_log2, correction);
     };
-    mbar_wait(&sm.q_full, 0);
+    mbar_wait(&sm.rows_full, 0);
     scores(0);
     wgmma_wait<0>();
     softmax(0);
@@ -1706,17 +1718,12 @@ __global__ void __launch_bounds__(FA90_THREADS, 1)
     ForwardTiles<HD>& sm = tiles_at_1k<ForwardTiles<HD>>();
     const int q0 = (gridDim.y - 1 - blockIdx.y) * FA90_TILE, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
     const KeyRange keys = key_range<DOC_MASK, FA90_TILE>(docs, b, q0, sh.T);
-    if (threadIdx.x == 0) {
-        mbar_init(&sm.q_full, 1);
-        for (int s = 0; s < FA90_STAGES; s++)
-            mbar_init(&sm.k_full[s], 1), mbar_init(&sm.v_full[s], 1), mbar_init(&sm.kv_free[s], FA90_CONSUMERS);
-    }
-    barriers_ready();
+    init_key_ring(sm);
     if (threadIdx.x < 128) {
         regs_release<24>();
         if (threadIdx.x == 0) {
-            mbar_arrive_expect(&sm.q_full, sm.q.BYTES);
-            sm.q.load(&q_map, &sm.q_full, q0, h, b);
+            mbar_arrive_expect(&sm.rows_full, sm.q.BYTES);
+            sm.q.load(&q_map, &sm.rows_full, q0, h, b);
             stream_key_tiles<HD>(sm, &k_map, &v_map, keys, h / (sh.NH / sh.KVH), b);
         }
     } else {
@@ -1895,12 +1902,7 @@ __global__ void __launch_bounds__(FA90_THREADS, 1)
     DqTiles<HD>& sm = tiles_at_1k<DqTiles<HD>>();
     const int q0 = (gridDim.y - 1 - blockIdx.y) * FA90_TILE, bh = blockIdx.x, b = bh / sh.NH, h = bh % sh.NH;
     const KeyRange keys = key_range<DOC_MASK, DqTiles<HD>::KEYS>(docs, b, q0, sh.T);
-    if (threadIdx.x == 0) {
-        mbar_init(&sm.rows_full, 1);
-        for (int s = 0; s < FA90_STAGES; s++)
-            mbar_init(&sm.k_full[s], 1), mbar_init(&sm.v_full[s], 1), mbar_init(&sm.kv_free[s], FA90_CONSUMERS);
-    }
-    barriers_ready();
+    init_key_ring(sm);
     if (threadIdx.x < 128) {
         regs_release<24>();
         if (threadIdx.x == 0) {
