@@ -18,9 +18,9 @@
 //        ./dev/attention --sizes 1k,64k  time only the shapes of these T (of 64, 1k, 4k, 16k, 64k)
 // scripts/bench_attention.sh runs it beside PyTorch's scaled_dot_product_attention, same shapes.
 //
-// versions (4 and 5 are the trainer's, called through ../kernels.cuh: its launcher takes 5 on an
-// sm_90 GPU at HD 64 and 128, else 4; a new flash version is a launcher pair in FLASH and a label
-// in LABELS):
+// versions (4 is the trainer's, called through ../kernels.cuh; its launcher is to take 5 on an
+// sm_90 GPU at HD 64 and 128 once 5 has passed --check on one: kernels.cuh FLASH_WGMMA_IN_TRAINER;
+// a new flash version is a launcher pair in FLASH and a label in LABELS):
 //   1  unfused, K/V repeated: k and v copied per query head to (B, NH, T, HD), then batched
 //      cuBLASLt GEMMs (matmul) of batch B*NH with M = T, fp32 scores and bf16 P in memory
 //      (attention_softmax), o permuted to token-major (permute_heads); the backward sums dK, dV
@@ -38,11 +38,12 @@
 //   4  flash attention (flash_attention_forward / _backward): version 3's math on row-major
 //      tiles only, loaded once by cp.async and double-buffered, mma operands by ldmatrix (.trans
 //      for the transposed ones), the tiles with the most causal work launched first; the
-//      trainer's kernel on sm_80 and for HD 32.
+//      trainer's kernel.
 //   5  flash attention for Hopper (flash_forward_wgmma / flash_backward_wgmma, sm_90a): version
 //      4's math and tiles (128 queries or keys a block, two warpgroups of 64 rows) on wgmma
 //      products, the tiles copied by TMA from a producer warp into mbarrier rings, the forward's
-//      softmax overlapping the previous tile's P V product; HD 64 and 128.
+//      softmax overlapping the previous tile's P V product; HD 64 and 128 on an sm_90 GPU (not yet
+//      run on one: written 2026-12-07, when no GPU could be started).
 // timed: LLaMA3.2-1B's heads (NH 32, KVH 8, HD 64) at B=4, T=64 and B=16, T=1024, then the 1B's and
 // LLaMA3.1-8B's heads (HD 64 and 128, NH 32, KVH 8) at T = 1k, 4k, 16k and 64k with 65,536 tokens
 // each (B = 64, 16, 4, 1); versions 1 and 2 at the first two alone (their T x T buffers: 3 GiB at
