@@ -2499,6 +2499,43 @@ static void test_token_shards(void) {
     token_source_free(&s);
 }
 
+// The val loss reads its batches in file order whatever --shuffle 1 and --seed say (a shuffled val set
+// would change the val loss between runs of another seed): the val loader the trainer makes from the
+// flags (loader_config) gives three shards' batches in turn, one B*T each though the training step
+// takes 2 micro-steps; the training loader of the same flags reads another order (the seed is live).
+static void test_val_loader_order(void) {
+    char err[L3_ERR_LEN], name[32];
+    const int counts[3] = {101, 61, 41}; // batches of B*T = 10 (and the last target): 10, 6 and 4
+    uint32_t toks[3][101];
+    for (int f = 0; f < 3; f++) {
+        for (int i = 0; i < counts[f]; i++) toks[f][i] = (uint32_t)((f * 101 + i) * 7919 % 5000); // (all distinct)
+        snprintf(name, sizeof(name), "val_order_%d.bin", f);
+        write_tokens(name, TOKENS_MAGIC_LLAMA3, 7, counts[f], toks[f], counts[f] * 4);
+    }
+    TokenSource s;
+    int rc = token_source_open(&s, tmp_path("val_order_*.bin"), "--val_bin", 5000, err);
+    TrainArgs a = train_args_default();
+    a.loop.batch_size = 2, a.loop.sequence_length = 5, a.loop.total_batch_size = 20, a.loop.shuffle = 1;
+    for (a.loop.seed = 1; a.loop.seed <= 2; a.loop.seed++) {
+        LoaderConfig vc = loader_config(&a, false), tc = loader_config(&a, true);
+        DataLoader val, train;
+        rc = rc || loader_init(&val, &s, &vc, err) || loader_init(&train, &s, &tc, err);
+        int in_order = rc == 0 && loader_groups(&val) == 20, train_differs = 0;
+        for (int f = 0; f < 3 && rc == 0; f++)
+            for (int at = 0; at + 10 < counts[f]; at += 10) {
+                int32_t x[10], y[10], tx[10], ty[10];
+                next_batch(&val, x, y), next_batch(&train, tx, ty);
+                for (int i = 0; i < 10; i++)
+                    in_order &= x[i] == (int32_t)toks[f][at + i] && y[i] == (int32_t)toks[f][at + i + 1];
+                train_differs |= memcmp(x, tx, sizeof(x)) != 0;
+            }
+        CHECK(in_order && train_differs, "--shuffle 1 --seed %llu: the val loader reads the 3 shards' 20 batches in "
+              "file order, the training loader another order (%s)", (unsigned long long)a.loop.seed, rc ? err : "ok");
+        if (rc == 0) loader_free(&val), loader_free(&train);
+    }
+    token_source_free(&s);
+}
+
 // An eval file: two examples of 3 endings read back; each row is the context then its ending,
 // zeros after, its loss positions the ending's; the pick is the lowest mean loss (the first of
 // equals); bad files (magic, a cut, a label out of range, an example longer than T + 1, a token
@@ -2912,6 +2949,7 @@ int main(int argc, char** argv) {
     test_rank_env();
     test_shards();
     test_token_shards();
+    test_val_loader_order();
     test_eval_file();
     test_loader_ranks();
     test_config_hash();

@@ -356,6 +356,10 @@ HOST_MUTANTS = [
      "return mix64(seed ^ mix64((epoch + 1) * 0x9E3779B97F4A7C15ull ^", "return mix64(seed ^ mix64((0 + 1) * 0x9E3779B97F4A7C15ull ^"),
     ("shuffle_ignored", "loader", "llama3.h", "--shuffle 1 reads every shard and its steps in order",
      "    if (!shuffle) return;\n    for (size_t i = n; i > 1; i--) {", "    return;\n    for (size_t i = n; i > 1; i--) {"),
+    ("val_order_shuffled", "loader", "llama3.h", "the val loader shuffled as the training loader under --shuffle 1: "
+     "the val loss reads another set of batches for every --seed",
+     "train && a->loop.overfit_single_batch, train && a->loop.shuffle, a->loop.seed};",
+     "train && a->loop.overfit_single_batch, a->loop.shuffle, a->loop.seed};"),
     ("resume_position_lost", "checkpoints", "llama3.h", "a checkpoint keeps the epoch and shard but not the step "
      "within the shard: a resumed run reads the shard from its first step again",
      "st.loader_shard = l->at.shard, st.loader_group = l->at.group;", "st.loader_shard = l->at.shard, st.loader_group = 0;"),
