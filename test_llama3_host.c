@@ -1793,6 +1793,52 @@ static void test_checkpoint_round_trip(void) {
     memory_loader_free(&l, &s);
 }
 
+// grow_1.bin rewritten with the first `count` of toks, then a resume of st on grow_*.bin: 0 if taken
+// (err says why not); *hash is the shards' hash now.
+static int resume_after_rewrite(const CheckpointState* st, const TrainArgs* a, const uint32_t* toks, size_t count,
+                                uint64_t* hash, char* err) {
+    TokenSource now;
+    write_tokens("grow_1.bin", TOKENS_MAGIC_LLAMA3, 7, (int32_t)count, toks, count * 4);
+    int rc = token_source_open(&now, tmp_path("grow_*.bin"), "--input_bin", 1000, err) ||
+             resume_check(st, a, &now, "ck", err);
+    *hash = now.hash;
+    token_source_free(&now);
+    return rc;
+}
+
+// A shard rewritten longer between a save and its resume is other data (its steps, and so the saved
+// position, fall on other tokens): refused, though its first 65,536 tokens, all of it the hash reads,
+// are the same, so that only the token count sees it. Rewritten as it was, it resumes.
+static void test_resume_grown_shard(void) {
+    const size_t n = TOKENS_HASH_COUNT + 100, more = 64;
+    uint32_t* toks = malloc((n + more) * 4);
+    for (size_t i = 0; i < n + more; i++) toks[i] = (uint32_t)(i * 7919 % 1000);
+    char err[L3_ERR_LEN];
+    TrainArgs a = ckpt_args();
+    LoaderConfig c = loader_config(&a, true);
+    TokenSource saved;
+    DataLoader l;
+    write_tokens("grow_0.bin", TOKENS_MAGIC_LLAMA3, 7, 300, toks + more, 300 * 4);
+    write_tokens("grow_1.bin", TOKENS_MAGIC_LLAMA3, 7, (int32_t)n, toks, n * 4);
+    int rc = token_source_open(&saved, tmp_path("grow_*.bin"), "--input_bin", 1000, err) ||
+             loader_init(&l, &saved, &c, err);
+    CHECK(rc == 0, "two shards, the second of %zu tokens, to save from (%s)", n, rc ? err : "ok");
+    if (rc == 0) {
+        for (int i = 0; i < 3; i++) next_batch(&l, (int32_t[16]){0}, (int32_t[16]){0});
+        CheckpointState st = checkpoint_state_make(&a, 10, 1, 1, &l);
+        uint64_t hash;
+        rc = resume_after_rewrite(&st, &a, toks, n, &hash, err);
+        CHECK(rc == 0, "the second shard rewritten as it was between a save and its resume: taken (%s)",
+              rc ? err : "ok");
+        rc = resume_after_rewrite(&st, &a, toks, n + more, &hash, err);
+        CHECK(rc != 0 && strstr(err, "differs from the checkpoint's token data") && hash == st.data_hash,
+              "... rewritten %zu tokens longer past its first 65,536 (the same hash): refused at resume: %s", more,
+              rc ? err : "(taken)");
+        loader_free(&l);
+    }
+    token_source_free(&saved), free(toks);
+}
+
 // [data parallel] A checkpoint of two ranks: model.bin and state.bin (rank 0's share, written last),
 // state_rank1.bin (rank 1's); each reads back its share; a resume by another number of ranks is
 // refused; a version-1 state file (before ranks) reads as one rank's.
@@ -2924,6 +2970,7 @@ int main(int argc, char** argv) {
     test_llmc_model_file();
     test_llmc_bf16_file();
     test_checkpoint_round_trip();
+    test_resume_grown_shard();
     test_checkpoint_errors();
     test_checkpoint_ranks();
     test_checkpoint_bf16_moments();

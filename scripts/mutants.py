@@ -360,6 +360,10 @@ HOST_MUTANTS = [
      "the val loss reads another set of batches for every --seed",
      "train && a->loop.overfit_single_batch, train && a->loop.shuffle, a->loop.seed};",
      "train && a->loop.overfit_single_batch, a->loop.shuffle, a->loop.seed};"),
+    ("resume_grown_data_taken", "checkpoints", "llama3.h", "a resume refuses token data that shrank but takes a shard "
+     "rewritten longer (its steps, and the saved position, fall on other tokens)",
+     "    if (st->data_tokens != d->total || st->data_hash != d->hash",
+     "    if (st->data_tokens > d->total || st->data_hash != d->hash"),
     ("resume_position_lost", "checkpoints", "llama3.h", "a checkpoint keeps the epoch and shard but not the step "
      "within the shard: a resumed run reads the shard from its first step again",
      "st.loader_shard = l->at.shard, st.loader_group = l->at.group;", "st.loader_shard = l->at.shard, st.loader_group = 0;"),
