@@ -340,6 +340,10 @@ HOST_MUTANTS = [
      "return path_fmt(folder, err, \"%s/step_%08d\", dir, step) || delete_folder(folder, 0, err) ? -1 : 0;"),
     ("hf_index_places_unchecked", "hf_dir", "llama3.h", "--hf_dir reads a tensor from a shard the index does "
      "not place it in", "        if (!json_is_string(&d, where, base))\n", "        if (false)\n"),
+    ("hf_tied_by_config_only", "hf_dir", "llama3.h", "--hf_dir ties the embeddings only where config.json says "
+     "tie_word_embeddings: a tied folder of an older export (no lm_head.weight, no key) is refused as missing "
+     "lm_head.weight",
+     ")))\n                || hf_find(h, \"lm_head.weight\") < 0;", ")));"),
     ("hellaswag_no_space", "scripts", "scripts/prepare_data.py", "--hellaswag encodes each ending without the "
      "space before it (a different first token than the text has)",
      'ends = [enc.encode_ordinary(" " + e) for e in endings]', 'ends = [enc.encode_ordinary(e) for e in endings]'),
