@@ -1793,6 +1793,52 @@ static void test_checkpoint_round_trip(void) {
     memory_loader_free(&l, &s);
 }
 
+// grow_1.bin rewritten with the first `count` of toks, then a resume of st on grow_*.bin: 0 if taken
+// (err says why not); *hash is the shards' hash now.
+static int resume_after_rewrite(const CheckpointState* st, const TrainArgs* a, const uint32_t* toks, size_t count,
+                                uint64_t* hash, char* err) {
+    TokenSource now;
+    write_tokens("grow_1.bin", TOKENS_MAGIC_LLAMA3, 7, (int32_t)count, toks, count * 4);
+    int rc = token_source_open(&now, tmp_path("grow_*.bin"), "--input_bin", 1000, err) ||
+             resume_check(st, a, &now, "ck", err);
+    *hash = now.hash;
+    token_source_free(&now);
+    return rc;
+}
+
+// A shard rewritten longer between a save and its resume is other data (its steps, and so the saved
+// position, fall on other tokens): refused, though its first 65,536 tokens, all of it the hash reads,
+// are the same, so that only the token count sees it. Rewritten as it was, it resumes.
+static void test_resume_grown_shard(void) {
+    const size_t n = TOKENS_HASH_COUNT + 100, more = 64;
+    uint32_t* toks = malloc((n + more) * 4);
+    for (size_t i = 0; i < n + more; i++) toks[i] = (uint32_t)(i * 7919 % 1000);
+    char err[L3_ERR_LEN];
+    TrainArgs a = ckpt_args();
+    LoaderConfig c = loader_config(&a, true);
+    TokenSource saved;
+    DataLoader l;
+    write_tokens("grow_0.bin", TOKENS_MAGIC_LLAMA3, 7, 300, toks + more, 300 * 4);
+    write_tokens("grow_1.bin", TOKENS_MAGIC_LLAMA3, 7, (int32_t)n, toks, n * 4);
+    int rc = token_source_open(&saved, tmp_path("grow_*.bin"), "--input_bin", 1000, err) ||
+             loader_init(&l, &saved, &c, err);
+    CHECK(rc == 0, "two shards, the second of %zu tokens, to save from (%s)", n, rc ? err : "ok");
+    if (rc == 0) {
+        for (int i = 0; i < 3; i++) next_batch(&l, (int32_t[16]){0}, (int32_t[16]){0});
+        CheckpointState st = checkpoint_state_make(&a, 10, 1, 1, &l);
+        uint64_t hash;
+        rc = resume_after_rewrite(&st, &a, toks, n, &hash, err);
+        CHECK(rc == 0, "the second shard rewritten as it was between a save and its resume: taken (%s)",
+              rc ? err : "ok");
+        rc = resume_after_rewrite(&st, &a, toks, n + more, &hash, err);
+        CHECK(rc != 0 && strstr(err, "differs from the checkpoint's token data") && hash == st.data_hash,
+              "... rewritten %zu tokens longer past its first 65,536 (the same hash): refused at resume: %s", more,
+              rc ? err : "(taken)");
+        loader_free(&l);
+    }
+    token_source_free(&saved), free(toks);
+}
+
 // [data parallel] A checkpoint of two ranks: model.bin and state.bin (rank 0's share, written last),
 // state_rank1.bin (rank 1's); each reads back its share; a resume by another number of ranks is
 // refused; a version-1 state file (before ranks) reads as one rank's.
@@ -2499,6 +2545,43 @@ static void test_token_shards(void) {
     token_source_free(&s);
 }
 
+// The val loss reads its batches in file order whatever --shuffle 1 and --seed say (a shuffled val set
+// would change the val loss between runs of another seed): the val loader the trainer makes from the
+// flags (loader_config) gives three shards' batches in turn, one B*T each though the training step
+// takes 2 micro-steps; the training loader of the same flags reads another order (the seed is live).
+static void test_val_loader_order(void) {
+    char err[L3_ERR_LEN], name[32];
+    const int counts[3] = {101, 61, 41}; // batches of B*T = 10 (and the last target): 10, 6 and 4
+    uint32_t toks[3][101];
+    for (int f = 0; f < 3; f++) {
+        for (int i = 0; i < counts[f]; i++) toks[f][i] = (uint32_t)((f * 101 + i) * 7919 % 5000); // (all distinct)
+        snprintf(name, sizeof(name), "val_order_%d.bin", f);
+        write_tokens(name, TOKENS_MAGIC_LLAMA3, 7, counts[f], toks[f], counts[f] * 4);
+    }
+    TokenSource s;
+    int rc = token_source_open(&s, tmp_path("val_order_*.bin"), "--val_bin", 5000, err);
+    TrainArgs a = train_args_default();
+    a.loop.batch_size = 2, a.loop.sequence_length = 5, a.loop.total_batch_size = 20, a.loop.shuffle = 1;
+    for (a.loop.seed = 1; a.loop.seed <= 2; a.loop.seed++) {
+        LoaderConfig vc = loader_config(&a, false), tc = loader_config(&a, true);
+        DataLoader val, train;
+        rc = rc || loader_init(&val, &s, &vc, err) || loader_init(&train, &s, &tc, err);
+        int in_order = rc == 0 && loader_groups(&val) == 20, train_differs = 0;
+        for (int f = 0; f < 3 && rc == 0; f++)
+            for (int at = 0; at + 10 < counts[f]; at += 10) {
+                int32_t x[10], y[10], tx[10], ty[10];
+                next_batch(&val, x, y), next_batch(&train, tx, ty);
+                for (int i = 0; i < 10; i++)
+                    in_order &= x[i] == (int32_t)toks[f][at + i] && y[i] == (int32_t)toks[f][at + i + 1];
+                train_differs |= memcmp(x, tx, sizeof(x)) != 0;
+            }
+        CHECK(in_order && train_differs, "--shuffle 1 --seed %llu: the val loader reads the 3 shards' 20 batches in "
+              "file order, the training loader another order (%s)", (unsigned long long)a.loop.seed, rc ? err : "ok");
+        if (rc == 0) loader_free(&val), loader_free(&train);
+    }
+    token_source_free(&s);
+}
+
 // An eval file: two examples of 3 endings read back; each row is the context then its ending,
 // zeros after, its loss positions the ending's; the pick is the lowest mean loss (the first of
 // equals); bad files (magic, a cut, a label out of range, an example longer than T + 1, a token
@@ -2887,6 +2970,7 @@ int main(int argc, char** argv) {
     test_llmc_model_file();
     test_llmc_bf16_file();
     test_checkpoint_round_trip();
+    test_resume_grown_shard();
     test_checkpoint_errors();
     test_checkpoint_ranks();
     test_checkpoint_bf16_moments();
@@ -2912,6 +2996,7 @@ int main(int argc, char** argv) {
     test_rank_env();
     test_shards();
     test_token_shards();
+    test_val_loader_order();
     test_eval_file();
     test_loader_ranks();
     test_config_hash();

@@ -340,6 +340,10 @@ HOST_MUTANTS = [
      "return path_fmt(folder, err, \"%s/step_%08d\", dir, step) || delete_folder(folder, 0, err) ? -1 : 0;"),
     ("hf_index_places_unchecked", "hf_dir", "llama3.h", "--hf_dir reads a tensor from a shard the index does "
      "not place it in", "        if (!json_is_string(&d, where, base))\n", "        if (false)\n"),
+    ("hf_tied_by_config_only", "hf_dir", "llama3.h", "--hf_dir ties the embeddings only where config.json says "
+     "tie_word_embeddings: a tied folder of an older export (no lm_head.weight, no key) is refused as missing "
+     "lm_head.weight",
+     ")))\n                || hf_find(h, \"lm_head.weight\") < 0;", ")));"),
     ("hellaswag_no_space", "scripts", "scripts/prepare_data.py", "--hellaswag encodes each ending without the "
      "space before it (a different first token than the text has)",
      'ends = [enc.encode_ordinary(" " + e) for e in endings]', 'ends = [enc.encode_ordinary(e) for e in endings]'),
@@ -356,6 +360,14 @@ HOST_MUTANTS = [
      "return mix64(seed ^ mix64((epoch + 1) * 0x9E3779B97F4A7C15ull ^", "return mix64(seed ^ mix64((0 + 1) * 0x9E3779B97F4A7C15ull ^"),
     ("shuffle_ignored", "loader", "llama3.h", "--shuffle 1 reads every shard and its steps in order",
      "    if (!shuffle) return;\n    for (size_t i = n; i > 1; i--) {", "    return;\n    for (size_t i = n; i > 1; i--) {"),
+    ("val_order_shuffled", "loader", "llama3.h", "the val loader shuffled as the training loader under --shuffle 1: "
+     "the val loss reads another set of batches for every --seed",
+     "train && a->loop.overfit_single_batch, train && a->loop.shuffle, a->loop.seed};",
+     "train && a->loop.overfit_single_batch, a->loop.shuffle, a->loop.seed};"),
+    ("resume_grown_data_taken", "checkpoints", "llama3.h", "a resume refuses token data that shrank but takes a shard "
+     "rewritten longer (its steps, and the saved position, fall on other tokens)",
+     "    if (st->data_tokens != d->total || st->data_hash != d->hash",
+     "    if (st->data_tokens > d->total || st->data_hash != d->hash"),
     ("resume_position_lost", "checkpoints", "llama3.h", "a checkpoint keeps the epoch and shard but not the step "
      "within the shard: a resumed run reads the shard from its first step again",
      "st.loader_shard = l->at.shard, st.loader_group = l->at.group;", "st.loader_shard = l->at.shard, st.loader_group = 0;"),

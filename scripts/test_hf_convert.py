@@ -539,6 +539,28 @@ def check_reader_same_bytes(d, t):
               f"convert_hf.py's seed file byte for byte {err.strip()}".strip())
 
 
+def check_tie_rule(d, t):
+    """Tied where tie_word_embeddings is true or lm_head.weight is absent (the reader's and convert_hf.py's rule):
+    a tied folder of an older export (no lm_head.weight, no tie_word_embeddings) reads tied, one with
+    lm_head.weight and no key untied (transformers' default), and one with both and the key true tied (its
+    lm_head.weight unread). Each folder's seed file, by the reader and by convert_hf.py, is the test's own."""
+    cases = [("no lm_head.weight and no tie_word_embeddings (an older export)", False, None, True),
+             ("lm_head.weight and no tie_word_embeddings", True, None, False),
+             ("lm_head.weight and tie_word_embeddings true", True, True, True)]
+    for i, (what, head, tie, tied) in enumerate(cases):
+        cfg = hf_config(SMALL, tie_word_embeddings=tie)
+        if tie is None:
+            del cfg["tie_word_embeddings"]
+        hf_dir = os.path.join(d, f"tie_rule{i}")
+        write_hf(hf_dir, cfg, t if head else {n: a for n, a in t.items() if n != "lm_head.weight"})
+        rc, err = c_read(hf_dir, hf_dir + "_reader.bin")
+        rc2, _, err2 = run("convert_hf.py", hf_dir, hf_dir + ".bin")
+        same = rc == rc2 == 0 and read_bytes(hf_dir + "_reader.bin") == read_bytes(hf_dir + ".bin") == \
+            seed_bytes(SMALL, t, tied=tied)
+        check(same, f"{what}: read {'tied' if tied else 'untied'} by --hf_dir's reader and convert_hf.py, the seed "
+              f"file byte for byte {err.strip()} {err2.strip()}".strip())
+
+
 def expect_reader_refusal(hf_dir, fragment, what):
     rc, err = c_read(hf_dir, hf_dir + ".bin")
     lines = err.strip().splitlines()
@@ -667,6 +689,7 @@ def check_reader(d, t):
               "./test_llama3_host (make test_llama3_host)")
         return
     check_reader_same_bytes(d, t)
+    check_tie_rule(d, t)
     check_reader_refusals(d, t)
     check_reader_fuzz(d)
     check_writer_same_bytes(d)
