@@ -37,7 +37,11 @@ t_start=$SECONDS
 # The screen is fd 3: with LLAMA3_TEST_LOG, stdout and stderr go to the log and `show` prints a line to
 # both; without, fd 3 is /dev/null and the output is the whole output.
 if [ -n "${LLAMA3_TEST_LOG:-}" ]; then exec 3>&1 >> "$LLAMA3_TEST_LOG" 2>&1; else exec 3> /dev/null; fi
-show() { printf '%s\n' "$@" | tee /dev/fd/3; }
+# (not `tee /dev/fd/3`: tee opens that path anew, truncating a screen that is a file: `make test > out`)
+show() {
+    printf '%s\n' "$@"
+    printf '%s\n' "$@" >&3
+}
 # show_failures FILE: its FAIL lines to the screen too, the first 10 of the run (all are in the log).
 fails_shown=0
 show_failures() {
