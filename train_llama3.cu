@@ -943,6 +943,7 @@ static void model_host_free(Model* m) {
 
 // Everything of a model (model_size) on this GPU, its weights still to be set (model_init_random or
 // model_load).
+static HeadShape head_shape(const Model* m, int B); // in the forward section
 static void model_create(Model* m, const Llama3Config* cfg, const RunConfig* run, Comm* comm) {
     if (run->fp8) fp8_gpu_check();
     int device, sms;
@@ -957,7 +958,7 @@ static void model_create(Model* m, const Llama3Config* cfg, const RunConfig* run
     if (comm) comm_alloc(m);
     m->gemm = (Gemm*)malloc(sizeof(Gemm));
     gemm_create(m->gemm);
-    flash_wgmma_built(); // its probe's one sync, here: before any step is captured
+    flash_uses_wgmma(head_shape(m, m->B)); // the launcher's choice, here: its probe's one sync before any capture
     model_reset_training(m);
 }
 
